@@ -1,0 +1,182 @@
+//! Write Caravan alloc runners in Rust.
+//!
+//! A runner is a WebAssembly component that runs one alloc (an instance of a job) for the
+//! Caravan host. This crate gives you the contract of `wit/runner.wit` as Rust: the types, the
+//! host functions, logging macros over `wasi:logging`, a [`State`] that builds the state reports
+//! for you, and a [`Runner`] trait whose default event loop means you write only what differs.
+//!
+//! # Layout
+//! - [`bindings`]: the raw bindings generated from `wit/` (use them for full control).
+//! - [`host`]: the host functions with Rust types (`Duration`, `&[u8]`).
+//! - [`State`]: the alloc's state (client status, task states with events) and `report()`.
+//! - [`Runner`] and [`export_runner!`]: the event loop.
+//! - [`Guest`] and [`export!`]: the raw contract, for runners that want no loop of ours.
+//! - [`trace!`] .. [`critical!`]: log through the host's logger.
+//!
+//! # A complete runner
+//!
+//! Build with `cargo build --target wasm32-wasip2 --release` from a `cdylib` crate:
+//!
+//! ```no_run
+//! use caravan_guest::{Alloc, Runner, RunnerError, State};
+//!
+//! struct Hello;
+//!
+//! impl Runner for Hello {
+//!     fn start(alloc: &Alloc, _restored: Option<Vec<u8>>, state: &mut State)
+//!         -> Result<Self, RunnerError>
+//!     {
+//!         caravan_guest::info!("hello from {}", alloc.id);
+//!         for task in &alloc.tasks {
+//!             state.task_started(&task.name);
+//!         }
+//!         Ok(Hello)
+//!     }
+//! }
+//!
+//! caravan_guest::export_runner!(Hello);
+//! ```
+//!
+//! The default loop reports `running` once the tasks started, waits for events, answers `kill`
+//! by marking every task killed and reporting `complete`, and answers `shutdown` by saving
+//! [`Runner::checkpoint`] and returning.
+
+// Lets the generated code and our macros name this crate the same way inside and outside it.
+extern crate self as caravan_guest;
+
+/// Raw bindings generated from `wit/` by wit-bindgen.
+#[allow(missing_docs)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "alloc-runner",
+        // The world imports `wasi:logging`, which lives in another package: generate it too.
+        generate_all,
+        // Runner crates depend on this crate only, so the export macro must be public and find
+        // the bindings and the wit-bindgen runtime through us.
+        pub_export_macro: true,
+        default_bindings_module: "caravan_guest::bindings",
+        runtime_path: "caravan_guest::__wit_bindgen::rt",
+        // Lets `State` skip reports that change nothing.
+        additional_derives: [PartialEq],
+    });
+}
+
+#[doc(hidden)]
+pub use wit_bindgen as __wit_bindgen;
+
+pub use bindings::caravan::runner::types::{
+    Alloc, AllocState, ClientStatus, DesiredStatus, Event, RunnerError, SignalRequest, Task,
+    TaskEvent, TaskLifecycle, TaskState,
+};
+pub use bindings::exports::caravan::runner::runner::Guest;
+pub use bindings::wasi::logging::logging::Level;
+
+mod state;
+pub use state::State;
+
+mod runner;
+pub use runner::{Runner, run};
+
+/// The host functions, with Rust types.
+pub mod host {
+    use crate::bindings::caravan::runner::host as raw;
+    use crate::{AllocState, Event};
+    use std::time::Duration;
+
+    /// Waits for the host's next instruction, at most `timeout` (`None`: as long as it takes).
+    ///
+    /// Returns `None` when the timeout passed first. Once `kill` or `shutdown` was delivered,
+    /// every later call returns it again at once.
+    pub fn next_event(timeout: Option<Duration>) -> Option<Event> {
+        let millis = timeout.map_or(u64::MAX, |t| {
+            u64::try_from(t.as_millis()).unwrap_or(u64::MAX)
+        });
+        raw::next_event(millis)
+    }
+
+    /// Reports the alloc's state; see `update-state` in `wit/runner.wit` for what is refused.
+    pub fn update_state(state: &AllocState) -> Result<(), String> {
+        raw::update_state(state)
+    }
+
+    /// Saves `data` as the checkpoint that `run` receives as `restored` after a restart.
+    pub fn checkpoint(data: &[u8]) -> Result<(), String> {
+        raw::checkpoint(data)
+    }
+
+    /// Milliseconds since the Unix epoch, for task events.
+    pub fn now_unix_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Sends one line to the host's logger. The macros below call this; call it yourself to pick
+/// the level at run time.
+pub fn log(level: Level, context: &str, message: &str) {
+    bindings::wasi::logging::logging::log(level, context, message);
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __log {
+    ($level:expr, context: $context:expr, $($arg:tt)+) => {
+        $crate::log($level, $context, &::std::format!($($arg)+))
+    };
+    ($level:expr, $($arg:tt)+) => {
+        $crate::log($level, ::std::module_path!(), &::std::format!($($arg)+))
+    };
+}
+
+/// Logs at TRACE level: `trace!("x = {x}")`, or `trace!(context: "db", "x = {x}")`.
+/// The context defaults to the module path.
+#[macro_export]
+macro_rules! trace { ($($arg:tt)+) => { $crate::__log!($crate::Level::Trace, $($arg)+) }; }
+/// Logs at DEBUG level; see [`trace!`] for the forms.
+#[macro_export]
+macro_rules! debug { ($($arg:tt)+) => { $crate::__log!($crate::Level::Debug, $($arg)+) }; }
+/// Logs at INFO level; see [`trace!`] for the forms.
+#[macro_export]
+macro_rules! info { ($($arg:tt)+) => { $crate::__log!($crate::Level::Info, $($arg)+) }; }
+/// Logs at WARN level; see [`trace!`] for the forms.
+#[macro_export]
+macro_rules! warn { ($($arg:tt)+) => { $crate::__log!($crate::Level::Warn, $($arg)+) }; }
+/// Logs at ERROR level; see [`trace!`] for the forms.
+#[macro_export]
+macro_rules! error { ($($arg:tt)+) => { $crate::__log!($crate::Level::Error, $($arg)+) }; }
+/// Logs at CRITICAL level (the host logs it as ERROR); see [`trace!`] for the forms.
+#[macro_export]
+macro_rules! critical { ($($arg:tt)+) => { $crate::__log!($crate::Level::Critical, $($arg)+) }; }
+
+/// Exports a type implementing [`Guest`] (the raw `run` function) as this component's
+/// `caravan:runner/runner`. Most runners want [`export_runner!`] instead.
+#[macro_export]
+macro_rules! export {
+    ($guest:ident) => {
+        $crate::bindings::export!($guest with_types_in $crate::bindings);
+    };
+}
+
+/// Exports a type implementing [`Runner`] as this component's `caravan:runner/runner`.
+///
+/// Use it once, at the crate root of a `cdylib` built for `wasm32-wasip2`.
+#[macro_export]
+macro_rules! export_runner {
+    ($runner:ty) => {
+        #[doc(hidden)]
+        struct __CaravanRunnerExport;
+
+        impl $crate::bindings::exports::caravan::runner::runner::Guest for __CaravanRunnerExport {
+            fn run(
+                alloc: $crate::Alloc,
+                restored: ::std::option::Option<::std::vec::Vec<u8>>,
+            ) -> ::std::result::Result<(), $crate::RunnerError> {
+                $crate::run::<$runner>(alloc, restored)
+            }
+        }
+
+        $crate::bindings::export!(__CaravanRunnerExport with_types_in $crate::bindings);
+    };
+}

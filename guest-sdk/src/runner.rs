@@ -1,0 +1,130 @@
+//! [`Runner`]: the event loop every runner needs, with hooks for what differs.
+
+use crate::{Alloc, ClientStatus, Event, RunnerError, SignalRequest, State, host};
+use std::time::Duration;
+
+/// A runner written as event handlers. Export it with [`crate::export_runner!`].
+///
+/// The loop ([`run`]) calls [`Runner::start`], reports the state, then waits for events and
+/// calls the matching `on_*` method, reporting the state after each. It returns from `run`
+/// when the state becomes terminal, after `kill` (default: [`State::kill_all`]), or after
+/// `shutdown` (having saved [`Runner::checkpoint`]). A handler's `Err` ends the alloc as
+/// `failed` with the error as description.
+///
+/// Everything runs on the one thread of your component; handlers should return promptly and
+/// use [`Runner::next_wakeup`] instead of sleeping, so that `kill` is answered in time.
+pub trait Runner: Sized {
+    /// Starts the alloc: check its config, start its tasks (`state.task_started`). `restored`
+    /// is your last checkpoint when the alloc resumes after an agent restart.
+    ///
+    /// If the status is still `pending` when this returns, the loop reports `running`.
+    fn start(
+        alloc: &Alloc,
+        restored: Option<Vec<u8>>,
+        state: &mut State,
+    ) -> Result<Self, RunnerError>;
+
+    /// How long to wait for an event before [`Runner::on_wakeup`]; `None` waits for ever.
+    fn next_wakeup(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Called when [`Runner::next_wakeup`] passed without an event.
+    fn on_wakeup(&mut self, _state: &mut State) -> Result<(), RunnerError> {
+        Ok(())
+    }
+
+    /// A new version of the alloc arrived. A `kill` follows if it is to stop.
+    fn on_update(&mut self, _alloc: Alloc, _state: &mut State) -> Result<(), RunnerError> {
+        Ok(())
+    }
+
+    /// A signal for one task (or all, when `request.task` is `None`). Default: a `Signaling`
+    /// event on the task(s), nothing else.
+    fn on_signal(&mut self, request: SignalRequest, state: &mut State) -> Result<(), RunnerError> {
+        let message = format!("Task being sent signal {}", request.signal);
+        let names: Vec<String> = match request.task {
+            Some(task) => vec![task],
+            None => state
+                .snapshot()
+                .task_states
+                .iter()
+                .map(|t| t.name.clone())
+                .collect(),
+        };
+        for name in names {
+            state.task_event(&name, "Signaling", &message);
+        }
+        Ok(())
+    }
+
+    /// A request to restart task `task`. Default: counts the restart and marks it running.
+    fn on_restart_task(&mut self, task: String, state: &mut State) -> Result<(), RunnerError> {
+        state.task_restarted(&task, "User requested task to restart");
+        Ok(())
+    }
+
+    /// The alloc is being stopped for good. Default: [`State::kill_all`].
+    fn on_kill(&mut self, state: &mut State) {
+        state.kill_all("alloc was stopped");
+    }
+
+    /// What to save when the agent shuts down, given back as `restored` on the next start.
+    /// Default: nothing.
+    fn checkpoint(&self) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// The default event loop; [`crate::export_runner!`] calls it from `run`.
+pub fn run<R: Runner>(alloc: Alloc, restored: Option<Vec<u8>>) -> Result<(), RunnerError> {
+    let mut state = State::new(&alloc);
+    let outcome = drive::<R>(&alloc, restored, &mut state);
+    if let Err(error) = &outcome {
+        // Worded as the host words it, so the description does not change when the host
+        // applies its own rule for `err`.
+        let description = match error {
+            RunnerError::InvalidConfig(message) => format!("invalid config: {message}"),
+            RunnerError::Failed(message) => message.clone(),
+        };
+        state.set_status(ClientStatus::Failed, description);
+        // The host fails the alloc with our error anyway; this report only adds task states.
+        let _ = state.report();
+    }
+    outcome
+}
+
+fn drive<R: Runner>(
+    alloc: &Alloc,
+    restored: Option<Vec<u8>>,
+    state: &mut State,
+) -> Result<(), RunnerError> {
+    let mut runner = R::start(alloc, restored, state)?;
+    if state.client_status() == ClientStatus::Pending {
+        state.set_status(ClientStatus::Running, "Runner started");
+    }
+    report(state)?;
+    while !state.is_terminal() {
+        match host::next_event(runner.next_wakeup()) {
+            None => runner.on_wakeup(state)?,
+            Some(Event::Update(alloc)) => runner.on_update(alloc, state)?,
+            Some(Event::Signal(request)) => runner.on_signal(request, state)?,
+            Some(Event::RestartTask(task)) => runner.on_restart_task(task, state)?,
+            Some(Event::Kill) => runner.on_kill(state),
+            Some(Event::Shutdown) => {
+                if let Some(bytes) = runner.checkpoint() {
+                    host::checkpoint(&bytes).map_err(RunnerError::Failed)?;
+                }
+                return Ok(());
+            }
+        }
+        report(state)?;
+    }
+    Ok(())
+}
+
+fn report(state: &mut State) -> Result<(), RunnerError> {
+    state
+        .report()
+        .map_err(|refusal| RunnerError::Failed(format!("host refused state: {refusal}")))
+}

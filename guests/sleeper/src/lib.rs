@@ -1,0 +1,130 @@
+//! Sleeper: each task "runs" for a configured time, then exits with a configured code.
+//!
+//! Task config (all optional), named after Nomad's mock driver:
+//! - `run_for`: how long the task runs, such as `500ms`, `5s`, `2m` (default: until killed).
+//! - `exit_code`: the code it exits with; anything but 0 fails the task (default 0).
+//! - `log_every`: log a progress line this often while running (default: never).
+
+use caravan_guest::{Alloc, Runner, RunnerError, State, info, warn};
+use std::time::{Duration, Instant};
+
+struct Sleeper {
+    tasks: Vec<SleepingTask>,
+}
+
+struct SleepingTask {
+    name: String,
+    ends_at: Option<Instant>,
+    exit_code: i64,
+    log_every: Option<Duration>,
+    next_log: Option<Instant>,
+    done: bool,
+}
+
+impl Runner for Sleeper {
+    fn start(
+        alloc: &Alloc,
+        _restored: Option<Vec<u8>>,
+        state: &mut State,
+    ) -> Result<Self, RunnerError> {
+        let now = Instant::now();
+        let mut tasks = Vec::new();
+        for task in &alloc.tasks {
+            let setting = |key: &str| {
+                task.config
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.as_str())
+            };
+            let invalid = |key: &str, why: String| {
+                RunnerError::InvalidConfig(format!("task {:?}: {key}: {why}", task.name))
+            };
+            let run_for = setting("run_for")
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| invalid("run_for", e))?;
+            let exit_code = match setting("exit_code") {
+                Some(code) => code
+                    .parse::<i64>()
+                    .map_err(|_| invalid("exit_code", format!("{code:?} is not a whole number")))?,
+                None => 0,
+            };
+            let log_every = setting("log_every")
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| invalid("log_every", e))?;
+            match run_for {
+                Some(d) => info!("task {} started; runs for {}ms", task.name, d.as_millis()),
+                None => info!("task {} started; runs until killed", task.name),
+            }
+            state.task_started(&task.name);
+            tasks.push(SleepingTask {
+                name: task.name.clone(),
+                ends_at: run_for.map(|d| now + d),
+                exit_code,
+                log_every,
+                next_log: log_every.map(|d| now + d),
+                done: false,
+            });
+        }
+        Ok(Sleeper { tasks })
+    }
+
+    fn next_wakeup(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.tasks
+            .iter()
+            .filter(|t| !t.done)
+            .flat_map(|t| [t.ends_at, t.next_log])
+            .flatten()
+            .map(|at| at.saturating_duration_since(now))
+            .min()
+    }
+
+    fn on_wakeup(&mut self, state: &mut State) -> Result<(), RunnerError> {
+        let now = Instant::now();
+        for task in self.tasks.iter_mut().filter(|t| !t.done) {
+            if task.ends_at.is_some_and(|end| end <= now) {
+                task.done = true;
+                let message = format!("Exit Code: {}", task.exit_code);
+                if task.exit_code == 0 {
+                    info!("task {} finished: {message}", task.name);
+                } else {
+                    warn!("task {} failed: {message}", task.name);
+                }
+                state.task_finished(&task.name, task.exit_code != 0, &message);
+            } else if let (Some(every), Some(next)) = (task.log_every, task.next_log)
+                && next <= now
+            {
+                info!("task {} still running", task.name);
+                task.next_log = Some(next + every);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_kill(&mut self, state: &mut State) {
+        for task in self.tasks.iter().filter(|t| !t.done) {
+            info!("task {} killed", task.name);
+        }
+        state.kill_all("alloc was stopped");
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 5s or 2m"))?;
+    match &text[digits.len()..] {
+        "ms" => Ok(Duration::from_millis(number)),
+        "s" => Ok(Duration::from_secs(number)),
+        "m" => Ok(Duration::from_secs(number * 60)),
+        "h" => Ok(Duration::from_secs(number * 3600)),
+        _ => Err(format!(
+            "{text:?} is not a duration such as 500ms, 5s or 2m"
+        )),
+    }
+}
+
+caravan_guest::export_runner!(Sleeper);

@@ -1,0 +1,104 @@
+//! [`EmptyAllocRunner`]: a native runner that does nothing, for tests and simulators.
+
+use super::{AllocRunner, AllocRunnerConfig, Latch, LatchTrigger, StateUpdater};
+use crate::structs::{Alloc, AllocState, ClientStatus};
+use std::sync::{Arc, Mutex};
+
+/// Reports `running` when started and stays there until killed (`complete`) or shut down;
+/// it holds no sandbox, so a simulator can run tens of thousands of them. Its state and
+/// latches behave as the [`AllocRunner`] contract says, which makes it the reference for
+/// what the client may rely on.
+pub struct EmptyAllocRunner {
+    alloc: Mutex<Arc<Alloc>>,
+    state: Mutex<AllocState>,
+    state_updater: Arc<dyn StateUpdater>,
+    stopped: LatchTrigger,
+    destroyed: LatchTrigger,
+}
+
+impl EmptyAllocRunner {
+    /// A runner for `config.alloc`; nothing happens until [`AllocRunner::run`].
+    pub fn new(config: AllocRunnerConfig) -> Self {
+        EmptyAllocRunner {
+            alloc: Mutex::new(config.alloc),
+            state: Mutex::new(AllocState::pending()),
+            state_updater: config.state_updater,
+            stopped: Latch::new().0,
+            destroyed: Latch::new().0,
+        }
+    }
+
+    fn set_status(&self, status: ClientStatus, description: &str) {
+        let state = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.client_status.is_terminal() || state.client_status == status {
+                return;
+            }
+            state.client_status = status;
+            state.description = description.to_string();
+            state.clone()
+        };
+        let alloc_id = self.alloc().id.clone();
+        self.state_updater.alloc_state_updated(&alloc_id, &state);
+    }
+
+    fn kill(&self) {
+        self.set_status(ClientStatus::Complete, "alloc was stopped");
+        self.stopped.set();
+    }
+}
+
+impl AllocRunner for EmptyAllocRunner {
+    fn alloc(&self) -> Arc<Alloc> {
+        self.alloc.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn run(&self) {
+        if !self.stopped.latch().is_set() {
+            self.set_status(ClientStatus::Running, "Tasks are running");
+        }
+    }
+
+    fn update(&self, alloc: Arc<Alloc>) {
+        let stop = {
+            let mut current = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            if alloc.modify_index <= current.modify_index {
+                return;
+            }
+            *current = alloc;
+            current.desired_status.is_stop()
+        };
+        if stop {
+            self.kill();
+        }
+    }
+
+    fn shutdown(&self) {
+        self.stopped.set();
+    }
+
+    fn destroy(&self) {
+        self.kill();
+        self.destroyed.set();
+    }
+
+    fn alloc_state(&self) -> AllocState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn is_destroyed(&self) -> bool {
+        self.destroyed.latch().is_set()
+    }
+
+    fn wait(&self) -> Latch {
+        self.stopped.latch()
+    }
+
+    fn shutdown_done(&self) -> Latch {
+        self.stopped.latch()
+    }
+
+    fn destroyed(&self) -> Latch {
+        self.destroyed.latch()
+    }
+}

@@ -1,0 +1,121 @@
+//! The seam between the client and whatever runs an alloc.
+//!
+//! The client keeps one [`AllocRunner`] per alloc and builds each through an
+//! [`AllocRunnerFactory`] it was given: the default builds WebAssembly-backed runners
+//! ([`crate::runtime::WasmAllocRunnerFactory`]); tests and simulators pass their own, such as
+//! [`EmptyAllocRunner`].
+//!
+//! This module is a leaf: it depends on the plain data in [`crate::structs`] and on tokio's
+//! synchronisation primitives, never on the client, the garbage collector, storage or wasmtime.
+
+mod empty;
+mod latch;
+
+pub use empty::EmptyAllocRunner;
+pub use latch::{Latch, LatchTrigger};
+
+use crate::structs::{Alloc, AllocState, Limits};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Runs one alloc. Owned by the client as `Arc<dyn AllocRunner>`.
+///
+/// # Lifecycle
+///
+/// `new` (through the factory) -> [`run`](AllocRunner::run) once -> any number of
+/// [`update`](AllocRunner::update) -> either [`shutdown`](AllocRunner::shutdown) (the agent
+/// stops; the alloc stays non-terminal and is restored later) or
+/// [`destroy`](AllocRunner::destroy) (the alloc is gone for good). A runner may also finish by
+/// itself; its state then turns terminal and [`wait`](AllocRunner::wait) completes.
+///
+/// # Concurrency
+///
+/// Every method may be called from any thread, concurrently with any other, and returns
+/// promptly: the work happens on tasks the runner spawns, and the caller awaits the latches
+/// ([`wait`](AllocRunner::wait), [`shutdown_done`](AllocRunner::shutdown_done),
+/// [`destroyed`](AllocRunner::destroyed)) when it needs the outcome. Each latch completes
+/// exactly once and never un-completes; `run` must be called inside a tokio runtime.
+pub trait AllocRunner: Send + Sync {
+    /// The alloc as last given to [`AllocRunner::update`] (or at construction).
+    fn alloc(&self) -> Arc<Alloc>;
+
+    /// Starts running the alloc on a spawned task and returns at once. A second call does
+    /// nothing. After [`AllocRunner::destroy`] it does nothing either.
+    fn run(&self);
+
+    /// Hands over a new version of the alloc. Versions whose `modify_index` is not greater
+    /// than the current one are ignored. A desired status of stop or evict kills the runner,
+    /// as [`AllocRunner::destroy`] does minus the clean-up.
+    fn update(&self, alloc: Arc<Alloc>);
+
+    /// The agent is stopping: ask the runner to save a checkpoint and stop without a terminal
+    /// state. [`AllocRunner::shutdown_done`] completes when it has stopped.
+    fn shutdown(&self);
+
+    /// Kill the alloc (waiting at most its kill timeout), then free everything it holds,
+    /// its alloc directory included. Idempotent. [`AllocRunner::destroyed`] completes after.
+    fn destroy(&self);
+
+    /// The alloc's current state: the runner's last report, or the final state once stopped.
+    fn alloc_state(&self) -> AllocState;
+
+    /// True once [`AllocRunner::destroy`] has finished.
+    fn is_destroyed(&self) -> bool;
+
+    /// Completes when the runner has stopped running, for whatever reason.
+    fn wait(&self) -> Latch;
+
+    /// Completes when the runner has stopped after [`AllocRunner::shutdown`] (or earlier).
+    fn shutdown_done(&self) -> Latch;
+
+    /// Completes when [`AllocRunner::destroy`] has freed everything.
+    fn destroyed(&self) -> Latch;
+}
+
+/// Receives what a runner reports. Called from the runner's own task.
+///
+/// Implementations must return promptly and must not call back into the runner: a report
+/// arrives while the runner holds no lock, but a slow receiver slows the guest.
+pub trait StateUpdater: Send + Sync {
+    /// The alloc's state changed. Reports arrive in order, each replacing the previous.
+    fn alloc_state_updated(&self, alloc_id: &str, state: &AllocState);
+
+    /// The runner saved a checkpoint, replacing the previous one.
+    fn checkpoint_saved(&self, alloc_id: &str, data: &[u8]) {
+        let _ = (alloc_id, data);
+    }
+}
+
+/// Everything a factory needs to build the runner of one alloc.
+#[derive(Clone)]
+pub struct AllocRunnerConfig {
+    /// The alloc to run.
+    pub alloc: Arc<Alloc>,
+    /// The span every log line of this runner is emitted in: a child of the agent's span with
+    /// `alloc_id`, `job`, `group` and `runner` fields. Build it with [`alloc_span`].
+    pub span: tracing::Span,
+    /// Where the runner's reports go.
+    pub state_updater: Arc<dyn StateUpdater>,
+    /// The limits the alloc runs under.
+    pub limits: Limits,
+    /// The alloc's own directory (created by the runner when missing, removed by destroy).
+    pub alloc_dir: PathBuf,
+    /// The runner's last checkpoint when the alloc is being restored.
+    pub restored: Option<Vec<u8>>,
+}
+
+/// Builds the runner of one alloc. An error fails that alloc only; its message becomes the
+/// alloc's description, so it names what is wrong (a path, a missing export).
+pub type AllocRunnerFactory =
+    Arc<dyn Fn(AllocRunnerConfig) -> anyhow::Result<Arc<dyn AllocRunner>> + Send + Sync>;
+
+/// The span for one alloc's runner, carrying the fields every one of its log lines needs.
+pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
+    tracing::info_span!(
+        "alloc",
+        alloc_id = %alloc.id,
+        job = %alloc.job_id,
+        group = %alloc.group,
+        runner = %alloc.runner,
+    )
+}

@@ -1,0 +1,291 @@
+//! `caravan run`: one alloc of one runner, to completion, on this machine, with no agent.
+//!
+//! Builds the alloc from the command line, runs it through the wasm factory exactly as the
+//! client will, sends `kill` on the first Ctrl-C (or SIGTERM) and stops waiting on the second.
+//! It may use the runtime and the seam; it keeps no state beyond its data directory.
+
+use crate::allocrunner::{AllocRunner, AllocRunnerConfig, StateUpdater, alloc_span};
+use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
+use crate::structs::{
+    Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
+};
+use crate::units::{format_duration, parse_bytes, parse_duration};
+use anyhow::{Context, bail};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// What `caravan run` was asked to do.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The runner component.
+    pub component: PathBuf,
+    /// Task names, in order; `main` when none is given.
+    pub tasks: Vec<String>,
+    /// `[TASK.]KEY=VALUE` settings, as typed.
+    pub config: Vec<String>,
+    /// `NAME=VALUE` limits, as typed.
+    pub limits: Vec<String>,
+    /// `KEY=VALUE` metadata, as typed.
+    pub meta: Vec<String>,
+    /// The job id the alloc claims.
+    pub job_id: String,
+    /// Where alloc directories go; a temporary directory, removed at exit, when `None`.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The limit names `--limit` accepts, with the form each takes.
+pub const LIMIT_NAMES: &str = "memory=SIZE, cpu=DURATION, wall-time=DURATION, kill-timeout=DURATION, log-rate=LINES_PER_SECOND";
+
+/// Builds the alloc `caravan run` runs. Errors name the argument at fault.
+pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
+    let names = if options.tasks.is_empty() {
+        vec!["main".to_string()]
+    } else {
+        options.tasks.clone()
+    };
+    let mut tasks: Vec<Task> = Vec::new();
+    for name in names {
+        if name.is_empty() || tasks.iter().any(|t| t.name == name) {
+            bail!("--task {name:?}: task names must be non-empty and unique");
+        }
+        tasks.push(Task {
+            name,
+            config: Vec::new(),
+        });
+    }
+    for setting in &options.config {
+        let (key, value) = split_pair(setting, "--config", "[TASK.]KEY=VALUE")?;
+        let target = key
+            .split_once('.')
+            .filter(|(task, _)| tasks.iter().any(|t| t.name == *task));
+        match target {
+            Some((task, key)) => {
+                let task = tasks
+                    .iter_mut()
+                    .find(|t| t.name == task)
+                    .expect("task found above");
+                task.config.push((key.to_string(), value.to_string()));
+            }
+            None => {
+                for task in &mut tasks {
+                    task.config.push((key.to_string(), value.to_string()));
+                }
+            }
+        }
+    }
+    let meta = options
+        .meta
+        .iter()
+        .map(|m| split_pair(m, "--meta", "KEY=VALUE").map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Alloc {
+        id: uuid::Uuid::new_v4().to_string(),
+        job_id: options.job_id.clone(),
+        group: options.job_id.clone(),
+        runner: options.component.display().to_string(),
+        tasks,
+        desired_status: DesiredStatus::Run,
+        modify_index: 1,
+        meta,
+        limits: parse_limits(&options.limits)?,
+    })
+}
+
+/// Parses `--limit NAME=VALUE` arguments.
+pub fn parse_limits(limits: &[String]) -> anyhow::Result<LimitOverrides> {
+    let mut overrides = LimitOverrides::default();
+    for limit in limits {
+        let (name, value) = split_pair(limit, "--limit", "NAME=VALUE")?;
+        let bad = |e: String| anyhow::anyhow!("--limit {limit}: {e}");
+        match name {
+            "memory" => overrides.memory_bytes = Some(parse_bytes(value).map_err(bad)?),
+            "cpu" => overrides.cpu = Some(parse_duration(value).map_err(bad)?),
+            "wall-time" => overrides.wall_time = Some(parse_duration(value).map_err(bad)?),
+            "kill-timeout" => overrides.kill_timeout = Some(parse_duration(value).map_err(bad)?),
+            "log-rate" => {
+                let rate = value.parse::<u32>().ok().filter(|r| *r > 0);
+                overrides.log_lines_per_second = Some(rate.ok_or_else(|| {
+                    bad("expected a whole number of lines per second above 0".into())
+                })?);
+            }
+            _ => bail!("--limit {limit}: unknown limit {name:?}; known limits are {LIMIT_NAMES}"),
+        }
+    }
+    Ok(overrides)
+}
+
+fn split_pair<'a>(text: &'a str, flag: &str, form: &str) -> anyhow::Result<(&'a str, &'a str)> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key, value)),
+        _ => bail!("{flag} {text:?}: expected {form}"),
+    }
+}
+
+/// Runs `options` to completion and returns the alloc's final state.
+pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
+    let alloc = Arc::new(build_alloc(&options)?);
+    let runtime = Runtime::new(&RuntimeConfig {
+        max_live_allocs: 1,
+        ..RuntimeConfig::default()
+    })?;
+    let temporary = match &options.data_dir {
+        Some(_) => None,
+        None => Some(tempfile::tempdir().context("cannot create a temporary data dir")?),
+    };
+    let data_dir = options.data_dir.clone().unwrap_or_else(|| {
+        temporary
+            .as_ref()
+            .expect("created above")
+            .path()
+            .to_path_buf()
+    });
+    let limits = Limits::default();
+    let span = alloc_span(&alloc);
+    let config = AllocRunnerConfig {
+        alloc: alloc.clone(),
+        span: span.clone(),
+        state_updater: Arc::new(StatusLogger::new(span.clone())),
+        limits,
+        alloc_dir: data_dir.join("allocs").join(&alloc.id),
+        restored: None,
+    };
+    let runner = WasmAllocRunnerFactory::new(runtime).build(config)?;
+    runner.run();
+
+    let stopped = runner.wait();
+    let kill_timeout = limits.with_overrides(&alloc.limits).kill_timeout;
+    tokio::select! {
+        _ = stopped.wait() => {}
+        interrupted = interrupt() => {
+            interrupted?;
+            tracing::info!(
+                parent: &span,
+                kill_timeout = %format_duration(kill_timeout),
+                "interrupted: killing the alloc (press Ctrl-C again to stop waiting)"
+            );
+            runner.kill();
+            tokio::select! {
+                _ = stopped.wait() => {}
+                again = interrupt() => {
+                    again?;
+                    bail!("interrupted again: stopped without waiting for the runner");
+                }
+            }
+        }
+    }
+    let state = runner.alloc_state();
+    Ok((Alloc::clone(&alloc), state))
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn interrupt() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("cannot listen for Ctrl-C"),
+        _ = terminate.recv() => Ok(()),
+    }
+}
+
+/// Logs each change of client status, the way the agent's log shows an alloc's progress.
+struct StatusLogger {
+    span: tracing::Span,
+    last: Mutex<Option<ClientStatus>>,
+}
+
+impl StatusLogger {
+    fn new(span: tracing::Span) -> Self {
+        StatusLogger {
+            span,
+            last: Mutex::new(None),
+        }
+    }
+}
+
+impl StateUpdater for StatusLogger {
+    fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != Some(state.client_status) {
+            *last = Some(state.client_status);
+            tracing::info!(
+                parent: &self.span,
+                client_status = %state.client_status,
+                description = %state.description,
+                "alloc status changed"
+            );
+        }
+    }
+
+    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) {
+        tracing::debug!(parent: &self.span, bytes = data.len(), "runner saved a checkpoint");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(tasks: &[&str], config: &[&str], limits: &[&str]) -> RunOptions {
+        RunOptions {
+            component: "runner.wasm".into(),
+            tasks: tasks.iter().map(|s| s.to_string()).collect(),
+            config: config.iter().map(|s| s.to_string()).collect(),
+            limits: limits.iter().map(|s| s.to_string()).collect(),
+            meta: vec![],
+            job_id: "example".into(),
+            data_dir: None,
+        }
+    }
+
+    #[test]
+    fn config_goes_to_every_task_unless_prefixed_with_a_task_name() {
+        let alloc = build_alloc(&options(
+            &["web", "db"],
+            &["run_for=5s", "db.exit_code=1", "x.y=z"],
+            &[],
+        ))
+        .unwrap();
+        let web = &alloc.tasks[0].config;
+        let db = &alloc.tasks[1].config;
+        assert_eq!(
+            web,
+            &vec![("run_for".into(), "5s".into()), ("x.y".into(), "z".into())]
+        );
+        assert!(db.contains(&("exit_code".into(), "1".into())));
+        assert_eq!(
+            build_alloc(&options(&[], &[], &[])).unwrap().tasks[0].name,
+            "main"
+        );
+    }
+
+    #[test]
+    fn bad_arguments_name_the_flag_and_the_expected_form() {
+        let error = build_alloc(&options(&[], &["novalue"], &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--config") && error.contains("KEY=VALUE"),
+            "{error}"
+        );
+        let error = build_alloc(&options(&[], &[], &["memory=lots"]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--limit memory=lots"), "{error}");
+        let error = build_alloc(&options(&[], &[], &["disk=1GiB"]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown limit \"disk\""), "{error}");
+        let error = build_alloc(&options(&["a", "a"], &[], &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unique"), "{error}");
+    }
+
+    #[test]
+    fn limits_parse_into_overrides() {
+        let limits = parse_limits(&["memory=32MiB".into(), "kill-timeout=1s".into()]).unwrap();
+        assert_eq!(limits.memory_bytes, Some(32 << 20));
+        assert_eq!(limits.kill_timeout, Some(std::time::Duration::from_secs(1)));
+        assert!(parse_limits(&["log-rate=0".into()]).is_err());
+    }
+}

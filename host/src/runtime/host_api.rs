@@ -1,0 +1,322 @@
+//! The `caravan:runner/host` import of one alloc: events in, state reports and checkpoints out.
+//!
+//! [`HostApi`] lives in the alloc's store; [`StateCell`] is shared with the runner that owns
+//! the store, which reads the latest state and writes the final one. Guest mistakes (a report
+//! after a terminal one, an unknown task, an oversized checkpoint) come back to the guest as
+//! WIT errors and are logged; nothing here traps.
+
+use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
+use super::limits::EpochClock;
+use crate::allocrunner::StateUpdater;
+use crate::structs::{Alloc, AllocState};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Longest description or event message kept, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+/// Events kept per task (the newest), as Nomad does.
+pub const MAX_EVENTS_PER_TASK: usize = 10;
+/// Largest checkpoint accepted.
+pub const MAX_CHECKPOINT_BYTES: usize = 1024 * 1024;
+
+/// The latest state of one alloc, shared by its host import and its runner.
+pub struct StateCell {
+    alloc_id: String,
+    state: Mutex<AllocState>,
+    updater: Arc<dyn StateUpdater>,
+}
+
+impl StateCell {
+    pub fn new(alloc_id: String, updater: Arc<dyn StateUpdater>) -> Self {
+        StateCell {
+            alloc_id,
+            state: Mutex::new(AllocState::pending()),
+            updater,
+        }
+    }
+
+    pub fn get(&self) -> AllocState {
+        self.lock().clone()
+    }
+
+    /// Applies a guest's report: refuses what breaks the rules, tidies what is merely long,
+    /// skips what changes nothing, and passes the rest to the updater.
+    pub fn report(&self, alloc: &Alloc, mut new: AllocState) -> Result<(), String> {
+        tidy(&mut new);
+        check_tasks(alloc, &new)?;
+        {
+            let mut current = self.lock();
+            if current.client_status.is_terminal() {
+                return Err(format!(
+                    "the alloc is already {}; a terminal status is final",
+                    current.client_status
+                ));
+            }
+            if *current == new {
+                return Ok(());
+            }
+            *current = new.clone();
+        }
+        self.updater.alloc_state_updated(&self.alloc_id, &new);
+        Ok(())
+    }
+
+    /// Sets the state the host decided on when the run ended, and reports it if it changed.
+    pub fn finish(&self, final_state: AllocState) {
+        {
+            let mut current = self.lock();
+            if *current == final_state {
+                return;
+            }
+            *current = final_state.clone();
+        }
+        self.updater
+            .alloc_state_updated(&self.alloc_id, &final_state);
+    }
+
+    fn checkpoint(&self, data: &[u8]) {
+        self.updater.checkpoint_saved(&self.alloc_id, data);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AllocState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn tidy(state: &mut AllocState) {
+    truncate(&mut state.description);
+    for task in &mut state.task_states {
+        if task.events.len() > MAX_EVENTS_PER_TASK {
+            task.events.drain(..task.events.len() - MAX_EVENTS_PER_TASK);
+        }
+        for event in &mut task.events {
+            truncate(&mut event.message);
+            truncate(&mut event.kind);
+        }
+    }
+}
+
+fn truncate(text: &mut String) {
+    if text.len() > MAX_TEXT_BYTES {
+        let mut cut = MAX_TEXT_BYTES;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+}
+
+fn check_tasks(alloc: &Alloc, state: &AllocState) -> Result<(), String> {
+    let mut seen = HashSet::new();
+    for task in &state.task_states {
+        if !alloc.tasks.iter().any(|t| t.name == task.name) {
+            return Err(format!(
+                "task-state names {:?}, which is not a task of this alloc",
+                task.name
+            ));
+        }
+        if !seen.insert(task.name.as_str()) {
+            return Err(format!(
+                "task-state for {:?} appears more than once",
+                task.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The host import of one alloc's store.
+pub struct HostApi {
+    alloc: Arc<Alloc>,
+    events: mpsc::UnboundedReceiver<Event>,
+    /// `kill` or `shutdown`, once delivered: repeated to every later `next-event`.
+    final_event: Option<Event>,
+    state: Arc<StateCell>,
+    clock: EpochClock,
+    /// The epoch tick at which the guest last came back from a wait (see `CpuMeter`).
+    pub resumed_at_tick: u64,
+    span: tracing::Span,
+}
+
+impl HostApi {
+    pub fn new(
+        alloc: Arc<Alloc>,
+        events: mpsc::UnboundedReceiver<Event>,
+        state: Arc<StateCell>,
+        clock: EpochClock,
+        span: tracing::Span,
+    ) -> Self {
+        let now = clock.now();
+        HostApi {
+            alloc,
+            events,
+            final_event: None,
+            state,
+            clock,
+            resumed_at_tick: now,
+            span,
+        }
+    }
+
+    fn refuse(&self, what: &str, reason: &str) {
+        tracing::warn!(parent: &self.span, reason, "runner's {what} was refused");
+    }
+}
+
+impl HostImports for HostApi {
+    async fn next_event(&mut self, timeout_ms: u64) -> Option<WitEvent> {
+        if let Some(event) = &self.final_event {
+            return Some(bindings::event_to_wit(event));
+        }
+        let received = if timeout_ms == u64::MAX {
+            self.events.recv().await
+        } else {
+            match tokio::time::timeout(Duration::from_millis(timeout_ms), self.events.recv()).await
+            {
+                Ok(received) => received,
+                Err(_elapsed) => {
+                    self.resumed_at_tick = self.clock.now();
+                    return None;
+                }
+            }
+        };
+        self.resumed_at_tick = self.clock.now();
+        // The sender lives as long as the runner; if it is gone, nobody wants this alloc.
+        let event = received.unwrap_or(Event::Kill);
+        match &event {
+            Event::Update(alloc) => self.alloc = alloc.clone(),
+            event if event.is_final() => self.final_event = Some(event.clone()),
+            _ => {}
+        }
+        Some(bindings::event_to_wit(&event))
+    }
+
+    fn update_state(&mut self, state: WitAllocState) -> Result<(), String> {
+        let result = self
+            .state
+            .report(&self.alloc, bindings::state_from_wit(state));
+        if let Err(reason) = &result {
+            self.refuse("state report", reason);
+        }
+        result
+    }
+
+    fn checkpoint(&mut self, data: Vec<u8>) -> Result<(), String> {
+        if data.len() > MAX_CHECKPOINT_BYTES {
+            let reason = format!(
+                "checkpoint of {} bytes is over the limit of {MAX_CHECKPOINT_BYTES} bytes",
+                data.len()
+            );
+            self.refuse("checkpoint", &reason);
+            return Err(reason);
+        }
+        self.state.checkpoint(&data);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::structs::{
+        ClientStatus, DesiredStatus, LimitOverrides, Task, TaskLifecycle, TaskState,
+    };
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<AllocState>>);
+
+    impl StateUpdater for Recorder {
+        fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
+            self.0.lock().unwrap().push(state.clone());
+        }
+    }
+
+    fn alloc() -> Alloc {
+        Alloc {
+            id: "a1".into(),
+            job_id: "job".into(),
+            group: "group".into(),
+            runner: "runner.wasm".into(),
+            tasks: vec![Task {
+                name: "web".into(),
+                config: vec![],
+            }],
+            desired_status: DesiredStatus::Run,
+            modify_index: 1,
+            meta: vec![],
+            limits: LimitOverrides::default(),
+        }
+    }
+
+    fn state(status: ClientStatus, tasks: &[&str]) -> AllocState {
+        AllocState {
+            client_status: status,
+            description: String::new(),
+            task_states: tasks
+                .iter()
+                .map(|name| TaskState {
+                    name: name.to_string(),
+                    state: TaskLifecycle::Running,
+                    failed: false,
+                    restarts: 0,
+                    events: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn reports_are_checked_deduplicated_and_final_once_terminal() {
+        let recorder = Arc::new(Recorder::default());
+        let cell = StateCell::new("a1".into(), recorder.clone());
+        let alloc = alloc();
+        cell.report(&alloc, state(ClientStatus::Running, &["web"]))
+            .unwrap();
+        cell.report(&alloc, state(ClientStatus::Running, &["web"]))
+            .unwrap();
+        assert_eq!(
+            recorder.0.lock().unwrap().len(),
+            1,
+            "an identical report is skipped"
+        );
+
+        let unknown = cell
+            .report(&alloc, state(ClientStatus::Running, &["db"]))
+            .unwrap_err();
+        assert!(unknown.contains("\"db\""), "{unknown}");
+        let twice = cell
+            .report(&alloc, state(ClientStatus::Running, &["web", "web"]))
+            .unwrap_err();
+        assert!(twice.contains("more than once"), "{twice}");
+
+        cell.report(&alloc, state(ClientStatus::Complete, &["web"]))
+            .unwrap();
+        let after = cell
+            .report(&alloc, state(ClientStatus::Running, &["web"]))
+            .unwrap_err();
+        assert!(after.contains("already complete"), "{after}");
+        assert_eq!(cell.get().client_status, ClientStatus::Complete);
+    }
+
+    #[test]
+    fn long_text_is_cut_and_old_events_dropped() {
+        let mut long = state(ClientStatus::Running, &["web"]);
+        long.description = "x".repeat(5000);
+        long.task_states[0].events = (0..15)
+            .map(|i| crate::structs::TaskEvent {
+                kind: "Tick".into(),
+                message: i.to_string(),
+                time_unix_ms: 0,
+            })
+            .collect();
+        tidy(&mut long);
+        assert_eq!(long.description.len(), MAX_TEXT_BYTES);
+        assert_eq!(long.task_states[0].events.len(), MAX_EVENTS_PER_TASK);
+        assert_eq!(
+            long.task_states[0].events[0].message, "5",
+            "the newest events are kept"
+        );
+    }
+}

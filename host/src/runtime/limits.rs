@@ -1,0 +1,195 @@
+//! Per-alloc limits enforced inside the store: memory (a [`wasmtime::ResourceLimiter`]) and
+//! the CPU budget (counted in epoch ticks while the guest computes).
+//!
+//! Both record which limit was hit, so the runner can name it in the alloc's description
+//! instead of showing a bare trap.
+
+use crate::units::{format_bytes, format_duration};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use wasmtime::UpdateDeadline;
+
+/// How often the engine's epoch advances. Every running guest yields to tokio at each tick,
+/// and CPU budgets are counted in ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// A copy of the engine's epoch that the host can read (wasmtime does not expose it).
+/// The runtime's ticker thread advances both together.
+#[derive(Clone, Default)]
+pub struct EpochClock(Arc<AtomicU64>);
+
+impl EpochClock {
+    /// The current tick.
+    pub fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn advance(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Caps each linear memory of one alloc at `max_bytes`.
+pub struct MemoryLimiter {
+    max_bytes: u64,
+    exceeded: bool,
+}
+
+impl MemoryLimiter {
+    pub fn new(max_bytes: u64) -> Self {
+        MemoryLimiter {
+            max_bytes,
+            exceeded: false,
+        }
+    }
+
+    /// The alloc's description when the guest went over the limit, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.exceeded
+            .then(|| format!("memory limit of {} exceeded", format_bytes(self.max_bytes)))
+    }
+}
+
+impl wasmtime::ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.max_bytes {
+            self.exceeded = true;
+            // An error (not `Ok(false)`) traps at once: a Rust guest would otherwise abort with
+            // a bare `unreachable`, and a C guest would carry on with a NULL pointer.
+            return Err(wasmtime::Error::msg(format!(
+                "memory limit of {} exceeded",
+                format_bytes(self.max_bytes)
+            )));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // Tables hold function references; a runner needs thousands at most.
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// Counts the time one alloc spends computing, in epoch ticks, against its budget.
+///
+/// Called at every epoch deadline while wasm runs. Only ticks since the guest last got the
+/// thread are charged: time spent waiting in `next-event` (the host reports it with
+/// [`CpuMeter::resumed_since`]) and time spent queued behind other tasks after a yield (the
+/// yield itself records when it resumed) belong to nobody's budget.
+pub struct CpuMeter {
+    clock: EpochClock,
+    budget: Duration,
+    budget_ticks: u64,
+    used_ticks: u64,
+    charged_until: u64,
+    resumed_from_yield_at: Arc<AtomicU64>,
+    exhausted: bool,
+}
+
+impl CpuMeter {
+    pub fn new(clock: EpochClock, budget: Duration) -> Self {
+        let budget_ticks = (budget.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
+        let now = clock.now();
+        CpuMeter {
+            clock,
+            budget,
+            budget_ticks,
+            used_ticks: 0,
+            charged_until: now,
+            resumed_from_yield_at: Arc::new(AtomicU64::new(now)),
+            exhausted: false,
+        }
+    }
+
+    /// The guest came back from a wait at epoch `tick`: ticks before it were not spent
+    /// computing.
+    pub fn resumed_since(&mut self, tick: u64) {
+        self.charged_until = self.charged_until.max(tick);
+    }
+
+    /// The epoch deadline passed while the guest computed: charge it, then yield to tokio or
+    /// stop the guest when the budget is spent.
+    pub fn on_epoch_deadline(&mut self) -> wasmtime::Result<UpdateDeadline> {
+        let now = self.clock.now();
+        let since = self
+            .charged_until
+            .max(self.resumed_from_yield_at.load(Ordering::Relaxed));
+        self.used_ticks += now.saturating_sub(since);
+        self.charged_until = now;
+        if self.used_ticks > self.budget_ticks {
+            self.exhausted = true;
+            return Err(wasmtime::Error::msg("CPU budget exhausted"));
+        }
+        let clock = self.clock.clone();
+        let resumed_at = self.resumed_from_yield_at.clone();
+        Ok(UpdateDeadline::YieldCustom(
+            1,
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                resumed_at.store(clock.now(), Ordering::Relaxed);
+            }),
+        ))
+    }
+
+    /// The alloc's description when the guest ran out of budget, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.exhausted.then(|| {
+            format!(
+                "CPU budget exhausted: used {} of computing time",
+                format_duration(self.budget)
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime::ResourceLimiter;
+
+    #[test]
+    fn memory_over_the_limit_traps_and_names_the_limit() {
+        let mut limiter = MemoryLimiter::new(64 << 20);
+        assert!(limiter.memory_growing(0, 1 << 20, None).unwrap());
+        assert!(limiter.failure().is_none());
+        assert!(limiter.memory_growing(1 << 20, 65 << 20, None).is_err());
+        assert_eq!(
+            limiter.failure().as_deref(),
+            Some("memory limit of 64 MiB exceeded")
+        );
+    }
+
+    #[test]
+    fn waiting_is_not_charged_and_computing_is() {
+        let clock = EpochClock::default();
+        let mut meter = CpuMeter::new(clock.clone(), Duration::from_millis(30));
+        // A long wait, then one deadline right after resuming: nothing charged.
+        for _ in 0..1000 {
+            clock.advance();
+        }
+        meter.resumed_since(clock.now());
+        assert!(matches!(
+            meter.on_epoch_deadline(),
+            Ok(UpdateDeadline::YieldCustom(1, _))
+        ));
+        // Three ticks of computing stay within 30 ms; the fourth exhausts it.
+        for _ in 0..3 {
+            clock.advance();
+            assert!(meter.on_epoch_deadline().is_ok());
+        }
+        clock.advance();
+        assert!(meter.on_epoch_deadline().is_err());
+        assert!(meter.failure().unwrap().starts_with("CPU budget exhausted"));
+    }
+}

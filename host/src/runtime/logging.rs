@@ -1,0 +1,384 @@
+//! Guest output into the agent's logger: `wasi:logging` calls and stdout/stderr lines become
+//! tracing events inside the alloc's span, so they come out in the agent's format.
+//!
+//! Every line passes one per-alloc [`GuestLogSink`], which caps line length and rate: excess
+//! lines are dropped and counted, and a single `dropped N log lines` event is emitted at most
+//! once per [`DROP_REPORT_INTERVAL`], so a flooding guest can neither flood the agent's log
+//! nor grow a queue. This module touches nothing but tracing.
+
+use super::bindings::{Level, LoggingImports};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+/// The target of every guest line, so operators can filter guest output (`caravan::guest=warn`).
+pub const GUEST_TARGET: &str = "caravan::guest";
+
+/// Longest guest line kept, in bytes; longer lines are cut with a marker saying how much.
+pub const MAX_LINE_BYTES: usize = 8 * 1024;
+
+/// How often, at most, a flooding guest gets its `dropped N log lines` event.
+pub const DROP_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where a line came from.
+#[derive(Debug, Clone, Copy)]
+pub enum Origin<'a> {
+    /// A `wasi:logging` call with this context.
+    Logging(&'a str),
+    /// A line the guest wrote to stdout or stderr.
+    Stream(&'static str),
+}
+
+/// The one gate all of an alloc's guest output passes. Cheap to clone; clones share limits.
+#[derive(Clone)]
+pub struct GuestLogSink {
+    span: tracing::Span,
+    limiter: Arc<Mutex<RateLimiter>>,
+}
+
+impl GuestLogSink {
+    pub fn new(span: tracing::Span, lines_per_second: u32) -> Self {
+        GuestLogSink {
+            span,
+            limiter: Arc::new(Mutex::new(RateLimiter::new(lines_per_second))),
+        }
+    }
+
+    /// Emits one guest line at `level`, unless the rate limit drops it.
+    pub fn emit(&self, level: tracing::Level, origin: Origin<'_>, message: &str) {
+        let (admitted, dropped_report) = {
+            let mut limiter = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            let admitted = limiter.admit(Instant::now());
+            (admitted, limiter.take_drop_report(Instant::now(), false))
+        };
+        if let Some(dropped) = dropped_report {
+            self.report_dropped(dropped);
+        }
+        if admitted {
+            let message = truncate_line(message);
+            emit_event(&self.span, level, origin, &message);
+        }
+    }
+
+    /// Reports lines dropped since the last report, whatever the interval; called when the
+    /// alloc's run ends so no drop goes unmentioned.
+    pub fn flush(&self) {
+        let report = self
+            .limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_drop_report(Instant::now(), true);
+        if let Some(dropped) = report {
+            self.report_dropped(dropped);
+        }
+    }
+
+    fn report_dropped(&self, dropped: u64) {
+        tracing::warn!(target: GUEST_TARGET, parent: &self.span, dropped, "dropped {dropped} log lines");
+    }
+}
+
+fn emit_event(span: &tracing::Span, level: tracing::Level, origin: Origin<'_>, message: &str) {
+    // tracing needs the level and the field names at compile time: one arm per combination.
+    macro_rules! at_level {
+        ($field:ident, $value:expr) => {
+            match level {
+                tracing::Level::ERROR => tracing::error!(target: GUEST_TARGET, parent: span, $field = $value, "{message}"),
+                tracing::Level::WARN => tracing::warn!(target: GUEST_TARGET, parent: span, $field = $value, "{message}"),
+                tracing::Level::INFO => tracing::info!(target: GUEST_TARGET, parent: span, $field = $value, "{message}"),
+                tracing::Level::DEBUG => tracing::debug!(target: GUEST_TARGET, parent: span, $field = $value, "{message}"),
+                tracing::Level::TRACE => tracing::trace!(target: GUEST_TARGET, parent: span, $field = $value, "{message}"),
+            }
+        };
+    }
+    match origin {
+        Origin::Logging(context) => at_level!(context, context),
+        Origin::Stream(stream) => at_level!(stream, stream),
+    }
+}
+
+/// Cuts `line` to [`MAX_LINE_BYTES`] on a character boundary, saying how much was cut.
+fn truncate_line(line: &str) -> std::borrow::Cow<'_, str> {
+    if line.len() <= MAX_LINE_BYTES {
+        return line.into();
+    }
+    let mut cut = MAX_LINE_BYTES;
+    while !line.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{} [truncated {} bytes]", &line[..cut], line.len() - cut).into()
+}
+
+/// A token bucket of `lines_per_second` with a burst of the same size, plus the count of
+/// lines dropped since the last report.
+struct RateLimiter {
+    capacity: f64,
+    tokens: f64,
+    refilled_at: Option<Instant>,
+    dropped: u64,
+    reported_at: Option<Instant>,
+}
+
+impl RateLimiter {
+    fn new(lines_per_second: u32) -> Self {
+        let capacity = f64::from(lines_per_second.max(1));
+        RateLimiter {
+            capacity,
+            tokens: capacity,
+            refilled_at: None,
+            dropped: 0,
+            reported_at: None,
+        }
+    }
+
+    fn admit(&mut self, now: Instant) -> bool {
+        if let Some(refilled_at) = self.refilled_at {
+            let elapsed = now.saturating_duration_since(refilled_at).as_secs_f64();
+            self.tokens = (self.tokens + elapsed * self.capacity).min(self.capacity);
+        }
+        self.refilled_at = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+
+    fn take_drop_report(&mut self, now: Instant, force: bool) -> Option<u64> {
+        if self.dropped == 0 {
+            return None;
+        }
+        let due = force
+            || self
+                .reported_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= DROP_REPORT_INTERVAL);
+        if !due {
+            return None;
+        }
+        self.reported_at = Some(now);
+        Some(std::mem::take(&mut self.dropped))
+    }
+}
+
+/// The `wasi:logging` import of one alloc.
+pub struct GuestLogging {
+    sink: GuestLogSink,
+}
+
+impl GuestLogging {
+    pub fn new(sink: GuestLogSink) -> Self {
+        GuestLogging { sink }
+    }
+
+    /// Reports any lines still counted as dropped; called when the run ends.
+    pub fn flush(&self) {
+        self.sink.flush();
+    }
+}
+
+impl LoggingImports for GuestLogging {
+    fn log(&mut self, level: Level, context: String, message: String) {
+        let level = match level {
+            Level::Trace => tracing::Level::TRACE,
+            Level::Debug => tracing::Level::DEBUG,
+            Level::Info => tracing::Level::INFO,
+            Level::Warn => tracing::Level::WARN,
+            Level::Error | Level::Critical => tracing::Level::ERROR,
+        };
+        self.sink.emit(level, Origin::Logging(&context), &message);
+    }
+}
+
+/// A guest's stdout or stderr: bytes are split into lines and each line goes to the sink.
+/// stdout lines are INFO, stderr lines WARN (a Rust guest's panic message arrives there);
+/// blank lines are skipped.
+#[derive(Clone)]
+pub struct GuestOutput {
+    sink: GuestLogSink,
+    stream: &'static str,
+    level: tracing::Level,
+}
+
+impl GuestOutput {
+    pub fn stdout(sink: GuestLogSink) -> Self {
+        GuestOutput {
+            sink,
+            stream: "stdout",
+            level: tracing::Level::INFO,
+        }
+    }
+
+    pub fn stderr(sink: GuestLogSink) -> Self {
+        GuestOutput {
+            sink,
+            stream: "stderr",
+            level: tracing::Level::WARN,
+        }
+    }
+
+    fn writer(&self) -> LineWriter {
+        LineWriter {
+            output: self.clone(),
+            line: Vec::new(),
+            overflow: 0,
+        }
+    }
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.writer())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.writer())
+    }
+}
+
+/// Buffers one partial line; never holds more than [`MAX_LINE_BYTES`].
+struct LineWriter {
+    output: GuestOutput,
+    line: Vec<u8>,
+    /// Bytes of the current line beyond the cap, counted but not kept.
+    overflow: usize,
+}
+
+impl LineWriter {
+    fn push(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            match bytes.iter().position(|&b| b == b'\n') {
+                Some(end) => {
+                    self.keep(&bytes[..end]);
+                    self.emit_line();
+                    bytes = &bytes[end + 1..];
+                }
+                None => {
+                    self.keep(bytes);
+                    bytes = &[];
+                }
+            }
+        }
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        let room = MAX_LINE_BYTES.saturating_sub(self.line.len());
+        let kept = bytes.len().min(room);
+        self.line.extend_from_slice(&bytes[..kept]);
+        self.overflow += bytes.len() - kept;
+    }
+
+    fn emit_line(&mut self) {
+        let text = String::from_utf8_lossy(&self.line);
+        let text = text.strip_suffix('\r').unwrap_or(&text);
+        // Blank lines carry nothing in a log (a Rust panic message starts with one).
+        if text.trim().is_empty() && self.overflow == 0 {
+            self.line.clear();
+            return;
+        }
+        let message = if self.overflow > 0 {
+            format!("{text} [truncated {} bytes]", self.overflow)
+        } else {
+            text.to_string()
+        };
+        self.output.sink.emit(
+            self.output.level,
+            Origin::Stream(self.output.stream),
+            &message,
+        );
+        self.line.clear();
+        self.overflow = 0;
+    }
+}
+
+impl Drop for LineWriter {
+    fn drop(&mut self) {
+        if !self.line.is_empty() || self.overflow > 0 {
+            self.emit_line();
+        }
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for LineWriter {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for LineWriter {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+impl tokio::io::AsyncWrite for LineWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.get_mut().push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_over_the_rate_is_dropped_and_reported_once_per_interval() {
+        let start = Instant::now();
+        let mut limiter = RateLimiter::new(10);
+        let admitted = (0..25).filter(|_| limiter.admit(start)).count();
+        assert_eq!(admitted, 10);
+        assert_eq!(limiter.take_drop_report(start, false), Some(15));
+        limiter.admit(start);
+        assert_eq!(
+            limiter.take_drop_report(start, false),
+            None,
+            "reported at most once a second"
+        );
+        assert_eq!(
+            limiter.take_drop_report(start + DROP_REPORT_INTERVAL, false),
+            Some(1)
+        );
+        // A second later the bucket is full again.
+        assert!(limiter.admit(start + Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn long_lines_are_cut_on_a_character_boundary_with_a_marker() {
+        let line = "é".repeat(MAX_LINE_BYTES);
+        let cut = truncate_line(&line);
+        assert!(cut.len() < MAX_LINE_BYTES + 40);
+        assert!(cut.ends_with(&format!("[truncated {} bytes]", MAX_LINE_BYTES)));
+    }
+}

@@ -1,0 +1,392 @@
+//! Everything wasmtime: the engine, compiled components, the linker and the per-alloc store.
+//!
+//! One [`Runtime`] per process holds one `Engine` (epoch interruption on, the pooling allocator
+//! when the address space can be reserved), one `Linker` with every host import, and a cache
+//! of compiled components keyed by content hash, each with its `InstancePre`. Each alloc gets
+//! its own `Store` (see [`WasmAllocRunner`]).
+//!
+//! Layout:
+//! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
+//! - `host_api`: the `caravan:runner/host` import.
+//! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
+//! - `limits`: memory limiter and CPU meter.
+//! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm.
+//!
+//! This module may use [`crate::allocrunner`] and [`crate::structs`]; it knows nothing of the
+//! client, the server or storage.
+
+mod bindings;
+mod host_api;
+mod limits;
+mod logging;
+mod wasm_runner;
+
+pub use limits::EPOCH_TICK;
+pub use logging::{GUEST_TARGET, MAX_LINE_BYTES};
+pub use wasm_runner::{WasmAllocRunner, WasmAllocRunnerFactory};
+
+use bindings::{AllocRunnerPre, RUNNER_EXPORT};
+use limits::{CpuMeter, EpochClock, MemoryLimiter};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use wasmtime::component::{Component, Linker, ResourceTable, types::ComponentItem};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// How the runtime allocates instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Use the pooling allocator when its address space can be reserved, else on-demand.
+    Auto,
+    /// Always allocate on demand (slower to instantiate, no up-front reservation).
+    Off,
+}
+
+/// Process-wide runtime settings.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// How many allocs may be live at once; sizes the pooling allocator.
+    pub max_live_allocs: u32,
+    /// Whether to try the pooling allocator.
+    pub pooling: Pooling,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            max_live_allocs: 1_000,
+            pooling: Pooling::Auto,
+        }
+    }
+}
+
+/// Why a component could not be loaded. Each message names the file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file does not exist.
+    #[error("runner component {path} does not exist")]
+    NotFound {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The file could not be read.
+    #[error("cannot read runner component {path}: {source}")]
+    Read {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The bytes are not a WebAssembly component.
+    #[error("{path} is not a WebAssembly component: {reason}")]
+    NotAComponent {
+        /// The path given.
+        path: PathBuf,
+        /// What was found instead.
+        reason: String,
+    },
+    /// The component does not export the runner interface.
+    #[error(
+        "{path} does not export `{RUNNER_EXPORT}`, so it is not a Caravan runner; it exports: {exports}"
+    )]
+    MissingExport {
+        /// The path given.
+        path: PathBuf,
+        /// What it exports, comma-separated, or "nothing".
+        exports: String,
+    },
+    /// The component's imports or export types do not match what the host provides.
+    #[error("{path} does not fit the `caravan:runner/alloc-runner` world: {reason}")]
+    WrongWorld {
+        /// The path given.
+        path: PathBuf,
+        /// wasmtime's account of the mismatch.
+        reason: String,
+    },
+}
+
+/// A compiled component, ready to instantiate.
+pub struct LoadedComponent {
+    /// Hex SHA-256 of the component's bytes.
+    pub hash: String,
+    pre: AllocRunnerPre<StoreData>,
+}
+
+/// The process's wasmtime runtime. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+struct RuntimeInner {
+    engine: Engine,
+    linker: Linker<StoreData>,
+    clock: EpochClock,
+    pooling: bool,
+    components: Mutex<HashMap<String, Arc<LoadedComponent>>>,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Drop for RuntimeInner {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Runtime {
+    /// Builds the engine, starts the epoch ticker and fills the linker.
+    pub fn new(config: &RuntimeConfig) -> anyhow::Result<Runtime> {
+        let (engine, pooling) = match config.pooling {
+            Pooling::Auto => match Engine::new(&engine_config(Some(config.max_live_allocs))) {
+                Ok(engine) => (engine, true),
+                Err(error) => {
+                    tracing::warn!(
+                        error = %format!("{error:#}"),
+                        "cannot reserve the pooling allocator's address space; allocating instances on demand"
+                    );
+                    (
+                        Engine::new(&engine_config(None)).map_err(anyhow::Error::from)?,
+                        false,
+                    )
+                }
+            },
+            Pooling::Off => (
+                Engine::new(&engine_config(None)).map_err(anyhow::Error::from)?,
+                false,
+            ),
+        };
+
+        let mut linker = Linker::<StoreData>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
+        bindings::add_host_to_linker::<_, HostApiData>(&mut linker, |data| &mut data.host_api)
+            .map_err(anyhow::Error::from)?;
+        bindings::add_logging_to_linker::<_, LoggingData>(&mut linker, |data| &mut data.logging)
+            .map_err(anyhow::Error::from)?;
+
+        let clock = EpochClock::default();
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        spawn_epoch_ticker(engine.clone(), clock.clone(), ticker_stop.clone())?;
+
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                linker,
+                clock,
+                pooling,
+                components: Mutex::new(HashMap::new()),
+                ticker_stop,
+            }),
+        })
+    }
+
+    /// True when instances come from the pooling allocator.
+    pub fn uses_pooling(&self) -> bool {
+        self.inner.pooling
+    }
+
+    /// The engine, for benchmarks that measure raw wasmtime next to Caravan.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// Loads the component at `path`, compiling it only the first time these bytes are seen.
+    pub fn load_file(&self, path: &Path) -> Result<Arc<LoadedComponent>, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => LoadError::NotFound {
+                path: path.to_path_buf(),
+            },
+            _ => LoadError::Read {
+                path: path.to_path_buf(),
+                source,
+            },
+        })?;
+        self.load_bytes(path, &bytes)
+    }
+
+    /// Loads a component from bytes; `path` only names it in errors.
+    pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Arc<LoadedComponent>, LoadError> {
+        let hash = hex(&Sha256::digest(bytes));
+        if let Some(loaded) = self.cached(&hash) {
+            return Ok(loaded);
+        }
+        check_component_header(path, bytes)?;
+        let started = std::time::Instant::now();
+        let component = Component::new(&self.inner.engine, bytes).map_err(|error| {
+            LoadError::NotAComponent {
+                path: path.to_path_buf(),
+                reason: format!("{error:#}"),
+            }
+        })?;
+        check_runner_export(path, &self.inner.engine, &component)?;
+        let wrong_world = |error: wasmtime::Error| LoadError::WrongWorld {
+            path: path.to_path_buf(),
+            reason: format!("{error:#}"),
+        };
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(wrong_world)?;
+        let pre = AllocRunnerPre::new(instance_pre).map_err(wrong_world)?;
+        tracing::debug!(
+            path = %path.display(),
+            hash = %hash,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compiled runner component"
+        );
+        let loaded = Arc::new(LoadedComponent {
+            hash: hash.clone(),
+            pre,
+        });
+        let mut components = self
+            .inner
+            .components
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Ok(components.entry(hash).or_insert(loaded).clone())
+    }
+
+    fn cached(&self, hash: &str) -> Option<Arc<LoadedComponent>> {
+        self.inner
+            .components
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(hash)
+            .cloned()
+    }
+}
+
+fn engine_config(pooling_slots: Option<u32>) -> Config {
+    let mut config = Config::new();
+    // Every running guest reaches an epoch check at each tick, where it yields to tokio (so
+    // no guest pins a worker thread) and is charged CPU time.
+    config.epoch_interruption(true);
+    if let Some(slots) = pooling_slots {
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(slots)
+            // A Rust runner has 3 core instances, a Python one 14; leave room for both.
+            .total_core_instances(slots.saturating_mul(16))
+            .total_memories(slots.saturating_mul(2))
+            .total_tables(slots.saturating_mul(4))
+            // Every live alloc waits inside an async call, which holds one fiber stack.
+            .total_stacks(slots);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    config
+}
+
+fn spawn_epoch_ticker(
+    engine: Engine,
+    clock: EpochClock,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("caravan-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                clock.advance();
+                engine.increment_epoch();
+            }
+        })?;
+    Ok(())
+}
+
+fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    let not_a_component = |reason: &str| LoadError::NotAComponent {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    };
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err(not_a_component(
+            "the file does not start with the WebAssembly magic bytes `\\0asm`",
+        ));
+    }
+    // Bytes 6..8 are the layer: 0 for a core module, 1 for a component.
+    if bytes[6..8] == [0, 0] {
+        return Err(not_a_component(
+            "it is a core WebAssembly module; build the runner for `wasm32-wasip2`, or wrap it with `wasm-tools component new`",
+        ));
+    }
+    Ok(())
+}
+
+fn check_runner_export(
+    path: &Path,
+    engine: &Engine,
+    component: &Component,
+) -> Result<(), LoadError> {
+    let component_type = component.component_type();
+    let exports: Vec<String> = component_type
+        .exports(engine)
+        .map(|(name, item)| match item.ty {
+            ComponentItem::ComponentInstance(_) => name.to_string(),
+            _ => format!("{name} (not an interface)"),
+        })
+        .collect();
+    if exports.iter().any(|name| name == RUNNER_EXPORT) {
+        return Ok(());
+    }
+    Err(LoadError::MissingExport {
+        path: path.to_path_buf(),
+        exports: if exports.is_empty() {
+            "nothing".into()
+        } else {
+            exports.join(", ")
+        },
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Everything one alloc's store holds. Each host interface gets its own field and its own
+/// `add_to_linker` projection, so no import sees another's state.
+pub(crate) struct StoreData {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    host_api: host_api::HostApi,
+    logging: logging::GuestLogging,
+    memory: MemoryLimiter,
+    cpu: CpuMeter,
+}
+
+impl WasiView for StoreData {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Projects the store to the `caravan:runner/host` import.
+struct HostApiData;
+impl wasmtime::component::HasData for HostApiData {
+    type Data<'a> = &'a mut host_api::HostApi;
+}
+
+/// Projects the store to the `wasi:logging` import.
+struct LoggingData;
+impl wasmtime::component::HasData for LoggingData {
+    type Data<'a> = &'a mut logging::GuestLogging;
+}
+
+/// The guest's monotonic clock is tokio's, so paused-time tests move guest time too.
+struct TokioClock {
+    start: tokio::time::Instant,
+}
+
+impl wasmtime_wasi::HostMonotonicClock for TokioClock {
+    fn resolution(&self) -> u64 {
+        1_000_000
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}

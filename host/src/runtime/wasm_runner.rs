@@ -1,0 +1,498 @@
+//! [`WasmAllocRunner`]: the [`AllocRunner`] whose logic is a WebAssembly component.
+//!
+//! One store per alloc, built when the runner starts and dropped when `run` returns, traps,
+//! hits a limit, or outlives its kill timeout. The final state is decided in one place,
+//! [`final_state`], from the guest's last report and how the run ended.
+
+use super::bindings::{self, Event, RunnerError};
+use super::host_api::{HostApi, StateCell};
+use super::limits::{CpuMeter, MemoryLimiter};
+use super::logging::{GuestLogSink, GuestLogging, GuestOutput};
+use super::{LoadedComponent, Runtime, StoreData, TokioClock};
+use crate::allocrunner::{AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger};
+use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
+use crate::units::format_duration;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+use wasmtime::Store;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+/// Builds [`WasmAllocRunner`]s, loading each alloc's `runner` component through the shared
+/// [`Runtime`] (compiled once per distinct component).
+#[derive(Clone)]
+pub struct WasmAllocRunnerFactory {
+    runtime: Runtime,
+}
+
+impl WasmAllocRunnerFactory {
+    /// A factory on `runtime`.
+    pub fn new(runtime: Runtime) -> Self {
+        WasmAllocRunnerFactory { runtime }
+    }
+
+    /// Builds the runner for one alloc; fails when its component cannot be loaded.
+    pub fn build(&self, config: AllocRunnerConfig) -> anyhow::Result<Arc<WasmAllocRunner>> {
+        let component = self.runtime.load_file(Path::new(&config.alloc.runner))?;
+        Ok(Arc::new(WasmAllocRunner::new(
+            self.runtime.clone(),
+            component,
+            config,
+        )))
+    }
+
+    /// This factory as the client's [`AllocRunnerFactory`].
+    pub fn into_factory(self) -> AllocRunnerFactory {
+        Arc::new(move |config| Ok(self.build(config)? as Arc<dyn AllocRunner>))
+    }
+}
+
+/// How a run ended, before it is turned into a final state.
+#[derive(Debug)]
+enum RunOutcome {
+    /// `run` returned.
+    Returned(Result<(), RunnerError>),
+    /// The guest trapped or hit a limit; the description names which.
+    Failed(String),
+    /// The guest did not return within the kill timeout after `kill`.
+    KillTimedOut,
+    /// The guest did not return within the kill timeout after `shutdown`.
+    ShutdownTimedOut,
+    /// Killed or shut down before `run` was ever called.
+    NeverStarted,
+}
+
+/// Runs one alloc in its own store.
+pub struct WasmAllocRunner {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    runtime: Runtime,
+    component: Arc<LoadedComponent>,
+    config: AllocRunnerConfig,
+    limits: Limits,
+    alloc: Mutex<Arc<Alloc>>,
+    state: Arc<StateCell>,
+    events: mpsc::UnboundedSender<Event>,
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
+    started: AtomicBool,
+    kill_requested: AtomicBool,
+    shutdown_requested: AtomicBool,
+    destroy_requested: AtomicBool,
+    finished: AtomicBool,
+    run_task: Mutex<Option<tokio::task::AbortHandle>>,
+    stopped: LatchTrigger,
+    destroyed: LatchTrigger,
+}
+
+impl WasmAllocRunner {
+    /// A runner for `config.alloc` on `component`; nothing runs until [`AllocRunner::run`].
+    pub fn new(
+        runtime: Runtime,
+        component: Arc<LoadedComponent>,
+        config: AllocRunnerConfig,
+    ) -> Self {
+        let (events, receiver) = mpsc::unbounded_channel();
+        let state = Arc::new(StateCell::new(
+            config.alloc.id.clone(),
+            config.state_updater.clone(),
+        ));
+        let limits = config.limits.with_overrides(&config.alloc.limits);
+        WasmAllocRunner {
+            shared: Arc::new(Shared {
+                runtime,
+                component,
+                alloc: Mutex::new(config.alloc.clone()),
+                limits,
+                config,
+                state,
+                events,
+                receiver: Mutex::new(Some(receiver)),
+                started: AtomicBool::new(false),
+                kill_requested: AtomicBool::new(false),
+                shutdown_requested: AtomicBool::new(false),
+                destroy_requested: AtomicBool::new(false),
+                finished: AtomicBool::new(false),
+                run_task: Mutex::new(None),
+                stopped: Latch::new().0,
+                destroyed: Latch::new().0,
+            }),
+        }
+    }
+
+    /// Asks the guest to deliver `signal` to `task` (every task when `None`).
+    pub fn signal(&self, task: Option<String>, signal: String) {
+        let _ = self.shared.events.send(Event::Signal { task, signal });
+    }
+
+    /// Asks the guest to restart `task`.
+    pub fn restart_task(&self, task: String) {
+        let _ = self.shared.events.send(Event::RestartTask(task));
+    }
+
+    /// Sends `kill` and starts the kill timeout; does not free anything.
+    pub fn kill(&self) {
+        self.shared.kill();
+    }
+}
+
+impl Shared {
+    fn alloc(&self) -> Arc<Alloc> {
+        self.alloc.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn kill(self: &Arc<Self>) {
+        if self.kill_requested.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if !self.started.swap(true, Ordering::SeqCst) {
+            self.finish(RunOutcome::NeverStarted);
+            return;
+        }
+        tracing::info!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "killing alloc");
+        let _ = self.events.send(Event::Kill);
+        self.abort_after_grace(RunOutcome::KillTimedOut);
+    }
+
+    fn shutdown(self: &Arc<Self>) {
+        if self.shutdown_requested.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if !self.started.swap(true, Ordering::SeqCst) {
+            self.finish(RunOutcome::NeverStarted);
+            return;
+        }
+        let _ = self.events.send(Event::Shutdown);
+        self.abort_after_grace(RunOutcome::ShutdownTimedOut);
+    }
+
+    /// Gives the guest the kill timeout to return, then drops its store.
+    fn abort_after_grace(self: &Arc<Self>, outcome: RunOutcome) {
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let stopped = shared.stopped.latch();
+            if tokio::time::timeout(shared.limits.kill_timeout, stopped.wait())
+                .await
+                .is_err()
+            {
+                if let Some(task) = shared
+                    .run_task
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                {
+                    task.abort();
+                }
+                shared.finish(outcome);
+            }
+        });
+    }
+
+    /// Records the outcome once: sets the final state, then completes `wait`.
+    fn finish(&self, outcome: RunOutcome) {
+        if self.finished.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let span = &self.config.span;
+        match &outcome {
+            RunOutcome::Failed(description) => {
+                tracing::warn!(parent: span, reason = %description, "runner failed")
+            }
+            RunOutcome::KillTimedOut | RunOutcome::ShutdownTimedOut => tracing::warn!(
+                parent: span,
+                kill_timeout = %format_duration(self.limits.kill_timeout),
+                "runner did not return within the kill timeout; its sandbox was torn down"
+            ),
+            _ => {}
+        }
+        let final_state = final_state(
+            self.state.get(),
+            outcome,
+            self.shutdown_requested.load(Ordering::SeqCst)
+                && !self.kill_requested.load(Ordering::SeqCst),
+            &self.limits,
+        );
+        tracing::info!(
+            parent: span,
+            client_status = %final_state.client_status,
+            description = %final_state.description,
+            "runner stopped"
+        );
+        self.state.finish(final_state);
+        self.stopped.set();
+    }
+
+    async fn run_guest(self: Arc<Self>, events: mpsc::UnboundedReceiver<Event>) -> RunOutcome {
+        let alloc = self.alloc();
+        let mut store = match self.new_store(&alloc, events) {
+            Ok(store) => store,
+            Err(error) => {
+                return RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
+            }
+        };
+        let instance = match self.component.pre.instantiate_async(&mut store).await {
+            Ok(instance) => instance,
+            Err(error) => {
+                return RunOutcome::Failed(describe_failure(
+                    &error,
+                    store.data(),
+                    "cannot instantiate",
+                ));
+            }
+        };
+        let alloc_wit = bindings::alloc_to_wit(&alloc);
+        let call = instance.caravan_runner_runner().call_run(
+            &mut store,
+            &alloc_wit,
+            self.config.restored.as_deref(),
+        );
+        let result = match self.limits.wall_time {
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(result) => result,
+                Err(_) => {
+                    return RunOutcome::Failed(format!(
+                        "wall time limit of {} exceeded",
+                        format_duration(limit)
+                    ));
+                }
+            },
+            None => call.await,
+        };
+        store.data().logging.flush();
+        match result {
+            Ok(returned) => RunOutcome::Returned(returned),
+            Err(error) => RunOutcome::Failed(describe_failure(&error, store.data(), "wasm trap")),
+        }
+    }
+
+    fn new_store(
+        &self,
+        alloc: &Arc<Alloc>,
+        events: mpsc::UnboundedReceiver<Event>,
+    ) -> anyhow::Result<Store<StoreData>> {
+        let alloc_dir = &self.config.alloc_dir;
+        std::fs::create_dir_all(alloc_dir)
+            .map_err(|e| anyhow::anyhow!("cannot create alloc dir {}: {e}", alloc_dir.display()))?;
+        let sink = GuestLogSink::new(self.config.span.clone(), self.limits.log_lines_per_second);
+        let wasi = WasiCtxBuilder::new()
+            .preopened_dir(alloc_dir, "/alloc", FsPerms::ReadWrite)
+            .map_err(|e| anyhow::anyhow!("cannot open alloc dir {}: {e}", alloc_dir.display()))?
+            .stdout(GuestOutput::stdout(sink.clone()))
+            .stderr(GuestOutput::stderr(sink.clone()))
+            .monotonic_clock(TokioClock {
+                start: tokio::time::Instant::now(),
+            })
+            .build();
+        let clock = self.runtime.inner.clock.clone();
+        let data = StoreData {
+            wasi,
+            table: ResourceTable::new(),
+            host_api: HostApi::new(
+                alloc.clone(),
+                events,
+                self.state.clone(),
+                clock.clone(),
+                self.config.span.clone(),
+            ),
+            logging: GuestLogging::new(sink),
+            memory: MemoryLimiter::new(self.limits.memory_bytes),
+            cpu: CpuMeter::new(clock, self.limits.cpu),
+        };
+        let mut store = Store::new(&self.runtime.inner.engine, data);
+        store.limiter(|data| &mut data.memory);
+        store.epoch_deadline_callback(|mut context| {
+            let data = context.data_mut();
+            data.cpu.resumed_since(data.host_api.resumed_at_tick);
+            data.cpu.on_epoch_deadline()
+        });
+        store.set_epoch_deadline(1);
+        Ok(store)
+    }
+}
+
+/// Names what ended a run that did not return: a limit first (the trap it caused is only a
+/// symptom), then the trap with the guest function it happened in.
+fn describe_failure(error: &wasmtime::Error, data: &StoreData, context: &str) -> String {
+    if let Some(limit) = data.memory.failure().or_else(|| data.cpu.failure()) {
+        return limit;
+    }
+    if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
+        let location = error
+            .downcast_ref::<wasmtime::WasmBacktrace>()
+            .and_then(|backtrace| {
+                let frames: Vec<String> = backtrace
+                    .frames()
+                    .iter()
+                    .filter_map(|frame| frame.func_name())
+                    .map(|name| format!("{:#}", rustc_demangle::demangle(name)))
+                    .collect();
+                let user = frames
+                    .iter()
+                    .find(|name| !is_runtime_frame(name))
+                    .or(frames.first());
+                user.map(|name| format!(" in {name}"))
+            })
+            .unwrap_or_default();
+        // `Trap`'s own text starts with "wasm trap: ".
+        return format!("{trap}{location}");
+    }
+    format!("{context}: {error:#}")
+}
+
+/// Frames of the language runtime's panic and abort machinery, skipped when naming where a
+/// trap happened.
+fn is_runtime_frame(name: &str) -> bool {
+    [
+        "std::",
+        "core::",
+        "alloc::",
+        "__rust",
+        "rust_panic",
+        "abort",
+        "panic_abort",
+        "wit_bindgen::",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
+        || name.contains("::panicking::")
+}
+
+/// The state an alloc ends in. A terminal report from the guest stands; otherwise the way the
+/// run ended decides (see the contract in `wit/runner.wit`).
+fn final_state(
+    last: AllocState,
+    outcome: RunOutcome,
+    shut_down: bool,
+    limits: &Limits,
+) -> AllocState {
+    if last.client_status.is_terminal() {
+        return last;
+    }
+    let (status, description) = match outcome {
+        RunOutcome::Returned(Ok(())) | RunOutcome::ShutdownTimedOut | RunOutcome::NeverStarted
+            if shut_down =>
+        {
+            return last;
+        }
+        RunOutcome::Returned(Ok(())) => (ClientStatus::Complete, "runner finished".to_string()),
+        RunOutcome::Returned(Err(error)) => (
+            ClientStatus::Failed,
+            bindings::describe_runner_error(&error),
+        ),
+        RunOutcome::Failed(description) => (ClientStatus::Failed, description),
+        RunOutcome::KillTimedOut => (
+            ClientStatus::Failed,
+            format!(
+                "runner did not stop within the kill timeout of {}",
+                format_duration(limits.kill_timeout)
+            ),
+        ),
+        RunOutcome::ShutdownTimedOut => return last,
+        RunOutcome::NeverStarted => (
+            ClientStatus::Complete,
+            "alloc was stopped before it started".to_string(),
+        ),
+    };
+    AllocState {
+        client_status: status,
+        description,
+        task_states: last.task_states,
+    }
+}
+
+impl AllocRunner for WasmAllocRunner {
+    fn alloc(&self) -> Arc<Alloc> {
+        self.shared.alloc()
+    }
+
+    fn run(&self) {
+        let shared = &self.shared;
+        if shared.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Some(events) = shared
+            .receiver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let runner = shared.clone();
+        let span = shared.config.span.clone();
+        let task = tokio::spawn(
+            async move {
+                let outcome = runner.clone().run_guest(events).await;
+                runner.finish(outcome);
+            }
+            .instrument(span),
+        );
+        *shared.run_task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+    }
+
+    fn update(&self, alloc: Arc<Alloc>) {
+        let stop = {
+            let mut current = self.shared.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            if alloc.modify_index <= current.modify_index {
+                return;
+            }
+            *current = alloc.clone();
+            alloc.desired_status.is_stop()
+        };
+        let _ = self.shared.events.send(Event::Update(alloc));
+        if stop {
+            self.shared.kill();
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shared.shutdown();
+    }
+
+    fn destroy(&self) {
+        let shared = self.shared.clone();
+        if shared.destroy_requested.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        shared.kill();
+        tokio::spawn(async move {
+            shared.stopped.latch().wait().await;
+            let alloc_dir = &shared.config.alloc_dir;
+            match tokio::fs::remove_dir_all(alloc_dir).await {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => tracing::warn!(
+                    parent: &shared.config.span,
+                    alloc_dir = %alloc_dir.display(),
+                    error = %error,
+                    "cannot remove alloc dir"
+                ),
+            }
+            shared.destroyed.set();
+        });
+    }
+
+    fn alloc_state(&self) -> AllocState {
+        self.shared.state.get()
+    }
+
+    fn is_destroyed(&self) -> bool {
+        self.shared.destroyed.latch().is_set()
+    }
+
+    fn wait(&self) -> Latch {
+        self.shared.stopped.latch()
+    }
+
+    fn shutdown_done(&self) -> Latch {
+        self.shared.stopped.latch()
+    }
+
+    fn destroyed(&self) -> Latch {
+        self.shared.destroyed.latch()
+    }
+}

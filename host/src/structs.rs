@@ -1,0 +1,228 @@
+//! The plain data the host passes around: allocs, their state, and per-alloc limits.
+//!
+//! These types know nothing of wasmtime, the client or storage, so every layer can use them.
+//! An [`Alloc`] is immutable once built and shared as `Arc<Alloc>`: an update replaces it whole.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// What the scheduler wants for an alloc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DesiredStatus {
+    /// Keep it running.
+    Run,
+    /// Stop it (job stopped or scaled down).
+    Stop,
+    /// Move it elsewhere.
+    Evict,
+}
+
+impl DesiredStatus {
+    /// True when the runner should be killed.
+    pub fn is_stop(self) -> bool {
+        matches!(self, DesiredStatus::Stop | DesiredStatus::Evict)
+    }
+}
+
+/// One task of an alloc: a name and free-form config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Unique within the alloc.
+    pub name: String,
+    /// Key/value settings in the order written.
+    #[serde(default)]
+    pub config: Vec<(String, String)>,
+}
+
+/// One placed instance of a job's group. Immutable; share it as `Arc<Alloc>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alloc {
+    /// Unique id (a UUID).
+    pub id: String,
+    /// The job it belongs to.
+    pub job_id: String,
+    /// The task group inside the job.
+    pub group: String,
+    /// Path of the runner component that runs it.
+    pub runner: String,
+    /// The tasks, in job order.
+    pub tasks: Vec<Task>,
+    /// What the scheduler wants.
+    pub desired_status: DesiredStatus,
+    /// Grows with every server-side change.
+    pub modify_index: u64,
+    /// Free-form metadata from the job.
+    #[serde(default)]
+    pub meta: Vec<(String, String)>,
+    /// Limits for this alloc; unset fields take the agent's defaults.
+    #[serde(default)]
+    pub limits: LimitOverrides,
+}
+
+/// The alloc's status as its client sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientStatus {
+    /// Not running yet.
+    Pending,
+    /// Running.
+    Running,
+    /// Terminal: finished successfully or stopped on purpose.
+    Complete,
+    /// Terminal: something went wrong.
+    Failed,
+}
+
+impl ClientStatus {
+    /// `complete` and `failed` are final.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, ClientStatus::Complete | ClientStatus::Failed)
+    }
+
+    /// The lowercase name operators see.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientStatus::Pending => "pending",
+            ClientStatus::Running => "running",
+            ClientStatus::Complete => "complete",
+            ClientStatus::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ClientStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Lifecycle of one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskLifecycle {
+    /// Not started.
+    Pending,
+    /// Started and not finished.
+    Running,
+    /// Finished.
+    Dead,
+}
+
+/// Something that happened to a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    /// Short stable kind (`Started`, `Killed`, ...).
+    pub kind: String,
+    /// One human-readable line.
+    pub message: String,
+    /// Milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
+}
+
+/// The state of one task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskState {
+    /// The task's name.
+    pub name: String,
+    /// Where it is in its lifecycle.
+    pub state: TaskLifecycle,
+    /// True when it finished unsuccessfully.
+    pub failed: bool,
+    /// How many times it was restarted.
+    pub restarts: u32,
+    /// Its last events, oldest first.
+    pub events: Vec<TaskEvent>,
+}
+
+/// Everything known about an alloc's progress on the client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocState {
+    /// The alloc's status.
+    pub client_status: ClientStatus,
+    /// Why it is in that status.
+    pub description: String,
+    /// One entry per task the runner reported.
+    pub task_states: Vec<TaskState>,
+}
+
+impl AllocState {
+    /// The state of an alloc whose runner has not reported yet.
+    pub fn pending() -> Self {
+        AllocState {
+            client_status: ClientStatus::Pending,
+            description: String::new(),
+            task_states: Vec::new(),
+        }
+    }
+
+    /// A `failed` state with `description`, keeping no task states.
+    pub fn failed(description: impl Into<String>) -> Self {
+        AllocState {
+            client_status: ClientStatus::Failed,
+            description: description.into(),
+            task_states: Vec::new(),
+        }
+    }
+}
+
+/// Per-alloc limits as a job states them: unset fields take the agent's [`Limits`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitOverrides {
+    /// Bytes of linear memory, per memory.
+    pub memory_bytes: Option<u64>,
+    /// Time spent computing (not waiting) over the alloc's run.
+    pub cpu: Option<Duration>,
+    /// Time from start until the host kills the alloc.
+    pub wall_time: Option<Duration>,
+    /// How long the host waits for `run` to return after `kill`.
+    pub kill_timeout: Option<Duration>,
+    /// Guest log lines per second before the excess is dropped.
+    pub log_lines_per_second: Option<u32>,
+}
+
+/// The limits one alloc runs under, all set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Bytes each linear memory may grow to. Default 64 MiB: plenty for a runner that
+    /// supervises tasks rather than doing their work.
+    pub memory_bytes: u64,
+    /// Time spent computing, counted in epoch ticks. Default 60 s: runners mostly wait, and
+    /// waiting is free, so only a runner that computes without end runs out.
+    pub cpu: Duration,
+    /// Time from start until the host kills the alloc; `None` means no limit (the default:
+    /// services run until stopped).
+    pub wall_time: Option<Duration>,
+    /// How long `kill` may take. Default 5 s, Nomad's default kill timeout.
+    pub kill_timeout: Duration,
+    /// Guest log lines per second, with a burst of the same size. Default 1,000.
+    pub log_lines_per_second: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 64 * 1024 * 1024,
+            cpu: Duration::from_secs(60),
+            wall_time: None,
+            kill_timeout: Duration::from_secs(5),
+            log_lines_per_second: 1_000,
+        }
+    }
+}
+
+impl Limits {
+    /// These limits with the alloc's overrides applied.
+    pub fn with_overrides(self, overrides: &LimitOverrides) -> Limits {
+        Limits {
+            memory_bytes: overrides.memory_bytes.unwrap_or(self.memory_bytes),
+            cpu: overrides.cpu.unwrap_or(self.cpu),
+            wall_time: overrides.wall_time.or(self.wall_time),
+            kill_timeout: overrides.kill_timeout.unwrap_or(self.kill_timeout),
+            log_lines_per_second: overrides
+                .log_lines_per_second
+                .unwrap_or(self.log_lines_per_second),
+        }
+    }
+}

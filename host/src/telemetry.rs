@@ -1,0 +1,28 @@
+//! The process's one tracing subscriber: every line, host or guest, in the same format.
+
+use std::io::IsTerminal;
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global subscriber, writing to stderr.
+///
+/// `level` is a level (`info`) or a filter in `RUST_LOG` syntax (`info,caravan::guest=debug`).
+/// With `json`, each line is one JSON object whose `span` holds the alloc's fields
+/// (`alloc_id`, `job`, `group`, `runner`).
+pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_new(level)
+        .map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let installed = if json {
+        builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init()
+    } else {
+        builder.try_init()
+    };
+    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+}

@@ -1,0 +1,118 @@
+//! Parsing and printing the sizes and durations operators type: `64MiB`, `500ms`, `5s`.
+
+use std::time::Duration;
+
+/// Parses a byte size: a whole number with an optional unit `B`, `KiB`, `MiB`, `GiB` (or the
+/// decimal `KB`, `MB`, `GB`; `K`, `M`, `G` are read as the binary units).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (number, unit) = split_number(text)?;
+    let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => {
+            return Err(format!(
+                "unknown size unit {unit:?} in {text:?} (use B, KiB, MiB or GiB)"
+            ));
+        }
+    };
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+/// Parses a duration: a whole number with a unit `ms`, `s`, `m` or `h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = split_number(text)?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(number),
+        "s" => Duration::from_secs(number),
+        "m" => Duration::from_secs(number.saturating_mul(60)),
+        "h" => Duration::from_secs(number.saturating_mul(3600)),
+        "" => return Err(format!("duration {text:?} needs a unit: ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "unknown duration unit {unit:?} in {text:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    Ok(duration)
+}
+
+/// Prints a byte size the way [`parse_bytes`] reads it, in the largest exact binary unit.
+pub fn format_bytes(bytes: u64) -> String {
+    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= size && bytes.is_multiple_of(size) {
+            return format!("{} {unit}", bytes / size);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+/// Prints a duration compactly: `5s`, `250ms`, `1m30s`.
+pub fn format_duration(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if !millis.is_multiple_of(1000) || millis == 0 {
+        return format!("{millis}ms");
+    }
+    let secs = millis / 1000;
+    match (secs / 60, secs % 60) {
+        (0, s) => format!("{s}s"),
+        (m, 0) => format!("{m}m"),
+        (m, s) => format!("{m}m{s}s"),
+    }
+}
+
+fn split_number(text: &str) -> Result<(u64, &str), String> {
+    let trimmed = text.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    if digits_end == 0 {
+        return Err(format!("{text:?} does not start with a whole number"));
+    }
+    let number = trimmed[..digits_end]
+        .parse::<u64>()
+        .map_err(|_| format!("number in {text:?} is too large"))?;
+    Ok((number, trimmed[digits_end..].trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("64 M"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("MiB").unwrap_err().contains("whole number"));
+        assert!(
+            parse_bytes("3 parsecs")
+                .unwrap_err()
+                .contains("unknown size unit")
+        );
+        assert!(parse_bytes("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5").unwrap_err().contains("needs a unit"));
+    }
+
+    #[test]
+    fn formatting_round_trips() {
+        assert_eq!(format_bytes(64 << 20), "64 MiB");
+        assert_eq!(format_bytes(1000), "1000 bytes");
+        assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(5)), "5s");
+    }
+}

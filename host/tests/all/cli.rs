@@ -1,0 +1,163 @@
+//! The real `caravan` binary: `caravan run` on each example runner, text and JSON logs, exit
+//! statuses, bad input, and Ctrl-C.
+
+use caravan_test_artifacts::{FIXTURE_WRONG_WORLD, MINIMAL, SLEEPER, STATEFUL};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
+
+fn caravan(args: &[&str]) -> Output {
+    let output = Command::new(CARAVAN)
+        .args(args)
+        .output()
+        .expect("caravan runs");
+    // Shown only when the test fails.
+    println!(
+        "$ caravan {}\n--- stdout\n{}--- stderr\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn caravan_run_shows_the_sleepers_logs_and_exits_0_when_complete() {
+    let output = caravan(&["run", SLEEPER, "--task", "web", "--config", "run_for=200ms"]);
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = text(&output.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("task web started; runs for 200ms"))
+        .expect("guest line");
+    assert!(
+        line.contains("INFO") && line.contains("alloc_id="),
+        "{line}"
+    );
+    assert!(text(&output.stdout).contains("complete: All tasks have completed"));
+}
+
+#[test]
+fn with_log_json_every_line_host_and_guest_is_json() {
+    let output = caravan(&[
+        "run",
+        STATEFUL,
+        "--log-json",
+        "--config",
+        "tick_every=10",
+        "--config",
+        "stop_after=3",
+    ]);
+    assert_eq!(output.status.code(), Some(0));
+    let summary: Value = serde_json::from_slice(&output.stdout).expect("a JSON summary on stdout");
+    assert_eq!(summary["client_status"], "complete");
+    let lines: Vec<Value> = text(&output.stderr)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    let tick = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "tick 3")
+        .expect("the guest's tick line");
+    assert_eq!(tick["level"], "INFO");
+    assert_eq!(tick["span"]["alloc_id"], summary["alloc_id"]);
+    assert!(
+        lines.iter().any(|l| l["target"] != "caravan::guest"),
+        "host lines are JSON too"
+    );
+}
+
+#[test]
+fn a_failed_alloc_exits_1_and_prints_its_description() {
+    let output = caravan(&[
+        "run",
+        SLEEPER,
+        "--config",
+        "run_for=10ms",
+        "--config",
+        "exit_code=2",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stdout).contains("failed: Failed tasks: main"));
+}
+
+#[test]
+fn bad_input_gets_one_clear_line_and_exit_2() {
+    let missing = caravan(&["run", "/no/such.wasm"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert_eq!(
+        text(&missing.stderr).trim(),
+        "error: runner component /no/such.wasm does not exist"
+    );
+
+    let wrong = caravan(&["run", FIXTURE_WRONG_WORLD]);
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(text(&wrong.stderr).contains("does not export `caravan:runner/runner@0.1.0`"));
+    assert!(text(&wrong.stderr).contains("it exports: wasi:cli/run@0.2.0"));
+
+    let bad_limit = caravan(&["run", MINIMAL, "--limit", "memory=lots"]);
+    assert_eq!(bad_limit.status.code(), Some(2));
+    assert!(text(&bad_limit.stderr).contains("--limit memory=lots"));
+}
+
+#[test]
+fn ctrl_c_kills_the_minimal_runner_and_exits_with_its_final_state() {
+    let mut child = Command::new(CARAVAN)
+        .args(["run", MINIMAL])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("caravan starts");
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (lines_tx, lines_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    loop {
+        let line = lines_rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no running line in {seen:#?}"));
+        let running =
+            line.contains("alloc status changed") && line.contains("client_status=running");
+        seen.push(line);
+        if running {
+            break;
+        }
+    }
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(child.wait_with_output());
+    });
+    let output = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("caravan exits after Ctrl-C")
+        .unwrap();
+    seen.extend(lines_rx.try_iter());
+    assert_eq!(output.status.code(), Some(0), "{seen:#?}");
+    assert!(
+        text(&output.stdout).contains("complete: killed"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("interrupted: killing the alloc")),
+        "{seen:#?}"
+    );
+}

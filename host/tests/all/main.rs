@@ -1,0 +1,26 @@
+//! Integration tests of the host: real guests (built by `caravan-test-artifacts`) driven
+//! through the factory, the seam's contract, and the real `caravan` binary.
+
+mod support;
+
+mod cli;
+mod empty_runner;
+mod fixture_log_flood;
+mod fixture_memory_hog;
+mod fixture_spin_loop;
+mod fixture_trap;
+mod fixture_wrong_world;
+mod loading;
+mod minimal;
+mod sleeper;
+mod stateful;
+
+/// Every guest in `guests/` must have a test module of the same name: a guest nobody tests
+/// fails to compile here.
+macro_rules! assert_test_exists {
+    ($name:ident) => {
+        #[allow(unused_imports)]
+        use crate::$name as _;
+    };
+}
+caravan_test_artifacts::foreach_guest!(assert_test_exists);

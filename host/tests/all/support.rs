@@ -1,0 +1,234 @@
+//! What every test here needs: a shared runtime, log capture that prints itself when a test
+//! fails, a state recorder to await reports, and a way to start a runner of a guest.
+
+use caravan_host::allocrunner::{AllocRunner, AllocRunnerConfig, StateUpdater, alloc_span};
+use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
+use caravan_host::structs::{
+    Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
+};
+use serde_json::Value;
+use std::future::Future;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// One runtime for the whole test binary, so each guest is compiled once.
+pub fn runtime() -> Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| Runtime::new(&RuntimeConfig::default()).expect("runtime"))
+        .clone()
+}
+
+/// Captures every log line of this test (host and guest) as JSON. Dropped during a panic,
+/// it prints them, so a failing test shows what its guests said.
+pub struct LogCapture {
+    buffer: Arc<Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+#[derive(Clone)]
+struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogCapture {
+    /// Starts capturing on this thread. Tests run on a current-thread runtime, so the
+    /// runners' tasks log here too.
+    pub fn start() -> Self {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = SharedBuffer(buffer.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter("debug")
+            .with_writer(move || writer.clone())
+            .finish();
+        LogCapture {
+            buffer,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    /// Every captured line, parsed.
+    pub fn lines(&self) -> Vec<Value> {
+        let text = String::from_utf8_lossy(&self.buffer.lock().unwrap()).to_string();
+        text.lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON log line"))
+            .collect()
+    }
+
+    /// Lines whose message contains `text`.
+    pub fn with_message(&self, text: &str) -> Vec<Value> {
+        self.lines()
+            .into_iter()
+            .filter(|line| message(line).contains(text))
+            .collect()
+    }
+}
+
+impl Drop for LogCapture {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = String::from_utf8_lossy(&self.buffer.lock().unwrap()).to_string();
+            eprintln!("---- captured log lines ----\n{text}---- end of captured log lines ----");
+        }
+    }
+}
+
+/// The message of a JSON log line.
+pub fn message(line: &Value) -> &str {
+    line["fields"]["message"].as_str().unwrap_or_default()
+}
+
+/// Records every state and checkpoint a runner reports.
+pub struct Recorder {
+    /// Bumped on every report, to wake waiters.
+    reports: watch::Sender<usize>,
+    pub history: Mutex<Vec<AllocState>>,
+    pub checkpoints: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Recorder {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Recorder {
+            reports: watch::channel(0).0,
+            history: Mutex::new(Vec::new()),
+            checkpoints: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Waits until any state reported so far satisfies `predicate` (a state may already have
+    /// been replaced by the time the test looks); fails the test after a minute.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        predicate: impl Fn(&AllocState) -> bool,
+    ) -> AllocState {
+        let mut reports = self.reports.subscribe();
+        within(what, async {
+            loop {
+                if let Some(found) = self.history.lock().unwrap().iter().find(|s| predicate(s)) {
+                    return found.clone();
+                }
+                reports.changed().await.expect("recorder alive");
+            }
+        })
+        .await
+    }
+
+    pub async fn wait_for_status(&self, status: ClientStatus) -> AllocState {
+        self.wait_for(&format!("status {status}"), |state| {
+            state.client_status == status
+        })
+        .await
+    }
+
+    pub fn last_checkpoint(&self) -> Option<Vec<u8>> {
+        self.checkpoints.lock().unwrap().last().cloned()
+    }
+}
+
+impl StateUpdater for Recorder {
+    fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
+        self.history.lock().unwrap().push(state.clone());
+        self.reports.send_modify(|count| *count += 1);
+    }
+
+    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) {
+        self.checkpoints.lock().unwrap().push(data.to_vec());
+    }
+}
+
+/// Awaits `future`, failing the test with `what` if it takes over a minute (of tokio time).
+pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(60), future).await {
+        Ok(value) => value,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// An alloc of `runner` with the named tasks, each with `config`.
+pub fn alloc(runner: &str, tasks: &[&str], config: &[(&str, &str)]) -> Alloc {
+    Alloc {
+        id: format!("{:08x}-test-alloc", rand_u32()),
+        job_id: "test-job".into(),
+        group: "test-group".into(),
+        runner: runner.into(),
+        tasks: tasks
+            .iter()
+            .map(|name| Task {
+                name: name.to_string(),
+                config: config
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            })
+            .collect(),
+        desired_status: DesiredStatus::Run,
+        modify_index: 1,
+        meta: vec![],
+        limits: LimitOverrides::default(),
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A runner built through the wasm factory, with its recorder and alloc dir.
+pub struct Started {
+    pub runner: Arc<WasmAllocRunner>,
+    pub recorder: Arc<Recorder>,
+    pub alloc: Arc<Alloc>,
+    pub data_dir: tempfile::TempDir,
+}
+
+impl Started {
+    pub fn alloc_dir(&self) -> std::path::PathBuf {
+        self.data_dir.path().join(&self.alloc.id)
+    }
+
+    pub async fn stopped(&self) -> AllocState {
+        within("the runner to stop", self.runner.wait().wait()).await;
+        self.runner.alloc_state()
+    }
+}
+
+/// Builds a runner for `alloc` through the wasm factory and starts it.
+pub fn start(alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
+    let recorder = Recorder::new();
+    let data_dir = tempfile::tempdir().unwrap();
+    let alloc = Arc::new(alloc);
+    let config = AllocRunnerConfig {
+        alloc: alloc.clone(),
+        span: alloc_span(&alloc),
+        state_updater: recorder.clone(),
+        limits: Limits::default(),
+        alloc_dir: data_dir.path().join(&alloc.id),
+        restored,
+    };
+    let runner = WasmAllocRunnerFactory::new(runtime())
+        .build(config)
+        .expect("the factory builds the runner");
+    runner.run();
+    Started {
+        runner,
+        recorder,
+        alloc,
+        data_dir,
+    }
+}
