@@ -127,7 +127,27 @@ struct RuntimeInner {
     clock: EpochClock,
     pooling: bool,
     components: Mutex<HashMap<String, Arc<LoadedComponent>>>,
+    /// Which component a file held when last read, so starting the ten-thousandth alloc of a
+    /// runner costs at most a `stat` (once per [`PATH_RECHECK`]), not a read and a hash.
+    by_path: Mutex<HashMap<PathBuf, PathEntry>>,
     ticker_stop: Arc<AtomicBool>,
+}
+
+/// How long a path's stamp is trusted before the file is looked at again. A replaced runner
+/// file is picked up by allocs started after this.
+const PATH_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+struct PathEntry {
+    stamp: FileStamp,
+    checked_at: std::time::Instant,
+    loaded: Arc<LoadedComponent>,
+}
+
+/// What identifies one version of a file without reading it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
 }
 
 impl Drop for RuntimeInner {
@@ -166,6 +186,7 @@ impl Runtime {
         bindings::add_logging_to_linker::<_, LoggingData>(&mut linker, |data| &mut data.logging)
             .map_err(anyhow::Error::from)?;
 
+        warn_if_map_count_too_low(config.max_live_allocs);
         let clock = EpochClock::default();
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), clock.clone(), ticker_stop.clone())?;
@@ -177,6 +198,7 @@ impl Runtime {
                 clock,
                 pooling,
                 components: Mutex::new(HashMap::new()),
+                by_path: Mutex::new(HashMap::new()),
                 ticker_stop,
             }),
         })
@@ -193,8 +215,18 @@ impl Runtime {
     }
 
     /// Loads the component at `path`, compiling it only the first time these bytes are seen.
+    /// A file whose size and modification time are unchanged is not read again, and is
+    /// looked at no more than once per [`PATH_RECHECK`].
     pub fn load_file(&self, path: &Path) -> Result<Arc<LoadedComponent>, LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| match source.kind() {
+        {
+            let by_path = self.inner.by_path.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = by_path.get(path)
+                && entry.checked_at.elapsed() < PATH_RECHECK
+            {
+                return Ok(entry.loaded.clone());
+            }
+        }
+        let io_error = |source: std::io::Error| match source.kind() {
             std::io::ErrorKind::NotFound => LoadError::NotFound {
                 path: path.to_path_buf(),
             },
@@ -202,8 +234,33 @@ impl Runtime {
                 path: path.to_path_buf(),
                 source,
             },
-        })?;
-        self.load_bytes(path, &bytes)
+        };
+        let metadata = std::fs::metadata(path).map_err(io_error)?;
+        let stamp = FileStamp {
+            len: metadata.len(),
+            modified: metadata.modified().ok(),
+        };
+        let checked_at = std::time::Instant::now();
+        {
+            let mut by_path = self.inner.by_path.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = by_path.get_mut(path)
+                && entry.stamp == stamp
+                && stamp.modified.is_some()
+            {
+                entry.checked_at = checked_at;
+                return Ok(entry.loaded.clone());
+            }
+        }
+        let bytes = std::fs::read(path).map_err(io_error)?;
+        let loaded = self.load_bytes(path, &bytes)?;
+        let mut by_path = self.inner.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = PathEntry {
+            stamp,
+            checked_at,
+            loaded: loaded.clone(),
+        };
+        by_path.insert(path.to_path_buf(), entry);
+        Ok(loaded)
     }
 
     /// Loads a component from bytes; `path` only names it in errors.
@@ -276,6 +333,32 @@ fn engine_config(pooling_slots: Option<u32>) -> Config {
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config
+}
+
+/// Memory maps one live alloc needs, measured: about 7 with either allocator (linear memory,
+/// guard regions, fiber stack, instance data).
+const MAPS_PER_LIVE_ALLOC: u64 = 7;
+
+/// The kernel's map count, not memory, is what caps live allocs (Elasticsearch and other
+/// servers check it at start the same way): say so before it bites.
+fn warn_if_map_count_too_low(max_live_allocs: u32) {
+    let path = "/proc/sys/vm/max_map_count";
+    let Some(limit) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+    else {
+        return;
+    };
+    let needed = u64::from(max_live_allocs) * MAPS_PER_LIVE_ALLOC + 10_000;
+    if needed > limit {
+        tracing::warn!(
+            max_map_count = limit,
+            max_live_allocs,
+            fits = limit.saturating_sub(10_000) / MAPS_PER_LIVE_ALLOC,
+            "vm.max_map_count is too low for the configured live allocs; raise it with `sysctl -w vm.max_map_count={}`",
+            needed.next_power_of_two()
+        );
+    }
 }
 
 fn spawn_epoch_ticker(

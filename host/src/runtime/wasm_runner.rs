@@ -275,7 +275,12 @@ impl Shared {
         events: mpsc::UnboundedReceiver<Event>,
     ) -> anyhow::Result<Store<StoreData>> {
         let alloc_dir = &self.config.alloc_dir;
-        std::fs::create_dir_all(alloc_dir)
+        // One mkdir in the common case; the parents only on the first alloc of a data dir.
+        std::fs::create_dir(alloc_dir)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Ok(()),
+                _ => std::fs::create_dir_all(alloc_dir),
+            })
             .map_err(|e| anyhow::anyhow!("cannot create alloc dir {}: {e}", alloc_dir.display()))?;
         let sink = GuestLogSink::new(self.config.span.clone(), self.limits.log_lines_per_second);
         let wasi = WasiCtxBuilder::new()
