@@ -4,15 +4,18 @@
 //! - [`structs`]: plain data shared by every layer (allocs, alloc state, limits).
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
+//! - [`client`]: the client core: alloc map, server watch and sync, garbage collector.
 //! - [`runtime`]: everything wasmtime; [`runtime::WasmAllocRunner`] runs an alloc in its own
 //!   sandbox.
 //! - [`run`]: `caravan run`, one alloc to completion without an agent.
 //! - [`telemetry`]: the process's tracing subscriber (text or JSON).
 //! - [`units`]: sizes and durations as operators type them.
 //!
-//! Arrows of use point one way: `run` -> `runtime` -> `allocrunner` -> `structs`.
+//! Arrows of use point one way: `run` -> `runtime` -> `allocrunner` -> `structs`, and
+//! `client` -> `allocrunner` (the client never sees wasmtime: it is given a factory).
 
 pub mod allocrunner;
+pub mod client;
 pub mod run;
 pub mod runtime;
 pub mod structs;

@@ -4,6 +4,7 @@
 mod support;
 
 mod cli;
+mod client;
 mod empty_runner;
 mod fixture_log_flood;
 mod fixture_memory_hog;

@@ -232,3 +232,14 @@ pub fn start(alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
         data_dir,
     }
 }
+
+/// Polls `condition` (advancing paused time 10 ms a round) until it holds; fails after a
+/// minute of tokio time.
+pub async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    within(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}

@@ -1,0 +1,398 @@
+//! The garbage collector of terminal allocs, with its config next to it.
+//!
+//! Invariants, each with the reason the Nomad client keeps it:
+//! - A terminal alloc is marked once, and "marking allocation for GC" is logged once, however
+//!   often its state is reported: one alloc, one line an operator can grep.
+//! - The queue is ordered by mark time and deduplicated by alloc id; the GC receives the
+//!   runner with the id and never looks it up, so it cannot race the alloc map.
+//! - Each pass re-checks, in order, disk usage, inode usage and the live alloc count (runners
+//!   not yet destroyed, running ones included) and destroys the oldest marked alloc while one
+//!   is over: the oldest finished work is the least interesting to keep.
+//! - Destroys run concurrently but never more than `gc_parallel_destroys` at once (a value
+//!   <= 0 becomes 1 with a warning): destroying is disk-heavy and must not starve the node.
+//! - Nothing that adds allocs waits for a destroy (Nomad removed its blocking `MakeRoomFor`
+//!   after it stalled placements): passes run on the GC's own task, triggered, not awaited.
+//! - With nothing to collect, "garbage collection skipped because no terminal allocations"
+//!   is INFO when the reason is the alloc count and that count is under twice the limit, WARN
+//!   otherwise: a node somewhat over its soft limit is normal, one far over it is not.
+//! - Forced collection ignores thresholds but not the destroy limit, and refuses an alloc
+//!   that is not terminal.
+//!
+//! The GC may use the seam ([`AllocRunner`]) and its own stats source; it knows nothing of
+//! the server or of the alloc map beyond the live count it is given.
+
+use super::metrics::Metrics;
+use crate::allocrunner::AllocRunner;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore};
+
+/// The garbage collector's knobs, with Nomad's names and defaults.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GcConfig {
+    /// Time between passes (`gc_interval`, default 1m).
+    pub interval: Duration,
+    /// Disk usage percent of the data dir's filesystem above which allocs are collected
+    /// (`gc_disk_usage_threshold`, default 80).
+    pub disk_usage_threshold: f64,
+    /// Inode usage percent above which allocs are collected (`gc_inode_usage_threshold`,
+    /// default 70).
+    pub inode_usage_threshold: f64,
+    /// Live allocs above which terminal ones are collected (`gc_max_allocs`, default 50).
+    pub max_allocs: usize,
+    /// Destroys allowed at once (`gc_parallel_destroys`, default 2; <= 0 becomes 1).
+    pub parallel_destroys: i64,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig {
+            interval: Duration::from_secs(60),
+            disk_usage_threshold: 80.0,
+            inode_usage_threshold: 70.0,
+            max_allocs: 50,
+            parallel_destroys: 2,
+        }
+    }
+}
+
+impl GcConfig {
+    /// `parallel_destroys` as a usable count: a value <= 0 becomes 1, with a warning.
+    pub fn sanitized_parallel_destroys(&self) -> usize {
+        if self.parallel_destroys <= 0 {
+            tracing::warn!(
+                gc_parallel_destroys = self.parallel_destroys,
+                "gc_parallel_destroys must be greater than 0; using 1"
+            );
+            1
+        } else {
+            self.parallel_destroys as usize
+        }
+    }
+}
+
+/// Usage of the filesystem that holds the data dir, in percent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskStats {
+    /// Used space.
+    pub used_percent: f64,
+    /// Used inodes.
+    pub inodes_used_percent: f64,
+}
+
+/// Where the GC learns disk usage; injected so tests can drive the thresholds.
+pub trait StatsSource: Send + Sync {
+    /// Current usage. Called once per check of a pass; may block briefly (a `statvfs`).
+    fn stats(&self) -> std::io::Result<DiskStats>;
+}
+
+/// The real [`StatsSource`]: `statvfs` of a path.
+pub struct StatvfsStats {
+    path: PathBuf,
+}
+
+impl StatvfsStats {
+    /// Stats of the filesystem holding `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StatvfsStats { path: path.into() }
+    }
+}
+
+impl StatsSource for StatvfsStats {
+    fn stats(&self) -> std::io::Result<DiskStats> {
+        let vfs = rustix::fs::statvfs(&self.path)?;
+        let percent = |used: u64, total: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                used as f64 * 100.0 / total as f64
+            }
+        };
+        // As `df` does: used over used plus what an unprivileged user may still take.
+        let used = vfs.f_blocks.saturating_sub(vfs.f_bfree);
+        Ok(DiskStats {
+            used_percent: percent(used, used + vfs.f_bavail),
+            inodes_used_percent: percent(vfs.f_files.saturating_sub(vfs.f_ffree), vfs.f_files),
+        })
+    }
+}
+
+/// Why an alloc is collected: a kind for metrics and a sentence for operators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GcReason {
+    /// Stable kind for metrics.
+    pub kind: &'static str,
+    /// The sentence logged.
+    pub message: String,
+}
+
+impl GcReason {
+    fn forced() -> Self {
+        GcReason {
+            kind: "forced",
+            message: "forced collection".into(),
+        }
+    }
+}
+
+/// Why a forced collection was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GcError {
+    /// The client has no such alloc.
+    #[error("unknown allocation {0}")]
+    UnknownAlloc(String),
+    /// The alloc is still pending or running.
+    #[error("allocation {alloc_id} is {status}; only terminal allocations can be collected")]
+    NotTerminal {
+        /// The alloc.
+        alloc_id: String,
+        /// Its client status.
+        status: String,
+    },
+}
+
+type Marked = (String, Arc<dyn AllocRunner>);
+
+/// The queue of marked allocs, oldest first.
+#[derive(Default)]
+struct GcQueue {
+    /// (mark sequence, alloc id): a min-heap on the order allocs were marked.
+    heap: BinaryHeap<Reverse<(u64, String)>>,
+    runners: std::collections::HashMap<String, Arc<dyn AllocRunner>>,
+    /// Every id ever marked and not yet forgotten, so an alloc is marked (and logged) once.
+    ever_marked: HashSet<String>,
+    next_sequence: u64,
+}
+
+impl GcQueue {
+    fn pop(&mut self) -> Option<Marked> {
+        while let Some(Reverse((_, id))) = self.heap.pop() {
+            if let Some(runner) = self.runners.remove(&id) {
+                return Some((id, runner));
+            }
+        }
+        None
+    }
+}
+
+/// Collects terminal allocs; see the module docs for its rules.
+pub struct GarbageCollector {
+    config: GcConfig,
+    parallel_destroys: usize,
+    queue: Mutex<GcQueue>,
+    destroy_slots: Arc<Semaphore>,
+    stats: Arc<dyn StatsSource>,
+    live_allocs: Box<dyn Fn() -> usize + Send + Sync>,
+    /// Destroys started by passes for the alloc-count reason and not finished, so a pass does
+    /// not collect again what is already being collected.
+    scheduled: AtomicUsize,
+    trigger: Notify,
+    passes: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl GarbageCollector {
+    /// A collector. `live_allocs` counts the client's runners not yet destroyed.
+    pub fn new(
+        config: GcConfig,
+        stats: Arc<dyn StatsSource>,
+        live_allocs: Box<dyn Fn() -> usize + Send + Sync>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let parallel_destroys = config.sanitized_parallel_destroys();
+        GarbageCollector {
+            config,
+            parallel_destroys,
+            queue: Mutex::new(GcQueue::default()),
+            destroy_slots: Arc::new(Semaphore::new(parallel_destroys)),
+            stats,
+            live_allocs,
+            scheduled: AtomicUsize::new(0),
+            trigger: Notify::new(),
+            passes: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    /// The usable number of parallel destroys.
+    pub fn parallel_destroys(&self) -> usize {
+        self.parallel_destroys
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GcQueue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a terminal alloc for collection. The first call for an id queues it and logs;
+    /// later calls do nothing.
+    pub fn mark_for_collection(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
+        {
+            let mut queue = self.lock();
+            if !queue.ever_marked.insert(alloc_id.to_string()) {
+                return;
+            }
+            let sequence = queue.next_sequence;
+            queue.next_sequence += 1;
+            queue.heap.push(Reverse((sequence, alloc_id.to_string())));
+            queue.runners.insert(alloc_id.to_string(), runner);
+        }
+        self.metrics.marked();
+        tracing::info!(alloc_id, "marking allocation for GC");
+    }
+
+    /// Forgets an alloc the server dropped: unqueued, and its mark record cleared.
+    pub fn forget(&self, alloc_id: &str) {
+        let mut queue = self.lock();
+        queue.runners.remove(alloc_id);
+        queue.ever_marked.remove(alloc_id);
+    }
+
+    /// How many marked allocs wait for collection.
+    pub fn queued(&self) -> usize {
+        self.lock().runners.len()
+    }
+
+    /// How many passes have finished; lets tests wait for one.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::SeqCst)
+    }
+
+    /// Asks for a pass soon. Calls made before the pass starts are coalesced into it.
+    pub fn trigger(&self) {
+        self.trigger.notify_one();
+    }
+
+    /// The GC loop: a pass every interval and after each trigger. Runs until dropped.
+    pub async fn run(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(self.config.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = self.trigger.notified() => {}
+            }
+            self.pass().await;
+        }
+    }
+
+    /// One pass: collect while a threshold is exceeded and marked allocs remain.
+    pub async fn pass(self: &Arc<Self>) {
+        while let Some(reason) = self.exceeded_threshold() {
+            let Some((alloc_id, runner)) = self.lock().pop() else {
+                let live = self.live_now();
+                let routine = reason.kind == "alloc_count" && live < 2 * self.config.max_allocs;
+                let message = "garbage collection skipped because no terminal allocations";
+                if routine {
+                    tracing::info!(reason = %reason.message, "{message}");
+                } else {
+                    tracing::warn!(reason = %reason.message, "{message}");
+                }
+                break;
+            };
+            if reason.kind == "alloc_count" {
+                // The count drops as each destroy finishes: start it and go on to the next.
+                self.scheduled.fetch_add(1, Ordering::SeqCst);
+                let gc = self.clone();
+                tokio::spawn(async move {
+                    gc.destroy(&alloc_id, runner, reason).await;
+                    gc.scheduled.fetch_sub(1, Ordering::SeqCst);
+                });
+            } else {
+                // What a destroy frees on disk is only known after it: one at a time.
+                self.destroy(&alloc_id, runner, reason).await;
+            }
+        }
+        self.passes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn live_now(&self) -> usize {
+        (self.live_allocs)().saturating_sub(self.scheduled.load(Ordering::SeqCst))
+    }
+
+    fn exceeded_threshold(&self) -> Option<GcReason> {
+        match self.stats.stats() {
+            Ok(stats) if stats.used_percent > self.config.disk_usage_threshold => {
+                return Some(GcReason {
+                    kind: "disk_usage",
+                    message: format!(
+                        "disk usage of {:.0} is over gc threshold of {:.0}",
+                        stats.used_percent, self.config.disk_usage_threshold
+                    ),
+                });
+            }
+            Ok(stats) if stats.inodes_used_percent > self.config.inode_usage_threshold => {
+                return Some(GcReason {
+                    kind: "inode_usage",
+                    message: format!(
+                        "inode usage of {:.0} is over gc threshold of {:.0}",
+                        stats.inodes_used_percent, self.config.inode_usage_threshold
+                    ),
+                });
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(error = %error, "cannot read disk usage; checking the alloc count only")
+            }
+        }
+        let live = self.live_now();
+        (live > self.config.max_allocs).then(|| GcReason {
+            kind: "alloc_count",
+            message: format!(
+                "number of allocations ({live}) is over the limit ({})",
+                self.config.max_allocs
+            ),
+        })
+    }
+
+    /// Destroys one alloc under the destroy limit, waiting for a slot.
+    pub async fn destroy(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>, reason: GcReason) {
+        let Ok(_slot) = self.destroy_slots.acquire().await else {
+            return;
+        };
+        self.metrics.destroy_started();
+        tracing::info!(alloc_id, reason = %reason.message, "garbage collecting allocation");
+        runner.destroy();
+        runner.destroyed().wait().await;
+        self.metrics.destroy_finished();
+        self.metrics.collected(reason.kind);
+    }
+
+    /// Forced collection of one alloc the caller found terminal (see the client's `collect`):
+    /// unqueued if marked, destroyed under the destroy limit whatever the thresholds.
+    pub async fn collect(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
+        self.lock().runners.remove(alloc_id);
+        self.destroy(alloc_id, runner, GcReason::forced()).await;
+    }
+
+    /// Collects an alloc the server dropped, as [`GarbageCollector::collect`] does; a
+    /// running alloc is killed by its destroy before it is freed.
+    pub async fn collect_removed(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
+        self.forget(alloc_id);
+        let reason = GcReason {
+            kind: "server_removed",
+            message: "forced collection".into(),
+        };
+        self.destroy(alloc_id, runner, reason).await;
+    }
+
+    /// Forced collection of every marked alloc, under the destroy limit.
+    pub async fn collect_all(self: &Arc<Self>) {
+        let mut destroys = tokio::task::JoinSet::new();
+        while let Some((alloc_id, runner)) = self.lock().pop() {
+            let gc = self.clone();
+            destroys.spawn(async move {
+                let reason = GcReason {
+                    kind: "forced_full_node",
+                    message: "forced full node collection".into(),
+                };
+                gc.destroy(&alloc_id, runner, reason).await;
+            });
+        }
+        while destroys.join_next().await.is_some() {}
+    }
+}

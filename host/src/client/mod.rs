@@ -1,0 +1,504 @@
+//! The client core: the alloc map, the server watch, alloc sync and garbage collection.
+//!
+//! Layout:
+//! - [`server`]: the [`server::ServerApi`] seam and the in-memory server.
+//! - [`sync`]: batched, paced state updates to the server.
+//! - [`gc`]: the garbage collector and its [`gc::GcConfig`].
+//! - [`metrics`]: the counters the agent exposes.
+//!
+//! Invariants of the alloc map, each kept from the Nomad client for the reason given:
+//! - The map holds every runner, running or already collected, until the server stops
+//!   listing the alloc; only then is it pruned. A collected alloc's status stays answerable.
+//! - Each watch result is diffed by modify index into added, updated, removed and ignored:
+//!   the server is the source of truth and a stale or repeated answer changes nothing.
+//! - A factory error fails that alloc alone (reported `failed` with the error), remembers
+//!   its id and ignores later updates for it: one bad runner must not take the node down.
+//! - A server removal prunes the alloc and forces its collection at once, still under the
+//!   destroy limit; a running alloc is killed by that destroy before it is freed.
+//! - Runner methods are never called with the map locked: runners report synchronously into
+//!   the client, which locks the map.
+//!
+//! The client talks to the server only through [`server::ServerApi`] and builds runners only
+//! through the [`AllocRunnerFactory`] it was given.
+
+pub mod gc;
+pub mod metrics;
+pub mod server;
+pub mod sync;
+
+use crate::allocrunner::{
+    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, StateUpdater, alloc_span,
+};
+use crate::structs::{Alloc, AllocState, Limits};
+use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
+use metrics::{Metrics, MetricsSnapshot};
+use server::{NodeAllocs, ServerApi};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use sync::AllocSync;
+
+/// What a client needs to know about itself.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// This node's id, as the server knows it.
+    pub node_id: String,
+    /// Alloc directories go under `<data_dir>/allocs/<alloc id>`.
+    pub data_dir: PathBuf,
+    /// Default limits for every alloc.
+    pub limits: Limits,
+    /// The garbage collector's knobs.
+    pub gc: GcConfig,
+    /// How long one watch call may wait for a change.
+    pub watch_wait: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for node `node_id` with data under `data_dir`.
+    pub fn new(node_id: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        ClientConfig {
+            node_id: node_id.into(),
+            data_dir: data_dir.into(),
+            limits: Limits::default(),
+            gc: GcConfig::default(),
+            watch_wait: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How an alloc diff sorts the server's answer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AllocDiff {
+    /// On the server, not on the client.
+    pub added: Vec<String>,
+    /// On both, with a higher modify index on the server.
+    pub updated: Vec<String>,
+    /// On the client, no longer on the server.
+    pub removed: Vec<String>,
+    /// On both, unchanged (or failed on the client and so ignored).
+    pub ignored: Vec<String>,
+}
+
+/// Diffs the client's allocs (id -> modify index) against the server's. Ids in `failed`
+/// are allocs whose runner could not be built: never updated, only removed.
+pub fn diff_allocs(
+    client: &HashMap<String, u64>,
+    failed: &HashMap<String, u64>,
+    server: &HashMap<String, u64>,
+) -> AllocDiff {
+    let mut diff = AllocDiff::default();
+    for (id, &server_index) in server {
+        match client.get(id) {
+            _ if failed.contains_key(id) => diff.ignored.push(id.clone()),
+            None => diff.added.push(id.clone()),
+            Some(&client_index) if server_index > client_index => diff.updated.push(id.clone()),
+            Some(_) => diff.ignored.push(id.clone()),
+        }
+    }
+    for id in client.keys().chain(failed.keys()) {
+        if !server.contains_key(id) {
+            diff.removed.push(id.clone());
+        }
+    }
+    for list in [
+        &mut diff.added,
+        &mut diff.updated,
+        &mut diff.removed,
+        &mut diff.ignored,
+    ] {
+        list.sort();
+    }
+    diff
+}
+
+/// One node's client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    config: ClientConfig,
+    server: Arc<dyn ServerApi>,
+    factory: AllocRunnerFactory,
+    runners: Mutex<HashMap<String, Arc<dyn AllocRunner>>>,
+    /// Allocs whose runner could not be built, with their failed state.
+    failed: Mutex<HashMap<String, (Arc<Alloc>, AllocState)>>,
+    sync: Arc<AllocSync>,
+    gc: Arc<GarbageCollector>,
+    metrics: Arc<Metrics>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        for task in self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+}
+
+impl Client {
+    /// A client of `server` that builds runners with `factory` and reads disk usage from
+    /// `stats`. Nothing runs until [`Client::start`].
+    pub fn new(
+        config: ClientConfig,
+        server: Arc<dyn ServerApi>,
+        factory: AllocRunnerFactory,
+        stats: Arc<dyn StatsSource>,
+    ) -> Client {
+        let metrics = Arc::new(Metrics::default());
+        let inner = Arc::new_cyclic(|weak: &Weak<ClientInner>| {
+            let weak = weak.clone();
+            let live_allocs =
+                Box::new(move || weak.upgrade().map_or(0, |client| client.live_allocs()));
+            ClientInner {
+                gc: Arc::new(GarbageCollector::new(
+                    config.gc.clone(),
+                    stats,
+                    live_allocs,
+                    metrics.clone(),
+                )),
+                sync: Arc::new(AllocSync::new(metrics.clone())),
+                config,
+                server,
+                factory,
+                runners: Mutex::new(HashMap::new()),
+                failed: Mutex::new(HashMap::new()),
+                metrics,
+                tasks: Mutex::new(Vec::new()),
+            }
+        });
+        Client { inner }
+    }
+
+    /// Starts the watch, sync and GC loops on the current tokio runtime. They stop when the
+    /// last clone of the client is dropped.
+    pub fn start(&self) {
+        let inner = &self.inner;
+        let handles = [
+            tokio::spawn(watch_loop(Arc::downgrade(inner))).abort_handle(),
+            tokio::spawn(inner.sync.clone().run(inner.server.clone())).abort_handle(),
+            tokio::spawn(inner.gc.clone().run()).abort_handle(),
+        ];
+        inner
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(handles);
+    }
+
+    /// The ids of every alloc the client holds (collected ones included).
+    pub fn alloc_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.inner.runners_lock().keys().cloned().collect();
+        ids.extend(self.inner.failed_lock().keys().cloned());
+        ids.sort();
+        ids
+    }
+
+    /// The alloc's state as the client knows it.
+    pub fn alloc_state(&self, alloc_id: &str) -> Option<AllocState> {
+        if let Some(runner) = self.runner(alloc_id) {
+            return Some(runner.alloc_state());
+        }
+        self.inner
+            .failed_lock()
+            .get(alloc_id)
+            .map(|(_, state)| state.clone())
+    }
+
+    /// The runner of an alloc, if the client holds one.
+    pub fn runner(&self, alloc_id: &str) -> Option<Arc<dyn AllocRunner>> {
+        self.inner.runners_lock().get(alloc_id).cloned()
+    }
+
+    /// Runners not yet destroyed (running ones included): what `gc_max_allocs` limits.
+    pub fn live_allocs(&self) -> usize {
+        self.inner.live_allocs()
+    }
+
+    /// The garbage collector, for passes on demand and its queue length.
+    pub fn gc(&self) -> &Arc<GarbageCollector> {
+        &self.inner.gc
+    }
+
+    /// Forced collection of one terminal alloc, whatever the thresholds, under the destroy
+    /// limit. Refuses an unknown or non-terminal alloc; an already destroyed one is a no-op.
+    pub async fn collect(&self, alloc_id: &str) -> Result<(), GcError> {
+        let runner = self
+            .runner(alloc_id)
+            .ok_or_else(|| GcError::UnknownAlloc(alloc_id.to_string()))?;
+        if runner.is_destroyed() {
+            return Ok(());
+        }
+        let status = runner.alloc_state().client_status;
+        if !status.is_terminal() {
+            return Err(GcError::NotTerminal {
+                alloc_id: alloc_id.to_string(),
+                status: status.to_string(),
+            });
+        }
+        self.inner.gc.collect(alloc_id, runner).await;
+        Ok(())
+    }
+
+    /// Forced collection of every terminal alloc, under the destroy limit.
+    pub async fn collect_all(&self) {
+        self.inner.gc.collect_all().await;
+    }
+
+    /// The client's counters, with allocs counted by status now.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+        let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
+        for runner in runners {
+            let key = if runner.is_destroyed() {
+                "destroyed".to_string()
+            } else {
+                runner.alloc_state().client_status.to_string()
+            };
+            *by_status.entry(key).or_default() += 1;
+        }
+        let failed = self.inner.failed_lock().len() as u64;
+        if failed > 0 {
+            *by_status.entry("failed".into()).or_default() += failed;
+        }
+        self.inner.metrics.snapshot(by_status)
+    }
+
+    /// Applies one watch answer, as the watch loop does. Public so tests and simulators can
+    /// drive a client without its loops.
+    pub async fn apply(&self, answer: &NodeAllocs) -> Result<(), server::ServerError> {
+        self.inner.apply(answer).await
+    }
+}
+
+impl ClientInner {
+    fn runners_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<dyn AllocRunner>>> {
+        self.runners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn failed_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<Alloc>, AllocState)>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn live_allocs(&self) -> usize {
+        let runners: Vec<_> = self.runners_lock().values().cloned().collect();
+        runners
+            .iter()
+            .filter(|runner| !runner.is_destroyed())
+            .count()
+    }
+
+    async fn apply(self: &Arc<Self>, answer: &NodeAllocs) -> Result<(), server::ServerError> {
+        let client: HashMap<String, u64> = {
+            let runners: Vec<_> = self
+                .runners_lock()
+                .iter()
+                .map(|(id, r)| (id.clone(), r.clone()))
+                .collect();
+            runners
+                .into_iter()
+                .map(|(id, runner)| (id, runner.alloc().modify_index))
+                .collect()
+        };
+        let failed: HashMap<String, u64> = self
+            .failed_lock()
+            .iter()
+            .map(|(id, (alloc, _))| (id.clone(), alloc.modify_index))
+            .collect();
+        let diff = diff_allocs(&client, &failed, &answer.allocs);
+        tracing::debug!(
+            added = diff.added.len(),
+            updated = diff.updated.len(),
+            removed = diff.removed.len(),
+            ignored = diff.ignored.len(),
+            "allocation updates"
+        );
+
+        let wanted: Vec<String> = diff.added.iter().chain(&diff.updated).cloned().collect();
+        let fetched = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            self.server.get_allocs(&wanted).await?
+        };
+        for alloc in fetched {
+            if diff.added.contains(&alloc.id) {
+                self.add_alloc(alloc);
+            } else {
+                self.update_alloc(alloc);
+            }
+        }
+        for alloc_id in &diff.removed {
+            self.remove_alloc(alloc_id);
+        }
+        if !diff.added.is_empty() || !diff.updated.is_empty() || !diff.removed.is_empty() {
+            self.gc.trigger();
+        }
+        Ok(())
+    }
+
+    fn add_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
+        let span = alloc_span(&alloc);
+        let config = AllocRunnerConfig {
+            alloc: alloc.clone(),
+            span: span.clone(),
+            state_updater: Arc::new(ClientStateUpdater {
+                client: Arc::downgrade(self),
+            }),
+            limits: self.config.limits,
+            alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
+            restored: None,
+        };
+        match (self.factory)(config) {
+            Ok(runner) => {
+                self.runners_lock().insert(alloc.id.clone(), runner.clone());
+                runner.run();
+            }
+            Err(error) => {
+                let description = format!("{error:#}");
+                tracing::warn!(parent: &span, error = %description, "failed to build the alloc's runner");
+                self.metrics.runner_build_failed();
+                let state = AllocState::failed(description);
+                self.sync.put(&alloc.id, state.clone());
+                self.failed_lock().insert(alloc.id.clone(), (alloc, state));
+            }
+        }
+    }
+
+    fn update_alloc(&self, alloc: Arc<Alloc>) {
+        let Some(runner) = self.runners_lock().get(&alloc.id).cloned() else {
+            tracing::warn!(alloc_id = %alloc.id, "cannot update nonexistent alloc");
+            return;
+        };
+        runner.update(alloc);
+    }
+
+    fn remove_alloc(self: &Arc<Self>, alloc_id: &str) {
+        self.sync.forget(alloc_id);
+        if self.failed_lock().remove(alloc_id).is_some() {
+            return;
+        }
+        let Some(runner) = self.runners_lock().remove(alloc_id) else {
+            return;
+        };
+        tracing::debug!(alloc_id, "pruning allocation the server dropped");
+        if runner.is_destroyed() {
+            self.gc.forget(alloc_id);
+            return;
+        }
+        let gc = self.gc.clone();
+        let alloc_id = alloc_id.to_string();
+        tokio::spawn(async move { gc.collect_removed(&alloc_id, runner).await });
+    }
+}
+
+/// Routes one runner's reports into the client: to the sync, and to the GC once terminal.
+struct ClientStateUpdater {
+    client: Weak<ClientInner>,
+}
+
+impl StateUpdater for ClientStateUpdater {
+    fn alloc_state_updated(&self, alloc_id: &str, state: &AllocState) {
+        let Some(client) = self.client.upgrade() else {
+            return;
+        };
+        client.sync.put(alloc_id, state.clone());
+        if state.client_status.is_terminal() {
+            let runner = client.runners_lock().get(alloc_id).cloned();
+            if let Some(runner) = runner {
+                client.gc.mark_for_collection(alloc_id, runner);
+                client.gc.trigger();
+            }
+        }
+    }
+}
+
+/// Registers the node, then watches the server's allocs for it and applies each change.
+/// Every error is retried with backoff; the loop ends when the client is dropped.
+async fn watch_loop(client: Weak<ClientInner>) {
+    let mut failures = 0u32;
+    let mut index = 0u64;
+    let mut registered = false;
+    loop {
+        let Some(inner) = client.upgrade() else {
+            return;
+        };
+        let (server, node_id, wait) = (
+            inner.server.clone(),
+            inner.config.node_id.clone(),
+            inner.config.watch_wait,
+        );
+        drop(inner);
+        let result = async {
+            if !registered {
+                server.register_node(&node_id).await?;
+                registered = true;
+                tracing::info!(node_id = %node_id, "node registered");
+            }
+            let answer = server.watch_allocs(&node_id, index, wait).await?;
+            let Some(inner) = client.upgrade() else {
+                return Ok(());
+            };
+            inner.sync.contacted();
+            inner.apply(&answer).await?;
+            index = answer.index;
+            Ok::<(), server::ServerError>(())
+        }
+        .await;
+        match result {
+            Ok(()) => failures = 0,
+            Err(error) => {
+                failures += 1;
+                let wait = sync::backoff(failures);
+                tracing::warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "error watching allocations");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(entries: &[(&str, u64)]) -> HashMap<String, u64> {
+        entries
+            .iter()
+            .map(|(id, index)| (id.to_string(), *index))
+            .collect()
+    }
+
+    #[test]
+    fn the_diff_sorts_server_allocs_by_modify_index() {
+        let client = map(&[("same", 3), ("newer", 3), ("gone", 1)]);
+        let server = map(&[("same", 3), ("newer", 4), ("new", 1)]);
+        let diff = diff_allocs(&client, &HashMap::new(), &server);
+        assert_eq!(diff.added, ["new"]);
+        assert_eq!(diff.updated, ["newer"]);
+        assert_eq!(diff.removed, ["gone"]);
+        assert_eq!(diff.ignored, ["same"]);
+    }
+
+    #[test]
+    fn an_older_index_from_the_server_is_ignored_not_applied() {
+        let diff = diff_allocs(&map(&[("a", 5)]), &HashMap::new(), &map(&[("a", 4)]));
+        assert_eq!(diff.ignored, ["a"]);
+        assert!(diff.updated.is_empty());
+    }
+
+    #[test]
+    fn updates_for_a_failed_alloc_are_ignored_and_its_removal_is_not() {
+        let failed = map(&[("bad", 1), ("dropped", 1)]);
+        let diff = diff_allocs(&HashMap::new(), &failed, &map(&[("bad", 7)]));
+        assert_eq!(diff.ignored, ["bad"]);
+        assert_eq!(diff.removed, ["dropped"]);
+        assert!(diff.added.is_empty());
+    }
+}
