@@ -174,7 +174,7 @@ pub struct LimitOverrides {
     pub memory_bytes: Option<u64>,
     /// Time spent computing (not waiting) over the alloc's run.
     pub cpu: Option<Duration>,
-    /// Time from start until the host kills the alloc.
+    /// Time from start after which the host stops the guest and fails the alloc.
     pub wall_time: Option<Duration>,
     /// How long the host waits for `run` to return after `kill`.
     pub kill_timeout: Option<Duration>,
@@ -191,8 +191,8 @@ pub struct Limits {
     /// Time spent computing, counted in epoch ticks. Default 60 s: runners mostly wait, and
     /// waiting is free, so only a runner that computes without end runs out.
     pub cpu: Duration,
-    /// Time from start until the host kills the alloc; `None` means no limit (the default:
-    /// services run until stopped).
+    /// Time from start after which the host stops the guest at once and fails the alloc;
+    /// `None` means no limit (the default: services run until stopped).
     pub wall_time: Option<Duration>,
     /// How long `kill` may take. Default 5 s, Nomad's default kill timeout.
     pub kill_timeout: Duration,

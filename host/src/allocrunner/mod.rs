@@ -34,7 +34,8 @@ use std::sync::Arc;
 /// promptly: the work happens on tasks the runner spawns, and the caller awaits the latches
 /// ([`wait`](AllocRunner::wait), [`shutdown_done`](AllocRunner::shutdown_done),
 /// [`destroyed`](AllocRunner::destroyed)) when it needs the outcome. Each latch completes
-/// exactly once and never un-completes; `run` must be called inside a tokio runtime.
+/// exactly once and never un-completes. Every method must be called inside a tokio runtime
+/// (the wasm runner spawns its work there).
 pub trait AllocRunner: Send + Sync {
     /// The alloc as last given to [`AllocRunner::update`] (or at construction).
     fn alloc(&self) -> Arc<Alloc>;

@@ -26,7 +26,7 @@ use crate::allocrunner::AllocRunner;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
@@ -187,9 +187,9 @@ pub struct GarbageCollector {
     destroy_slots: Arc<Semaphore>,
     stats: Arc<dyn StatsSource>,
     live_allocs: Box<dyn Fn() -> usize + Send + Sync>,
-    /// Destroys started by passes for the alloc-count reason and not finished, so a pass does
-    /// not collect again what is already being collected.
-    scheduled: AtomicUsize,
+    /// Allocs whose destroy has been started and not finished: a pass does not count them as
+    /// live, and no alloc is destroyed twice at once.
+    destroying: Mutex<std::collections::HashMap<String, Arc<dyn AllocRunner>>>,
     trigger: Notify,
     passes: AtomicU64,
     metrics: Arc<Metrics>,
@@ -211,7 +211,7 @@ impl GarbageCollector {
             destroy_slots: Arc::new(Semaphore::new(parallel_destroys)),
             stats,
             live_allocs,
-            scheduled: AtomicUsize::new(0),
+            destroying: Mutex::new(std::collections::HashMap::new()),
             trigger: Notify::new(),
             passes: AtomicU64::new(0),
             metrics,
@@ -294,24 +294,44 @@ impl GarbageCollector {
                 }
                 break;
             };
+            if !self.claim(&alloc_id, &runner) {
+                continue;
+            }
             if reason.kind == "alloc_count" {
                 // The count drops as each destroy finishes: start it and go on to the next.
-                self.scheduled.fetch_add(1, Ordering::SeqCst);
                 let gc = self.clone();
-                tokio::spawn(async move {
-                    gc.destroy(&alloc_id, runner, reason).await;
-                    gc.scheduled.fetch_sub(1, Ordering::SeqCst);
-                });
+                tokio::spawn(async move { gc.destroy_claimed(&alloc_id, runner, reason).await });
             } else {
                 // What a destroy frees on disk is only known after it: one at a time.
-                self.destroy(&alloc_id, runner, reason).await;
+                self.destroy_claimed(&alloc_id, runner, reason).await;
             }
         }
         self.passes.fetch_add(1, Ordering::SeqCst);
     }
 
     fn live_now(&self) -> usize {
-        (self.live_allocs)().saturating_sub(self.scheduled.load(Ordering::SeqCst))
+        let being_destroyed = self
+            .destroying_lock()
+            .values()
+            .filter(|runner| !runner.is_destroyed())
+            .count();
+        (self.live_allocs)().saturating_sub(being_destroyed)
+    }
+
+    fn destroying_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<dyn AllocRunner>>> {
+        self.destroying.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims an alloc for destruction; false when it is destroyed or being destroyed.
+    fn claim(&self, alloc_id: &str, runner: &Arc<dyn AllocRunner>) -> bool {
+        let mut destroying = self.destroying_lock();
+        if runner.is_destroyed() || destroying.contains_key(alloc_id) {
+            return false;
+        }
+        destroying.insert(alloc_id.to_string(), runner.clone());
+        true
     }
 
     fn exceeded_threshold(&self) -> Option<GcReason> {
@@ -349,17 +369,30 @@ impl GarbageCollector {
         })
     }
 
-    /// Destroys one alloc under the destroy limit, waiting for a slot.
+    /// Destroys one alloc under the destroy limit, waiting for a slot; does nothing when it
+    /// is already destroyed or being destroyed.
     pub async fn destroy(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>, reason: GcReason) {
-        let Ok(_slot) = self.destroy_slots.acquire().await else {
-            return;
-        };
-        self.metrics.destroy_started();
-        tracing::info!(alloc_id, reason = %reason.message, "garbage collecting allocation");
-        runner.destroy();
-        runner.destroyed().wait().await;
-        self.metrics.destroy_finished();
-        self.metrics.collected(reason.kind);
+        if self.claim(alloc_id, &runner) {
+            self.destroy_claimed(alloc_id, runner, reason).await;
+        }
+    }
+
+    async fn destroy_claimed(
+        &self,
+        alloc_id: &str,
+        runner: Arc<dyn AllocRunner>,
+        reason: GcReason,
+    ) {
+        // The semaphore is never closed, so acquiring only waits.
+        if let Ok(_slot) = self.destroy_slots.acquire().await {
+            self.metrics.destroy_started();
+            tracing::info!(alloc_id, reason = %reason.message, "garbage collecting allocation");
+            runner.destroy();
+            runner.destroyed().wait().await;
+            self.metrics.destroy_finished();
+            self.metrics.collected(reason.kind);
+        }
+        self.destroying_lock().remove(alloc_id);
     }
 
     /// Forced collection of one alloc the caller found terminal (see the client's `collect`):
@@ -383,7 +416,10 @@ impl GarbageCollector {
     /// Forced collection of every marked alloc, under the destroy limit.
     pub async fn collect_all(self: &Arc<Self>) {
         let mut destroys = tokio::task::JoinSet::new();
-        while let Some((alloc_id, runner)) = self.lock().pop() {
+        loop {
+            let Some((alloc_id, runner)) = self.lock().pop() else {
+                break;
+            };
             let gc = self.clone();
             destroys.spawn(async move {
                 let reason = GcReason {

@@ -20,8 +20,10 @@ pub struct Metrics {
 /// A copy of every counter at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MetricsSnapshot {
-    /// Allocs in the map by client status (`destroyed` counted apart).
+    /// Allocs the client holds, by client status.
     pub allocs_by_status: BTreeMap<String, u64>,
+    /// Of those, allocs already collected (destroyed, still in the map).
+    pub allocs_destroyed: u64,
     /// Allocs marked for collection.
     pub allocs_marked: u64,
     /// Allocs collected, by reason kind (`alloc_count`, `disk_usage`, `inode_usage`, `forced`,
@@ -71,10 +73,15 @@ impl Metrics {
         self.runner_build_failures.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The counters now, with `allocs_by_status` filled in by the caller.
-    pub fn snapshot(&self, allocs_by_status: BTreeMap<String, u64>) -> MetricsSnapshot {
+    /// The counters now, with the alloc counts filled in by the caller.
+    pub fn snapshot(
+        &self,
+        allocs_by_status: BTreeMap<String, u64>,
+        allocs_destroyed: u64,
+    ) -> MetricsSnapshot {
         MetricsSnapshot {
             allocs_by_status,
+            allocs_destroyed,
             allocs_marked: self.marked.load(Ordering::Relaxed),
             allocs_collected: self
                 .collected

@@ -178,6 +178,18 @@ impl Client {
         Client { inner }
     }
 
+    /// A client with the defaults: WebAssembly runners from `runtime`, and disk usage read
+    /// from the filesystem of the data dir.
+    pub fn with_wasm_runners(
+        config: ClientConfig,
+        server: Arc<dyn ServerApi>,
+        runtime: crate::runtime::Runtime,
+    ) -> Client {
+        let stats = Arc::new(gc::StatvfsStats::new(config.data_dir.clone()));
+        let factory = crate::runtime::WasmAllocRunnerFactory::new(runtime).into_factory();
+        Client::new(config, server, factory, stats)
+    }
+
     /// Starts the watch, sync and GC loops on the current tokio runtime. They stop when the
     /// last clone of the client is dropped.
     pub fn start(&self) {
@@ -231,6 +243,10 @@ impl Client {
     /// Forced collection of one terminal alloc, whatever the thresholds, under the destroy
     /// limit. Refuses an unknown or non-terminal alloc; an already destroyed one is a no-op.
     pub async fn collect(&self, alloc_id: &str) -> Result<(), GcError> {
+        if self.inner.failed_lock().contains_key(alloc_id) {
+            // Failed before it had a runner: there is nothing to free.
+            return Ok(());
+        }
         let runner = self
             .runner(alloc_id)
             .ok_or_else(|| GcError::UnknownAlloc(alloc_id.to_string()))?;
@@ -253,23 +269,23 @@ impl Client {
         self.inner.gc.collect_all().await;
     }
 
-    /// The client's counters, with allocs counted by status now.
+    /// The client's counters, with allocs counted by client status now (collected ones by
+    /// their final status, and once more under `allocs_destroyed`).
     pub fn metrics(&self) -> MetricsSnapshot {
         let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+        let mut destroyed = 0;
         let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
         for runner in runners {
-            let key = if runner.is_destroyed() {
-                "destroyed".to_string()
-            } else {
-                runner.alloc_state().client_status.to_string()
-            };
-            *by_status.entry(key).or_default() += 1;
+            destroyed += u64::from(runner.is_destroyed());
+            *by_status
+                .entry(runner.alloc_state().client_status.to_string())
+                .or_default() += 1;
         }
         let failed = self.inner.failed_lock().len() as u64;
         if failed > 0 {
             *by_status.entry("failed".into()).or_default() += failed;
         }
-        self.inner.metrics.snapshot(by_status)
+        self.inner.metrics.snapshot(by_status, destroyed)
     }
 
     /// Applies one watch answer, as the watch loop does. Public so tests and simulators can
@@ -328,9 +344,14 @@ impl ClientInner {
         } else {
             self.server.get_allocs(&wanted).await?
         };
+        // Each requested alloc once; what the server sends besides is not ours to add.
+        let mut seen = std::collections::HashSet::new();
         for alloc in fetched {
+            if !seen.insert(alloc.id.clone()) {
+                continue;
+            }
             if diff.added.contains(&alloc.id) {
-                self.add_alloc(alloc);
+                self.add_alloc(alloc).await;
             } else {
                 self.update_alloc(alloc);
             }
@@ -344,8 +365,12 @@ impl ClientInner {
         Ok(())
     }
 
-    fn add_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
+    async fn add_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
         let span = alloc_span(&alloc);
+        if let Err(reason) = check_alloc_id(&alloc.id) {
+            self.fail_alloc(alloc, &span, reason);
+            return;
+        }
         let config = AllocRunnerConfig {
             alloc: alloc.clone(),
             span: span.clone(),
@@ -356,20 +381,30 @@ impl ClientInner {
             alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
             restored: None,
         };
-        match (self.factory)(config) {
+        // A factory may read and compile a component (tens of milliseconds, seconds for some
+        // languages): keep that off the async workers.
+        let factory = self.factory.clone();
+        let built = tokio::task::spawn_blocking(move || factory(config))
+            .await
+            .unwrap_or_else(|join_error| {
+                Err(anyhow::anyhow!("the runner factory panicked: {join_error}"))
+            });
+        match built {
             Ok(runner) => {
                 self.runners_lock().insert(alloc.id.clone(), runner.clone());
                 runner.run();
             }
-            Err(error) => {
-                let description = format!("{error:#}");
-                tracing::warn!(parent: &span, error = %description, "failed to build the alloc's runner");
-                self.metrics.runner_build_failed();
-                let state = AllocState::failed(description);
-                self.sync.put(&alloc.id, state.clone());
-                self.failed_lock().insert(alloc.id.clone(), (alloc, state));
-            }
+            Err(error) => self.fail_alloc(alloc, &span, format!("{error:#}")),
         }
+    }
+
+    /// Fails an alloc whose runner cannot be built: reported, remembered, never retried.
+    fn fail_alloc(&self, alloc: Arc<Alloc>, span: &tracing::Span, description: String) {
+        tracing::warn!(parent: span, error = %description, "failed to build the alloc's runner");
+        self.metrics.runner_build_failed();
+        let state = AllocState::failed(description);
+        self.sync.put(&alloc.id, state.clone());
+        self.failed_lock().insert(alloc.id.clone(), (alloc, state));
     }
 
     fn update_alloc(&self, alloc: Arc<Alloc>) {
@@ -397,6 +432,17 @@ impl ClientInner {
         let alloc_id = alloc_id.to_string();
         tokio::spawn(async move { gc.collect_removed(&alloc_id, runner).await });
     }
+}
+
+/// An alloc id names a directory on this machine, so it must be one plain path component.
+fn check_alloc_id(id: &str) -> Result<(), String> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if id.is_empty() || id.len() > 128 || id == "." || id == ".." || !id.chars().all(plain) {
+        return Err(format!(
+            "invalid alloc id {id:?}: expected 1 to 128 letters, digits, '-', '_' or '.', and not . or .."
+        ));
+    }
+    Ok(())
 }
 
 /// Routes one runner's reports into the client: to the sync, and to the GC once terminal.
@@ -456,6 +502,8 @@ async fn watch_loop(client: Weak<ClientInner>) {
             Ok(()) => failures = 0,
             Err(error) => {
                 failures += 1;
+                // The server may have lost the node (a restart): register again.
+                registered = false;
                 let wait = sync::backoff(failures);
                 tracing::warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "error watching allocations");
                 tokio::time::sleep(wait).await;
@@ -473,6 +521,23 @@ mod tests {
             .iter()
             .map(|(id, index)| (id.to_string(), *index))
             .collect()
+    }
+
+    #[test]
+    fn an_alloc_id_must_be_one_plain_path_component() {
+        assert!(check_alloc_id("0b5e3c1e-9f1a-4c1e-8d1b-3f8e2a1c9d00").is_ok());
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../etc",
+            "/",
+            "a/b",
+            "a\\b",
+            &"x".repeat(129),
+        ] {
+            assert!(check_alloc_id(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::limits::EpochClock;
 use crate::allocrunner::StateUpdater;
-use crate::structs::{Alloc, AllocState};
+use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,63 +24,76 @@ pub const MAX_CHECKPOINT_BYTES: usize = 1024 * 1024;
 /// The latest state of one alloc, shared by its host import and its runner.
 pub struct StateCell {
     alloc_id: String,
-    state: Mutex<AllocState>,
+    state: Mutex<CellState>,
     updater: Arc<dyn StateUpdater>,
+}
+
+struct CellState {
+    current: AllocState,
+    /// Set by [`StateCell::finish`]: the run is over and the guest's reports are refused, so a
+    /// guest torn down mid-report cannot overwrite the final state.
+    closed: bool,
 }
 
 impl StateCell {
     pub fn new(alloc_id: String, updater: Arc<dyn StateUpdater>) -> Self {
+        let cell = CellState {
+            current: AllocState::pending(),
+            closed: false,
+        };
         StateCell {
             alloc_id,
-            state: Mutex::new(AllocState::pending()),
+            state: Mutex::new(cell),
             updater,
         }
     }
 
     pub fn get(&self) -> AllocState {
-        self.lock().clone()
+        self.lock().current.clone()
     }
 
     /// Applies a guest's report: refuses what breaks the rules, tidies what is merely long,
-    /// skips what changes nothing, and passes the rest to the updater.
+    /// lists left-out tasks as pending, skips what changes nothing, and passes the rest to the
+    /// updater. The updater is called under the cell's lock, so reports reach it in order.
     pub fn report(&self, alloc: &Alloc, mut new: AllocState) -> Result<(), String> {
         tidy(&mut new);
         check_tasks(alloc, &new)?;
-        {
-            let mut current = self.lock();
-            if current.client_status.is_terminal() {
-                return Err(format!(
-                    "the alloc is already {}; a terminal status is final",
-                    current.client_status
-                ));
-            }
-            if *current == new {
-                return Ok(());
-            }
-            *current = new.clone();
+        add_missing_tasks(alloc, &mut new);
+        let mut cell = self.lock();
+        if cell.closed {
+            return Err("the run has ended; the host no longer takes reports".into());
         }
-        self.updater.alloc_state_updated(&self.alloc_id, &new);
+        if cell.current.client_status.is_terminal() {
+            return Err(format!(
+                "the alloc is already {}; a terminal status is final",
+                cell.current.client_status
+            ));
+        }
+        if cell.current != new {
+            cell.current = new;
+            self.updater
+                .alloc_state_updated(&self.alloc_id, &cell.current);
+        }
         Ok(())
     }
 
-    /// Sets the state the host decided on when the run ended, and reports it if it changed.
+    /// Sets the state the host decided on, closes the cell to the guest, and reports the
+    /// state if it changed.
     pub fn finish(&self, final_state: AllocState) {
-        {
-            let mut current = self.lock();
-            if *current == final_state {
-                return;
-            }
-            *current = final_state.clone();
+        let mut cell = self.lock();
+        cell.closed = true;
+        if cell.current != final_state {
+            cell.current = final_state;
+            self.updater
+                .alloc_state_updated(&self.alloc_id, &cell.current);
         }
-        self.updater
-            .alloc_state_updated(&self.alloc_id, &final_state);
     }
 
     fn checkpoint(&self, data: &[u8]) {
         self.updater.checkpoint_saved(&self.alloc_id, data);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, AllocState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CellState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -105,6 +118,20 @@ fn truncate(text: &mut String) {
             cut -= 1;
         }
         text.truncate(cut);
+    }
+}
+
+fn add_missing_tasks(alloc: &Alloc, state: &mut AllocState) {
+    for task in &alloc.tasks {
+        if !state.task_states.iter().any(|t| t.name == task.name) {
+            state.task_states.push(TaskState {
+                name: task.name.clone(),
+                state: TaskLifecycle::Pending,
+                failed: false,
+                restarts: 0,
+                events: Vec::new(),
+            });
+        }
     }
 }
 
@@ -168,6 +195,13 @@ impl HostApi {
 impl HostImports for HostApi {
     async fn next_event(&mut self, timeout_ms: u64) -> Option<WitEvent> {
         if let Some(event) = &self.final_event {
+            // A kill sent after a shutdown outranks it.
+            let kill_queued = std::iter::from_fn(|| self.events.try_recv().ok())
+                .any(|e| matches!(e, Event::Kill));
+            if kill_queued || matches!(event, Event::Kill) {
+                self.final_event = Some(Event::Kill);
+                return Some(bindings::event_to_wit(&Event::Kill));
+            }
             return Some(bindings::event_to_wit(event));
         }
         let received = if timeout_ms == u64::MAX {

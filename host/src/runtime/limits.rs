@@ -86,7 +86,8 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
 /// Called at every epoch deadline while wasm runs. Only ticks since the guest last got the
 /// thread are charged: time spent waiting in `next-event` (the host reports it with
 /// [`CpuMeter::resumed_since`]) and time spent queued behind other tasks after a yield (the
-/// yield itself records when it resumed) belong to nobody's budget.
+/// yield itself records when it resumed) belong to nobody's budget. A guest suspended in
+/// another host call (a WASI sleep, file I/O) is charged at most one tick for it.
 pub struct CpuMeter {
     clock: EpochClock,
     budget: Duration,
@@ -99,7 +100,9 @@ pub struct CpuMeter {
 
 impl CpuMeter {
     pub fn new(clock: EpochClock, budget: Duration) -> Self {
-        let budget_ticks = (budget.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
+        let budget_ticks = u64::try_from(budget.as_millis() / EPOCH_TICK.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let now = clock.now();
         CpuMeter {
             clock,
@@ -125,7 +128,9 @@ impl CpuMeter {
         let since = self
             .charged_until
             .max(self.resumed_from_yield_at.load(Ordering::Relaxed));
-        self.used_ticks += now.saturating_sub(since);
+        // At most one tick per deadline: a guest that computes meets a deadline every tick, so
+        // a longer gap was spent suspended in some other host call (a WASI sleep, file I/O).
+        self.used_ticks += now.saturating_sub(since).min(1);
         self.charged_until = now;
         if self.used_ticks > self.budget_ticks {
             self.exhausted = true;

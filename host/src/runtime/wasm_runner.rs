@@ -153,6 +153,18 @@ impl Shared {
             self.finish(RunOutcome::NeverStarted);
             return;
         }
+        if self.finished.load(Ordering::SeqCst) {
+            // Stopped already (after a shutdown, say) but not terminal: a kill makes it so.
+            let last = self.state.get();
+            if !last.client_status.is_terminal() {
+                self.state.finish(AllocState {
+                    client_status: ClientStatus::Complete,
+                    description: "alloc was stopped".into(),
+                    task_states: last.task_states,
+                });
+            }
+            return;
+        }
         tracing::info!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "killing alloc");
         let _ = self.events.send(Event::Kill);
         self.abort_after_grace(RunOutcome::KillTimedOut);
@@ -197,6 +209,13 @@ impl Shared {
         if self.finished.swap(true, Ordering::SeqCst) {
             return;
         }
+        // A kill sent while a shutdown was pending outranks it.
+        let outcome = match outcome {
+            RunOutcome::ShutdownTimedOut if self.kill_requested.load(Ordering::SeqCst) => {
+                RunOutcome::KillTimedOut
+            }
+            outcome => outcome,
+        };
         let span = &self.config.span;
         match &outcome {
             RunOutcome::Failed(description) => {
@@ -378,11 +397,7 @@ fn final_state(
         return last;
     }
     let (status, description) = match outcome {
-        RunOutcome::Returned(Ok(())) | RunOutcome::ShutdownTimedOut | RunOutcome::NeverStarted
-            if shut_down =>
-        {
-            return last;
-        }
+        RunOutcome::Returned(Ok(())) | RunOutcome::NeverStarted if shut_down => return last,
         RunOutcome::Returned(Ok(())) => (ClientStatus::Complete, "runner finished".to_string()),
         RunOutcome::Returned(Err(error)) => (
             ClientStatus::Failed,

@@ -429,14 +429,34 @@ async fn disk_and_inode_thresholds_drive_collection_through_the_stats_source() {
     );
     assert_eq!(skipped.last().unwrap()["level"], "WARN");
 
+    // Disk back under its threshold; a third alloc finishes; inode usage over 70 collects it.
+    stats.set(10.0, 10.0);
+    let third = Alloc {
+        id: "batch-third".into(),
+        ..batch[0].clone()
+    };
+    server.place(NODE, third.clone());
+    eventually("third running", || client.live_allocs() == 1).await;
+    server.place(
+        NODE,
+        Alloc {
+            desired_status: DesiredStatus::Stop,
+            modify_index: 3,
+            ..third
+        },
+    );
+    eventually("third marked", || client.gc().queued() == 1).await;
     stats.set(10.0, 75.0);
     gc.pass().await;
+    assert_eq!(client.live_allocs(), 0, "inodes over 70: collected");
     let skipped = skipped_lines(&logs);
     assert_eq!(
         skipped.last().unwrap()["fields"]["reason"],
         "inode usage of 75 is over gc threshold of 70"
     );
-    assert_eq!(client.metrics().allocs_collected["disk_usage"], 2);
+    let collected = client.metrics().allocs_collected;
+    assert_eq!((collected["disk_usage"], collected["inode_usage"]), (2, 1));
+    assert_eq!(client.metrics().allocs_destroyed, 3);
 }
 
 #[tokio::test(start_paused = true)]

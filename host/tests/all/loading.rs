@@ -51,6 +51,19 @@ fn a_core_module_is_refused_with_how_to_make_a_component() {
 }
 
 #[test]
+fn the_same_bytes_under_another_path_are_not_compiled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy-of-sleeper.wasm");
+    std::fs::copy(SLEEPER, &copy).unwrap();
+    let original = runtime().load_file(Path::new(SLEEPER)).unwrap();
+    let copied = runtime().load_file(&copy).unwrap();
+    assert!(
+        Arc::ptr_eq(&original, &copied),
+        "cached by content hash, not by path"
+    );
+}
+
+#[test]
 fn a_component_is_compiled_once_and_shared() {
     let first = runtime().load_file(Path::new(SLEEPER)).unwrap();
     let second = runtime().load_file(Path::new(SLEEPER)).unwrap();

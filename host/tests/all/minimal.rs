@@ -70,8 +70,8 @@ async fn an_update_to_desired_status_stop_kills_the_runner() {
     };
     started.runner.update(Arc::new(stale));
     assert_eq!(
-        started.runner.alloc_state().client_status,
-        ClientStatus::Running,
+        started.runner.alloc().desired_status,
+        DesiredStatus::Run,
         "same modify index: ignored"
     );
 
@@ -84,4 +84,22 @@ async fn an_update_to_desired_status_stop_kills_the_runner() {
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Complete);
     assert_eq!(started.runner.alloc().modify_index, 2);
+}
+
+#[tokio::test]
+async fn a_destroy_after_a_shutdown_still_ends_the_alloc_complete() {
+    let _logs = LogCapture::start();
+    let started = start(alloc(MINIMAL, &["main"], &[]), None);
+    started
+        .recorder
+        .wait_for_status(ClientStatus::Running)
+        .await;
+    started.runner.shutdown();
+    within("shutdown", started.runner.shutdown_done().wait()).await;
+
+    started.runner.destroy();
+    within("destroy", started.runner.destroyed().wait()).await;
+    let state = started.runner.alloc_state();
+    assert_eq!(state.client_status, ClientStatus::Complete, "{state:?}");
+    assert_eq!(state.description, "alloc was stopped");
 }
