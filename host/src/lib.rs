@@ -7,6 +7,9 @@
 //! - [`client`]: the client core: alloc map, server watch and sync, garbage collector.
 //! - [`runtime`]: everything wasmtime; [`runtime::WasmAllocRunner`] runs an alloc in its own
 //!   sandbox.
+//! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
+//! - [`server`]: the embedded server (jobs, placement, server-side GC) behind the client's
+//!   `ServerApi`; the agent will host it.
 //! - [`run`]: `caravan run`, one alloc to completion without an agent.
 //! - [`telemetry`]: the process's tracing subscriber (text or JSON).
 //! - [`units`]: sizes and durations as operators type them.
@@ -16,8 +19,10 @@
 
 pub mod allocrunner;
 pub mod client;
+pub mod jobspec;
 pub mod run;
 pub mod runtime;
+pub mod server;
 pub mod structs;
 pub mod telemetry;
 pub mod units;

@@ -216,7 +216,7 @@ impl Runtime {
 
     /// Loads the component at `path`, compiling it only the first time these bytes are seen.
     /// A file whose size and modification time are unchanged is not read again, and is
-    /// looked at no more than once per [`PATH_RECHECK`].
+    /// looked at no more than once a second.
     pub fn load_file(&self, path: &Path) -> Result<Arc<LoadedComponent>, LoadError> {
         {
             let by_path = self.inner.by_path.lock().unwrap_or_else(|e| e.into_inner());

@@ -5,6 +5,7 @@ mod support;
 
 mod cli;
 mod client;
+mod embedded_server;
 mod empty_runner;
 mod fixture_log_flood;
 mod fixture_memory_hog;

@@ -1,0 +1,325 @@
+//! Job specs: the TOML job file operators write, and the same document as JSON for the HTTP
+//! API. Parsing checks everything a job needs and names the field at fault, so a rejected
+//! job is rejected whole, before anything changes.
+//!
+//! The smallest valid file:
+//!
+//! ```toml
+//! [job]
+//! id = "hello"
+//! type = "service"          # or "batch"
+//! count = 3
+//! runner = "path/to/runner.wasm"
+//! ```
+//!
+//! Optional: `[job.limits]` (`memory`, `cpu`, `wall_time`, `kill_timeout`, `log_rate`),
+//! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values).
+//!
+//! This module only parses and validates; it knows nothing of servers or runners.
+
+use crate::structs::{LimitOverrides, Task};
+use crate::units::{parse_bytes, parse_duration};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// How a job's allocs live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobType {
+    /// Runs until stopped; failed allocs are replaced (up to a restart limit).
+    Service,
+    /// Runs to completion; finished allocs are not replaced.
+    Batch,
+}
+
+/// A validated job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Unique job id.
+    pub id: String,
+    /// Service or batch.
+    pub job_type: JobType,
+    /// How many allocs to run.
+    pub count: u32,
+    /// Path of the runner component.
+    pub runner: String,
+    /// Per-alloc limits; unset ones take the agent's defaults.
+    pub limits: LimitOverrides,
+    /// The tasks each alloc runs (one task named after the job when none is given).
+    pub tasks: Vec<Task>,
+    /// Free-form metadata.
+    pub meta: Vec<(String, String)>,
+}
+
+/// Why a job spec was refused: the field at fault and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    /// The field, as `job.count` or `job.tasks[1].name`; `job` for the document as a whole.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn error(field: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// The document as written, before validation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDocument {
+    job: RawJob,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJob {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    count: Option<i64>,
+    runner: Option<String>,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    tasks: Vec<RawTask>,
+    #[serde(default)]
+    meta: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    memory: Option<String>,
+    cpu: Option<String>,
+    wall_time: Option<String>,
+    kill_timeout: Option<String>,
+    log_rate: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTask {
+    name: Option<String>,
+    #[serde(default)]
+    config: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Parses a TOML job file.
+pub fn parse_toml(text: &str) -> Result<JobSpec, SpecError> {
+    let raw: RawDocument =
+        toml::from_str(text).map_err(|e| error("job", format!("invalid TOML: {}", e.message())))?;
+    validate(raw.job)
+}
+
+/// Parses the JSON form (`{"job": {...}}`), as the HTTP API takes it.
+pub fn parse_json(text: &str) -> Result<JobSpec, SpecError> {
+    let raw: RawDocument =
+        serde_json::from_str(text).map_err(|e| error("job", format!("invalid JSON: {e}")))?;
+    validate(raw.job)
+}
+
+fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
+    let id = raw.id.ok_or_else(|| error("job.id", "missing"))?;
+    let id_chars = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if id.is_empty() || id.len() > 64 || !id.chars().all(id_chars) {
+        return Err(error(
+            "job.id",
+            format!("{id:?} must be 1 to 64 letters, digits, '-', '_' or '.'"),
+        ));
+    }
+    let job_type = match raw.job_type.as_deref() {
+        None => {
+            return Err(error(
+                "job.type",
+                "missing; expected \"service\" or \"batch\"",
+            ));
+        }
+        Some("service") => JobType::Service,
+        Some("batch") => JobType::Batch,
+        Some(other) => {
+            return Err(error(
+                "job.type",
+                format!("unknown job type {other:?}; expected \"service\" or \"batch\""),
+            ));
+        }
+    };
+    let count = match raw.count {
+        None => return Err(error("job.count", "missing")),
+        Some(count) if !(0..=100_000).contains(&count) => {
+            return Err(error(
+                "job.count",
+                format!("{count} is out of range; expected 0 to 100000"),
+            ));
+        }
+        Some(count) => count as u32,
+    };
+    let runner = raw.runner.filter(|r| !r.trim().is_empty()).ok_or_else(|| {
+        error(
+            "job.runner",
+            "missing; the path of the runner component (.wasm)",
+        )
+    })?;
+    let limits = validate_limits(raw.limits)?;
+    let mut tasks: Vec<Task> = Vec::new();
+    for (i, task) in raw.tasks.into_iter().enumerate() {
+        let field = format!("job.tasks[{i}].name");
+        let name = task
+            .name
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| error(&field, "missing"))?;
+        if tasks.iter().any(|t| t.name == name) {
+            return Err(error(field, format!("{name:?} is used by another task")));
+        }
+        let config = task
+            .config
+            .into_iter()
+            .map(|(key, value)| match value {
+                serde_json::Value::String(text) => (key, text),
+                other => (key, other.to_string()),
+            })
+            .collect();
+        tasks.push(Task { name, config });
+    }
+    if tasks.is_empty() {
+        tasks.push(Task {
+            name: id.clone(),
+            config: Vec::new(),
+        });
+    }
+    Ok(JobSpec {
+        id,
+        job_type,
+        count,
+        runner,
+        limits,
+        tasks,
+        meta: raw.meta.into_iter().collect(),
+    })
+}
+
+fn validate_limits(raw: RawLimits) -> Result<LimitOverrides, SpecError> {
+    let duration = |name: &str, value: Option<String>| {
+        value
+            .map(|v| parse_duration(&v).map_err(|e| error(format!("job.limits.{name}"), e)))
+            .transpose()
+    };
+    Ok(LimitOverrides {
+        memory_bytes: raw
+            .memory
+            .map(|v| parse_bytes(&v).map_err(|e| error("job.limits.memory", e)))
+            .transpose()?,
+        cpu: duration("cpu", raw.cpu)?,
+        wall_time: duration("wall_time", raw.wall_time)?,
+        kill_timeout: duration("kill_timeout", raw.kill_timeout)?,
+        log_lines_per_second: match raw.log_rate {
+            Some(0) => return Err(error("job.limits.log_rate", "must be above 0")),
+            rate => rate,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smallest_file_parses_with_one_task_named_after_the_job() {
+        let spec = parse_toml(
+            "[job]\nid = \"hello\"\ntype = \"service\"\ncount = 3\nrunner = \"r.wasm\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (spec.id.as_str(), spec.job_type, spec.count),
+            ("hello", JobType::Service, 3)
+        );
+        assert_eq!(
+            spec.tasks,
+            [Task {
+                name: "hello".into(),
+                config: vec![]
+            }]
+        );
+    }
+
+    #[test]
+    fn tasks_limits_and_meta_parse_and_config_values_become_text() {
+        let spec = parse_toml(
+            r#"
+            [job]
+            id = "web"
+            type = "batch"
+            count = 1
+            runner = "sleeper.wasm"
+            [job.limits]
+            memory = "32MiB"
+            kill_timeout = "2s"
+            [[job.tasks]]
+            name = "main"
+            config = { run_for = "5s", exit_code = 1, loud = true }
+            [job.meta]
+            team = "infra"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(spec.limits.memory_bytes, Some(32 << 20));
+        assert_eq!(
+            spec.limits.kill_timeout,
+            Some(std::time::Duration::from_secs(2))
+        );
+        let config = &spec.tasks[0].config;
+        assert!(config.contains(&("run_for".into(), "5s".into())));
+        assert!(config.contains(&("exit_code".into(), "1".into())));
+        assert!(config.contains(&("loud".into(), "true".into())));
+        assert_eq!(spec.meta, [("team".to_string(), "infra".to_string())]);
+    }
+
+    #[test]
+    fn json_is_the_same_document() {
+        let spec =
+            parse_json(r#"{"job": {"id": "j", "type": "batch", "count": 2, "runner": "r.wasm"}}"#)
+                .unwrap();
+        assert_eq!(spec.count, 2);
+    }
+
+    #[test]
+    fn each_bad_spec_names_its_field() {
+        let base = |extra: &str| {
+            format!("[job]\nid = \"j\"\ntype = \"service\"\nrunner = \"r.wasm\"\n{extra}")
+        };
+        let field_of = |text: &str| parse_toml(text).unwrap_err().field;
+        assert_eq!(field_of(&base("count = -1")), "job.count");
+        assert_eq!(
+            field_of("[job]\nid = \"j\"\ntype = \"service\"\ncount = 1\n"),
+            "job.runner"
+        );
+        assert_eq!(
+            field_of(&base("count = 1\n").replace("service", "cron")),
+            "job.type"
+        );
+        assert_eq!(
+            field_of(&base("count = 1\n[job.limits]\nmemory = \"lots\"")),
+            "job.limits.memory"
+        );
+        assert_eq!(
+            field_of(&base("count = 1\n[[job.tasks]]\nconfig = {}")),
+            "job.tasks[0].name"
+        );
+        let unknown = parse_toml(&base("count = 1\ncolour = \"red\"")).unwrap_err();
+        assert!(unknown.message.contains("colour"), "{unknown}");
+        let malformed = parse_toml("[job\nid=").unwrap_err();
+        assert!(malformed.message.starts_with("invalid TOML"), "{malformed}");
+        let json = parse_json("{\"job\": ").unwrap_err();
+        assert!(json.message.starts_with("invalid JSON"), "{json}");
+        assert_eq!(
+            parse_json(r#"{"job": {"id": "../x", "type": "batch", "count": 1, "runner": "r"}}"#)
+                .unwrap_err()
+                .field,
+            "job.id"
+        );
+    }
+}
