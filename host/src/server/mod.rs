@@ -94,8 +94,9 @@ pub struct AllocRecord {
     pub client_state: Option<AllocState>,
     /// The job version it was made for.
     pub job_version: u64,
-    /// The server index at which it was created (orders allocs oldest first).
-    pub create_index: u64,
+    /// Creation order across the server (orders allocs oldest first, even within one
+    /// registration).
+    pub sequence: u64,
     /// When its client first reported it terminal.
     pub terminal_since: Option<Instant>,
     /// True once a replacement was made for it (a failed service alloc).
@@ -118,6 +119,7 @@ impl AllocRecord {
 #[derive(Default)]
 struct State {
     index: u64,
+    next_sequence: u64,
     nodes: BTreeSet<String>,
     jobs: BTreeMap<String, JobRecord>,
     allocs: BTreeMap<String, AllocRecord>,
@@ -203,7 +205,7 @@ impl EmbeddedServer {
             let mut wanted: Vec<(u64, String)> = state
                 .job_allocs(&spec.id)
                 .filter(|a| a.is_wanted())
-                .map(|a| (a.create_index, a.alloc.id.clone()))
+                .map(|a| (a.sequence, a.alloc.id.clone()))
                 .collect();
             let count = spec.count as usize;
             let mut placed = Vec::new();
@@ -328,7 +330,7 @@ impl EmbeddedServer {
     /// Every alloc, oldest first.
     pub fn allocs(&self) -> Vec<AllocRecord> {
         let mut allocs: Vec<AllocRecord> = self.lock().allocs.values().cloned().collect();
-        allocs.sort_by_key(|a| a.create_index);
+        allocs.sort_by_key(|a| a.sequence);
         allocs
     }
 
@@ -417,12 +419,13 @@ impl State {
                 limits: spec.limits.clone(),
             };
             ids.push(alloc.id.clone());
+            self.next_sequence += 1;
             let record = AllocRecord {
                 alloc: Arc::new(alloc),
                 node_id,
                 client_state: None,
                 job_version: version,
-                create_index: index,
+                sequence: self.next_sequence,
                 terminal_since: None,
                 replaced: false,
             };
