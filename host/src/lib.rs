@@ -1,6 +1,7 @@
 //! The Caravan host: runs WebAssembly alloc runners under a Nomad-style client core.
 //!
 //! # Layout
+//! - [`agent`]: `caravan agent`, the composition root: server, client and HTTP API.
 //! - [`structs`]: plain data shared by every layer (allocs, alloc state, limits).
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
@@ -17,6 +18,7 @@
 //! Arrows of use point one way: `run` -> `runtime` -> `allocrunner` -> `structs`, and
 //! `client` -> `allocrunner` (the client never sees wasmtime: it is given a factory).
 
+pub mod agent;
 pub mod allocrunner;
 pub mod client;
 pub mod jobspec;

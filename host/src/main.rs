@@ -1,5 +1,7 @@
 //! The `caravan` command.
 
+use caravan_host::agent::Agent;
+use caravan_host::agent::config::{AgentConfig, apply_file, parse_bind};
 use caravan_host::run::{LIMIT_NAMES, RunOptions};
 use caravan_host::structs::ClientStatus;
 use clap::{Parser, Subcommand};
@@ -10,9 +12,9 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "caravan", version)]
 struct Cli {
-    /// Log level, or a filter such as `info,caravan::guest=debug`.
-    #[arg(long, global = true, default_value = "info", env = "CARAVAN_LOG_LEVEL")]
-    log_level: String,
+    /// Log level, or a filter such as `info,caravan::guest=debug` (default: info).
+    #[arg(long, global = true, env = "CARAVAN_LOG_LEVEL")]
+    log_level: Option<String>,
     /// Write every log line, host and guest, as one JSON object.
     #[arg(long, global = true, env = "CARAVAN_LOG_JSON")]
     log_json: bool,
@@ -49,14 +51,30 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
     },
+    /// Run the agent: the embedded server, one client node and the HTTP API.
+    ///
+    /// Stops on Ctrl-C or SIGTERM. Flags override the config file.
+    Agent {
+        /// A TOML config file (see the README for its keys).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Where state and alloc directories live (default ./caravan-data).
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Where the HTTP API listens (default 127.0.0.1:4646).
+        #[arg(long, value_name = "HOST:PORT")]
+        bind: Option<String>,
+        /// Use a fresh temporary data dir and destroy everything on exit.
+        #[arg(long)]
+        dev: bool,
+        /// Require this bearer token for every write request.
+        #[arg(long, env = "CARAVAN_ACL_TOKEN", value_name = "TOKEN")]
+        acl_token: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(error) = caravan_host::telemetry::init(&cli.log_level, cli.log_json) {
-        eprintln!("error: {error:#}");
-        return ExitCode::from(2);
-    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -74,6 +92,11 @@ fn main() -> ExitCode {
             job,
             data_dir,
         } => {
+            let level = cli.log_level.unwrap_or_else(|| "info".into());
+            if let Err(error) = caravan_host::telemetry::init(&level, cli.log_json) {
+                eprintln!("error: {error:#}");
+                return ExitCode::from(2);
+            }
             let options = RunOptions {
                 component,
                 tasks,
@@ -104,6 +127,61 @@ fn main() -> ExitCode {
                         ExitCode::from(1)
                     }
                 }
+                Err(error) => {
+                    eprintln!("error: {error:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Agent {
+            config,
+            data_dir,
+            bind,
+            dev,
+            acl_token,
+        } => {
+            let mut agent_config = AgentConfig::default();
+            let flags = (|| -> Result<(), String> {
+                if let Some(path) = &config {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+                    apply_file(&mut agent_config, &path.display().to_string(), &text)?;
+                }
+                if let Some(dir) = data_dir {
+                    agent_config.data_dir = dir;
+                }
+                if let Some(bind) = bind {
+                    agent_config.bind = parse_bind(&bind).map_err(|e| format!("--bind: {e}"))?;
+                }
+                agent_config.dev |= dev;
+                if let Some(token) = acl_token.filter(|t| !t.is_empty()) {
+                    agent_config.acl_token = Some(token);
+                }
+                if let Some(level) = cli.log_level {
+                    agent_config.log_level = level;
+                }
+                agent_config.log_json |= cli.log_json;
+                Ok(())
+            })();
+            if let Err(error) = flags {
+                eprintln!("error: {error}");
+                return ExitCode::from(2);
+            }
+            if let Err(error) =
+                caravan_host::telemetry::init(&agent_config.log_level, agent_config.log_json)
+            {
+                eprintln!("error: {error:#}");
+                return ExitCode::from(2);
+            }
+            let outcome = runtime.block_on(async {
+                let agent = Agent::start(agent_config).await?;
+                caravan_host::run::interrupt().await?;
+                tracing::info!("interrupted: stopping the agent");
+                agent.stop().await;
+                anyhow::Ok(())
+            });
+            match outcome {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("error: {error:#}");
                     ExitCode::from(2)

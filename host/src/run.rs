@@ -178,7 +178,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
 }
 
 /// Completes on Ctrl-C or SIGTERM.
-async fn interrupt() -> anyhow::Result<()> {
+pub async fn interrupt() -> anyhow::Result<()> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot listen for SIGTERM")?;
     tokio::select! {

@@ -269,6 +269,40 @@ impl Client {
         self.inner.gc.collect_all().await;
     }
 
+    /// Shuts every runner down (the agent is stopping, not the allocs) and waits for each.
+    pub async fn shutdown_all(&self) {
+        let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
+        for runner in &runners {
+            runner.shutdown();
+        }
+        for runner in &runners {
+            runner.shutdown_done().wait().await;
+        }
+    }
+
+    /// Destroys every runner (a dev agent leaves nothing behind) and waits for each, under
+    /// the destroy limit.
+    pub async fn destroy_all(&self) {
+        let runners: Vec<_> = self
+            .inner
+            .runners_lock()
+            .iter()
+            .map(|(id, runner)| (id.clone(), runner.clone()))
+            .collect();
+        let mut destroys = tokio::task::JoinSet::new();
+        for (alloc_id, runner) in runners {
+            let gc = self.inner.gc.clone();
+            destroys.spawn(async move {
+                let reason = gc::GcReason {
+                    kind: "forced_full_node",
+                    message: "agent stopping in dev mode".into(),
+                };
+                gc.destroy(&alloc_id, runner, reason).await;
+            });
+        }
+        while destroys.join_next().await.is_some() {}
+    }
+
     /// The client's counters, with allocs counted by client status now (collected ones by
     /// their final status, and once more under `allocs_destroyed`).
     pub fn metrics(&self) -> MetricsSnapshot {

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod agent_api;
 mod cli;
 mod client;
 mod embedded_server;

@@ -243,3 +243,48 @@ pub async fn eventually(what: &str, condition: impl Fn() -> bool) {
     })
     .await
 }
+
+/// One HTTP/1.1 request over a fresh connection; returns the status and the body (parsed as
+/// JSON when it is JSON, else as a JSON string).
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("the agent accepts connections");
+    let body = body.unwrap_or("");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
+    (status, value)
+}
+
+/// [`eventually`] for a condition that needs to await (an HTTP call, say).
+pub async fn eventually_async<F: Future<Output = bool>>(what: &str, condition: impl Fn() -> F) {
+    within(what, async {
+        while !condition().await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}

@@ -1,0 +1,435 @@
+//! The agent's HTTP API: JSON over HTTP/1, Nomad's paths where they fit.
+//!
+//! Every error is `{"error": "...", "field": "..."}` (field only when one is at fault) with
+//! 400 for a bad request, 401/403 for a missing or wrong token, 404 for an unknown id and 409
+//! for a request the alloc's state does not allow. A rejected request changes nothing. With
+//! an ACL token configured, every write (POST, PUT, DELETE) needs `Authorization: Bearer`.
+//!
+//! Handlers only translate: the work is the server's and the client's.
+
+use crate::client::Client;
+use crate::client::gc::GcError;
+use crate::jobspec::{self, JobType};
+use crate::server::{AllocRecord, EmbeddedServer, JobRecord, RequestError};
+use crate::structs::{ClientStatus, DesiredStatus, TaskState};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The embedded server.
+    pub server: Arc<EmbeddedServer>,
+    /// This node's client.
+    pub client: Client,
+    /// The token writes need, if any.
+    pub acl_token: Option<String>,
+}
+
+/// The API's routes.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/jobs", get(list_jobs).post(register_job))
+        .route("/v1/job/{id}", get(get_job).delete(stop_job))
+        .route("/v1/job/{id}/allocations", get(job_allocations))
+        .route("/v1/allocations", get(list_allocations))
+        .route("/v1/allocation/{id}", get(get_allocation))
+        .route("/v1/allocation/{id}/stop", post(stop_allocation))
+        .route("/v1/client/allocation/{id}/gc", post(collect_allocation))
+        .route("/v1/client/gc", post(collect_all))
+        .route("/v1/system/gc", put(system_gc))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/agent/health", get(health))
+        .route("/v1/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    field: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            field: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = serde_json::json!({ "error": self.message });
+        if let Some(field) = self.field {
+            body["field"] = field.into();
+        }
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<RequestError> for ApiError {
+    fn from(error: RequestError) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, error.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn authorize(state: &ApiState, headers: &HeaderMap) -> ApiResult<()> {
+    let Some(expected) = &state.acl_token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match given.and_then(|v| v.strip_prefix("Bearer ")) {
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "this agent needs a token: send Authorization: Bearer <token>",
+        )),
+        Some(token) if token == expected => Ok(()),
+        Some(_) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the token is not valid for this agent",
+        )),
+    }
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobView {
+    /// Job id.
+    pub id: String,
+    /// `service` or `batch`.
+    #[serde(rename = "type")]
+    pub job_type: JobType,
+    /// Allocs wanted.
+    pub count: u32,
+    /// Runner component path.
+    pub runner: String,
+    /// `running`, `dead` (a batch job whose allocs all finished) or `stopped`.
+    pub status: String,
+    /// Bumped by each change that replaced allocs.
+    pub version: u64,
+    /// The job's allocs by client status.
+    pub allocs: BTreeMap<String, usize>,
+}
+
+/// An alloc as the API shows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct AllocView {
+    /// Alloc id.
+    pub id: String,
+    /// Its job.
+    pub job_id: String,
+    /// The node it is placed on, if any yet.
+    pub node_id: Option<String>,
+    /// What the scheduler wants.
+    pub desired_status: DesiredStatus,
+    /// What the client last reported (`pending` before any report).
+    pub client_status: ClientStatus,
+    /// Why it is in that status.
+    pub description: String,
+    /// Grows with every server-side change.
+    pub modify_index: u64,
+    /// Its tasks' states, as last reported.
+    pub task_states: Vec<TaskState>,
+}
+
+fn alloc_view(record: &AllocRecord) -> AllocView {
+    let state = record.client_state.clone();
+    AllocView {
+        id: record.alloc.id.clone(),
+        job_id: record.alloc.job_id.clone(),
+        node_id: record.node_id.clone(),
+        desired_status: record.alloc.desired_status,
+        client_status: state
+            .as_ref()
+            .map_or(ClientStatus::Pending, |s| s.client_status),
+        description: state
+            .as_ref()
+            .map(|s| s.description.clone())
+            .unwrap_or_default(),
+        modify_index: record.alloc.modify_index,
+        task_states: state.map(|s| s.task_states).unwrap_or_default(),
+    }
+}
+
+fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
+    let views: Vec<AllocView> = allocs.iter().map(alloc_view).collect();
+    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    for view in &views {
+        *by_status.entry(view.client_status.to_string()).or_default() += 1;
+    }
+    let finished = !views.is_empty() && views.iter().all(|v| v.client_status.is_terminal());
+    let status = if job.stopped {
+        "stopped"
+    } else if job.spec.job_type == JobType::Batch && finished {
+        "dead"
+    } else {
+        "running"
+    };
+    JobView {
+        id: job.spec.id.clone(),
+        job_type: job.spec.job_type,
+        count: job.spec.count,
+        runner: job.spec.runner.clone(),
+        status: status.into(),
+        version: job.version,
+        allocs: by_status,
+    }
+}
+
+async fn list_jobs(State(state): State<ApiState>) -> Json<Vec<JobView>> {
+    let jobs = state.server.jobs();
+    Json(
+        jobs.iter()
+            .map(|job| job_view(job, &state.server.job_allocs(&job.spec.id)))
+            .collect(),
+    )
+}
+
+async fn register_job(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: String,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let spec = jobspec::parse_json(&body).map_err(|e| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message: e.to_string(),
+        field: Some(e.field),
+    })?;
+    let job_id = spec.id.clone();
+    let registration = state.server.register_job(spec);
+    Ok(Json(serde_json::json!({
+        "job_id": job_id,
+        "created": registration.created,
+        "placed": registration.placed,
+        "stopped": registration.stopped,
+    })))
+}
+
+async fn get_job(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobView>> {
+    let job = state.server.job(&id)?;
+    Ok(Json(job_view(&job, &state.server.job_allocs(&id))))
+}
+
+#[derive(Deserialize)]
+struct StopQuery {
+    #[serde(default)]
+    purge: bool,
+}
+
+async fn stop_job(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(query): Query<StopQuery>,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let stopped = state.server.stop_job(&id, query.purge)?;
+    Ok(Json(
+        serde_json::json!({ "job_id": id, "stopped": stopped, "purged": query.purge }),
+    ))
+}
+
+async fn job_allocations(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<AllocView>>> {
+    state.server.job(&id)?;
+    Ok(Json(
+        state
+            .server
+            .job_allocs(&id)
+            .iter()
+            .map(alloc_view)
+            .collect(),
+    ))
+}
+
+async fn list_allocations(State(state): State<ApiState>) -> Json<Vec<AllocView>> {
+    Json(state.server.allocs().iter().map(alloc_view).collect())
+}
+
+/// Finds an alloc by id or unique id prefix, as Nomad's CLI allows.
+fn find_alloc(server: &EmbeddedServer, id_or_prefix: &str) -> ApiResult<AllocRecord> {
+    if let Ok(record) = server.alloc(id_or_prefix) {
+        return Ok(record);
+    }
+    let matches: Vec<AllocRecord> = server
+        .allocs()
+        .into_iter()
+        .filter(|a| !id_or_prefix.is_empty() && a.alloc.id.starts_with(id_or_prefix))
+        .collect();
+    match matches.len() {
+        0 => Err(RequestError::AllocNotFound(id_or_prefix.to_string()).into()),
+        1 => Ok(matches.into_iter().next().expect("one match")),
+        n => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("alloc id prefix {id_or_prefix:?} matches {n} allocations"),
+        )),
+    }
+}
+
+async fn get_allocation(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<AllocView>> {
+    Ok(Json(alloc_view(&find_alloc(&state.server, &id)?)))
+}
+
+async fn stop_allocation(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let record = find_alloc(&state.server, &id)?;
+    state.server.stop_alloc(&record.alloc.id)?;
+    Ok(Json(serde_json::json!({ "alloc_id": record.alloc.id })))
+}
+
+async fn collect_allocation(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let record = find_alloc(&state.server, &id).ok();
+    let alloc_id = record.map_or(id, |r| r.alloc.id.clone());
+    match state.client.collect(&alloc_id).await {
+        Ok(()) => Ok(Json(
+            serde_json::json!({ "alloc_id": alloc_id, "collected": true }),
+        )),
+        Err(error @ GcError::UnknownAlloc(_)) => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, error.to_string()))
+        }
+        Err(error @ GcError::NotTerminal { .. }) => {
+            Err(ApiError::new(StatusCode::CONFLICT, error.to_string()))
+        }
+    }
+}
+
+async fn collect_all(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    state.client.collect_all().await;
+    Ok(Json(serde_json::json!({ "collected": true })))
+}
+
+async fn system_gc(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let removed = state.server.collect_garbage(true);
+    Ok(Json(serde_json::json!({ "removed": removed })))
+}
+
+async fn list_nodes(State(state): State<ApiState>) -> Json<Vec<serde_json::Value>> {
+    let allocs = state.server.allocs();
+    Json(
+        state
+            .server
+            .nodes()
+            .into_iter()
+            .map(|node| {
+                let running = allocs
+                    .iter()
+                    .filter(|a| a.node_id.as_deref() == Some(node.as_str()))
+                    .filter(|a| {
+                        !a.client_state
+                            .as_ref()
+                            .is_some_and(|s| s.client_status.is_terminal())
+                    })
+                    .count();
+                serde_json::json!({ "id": node, "status": "ready", "allocs": running })
+            })
+            .collect(),
+    )
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "ok": true }))
+}
+
+async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
+    let m = state.client.metrics();
+    let mut text = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(text, "{name}{labels} {value}");
+        }
+    };
+    let labelled = |label: &str, map: &BTreeMap<String, u64>| -> Vec<(String, u64)> {
+        map.iter()
+            .map(|(key, value)| (format!("{{{label}=\"{key}\"}}"), *value))
+            .collect()
+    };
+    family(
+        "caravan_client_allocs",
+        "gauge",
+        "Allocs on this client by client status.",
+        labelled("status", &m.allocs_by_status),
+    );
+    family(
+        "caravan_client_allocs_destroyed",
+        "gauge",
+        "Allocs collected and still listed.",
+        vec![(String::new(), m.allocs_destroyed)],
+    );
+    family(
+        "caravan_gc_marked_total",
+        "counter",
+        "Allocs marked for garbage collection.",
+        vec![(String::new(), m.allocs_marked)],
+    );
+    family(
+        "caravan_gc_collected_total",
+        "counter",
+        "Allocs collected, by reason.",
+        labelled("reason", &m.allocs_collected),
+    );
+    family(
+        "caravan_gc_destroys_in_flight",
+        "gauge",
+        "Destroys running now.",
+        vec![(String::new(), m.destroys_in_flight)],
+    );
+    family(
+        "caravan_sync_batches_total",
+        "counter",
+        "Alloc update batches sent to the server, by result.",
+        vec![
+            ("{result=\"sent\"}".into(), m.sync_batches_sent),
+            ("{result=\"failed\"}".into(), m.sync_batches_failed),
+        ],
+    );
+    family(
+        "caravan_runner_build_failures_total",
+        "counter",
+        "Allocs failed because their runner could not be built.",
+        vec![(String::new(), m.runner_build_failures)],
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}

@@ -1,0 +1,112 @@
+//! `caravan agent`: the embedded server, one client node and the HTTP API in one process.
+//!
+//! Layout:
+//! - [`config`]: the TOML config file and its knobs.
+//! - [`http`]: the HTTP API.
+//!
+//! The agent is the composition root: the only place that knows every layer. It may use all
+//! of them; none of them knows it.
+
+pub mod config;
+pub mod http;
+
+use crate::client::server::ServerApi;
+use crate::client::{Client, ClientConfig};
+use crate::runtime::{Runtime, RuntimeConfig};
+use crate::server::EmbeddedServer;
+use anyhow::Context;
+use config::AgentConfig;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The node id of the agent's own client.
+pub const LOCAL_NODE: &str = "local";
+
+/// A running agent.
+pub struct Agent {
+    /// Where the HTTP API listens (the real port when `bind` asked for port 0).
+    pub addr: SocketAddr,
+    /// The embedded server.
+    pub server: Arc<EmbeddedServer>,
+    /// The agent's client.
+    pub client: Client,
+    dev: bool,
+    /// Holds a dev agent's temporary data dir; dropping it removes the directory.
+    _dev_data_dir: Option<tempfile::TempDir>,
+    http: tokio::task::JoinHandle<()>,
+    stop_http: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Agent {
+    /// Starts the server, the client and the HTTP API.
+    pub async fn start(mut config: AgentConfig) -> anyhow::Result<Agent> {
+        let dev_data_dir = if config.dev {
+            let dir = tempfile::Builder::new()
+                .prefix("caravan-dev-")
+                .tempdir()
+                .context("cannot create the dev data dir")?;
+            config.data_dir = dir.path().to_path_buf();
+            Some(dir)
+        } else {
+            std::fs::create_dir_all(&config.data_dir)
+                .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+            None
+        };
+        let runtime = Runtime::new(&RuntimeConfig::default())?;
+        let server = EmbeddedServer::new(config.server.clone());
+        let mut client_config = ClientConfig::new(LOCAL_NODE, &config.data_dir);
+        client_config.gc = config.gc.clone();
+        client_config.limits = config.limits;
+        let client =
+            Client::with_wasm_runners(client_config, server.clone() as Arc<dyn ServerApi>, runtime);
+        client.start();
+
+        let listener = tokio::net::TcpListener::bind(config.bind)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.bind))?;
+        let addr = listener.local_addr()?;
+        let api = http::router(http::ApiState {
+            server: server.clone(),
+            client: client.clone(),
+            acl_token: config.acl_token.clone(),
+        });
+        let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
+        let http = tokio::spawn(async move {
+            let serve = axum::serve(listener, api).with_graceful_shutdown(async {
+                let _ = stopped.await;
+            });
+            if let Err(error) = serve.await {
+                tracing::error!(error = %error, "the HTTP API stopped");
+            }
+        });
+        tracing::info!(
+            addr = %addr,
+            data_dir = %config.data_dir.display(),
+            dev = config.dev,
+            "agent started"
+        );
+        Ok(Agent {
+            addr,
+            server,
+            client,
+            dev: config.dev,
+            _dev_data_dir: dev_data_dir,
+            http,
+            stop_http,
+        })
+    }
+
+    /// Stops the agent: the HTTP API first, then every runner. A dev agent destroys its
+    /// allocs (and its data dir, when dropped); otherwise runners are shut down, to be
+    /// resumed by the next start once state saving lands.
+    pub async fn stop(self) {
+        let _ = self.stop_http.send(());
+        let _ = self.http.await;
+        if self.dev {
+            self.client.destroy_all().await;
+        } else {
+            self.client.shutdown_all().await;
+        }
+        tracing::info!("agent stopped");
+    }
+}

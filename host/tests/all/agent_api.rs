@@ -1,0 +1,299 @@
+//! The HTTP API against a real agent on 127.0.0.1:0, with real wasm runners.
+
+use crate::support::*;
+use caravan_host::agent::Agent;
+use caravan_host::agent::config::AgentConfig;
+use caravan_test_artifacts::{MINIMAL, SLEEPER};
+use serde_json::Value;
+
+async fn agent(configure: impl FnOnce(&mut AgentConfig)) -> (Agent, tempfile::TempDir) {
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut config = AgentConfig {
+        data_dir: data_dir.path().to_path_buf(),
+        ..AgentConfig::default()
+    };
+    config.bind = "127.0.0.1:0".parse().unwrap();
+    configure(&mut config);
+    (
+        Agent::start(config).await.expect("the agent starts"),
+        data_dir,
+    )
+}
+
+fn job(id: &str, job_type: &str, count: i64, runner: &str) -> String {
+    serde_json::json!({ "job": { "id": id, "type": job_type, "count": count, "runner": runner } })
+        .to_string()
+}
+
+async fn allocs_with(agent: &Agent, path: &str, status: &str) -> usize {
+    let (_, allocs) = http(agent.addr, "GET", path, None, None).await;
+    allocs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["client_status"] == status)
+        .count()
+}
+
+#[tokio::test]
+async fn the_job_lifecycle_run_scale_stop_purge_and_gc() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|_| {}).await;
+    let addr = agent.addr;
+
+    let (status, registered) = http(
+        addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("web", "service", 2, MINIMAL)),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{registered}");
+    assert_eq!(registered["created"], true);
+    eventually_async("2 running", || async {
+        allocs_with(&agent, "/v1/job/web/allocations", "running").await == 2
+    })
+    .await;
+
+    let (_, scaled) = http(
+        addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("web", "service", 4, MINIMAL)),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (
+            scaled["created"].clone(),
+            scaled["placed"].as_array().unwrap().len()
+        ),
+        (Value::Bool(false), 2)
+    );
+    eventually_async("4 running", || async {
+        allocs_with(&agent, "/v1/job/web/allocations", "running").await == 4
+    })
+    .await;
+    let (_, down) = http(
+        addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("web", "service", 1, MINIMAL)),
+        None,
+    )
+    .await;
+    assert_eq!(down["stopped"].as_array().unwrap().len(), 3);
+    eventually_async("3 complete", || async {
+        allocs_with(&agent, "/v1/job/web/allocations", "complete").await == 3
+    })
+    .await;
+
+    let (status, view) = http(addr, "GET", "/v1/job/web", None, None).await;
+    assert_eq!(
+        (status, view["count"].clone(), view["status"].clone()),
+        (200, Value::from(1), Value::from("running"))
+    );
+
+    let (status, _) = http(addr, "DELETE", "/v1/job/web?purge=true", None, None).await;
+    assert_eq!(status, 200);
+    eventually_async("all 4 complete", || async {
+        allocs_with(&agent, "/v1/allocations", "complete").await == 4
+    })
+    .await;
+    let (status, gc) = http(addr, "PUT", "/v1/system/gc", None, None).await;
+    assert_eq!((status, gc["removed"].as_array().unwrap().len()), (200, 4));
+    let (_, jobs) = http(addr, "GET", "/v1/jobs", None, None).await;
+    assert_eq!(jobs, Value::Array(vec![]), "purged and collected");
+    eventually("the client prunes what the server dropped", || {
+        agent.client.alloc_ids().is_empty()
+    })
+    .await;
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn bad_job_specs_get_400_naming_the_field_and_change_nothing() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|_| {}).await;
+    let cases = [
+        (
+            r#"{"job": {"id": "a", "type": "service", "count": 1}}"#.to_string(),
+            "job.runner",
+        ),
+        (job("a", "service", -1, SLEEPER), "job.count"),
+        (job("a", "cron", 1, SLEEPER), "job.type"),
+        ("{\"job\": ".to_string(), "job"),
+        (
+            r#"{"job": {"id": "a", "type": "batch", "count": 1, "runner": "r", "colour": 1}}"#
+                .to_string(),
+            "job",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, error) = http(agent.addr, "POST", "/v1/jobs", Some(&body), None).await;
+        assert_eq!(status, 400, "{body}: {error}");
+        assert_eq!(error["field"], field, "{body}: {error}");
+        assert!(
+            error["error"].as_str().unwrap().starts_with(field),
+            "{error}"
+        );
+    }
+    let (_, jobs) = http(agent.addr, "GET", "/v1/jobs", None, None).await;
+    assert_eq!(jobs, Value::Array(vec![]), "nothing was registered");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_ids_get_404_and_a_running_alloc_cannot_be_collected() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|_| {}).await;
+    for (method, path) in [
+        ("GET", "/v1/job/nope"),
+        ("DELETE", "/v1/job/nope"),
+        ("GET", "/v1/job/nope/allocations"),
+        ("GET", "/v1/allocation/nope"),
+        ("POST", "/v1/client/allocation/nope/gc"),
+    ] {
+        let (status, error) = http(agent.addr, method, path, None, None).await;
+        assert_eq!(status, 404, "{method} {path}: {error}");
+        assert!(error["error"].as_str().unwrap().contains("nope"), "{error}");
+    }
+    http(
+        agent.addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("svc", "service", 1, MINIMAL)),
+        None,
+    )
+    .await;
+    eventually_async("running", || async {
+        allocs_with(&agent, "/v1/allocations", "running").await == 1
+    })
+    .await;
+    let (_, allocs) = http(agent.addr, "GET", "/v1/allocations", None, None).await;
+    let id = allocs[0]["id"].as_str().unwrap().to_string();
+    let (status, by_prefix) = http(
+        agent.addr,
+        "GET",
+        &format!("/v1/allocation/{}", &id[..8]),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, by_prefix["id"].as_str()),
+        (200, Some(id.as_str())),
+        "a unique prefix finds the alloc"
+    );
+    let (status, error) = http(
+        agent.addr,
+        "POST",
+        &format!("/v1/client/allocation/{id}/gc"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "{error}");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn with_an_acl_token_writes_need_it_and_reads_do_not() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|config| config.acl_token = Some("s3cret".into())).await;
+    let body = job("web", "batch", 1, MINIMAL);
+    let (status, error) = http(agent.addr, "POST", "/v1/jobs", Some(&body), None).await;
+    assert_eq!(status, 401, "{error}");
+    let (status, _) = http(agent.addr, "POST", "/v1/jobs", Some(&body), Some("wrong")).await;
+    assert_eq!(status, 403);
+    let (_, jobs) = http(agent.addr, "GET", "/v1/jobs", None, None).await;
+    assert_eq!(
+        jobs,
+        Value::Array(vec![]),
+        "refused writes change nothing; reads need no token"
+    );
+    let (status, _) = http(agent.addr, "POST", "/v1/jobs", Some(&body), Some("s3cret")).await;
+    assert_eq!(status, 200);
+    let (status, _) = http(agent.addr, "PUT", "/v1/system/gc", None, None).await;
+    assert_eq!(status, 401);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn health_nodes_and_metrics_answer() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|_| {}).await;
+    assert_eq!(
+        http(agent.addr, "GET", "/v1/agent/health", None, None).await,
+        (200, serde_json::json!({"ok": true}))
+    );
+    eventually_async("the node registered", || async {
+        http(agent.addr, "GET", "/v1/nodes", None, None)
+            .await
+            .1
+            .as_array()
+            .is_some_and(|n| n.len() == 1)
+    })
+    .await;
+    let (status, metrics) = http(agent.addr, "GET", "/v1/metrics", None, None).await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("# TYPE caravan_gc_collected_total counter"),
+        "{metrics}"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn the_seed_gc_scenario_through_the_agent_logs_info_at_19_and_warn_at_21() {
+    let logs = LogCapture::start();
+    let (agent, _dir) = agent(|config| config.gc.max_allocs = 10).await;
+    http(
+        agent.addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("seed", "service", 19, MINIMAL)),
+        None,
+    )
+    .await;
+    eventually_async("19 running", || async {
+        allocs_with(&agent, "/v1/allocations", "running").await == 19
+    })
+    .await;
+    eventually("an INFO skip line", || {
+        logs.with_message("garbage collection skipped because no terminal allocations")
+            .iter()
+            .any(|l| {
+                l["level"] == "INFO"
+                    && l["fields"]["reason"] == "number of allocations (19) is over the limit (10)"
+            })
+    })
+    .await;
+    http(
+        agent.addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("seed", "service", 21, MINIMAL)),
+        None,
+    )
+    .await;
+    eventually_async("21 running", || async {
+        allocs_with(&agent, "/v1/allocations", "running").await == 21
+    })
+    .await;
+    agent.client.gc().trigger();
+    eventually("a WARN skip line", || {
+        logs.with_message("garbage collection skipped because no terminal allocations")
+            .iter()
+            .any(|l| {
+                l["level"] == "WARN"
+                    && l["fields"]["reason"] == "number of allocations (21) is over the limit (10)"
+            })
+    })
+    .await;
+    agent.stop().await;
+}
