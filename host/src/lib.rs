@@ -8,6 +8,7 @@
 //! - [`client`]: the client core: alloc map, server watch and sync, garbage collector.
 //! - [`runtime`]: everything wasmtime; [`runtime::WasmAllocRunner`] runs an alloc in its own
 //!   sandbox.
+//! - [`commands`]: the CLI's client commands (`job run`, `alloc status`, ...) over HTTP.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`server`]: the embedded server (jobs, placement, server-side GC) behind the client's
 //!   `ServerApi`; the agent will host it.
@@ -21,6 +22,7 @@
 pub mod agent;
 pub mod allocrunner;
 pub mod client;
+pub mod commands;
 pub mod jobspec;
 pub mod run;
 pub mod runtime;

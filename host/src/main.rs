@@ -71,6 +71,107 @@ enum Command {
         #[arg(long, env = "CARAVAN_ACL_TOKEN", value_name = "TOKEN")]
         acl_token: Option<String>,
     },
+    /// Jobs on the agent at CARAVAN_ADDR.
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Allocations on the agent at CARAVAN_ADDR.
+    Alloc {
+        #[command(subcommand)]
+        command: AllocCommand,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Nodes known to the agent at CARAVAN_ADDR.
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Cluster-wide operations on the agent at CARAVAN_ADDR.
+    System {
+        #[command(subcommand)]
+        command: SystemCommand,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+/// How client commands reach the agent.
+#[derive(Debug, clap::Args)]
+struct Remote {
+    /// The agent's address.
+    #[arg(long, global = true, env = "CARAVAN_ADDR", default_value = caravan_host::commands::DEFAULT_ADDR)]
+    address: String,
+    /// The agent's ACL token, if it has one.
+    #[arg(long, global = true, env = "CARAVAN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the API's JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum JobCommand {
+    /// Register a job from a TOML file (or update it when its id exists), then wait until its
+    /// new allocs run. Exits non-zero if any fails.
+    Run {
+        /// The job file.
+        file: PathBuf,
+        /// Return once the job is registered, without waiting.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// List jobs, or show one job and its allocs.
+    Status {
+        /// A job id.
+        id: Option<String>,
+    },
+    /// Stop a job's allocs.
+    Stop {
+        /// The job id.
+        id: String,
+        /// Also remove the job once its allocs are collected.
+        #[arg(long)]
+        purge: bool,
+    },
+    /// Change a job's count.
+    Scale {
+        /// The job id.
+        id: String,
+        /// The new count.
+        count: i64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AllocCommand {
+    /// Show one alloc, with its tasks and their events.
+    Status {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+    },
+    /// Stop one alloc.
+    Stop {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCommand {
+    /// List nodes.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
+enum SystemCommand {
+    /// Run the server's garbage collection now.
+    Gc,
 }
 
 fn main() -> ExitCode {
@@ -188,5 +289,163 @@ fn main() -> ExitCode {
                 }
             }
         }
+        command => match runtime.block_on(remote_command(command)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                ExitCode::from(1)
+            }
+        },
     }
+}
+
+/// Runs one of the client commands against the agent.
+async fn remote_command(command: Command) -> anyhow::Result<()> {
+    use caravan_host::commands::{Api, job_run, print_allocs, print_jobs, print_table};
+    let print = |json: bool, value: &serde_json::Value, table: &dyn Fn(&serde_json::Value)| {
+        if json {
+            println!("{value}");
+        } else {
+            table(value);
+        }
+    };
+    match command {
+        Command::Job { command, remote } => {
+            let api = Api::new(&remote.address, remote.token);
+            match command {
+                JobCommand::Run { file, detach } => {
+                    job_run(&api, &file, remote.json, detach).await?
+                }
+                JobCommand::Status { id: None } => print(
+                    remote.json,
+                    &api.call("GET", "/v1/jobs", None).await?,
+                    &print_jobs,
+                ),
+                JobCommand::Status { id: Some(id) } => {
+                    let job = api.call("GET", &format!("/v1/job/{id}"), None).await?;
+                    let allocs = api
+                        .call("GET", &format!("/v1/job/{id}/allocations"), None)
+                        .await?;
+                    if remote.json {
+                        println!(
+                            "{}",
+                            serde_json::json!({ "job": job, "allocations": allocs })
+                        );
+                    } else {
+                        print_jobs(&serde_json::Value::Array(vec![job]));
+                        println!();
+                        print_allocs(&allocs);
+                    }
+                }
+                JobCommand::Stop { id, purge } => {
+                    let answer = api
+                        .call("DELETE", &format!("/v1/job/{id}?purge={purge}"), None)
+                        .await?;
+                    print(remote.json, &answer, &|a| {
+                        println!(
+                            "job {id} stopped: {} allocs asked to stop",
+                            a["stopped"].as_array().map_or(0, Vec::len)
+                        )
+                    });
+                }
+                JobCommand::Scale { id, count } => {
+                    let body = serde_json::json!({ "count": count });
+                    let answer = api
+                        .call("POST", &format!("/v1/job/{id}/scale"), Some(body))
+                        .await?;
+                    print(remote.json, &answer, &|a| {
+                        let n = |key: &str| a[key].as_array().map_or(0, Vec::len);
+                        println!(
+                            "job {id} scaled to {count}: {} placed, {} stopped",
+                            n("placed"),
+                            n("stopped")
+                        )
+                    });
+                }
+            }
+        }
+        Command::Alloc { command, remote } => {
+            let api = Api::new(&remote.address, remote.token);
+            match command {
+                AllocCommand::Status { id } => {
+                    let alloc = api
+                        .call("GET", &format!("/v1/allocation/{id}"), None)
+                        .await?;
+                    print(remote.json, &alloc, &|a| {
+                        print_allocs(&serde_json::Value::Array(vec![a.clone()]));
+                        for task in a["task_states"].as_array().into_iter().flatten() {
+                            println!(
+                                "\nTask {} is {}",
+                                task["name"].as_str().unwrap_or("?"),
+                                task["state"].as_str().unwrap_or("?")
+                            );
+                            let rows: Vec<Vec<String>> = task["events"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|e| {
+                                    vec![
+                                        e["time_unix_ms"].to_string(),
+                                        e["kind"].as_str().unwrap_or("").into(),
+                                        e["message"].as_str().unwrap_or("").into(),
+                                    ]
+                                })
+                                .collect();
+                            print_table(&["Time (unix ms)", "Type", "Description"], &rows);
+                        }
+                    });
+                }
+                AllocCommand::Stop { id } => {
+                    let answer = api
+                        .call("POST", &format!("/v1/allocation/{id}/stop"), None)
+                        .await?;
+                    print(remote.json, &answer, &|a| {
+                        println!(
+                            "alloc {} asked to stop",
+                            a["alloc_id"].as_str().unwrap_or("?")
+                        )
+                    });
+                }
+            }
+        }
+        Command::Node {
+            command: NodeCommand::Status,
+            remote,
+        } => {
+            let nodes = Api::new(&remote.address, remote.token)
+                .call("GET", "/v1/nodes", None)
+                .await?;
+            print(remote.json, &nodes, &|n| {
+                let rows: Vec<Vec<String>> = n
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|node| {
+                        vec![
+                            node["id"].as_str().unwrap_or("").into(),
+                            node["status"].as_str().unwrap_or("").into(),
+                            node["allocs"].to_string(),
+                        ]
+                    })
+                    .collect();
+                print_table(&["ID", "Status", "Allocs"], &rows);
+            });
+        }
+        Command::System {
+            command: SystemCommand::Gc,
+            remote,
+        } => {
+            let answer = Api::new(&remote.address, remote.token)
+                .call("PUT", "/v1/system/gc", None)
+                .await?;
+            print(remote.json, &answer, &|a| {
+                println!(
+                    "removed {} allocs",
+                    a["removed"].as_array().map_or(0, Vec::len)
+                )
+            });
+        }
+        Command::Run { .. } | Command::Agent { .. } => unreachable!("handled in main"),
+    }
+    Ok(())
 }

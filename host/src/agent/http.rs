@@ -39,6 +39,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs", get(list_jobs).post(register_job))
         .route("/v1/job/{id}", get(get_job).delete(stop_job))
         .route("/v1/job/{id}/allocations", get(job_allocations))
+        .route("/v1/job/{id}/scale", post(scale_job))
         .route("/v1/allocations", get(list_allocations))
         .route("/v1/allocation/{id}", get(get_allocation))
         .route("/v1/allocation/{id}/stop", post(stop_allocation))
@@ -246,6 +247,40 @@ async fn stop_job(
     let stopped = state.server.stop_job(&id, query.purge)?;
     Ok(Json(
         serde_json::json!({ "job_id": id, "stopped": stopped, "purged": query.purge }),
+    ))
+}
+
+#[derive(Deserialize)]
+struct ScaleRequest {
+    count: i64,
+}
+
+async fn scale_job(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: String,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let bad = |message: String| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message,
+        field: Some("count".into()),
+    };
+    let request: ScaleRequest = serde_json::from_str(&body)
+        .map_err(|e| bad(format!("count: expected {{\"count\": N}}: {e}")))?;
+    let count = u32::try_from(request.count)
+        .ok()
+        .filter(|c| *c <= 100_000)
+        .ok_or_else(|| {
+            bad(format!(
+                "count: {} is out of range; expected 0 to 100000",
+                request.count
+            ))
+        })?;
+    let registration = state.server.scale_job(&id, count)?;
+    Ok(Json(
+        serde_json::json!({ "job_id": id, "placed": registration.placed, "stopped": registration.stopped }),
     ))
 }
 

@@ -238,6 +238,12 @@ impl EmbeddedServer {
         })
     }
 
+    /// Changes a job's count, as registering it again with that count would.
+    pub fn scale_job(&self, job_id: &str, count: u32) -> Result<Registration, RequestError> {
+        let job = self.job(job_id)?;
+        Ok(self.register_job(JobSpec { count, ..job.spec }))
+    }
+
     /// Stops a job: every alloc is asked to stop. With `purge`, the job is also removed once
     /// its last alloc is collected.
     pub fn stop_job(&self, job_id: &str, purge: bool) -> Result<Vec<String>, RequestError> {

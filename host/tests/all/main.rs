@@ -4,6 +4,7 @@
 mod support;
 
 mod agent_api;
+mod agent_cli;
 mod cli;
 mod client;
 mod embedded_server;

@@ -1,0 +1,169 @@
+//! The real `caravan` binary as an operator uses it: an agent, and the client commands
+//! talking to it over HTTP.
+
+use caravan_test_artifacts::SLEEPER;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
+
+/// A `caravan agent --dev` on a free port, stopped (Ctrl-C) when dropped.
+struct AgentProcess {
+    child: Child,
+    addr: String,
+    lines: mpsc::Receiver<String>,
+}
+
+impl AgentProcess {
+    fn start() -> Self {
+        let mut child = Command::new(CARAVAN)
+            .args(["agent", "--dev", "--bind", "127.0.0.1:0", "--log-json"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("caravan agent starts");
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        let addr = loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("no start line in {seen:#?}"));
+            let parsed: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            seen.push(line);
+            if parsed["fields"]["message"] == "agent started" {
+                break format!("http://{}", parsed["fields"]["addr"].as_str().unwrap());
+            }
+        };
+        AgentProcess { child, addr, lines }
+    }
+
+    fn caravan(&self, args: &[&str]) -> Output {
+        let output = Command::new(CARAVAN)
+            .args(args)
+            .env("CARAVAN_ADDR", &self.addr)
+            .output()
+            .unwrap();
+        println!(
+            "$ caravan {}\n--- stdout\n{}--- stderr\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    }
+
+    /// Stops the agent with Ctrl-C and returns its exit code and every log line.
+    fn stop(mut self) -> (Option<i32>, Vec<String>) {
+        Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        (status.code(), self.lines.try_iter().collect())
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn an_operator_runs_inspects_scales_and_stops_a_job_through_the_cli() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("sleepy.toml");
+    std::fs::write(
+        &job_file,
+        format!("[job]\nid = \"sleepy\"\ntype = \"service\"\ncount = 2\nrunner = {SLEEPER:?}\n[[job.tasks]]\nname = \"web\"\nconfig = {{ log_every = \"1s\" }}\n"),
+    )
+    .unwrap();
+
+    let run = agent.caravan(&["job", "run", job_file.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(0));
+    assert!(
+        stdout(&run).contains("allocs: 0 pending, 2 running, 0 complete, 0 failed"),
+        "{}",
+        stdout(&run)
+    );
+
+    let status = agent.caravan(&["job", "status", "sleepy", "--json"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let alloc_id = status["allocations"][0]["id"].as_str().unwrap().to_string();
+    let alloc = agent.caravan(&["alloc", "status", &alloc_id[..8]]);
+    assert!(
+        stdout(&alloc).contains("Task web is running"),
+        "found by unique prefix"
+    );
+
+    let scaled = agent.caravan(&["job", "scale", "sleepy", "1"]);
+    let scaled_line = stdout(&scaled);
+    assert!(
+        scaled_line.contains("job sleepy scaled to 1: 0 placed, 1 stopped"),
+        "{scaled_line}"
+    );
+    let stopped = agent.caravan(&["job", "stop", "sleepy"]);
+    assert_eq!(stopped.status.code(), Some(0));
+
+    let (code, lines) = agent.stop();
+    assert_eq!(code, Some(0), "the agent stops cleanly on Ctrl-C");
+    assert!(lines.iter().any(|l| l.contains("agent stopped")));
+}
+
+#[test]
+fn a_bad_job_file_and_an_unknown_job_each_get_one_clear_line() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("bad.toml");
+    std::fs::write(
+        &job_file,
+        "[job]\nid = \"bad\"\ntype = \"service\"\ncount = -1\nrunner = \"r.wasm\"\n",
+    )
+    .unwrap();
+    let bad = agent.caravan(&["job", "run", job_file.to_str().unwrap()]);
+    assert_eq!(bad.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("job.count: -1 is out of range"), "{stderr}");
+
+    let unknown = agent.caravan(&["job", "status", "nope"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&unknown.stderr).trim(),
+        "error: job \"nope\" not found (404)"
+    );
+    agent.stop();
+}
+
+#[test]
+fn without_an_agent_the_cli_says_where_it_looked_and_how_to_start_one() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let output = Command::new(CARAVAN)
+        .args(["job", "status"])
+        .env("CARAVAN_ADDR", &addr)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach the Caravan agent at {addr}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("caravan agent --dev"), "{stderr}");
+}
