@@ -153,6 +153,7 @@ fn config(
         state_updater: updater,
         limits: Limits::default(),
         restored: None,
+        log_file: None,
     }
 }
 

@@ -36,13 +36,12 @@ impl Api {
         }
     }
 
-    /// Sends one request; returns the JSON body of a 2xx answer, or the API's error message.
-    pub async fn call(
+    async fn send(
         &self,
         method: &str,
         path: &str,
         body: Option<Value>,
-    ) -> anyhow::Result<Value> {
+    ) -> anyhow::Result<hyper::Response<hyper::body::Incoming>> {
         let mut request = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.addr));
@@ -54,13 +53,23 @@ impl Api {
             .header("Content-Type", "application/json")
             .body(Full::new(Bytes::from(body)))
             .with_context(|| format!("invalid agent address {:?}", self.addr))?;
-        let response = self.http.request(request).await.map_err(|error| {
+        self.http.request(request).await.map_err(|error| {
             anyhow::anyhow!(
                 "cannot reach the Caravan agent at {} ({}); start one with `caravan agent --dev`, or set CARAVAN_ADDR",
                 self.addr,
                 root_cause(&error)
             )
-        })?;
+        })
+    }
+
+    /// Sends one request; returns the JSON body of a 2xx answer, or the API's error message.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let response = self.send(method, path, body).await?;
         let status = response.status();
         let bytes = response
             .into_body()
@@ -78,6 +87,35 @@ impl Api {
             bail!("{message} ({})", status.as_u16());
         }
         Ok(value)
+    }
+
+    /// Sends a GET and copies the body to stdout as it arrives (for followed logs).
+    pub async fn stream_to_stdout(&self, path: &str) -> anyhow::Result<()> {
+        use std::io::Write;
+        let response = self.send("GET", path, None).await?;
+        let status = response.status();
+        let mut body = response.into_body();
+        if !status.is_success() {
+            let bytes = body
+                .collect()
+                .await
+                .context("reading the agent's answer")?
+                .to_bytes();
+            let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            bail!(
+                "{} ({})",
+                value["error"].as_str().unwrap_or("request failed"),
+                status.as_u16()
+            );
+        }
+        let mut stdout = std::io::stdout();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.context("reading the agent's answer")?.into_data() {
+                stdout.write_all(&data)?;
+                stdout.flush()?;
+            }
+        }
+        Ok(())
     }
 }
 

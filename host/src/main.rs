@@ -160,6 +160,14 @@ enum AllocCommand {
         /// An alloc id or a unique prefix of one.
         id: String,
     },
+    /// Print what the alloc's runner logged (its guest lines, as kept in the alloc's log file).
+    Logs {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+        /// Keep printing new lines until the alloc stops.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -394,6 +402,12 @@ async fn remote_command(command: Command) -> anyhow::Result<()> {
                             print_table(&["Time (unix ms)", "Type", "Description"], &rows);
                         }
                     });
+                }
+                AllocCommand::Logs { id, follow } => {
+                    api.stream_to_stdout(&format!(
+                        "/v1/client/allocation/{id}/logs?follow={follow}"
+                    ))
+                    .await?;
                 }
                 AllocCommand::Stop { id } => {
                     let answer = api

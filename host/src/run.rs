@@ -148,6 +148,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
         limits,
         alloc_dir: data_dir.join("allocs").join(&alloc.id),
         restored: None,
+        log_file: None,
     };
     let runner = WasmAllocRunnerFactory::new(runtime).build(config)?;
     runner.run();

@@ -31,6 +31,8 @@ pub struct ApiState {
     pub client: Client,
     /// The token writes need, if any.
     pub acl_token: Option<String>,
+    /// The runtime, for its instantiation latency.
+    pub runtime: crate::runtime::Runtime,
 }
 
 /// The API's routes.
@@ -44,6 +46,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/allocation/{id}", get(get_allocation))
         .route("/v1/allocation/{id}/stop", post(stop_allocation))
         .route("/v1/client/allocation/{id}/gc", post(collect_allocation))
+        .route("/v1/client/allocation/{id}/logs", get(allocation_logs))
         .route("/v1/client/gc", post(collect_all))
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))
@@ -362,6 +365,98 @@ async fn collect_allocation(
     }
 }
 
+#[derive(Deserialize)]
+struct LogsQuery {
+    #[serde(default)]
+    follow: bool,
+}
+
+/// How often a followed log is checked for new lines.
+const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+async fn allocation_logs(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+    Query(query): Query<LogsQuery>,
+) -> ApiResult<Response> {
+    let alloc_id = find_alloc(&state.server, &id)?.alloc.id.clone();
+    let path = state.client.log_file(&alloc_id);
+    let mut text = Vec::new();
+    for n in (1..=crate::runtime::LOG_FILES_KEPT).rev() {
+        text.extend(
+            tokio::fs::read(crate::runtime::rotated_log(&path, n))
+                .await
+                .unwrap_or_default(),
+        );
+    }
+    let current = tokio::fs::read(&path).await.unwrap_or_default();
+    let offset = current.len() as u64;
+    text.extend(current);
+    let content_type = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    if !query.follow {
+        return Ok((content_type, text).into_response());
+    }
+    // Then whatever is appended, until the alloc has stopped (or is gone from the server).
+    let follower = Follower {
+        server: state.server.clone(),
+        client: state.client.clone(),
+        alloc_id,
+        path,
+    };
+    let first = Some(axum::body::Bytes::from(text));
+    let follow = futures_util::stream::unfold(
+        (first, offset, follower),
+        |(first, offset, follower)| async move {
+            if let Some(bytes) = first {
+                return Some((Ok::<_, std::io::Error>(bytes), (None, offset, follower)));
+            }
+            let mut offset = offset;
+            loop {
+                // Checked before reading, so the last lines of a stopped alloc are still sent.
+                let stopped = follower.alloc_stopped();
+                let content = tokio::fs::read(&follower.path).await.unwrap_or_default();
+                if (content.len() as u64) < offset {
+                    offset = 0; // rotated: the new file starts over
+                }
+                if (content.len() as u64) > offset {
+                    let fresh = axum::body::Bytes::copy_from_slice(&content[offset as usize..]);
+                    let next = content.len() as u64;
+                    return Some((Ok(fresh), (None, next, follower)));
+                }
+                if stopped {
+                    return None;
+                }
+                tokio::time::sleep(FOLLOW_POLL).await;
+            }
+        },
+    );
+    Ok((content_type, axum::body::Body::from_stream(follow)).into_response())
+}
+
+/// What following one alloc's log needs to know.
+struct Follower {
+    server: Arc<EmbeddedServer>,
+    client: Client,
+    alloc_id: String,
+    path: std::path::PathBuf,
+}
+
+impl Follower {
+    /// True once the alloc's runner has stopped, or the server no longer has the alloc, or
+    /// the server knows it is terminal and this client never ran it.
+    fn alloc_stopped(&self) -> bool {
+        if let Some(runner) = self.client.runner(&self.alloc_id) {
+            return runner.wait().is_set();
+        }
+        match self.server.alloc(&self.alloc_id) {
+            Err(_) => true,
+            Ok(record) => record
+                .client_state
+                .is_some_and(|s| s.client_status.is_terminal()),
+        }
+    }
+}
+
 async fn collect_all(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -465,6 +560,11 @@ async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "counter",
         "Allocs failed because their runner could not be built.",
         vec![(String::new(), m.runner_build_failures)],
+    );
+    state.runtime.instantiation_latency().write_prometheus(
+        "caravan_runner_instantiation_seconds",
+        "Time to instantiate a runner component for an alloc.",
+        &mut text,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

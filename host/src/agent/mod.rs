@@ -57,8 +57,11 @@ impl Agent {
         let mut client_config = ClientConfig::new(LOCAL_NODE, &config.data_dir);
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
-        let client =
-            Client::with_wasm_runners(client_config, server.clone() as Arc<dyn ServerApi>, runtime);
+        let client = Client::with_wasm_runners(
+            client_config,
+            server.clone() as Arc<dyn ServerApi>,
+            runtime.clone(),
+        );
         client.start();
 
         let listener = tokio::net::TcpListener::bind(config.bind)
@@ -69,6 +72,7 @@ impl Agent {
             server: server.clone(),
             client: client.clone(),
             acl_token: config.acl_token.clone(),
+            runtime,
         });
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {

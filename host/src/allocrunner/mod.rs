@@ -103,6 +103,9 @@ pub struct AllocRunnerConfig {
     pub alloc_dir: PathBuf,
     /// The runner's last checkpoint when the alloc is being restored.
     pub restored: Option<Vec<u8>>,
+    /// Where the runner's guest output is also written (rotated by size), if anywhere. Kept
+    /// outside `alloc_dir` so the guest cannot touch it; destroy removes it.
+    pub log_file: Option<PathBuf>,
 }
 
 /// Builds the runner of one alloc. An error fails that alloc only; its message becomes the

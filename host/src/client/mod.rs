@@ -269,6 +269,15 @@ impl Client {
         self.inner.gc.collect_all().await;
     }
 
+    /// Where an alloc's guest output is written (`.1`, `.2` beside it are older, rotated).
+    pub fn log_file(&self, alloc_id: &str) -> PathBuf {
+        self.inner
+            .config
+            .data_dir
+            .join("logs")
+            .join(format!("{alloc_id}.log"))
+    }
+
     /// Shuts every runner down (the agent is stopping, not the allocs) and waits for each.
     pub async fn shutdown_all(&self) {
         let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
@@ -414,6 +423,12 @@ impl ClientInner {
             limits: self.config.limits,
             alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
             restored: None,
+            log_file: Some(
+                self.config
+                    .data_dir
+                    .join("logs")
+                    .join(format!("{}.log", alloc.id)),
+            ),
         };
         // A factory may read and compile a component (tens of milliseconds, seconds for some
         // languages): keep that off the async workers.

@@ -16,13 +16,16 @@
 //! client, the server or storage.
 
 mod bindings;
+pub mod histogram;
 mod host_api;
 mod limits;
 mod logging;
 mod wasm_runner;
 
 pub use limits::EPOCH_TICK;
-pub use logging::{GUEST_TARGET, MAX_LINE_BYTES};
+pub use logging::{
+    GUEST_TARGET, LOG_FILE_MAX_BYTES, LOG_FILES_KEPT, MAX_LINE_BYTES, rotated as rotated_log,
+};
 pub use wasm_runner::{WasmAllocRunner, WasmAllocRunnerFactory};
 
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
@@ -127,6 +130,7 @@ struct RuntimeInner {
     clock: EpochClock,
     pooling: bool,
     components: Mutex<HashMap<String, Arc<LoadedComponent>>>,
+    instantiations: histogram::Histogram,
     /// Which component a file held when last read, so starting the ten-thousandth alloc of a
     /// runner costs at most a `stat` (once per [`PATH_RECHECK`]), not a read and a hash.
     by_path: Mutex<HashMap<PathBuf, PathEntry>>,
@@ -199,9 +203,15 @@ impl Runtime {
                 pooling,
                 components: Mutex::new(HashMap::new()),
                 by_path: Mutex::new(HashMap::new()),
+                instantiations: histogram::Histogram::default(),
                 ticker_stop,
             }),
         })
+    }
+
+    /// How long instantiating a runner took, per alloc.
+    pub fn instantiation_latency(&self) -> &histogram::Histogram {
+        &self.inner.instantiations
     }
 
     /// True when instances come from the pooling allocator.

@@ -253,8 +253,15 @@ impl Shared {
                 return RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
             }
         };
+        let instantiating = std::time::Instant::now();
         let instance = match self.component.pre.instantiate_async(&mut store).await {
-            Ok(instance) => instance,
+            Ok(instance) => {
+                self.runtime
+                    .inner
+                    .instantiations
+                    .record(instantiating.elapsed());
+                instance
+            }
             Err(error) => {
                 return RunOutcome::Failed(describe_failure(
                     &error,
@@ -301,7 +308,11 @@ impl Shared {
                 _ => std::fs::create_dir_all(alloc_dir),
             })
             .map_err(|e| anyhow::anyhow!("cannot create alloc dir {}: {e}", alloc_dir.display()))?;
-        let sink = GuestLogSink::new(self.config.span.clone(), self.limits.log_lines_per_second);
+        let sink = GuestLogSink::new(
+            self.config.span.clone(),
+            self.limits.log_lines_per_second,
+            self.config.log_file.clone(),
+        );
         let wasi = WasiCtxBuilder::new()
             .preopened_dir(alloc_dir, "/alloc", FsPerms::ReadWrite)
             .map_err(|e| anyhow::anyhow!("cannot open alloc dir {}: {e}", alloc_dir.display()))?
@@ -481,16 +492,30 @@ impl AllocRunner for WasmAllocRunner {
         shared.kill();
         tokio::spawn(async move {
             shared.stopped.latch().wait().await;
-            let alloc_dir = &shared.config.alloc_dir;
-            match tokio::fs::remove_dir_all(alloc_dir).await {
-                Ok(()) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => tracing::warn!(
-                    parent: &shared.config.span,
-                    alloc_dir = %alloc_dir.display(),
-                    error = %error,
-                    "cannot remove alloc dir"
-                ),
+            let mut paths = vec![shared.config.alloc_dir.clone()];
+            if let Some(log_file) = &shared.config.log_file {
+                paths.push(log_file.clone());
+                paths.extend(
+                    (1..=super::logging::LOG_FILES_KEPT)
+                        .map(|n| super::logging::rotated(log_file, n)),
+                );
+            }
+            for path in paths {
+                let removed = if path.is_dir() {
+                    tokio::fs::remove_dir_all(&path).await
+                } else {
+                    tokio::fs::remove_file(&path).await
+                };
+                match removed {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(error) => tracing::warn!(
+                        parent: &shared.config.span,
+                        path = %path.display(),
+                        error = %error,
+                        "cannot remove what the alloc left"
+                    ),
+                }
             }
             shared.destroyed.set();
         });

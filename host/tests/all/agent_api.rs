@@ -245,6 +245,22 @@ async fn health_nodes_and_metrics_answer() {
             .contains("# TYPE caravan_gc_collected_total counter"),
         "{metrics}"
     );
+    http(
+        agent.addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("one", "service", 1, MINIMAL)),
+        None,
+    )
+    .await;
+    eventually_async("one instantiation counted", || async {
+        let (_, metrics) = http(agent.addr, "GET", "/v1/metrics", None, None).await;
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("caravan_runner_instantiation_seconds_count 1\n")
+    })
+    .await;
     agent.stop().await;
 }
 
@@ -293,6 +309,68 @@ async fn the_seed_gc_scenario_through_the_agent_logs_info_at_19_and_warn_at_21()
                 l["level"] == "WARN"
                     && l["fields"]["reason"] == "number of allocations (21) is over the limit (10)"
             })
+    })
+    .await;
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn the_logs_endpoint_serves_the_alloc_log_file_and_follows_it_until_the_alloc_stops() {
+    let _logs = LogCapture::start();
+    let (agent, dir) = agent(|_| {}).await;
+    let body = serde_json::json!({ "job": {
+        "id": "talky", "type": "batch", "count": 1, "runner": SLEEPER,
+        "tasks": [{ "name": "main", "config": { "run_for": "300ms", "log_every": "100ms" } }],
+    }})
+    .to_string();
+    let (_, registered) = http(agent.addr, "POST", "/v1/jobs", Some(&body), None).await;
+    let id = registered["placed"][0].as_str().unwrap().to_string();
+
+    // Following returns once the alloc has stopped, with every line it logged.
+    let (status, followed) = http(
+        agent.addr,
+        "GET",
+        &format!("/v1/client/allocation/{id}/logs?follow=true"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let followed = followed.as_str().unwrap().to_string();
+    assert!(
+        followed.contains("INFO sleeper: task main started; runs for 300ms"),
+        "{followed}"
+    );
+    assert!(
+        followed.contains("task main finished: Exit Code: 0"),
+        "{followed}"
+    );
+    let (_, plain) = http(
+        agent.addr,
+        "GET",
+        &format!("/v1/client/allocation/{}/logs", &id[..8]),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        plain.as_str().unwrap(),
+        followed,
+        "the same file, by unique prefix"
+    );
+
+    let log_file = dir.path().join("logs").join(format!("{id}.log"));
+    assert!(
+        log_file.exists(),
+        "kept outside the alloc dir, under the data dir"
+    );
+    eventually_async("complete", || async {
+        allocs_with(&agent, "/v1/allocations", "complete").await == 1
+    })
+    .await;
+    http(agent.addr, "PUT", "/v1/system/gc", None, None).await;
+    eventually("the log file goes with the collected alloc", || {
+        !log_file.exists()
     })
     .await;
     agent.stop().await;

@@ -110,6 +110,12 @@ fn an_operator_runs_inspects_scales_and_stops_a_job_through_the_cli() {
         "found by unique prefix"
     );
 
+    let logs = agent.caravan(&["alloc", "logs", &alloc_id[..8]]);
+    assert!(
+        stdout(&logs).contains("INFO sleeper: task web started; runs until killed"),
+        "a guest line"
+    );
+
     let scaled = agent.caravan(&["job", "scale", "sleepy", "1"]);
     let scaled_line = stdout(&scaled);
     assert!(

@@ -220,6 +220,7 @@ pub fn start(alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
         limits: Limits::default(),
         alloc_dir: data_dir.path().join(&alloc.id),
         restored,
+        log_file: Some(data_dir.path().join(format!("{}.log", alloc.id))),
     };
     let runner = WasmAllocRunnerFactory::new(runtime())
         .build(config)
@@ -275,7 +276,15 @@ pub async fn http(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("a status line");
-    let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    let value = serde_json::from_str(&body).unwrap_or(Value::String(body));
     (status, value)
 }
 
@@ -287,4 +296,18 @@ pub async fn eventually_async<F: Future<Output = bool>>(what: &str, condition: i
         }
     })
     .await
+}
+
+/// The body of a `Transfer-Encoding: chunked` response, without its framing.
+fn dechunk(mut framed: &str) -> String {
+    let mut body = String::new();
+    while let Some((size, rest)) = framed.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if size == 0 {
+            break;
+        }
+        body.push_str(&rest[..size]);
+        framed = &rest[size + 2..];
+    }
+    body
 }
