@@ -15,6 +15,9 @@ use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
 
+/// How long `job run` waits for new allocs to leave `pending`.
+const JOB_RUN_WAIT: Duration = Duration::from_secs(300);
+
 /// Where the agent is when `CARAVAN_ADDR` is not set.
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:4646";
 
@@ -261,6 +264,7 @@ pub async fn job_run(api: &Api, path: &Path, json: bool, detach: bool) -> anyhow
         return Ok(());
     }
     let mut last_line = String::new();
+    let started = std::time::Instant::now();
     loop {
         let allocs = api
             .call("GET", &format!("/v1/job/{job_id}/allocations"), None)
@@ -285,7 +289,8 @@ pub async fn job_run(api: &Api, path: &Path, json: bool, detach: bool) -> anyhow
             println!("{line}");
             last_line = line;
         }
-        if pending == 0 && mine.len() == placed.len() {
+        // Placed allocs that vanished (collected, scaled away) no longer hold the wait.
+        if pending == 0 {
             if json {
                 println!("{}", Value::Array(mine.into_iter().cloned().collect()));
             }
@@ -296,6 +301,12 @@ pub async fn job_run(api: &Api, path: &Path, json: bool, detach: bool) -> anyhow
                 );
             }
             return Ok(());
+        }
+        if started.elapsed() > JOB_RUN_WAIT {
+            bail!(
+                "gave up after {} s waiting for the allocs of {job_id} to start; see `caravan job status {job_id}`",
+                JOB_RUN_WAIT.as_secs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

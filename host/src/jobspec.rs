@@ -126,7 +126,7 @@ pub fn parse_json(text: &str) -> Result<JobSpec, SpecError> {
 fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
     let id = raw.id.ok_or_else(|| error("job.id", "missing"))?;
     let id_chars = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if id.is_empty() || id.len() > 64 || !id.chars().all(id_chars) {
+    if id.is_empty() || id.len() > 64 || !id.chars().all(id_chars) || id == "." || id == ".." {
         return Err(error(
             "job.id",
             format!("{id:?} must be 1 to 64 letters, digits, '-', '_' or '.'"),

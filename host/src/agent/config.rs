@@ -132,6 +132,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     let client = file.client;
     if let Some(v) = client.gc_interval {
         config.gc.interval = duration("client.gc_interval", &v)?;
+        if config.gc.interval.is_zero() {
+            return Err(bad("client.gc_interval", "must be longer than 0".into()));
+        }
     }
     if let Some(v) = client.gc_max_allocs {
         config.gc.max_allocs = v;

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -52,7 +52,23 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/agent/health", get(health))
         .route("/v1/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no such endpoint: {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {}", uri.path()),
+    )
 }
 
 /// An error answer.
@@ -85,7 +101,11 @@ impl IntoResponse for ApiError {
 
 impl From<RequestError> for ApiError {
     fn from(error: RequestError) -> Self {
-        ApiError::new(StatusCode::NOT_FOUND, error.to_string())
+        let status = match error {
+            RequestError::JobNotFound(_) | RequestError::AllocNotFound(_) => StatusCode::NOT_FOUND,
+            RequestError::JobStopped(_) => StatusCode::CONFLICT,
+        };
+        ApiError::new(status, error.to_string())
     }
 }
 
@@ -177,7 +197,8 @@ fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
     for view in &views {
         *by_status.entry(view.client_status.to_string()).or_default() += 1;
     }
-    let finished = !views.is_empty() && views.iter().all(|v| v.client_status.is_terminal());
+    // A finished batch job stays dead after its allocs are collected.
+    let finished = views.iter().all(|v| v.client_status.is_terminal());
     let status = if job.stopped {
         "stopped"
     } else if job.spec.job_type == JobType::Batch && finished {
@@ -234,22 +255,30 @@ async fn get_job(
     Ok(Json(job_view(&job, &state.server.job_allocs(&id))))
 }
 
-#[derive(Deserialize)]
-struct StopQuery {
-    #[serde(default)]
-    purge: bool,
+/// Reads a boolean query parameter (`true` or `false`; absent is false), as JSON errors.
+fn flag(query: &HashMap<String, String>, name: &str) -> ApiResult<bool> {
+    match query.get(name).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") | Some("") => Ok(true),
+        Some(other) => Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("{name}: expected true or false, got {other:?}"),
+            field: Some(name.into()),
+        }),
+    }
 }
 
 async fn stop_job(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(query): Query<StopQuery>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    let stopped = state.server.stop_job(&id, query.purge)?;
+    let purge = flag(&query, "purge")?;
+    let stopped = state.server.stop_job(&id, purge)?;
     Ok(Json(
-        serde_json::json!({ "job_id": id, "stopped": stopped, "purged": query.purge }),
+        serde_json::json!({ "job_id": id, "stopped": stopped, "purged": purge }),
     ))
 }
 
@@ -350,8 +379,12 @@ async fn collect_allocation(
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    let record = find_alloc(&state.server, &id).ok();
-    let alloc_id = record.map_or(id, |r| r.alloc.id.clone());
+    // The server may already have dropped an alloc the client still holds: try the id as given.
+    let alloc_id = match find_alloc(&state.server, &id) {
+        Ok(record) => record.alloc.id.clone(),
+        Err(error) if error.status == StatusCode::NOT_FOUND => id,
+        Err(error) => return Err(error),
+    };
     match state.client.collect(&alloc_id).await {
         Ok(()) => Ok(Json(
             serde_json::json!({ "alloc_id": alloc_id, "collected": true }),
@@ -365,20 +398,15 @@ async fn collect_allocation(
     }
 }
 
-#[derive(Deserialize)]
-struct LogsQuery {
-    #[serde(default)]
-    follow: bool,
-}
-
 /// How often a followed log is checked for new lines.
 const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 async fn allocation_logs(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-    Query(query): Query<LogsQuery>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
+    let follow = flag(&query, "follow")?;
     let alloc_id = find_alloc(&state.server, &id)?.alloc.id.clone();
     let path = state.client.log_file(&alloc_id);
     let mut text = Vec::new();
@@ -393,7 +421,7 @@ async fn allocation_logs(
     let offset = current.len() as u64;
     text.extend(current);
     let content_type = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
-    if !query.follow {
+    if !follow {
         return Ok((content_type, text).into_response());
     }
     // Then whatever is appended, until the alloc has stopped (or is gone from the server).

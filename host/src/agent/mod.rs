@@ -19,6 +19,9 @@ use config::AgentConfig;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// How long open HTTP connections get to finish when the agent stops.
+const HTTP_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The node id of the agent's own client.
 pub const LOCAL_NODE: &str = "local";
 
@@ -104,12 +107,19 @@ impl Agent {
     /// allocs (and its data dir, when dropped); otherwise runners are shut down, to be
     /// resumed by the next start once state saving lands.
     pub async fn stop(self) {
+        // Stop taking requests, stop the runners (which ends followed log streams), then
+        // give open connections a moment to finish.
         let _ = self.stop_http.send(());
-        let _ = self.http.await;
         if self.dev {
             self.client.destroy_all().await;
         } else {
             self.client.shutdown_all().await;
+        }
+        if tokio::time::timeout(HTTP_DRAIN, self.http).await.is_err() {
+            tracing::warn!(
+                "HTTP connections still open after {}s; closing them",
+                HTTP_DRAIN.as_secs()
+            );
         }
         tracing::info!("agent stopped");
     }

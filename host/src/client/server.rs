@@ -67,6 +67,13 @@ pub trait ServerApi: Send + Sync {
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError>;
 }
 
+/// Waits until `index` is past `min_index`, or `wait` has passed: the blocking query both
+/// servers' `watch_allocs` make.
+pub async fn wait_for_index(index: &watch::Sender<u64>, min_index: u64, wait: Duration) {
+    let mut receiver = index.subscribe();
+    let _ = tokio::time::timeout(wait, receiver.wait_for(|index| *index > min_index)).await;
+}
+
 /// A server in memory: allocs placed by hand, client states recorded, failures injectable.
 pub struct InMemoryServer {
     state: Mutex<ServerState>,
@@ -201,8 +208,7 @@ impl ServerApi for InMemoryServer {
         wait: Duration,
     ) -> Result<NodeAllocs, ServerError> {
         self.check_available()?;
-        let mut index = self.index.subscribe();
-        let _ = tokio::time::timeout(wait, index.wait_for(|index| *index > min_index)).await;
+        wait_for_index(&self.index, min_index, wait).await;
         self.check_available()?;
         let state = self.lock();
         let allocs = state

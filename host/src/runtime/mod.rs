@@ -137,6 +137,9 @@ struct RuntimeInner {
     ticker_stop: Arc<AtomicBool>,
 }
 
+/// The largest component file the runtime reads (Python and JavaScript runners are 12-20 MB).
+pub const MAX_COMPONENT_BYTES: u64 = 256 * 1024 * 1024;
+
 /// How long a path's stamp is trusted before the file is looked at again. A replaced runner
 /// file is picked up by allocs started after this.
 const PATH_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -260,6 +263,21 @@ impl Runtime {
                 entry.checked_at = checked_at;
                 return Ok(entry.loaded.clone());
             }
+        }
+        if !metadata.is_file() {
+            return Err(LoadError::NotAComponent {
+                path: path.to_path_buf(),
+                reason: "it is not a regular file".into(),
+            });
+        }
+        if metadata.len() > MAX_COMPONENT_BYTES {
+            return Err(LoadError::NotAComponent {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "it is {} bytes, over the limit of {MAX_COMPONENT_BYTES}",
+                    metadata.len()
+                ),
+            });
         }
         let bytes = std::fs::read(path).map_err(io_error)?;
         let loaded = self.load_bytes(path, &bytes)?;

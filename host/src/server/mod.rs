@@ -12,13 +12,15 @@
 //!   dropped that a client still runs.
 //! - A failed service alloc is replaced by a new one, up to the job's restart limit, so a
 //!   crash-looping runner does not churn for ever.
-//! - Terminal allocs of stopped or finished jobs are garbage collected after
-//!   `job_gc_threshold` (or at once when forced); a purged job goes when its last alloc does.
+//! - Terminal allocs of stopped or finished jobs, and terminal allocs that were stopped or
+//!   replaced (a scale-down, a deploy), are garbage collected after `job_gc_threshold` (or at
+//!   once when forced), so server state does not grow with every deploy; a purged job goes
+//!   when its last alloc does.
 //!
 //! State lives in memory for now; the state issue moves it behind the state store. Placement
 //! is a separate function ([`place`]) so more nodes fit without touching the rest.
 
-use crate::client::server::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
+use crate::client::server::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
 use crate::jobspec::{JobSpec, JobType};
 use crate::structs::{Alloc, AllocState, DesiredStatus};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -52,6 +54,9 @@ pub enum RequestError {
     /// No job with that id.
     #[error("job {0:?} not found")]
     JobNotFound(String),
+    /// The job is stopped; registering it again starts it.
+    #[error("job {0:?} is stopped; run it again to start it")]
+    JobStopped(String),
     /// No alloc with that id.
     #[error("allocation {0:?} not found")]
     AllocNotFound(String),
@@ -178,70 +183,24 @@ impl EmbeddedServer {
 
     /// Registers a job, or updates it when the id exists (see the module docs).
     pub fn register_job(&self, spec: JobSpec) -> Registration {
-        self.change(|state, index| {
-            let existing = state.jobs.get(&spec.id).filter(|job| !job.purged).cloned();
-            let created = existing.is_none();
-            let same_shape = existing
-                .as_ref()
-                .is_some_and(|job| !job.stopped && same_allocs(&job.spec, &spec));
-            let version = match &existing {
-                Some(job) if same_shape => job.version,
-                Some(job) => job.version + 1,
-                None => 1,
-            };
-            let mut stopped = Vec::new();
-            if !same_shape {
-                // Every alloc of an older shape goes; new ones take their place.
-                let old: Vec<String> = state
-                    .job_allocs(&spec.id)
-                    .filter(|a| a.is_wanted())
-                    .map(|a| a.alloc.id.clone())
-                    .collect();
-                for id in old {
-                    state.stop_alloc(&id, index);
-                    stopped.push(id);
-                }
-            }
-            let mut wanted: Vec<(u64, String)> = state
-                .job_allocs(&spec.id)
-                .filter(|a| a.is_wanted())
-                .map(|a| (a.sequence, a.alloc.id.clone()))
-                .collect();
-            let count = spec.count as usize;
-            let mut placed = Vec::new();
-            if wanted.len() > count {
-                // Scale down: the newest go.
-                wanted.sort();
-                for (_, id) in wanted.split_off(count) {
-                    state.stop_alloc(&id, index);
-                    stopped.push(id);
-                }
-            } else {
-                placed = state.create_allocs(&spec, version, count - wanted.len(), index);
-            }
-            let restarts = existing.as_ref().map_or(0, |job| job.restarts);
-            state.jobs.insert(
-                spec.id.clone(),
-                JobRecord {
-                    spec,
-                    version,
-                    stopped: false,
-                    purged: false,
-                    restarts,
-                },
-            );
-            Registration {
-                created,
-                placed,
-                stopped,
-            }
-        })
+        self.change(|state, index| state.register(spec, index))
     }
 
     /// Changes a job's count, as registering it again with that count would.
+    /// A stopped job is not scaled (409): registering it again starts it.
     pub fn scale_job(&self, job_id: &str, count: u32) -> Result<Registration, RequestError> {
-        let job = self.job(job_id)?;
-        Ok(self.register_job(JobSpec { count, ..job.spec }))
+        self.change(|state, index| {
+            let job = state.jobs.get(job_id).filter(|job| !job.purged);
+            let job = job.ok_or_else(|| RequestError::JobNotFound(job_id.to_string()))?;
+            if job.stopped {
+                return Err(RequestError::JobStopped(job_id.to_string()));
+            }
+            let spec = JobSpec {
+                count,
+                ..job.spec.clone()
+            };
+            Ok(state.register(spec, index))
+        })
     }
 
     /// Stops a job: every alloc is asked to stop. With `purge`, the job is also removed once
@@ -296,7 +255,11 @@ impl EmbeddedServer {
             let removed: Vec<String> = state
                 .allocs
                 .values()
-                .filter(|a| finished_jobs.contains(&a.alloc.job_id) || a.replaced)
+                .filter(|a| {
+                    finished_jobs.contains(&a.alloc.job_id)
+                        || a.replaced
+                        || a.alloc.desired_status != DesiredStatus::Run
+                })
                 .filter(|a| a.is_terminal())
                 .filter(|a| {
                     force
@@ -375,6 +338,65 @@ fn same_allocs(old: &JobSpec, new: &JobSpec) -> bool {
 }
 
 impl State {
+    fn register(&mut self, spec: JobSpec, index: u64) -> Registration {
+        let existing = self.jobs.get(&spec.id).filter(|job| !job.purged).cloned();
+        let created = existing.is_none();
+        let same_shape = existing
+            .as_ref()
+            .is_some_and(|job| !job.stopped && same_allocs(&job.spec, &spec));
+        let version = match &existing {
+            Some(job) if same_shape => job.version,
+            Some(job) => job.version + 1,
+            None => 1,
+        };
+        let mut stopped = Vec::new();
+        if !same_shape {
+            // Every alloc of an older shape goes; new ones take their place.
+            let old: Vec<String> = self
+                .job_allocs(&spec.id)
+                .filter(|a| a.is_wanted())
+                .map(|a| a.alloc.id.clone())
+                .collect();
+            for id in old {
+                self.stop_alloc(&id, index);
+                stopped.push(id);
+            }
+        }
+        let mut wanted: Vec<(u64, String)> = self
+            .job_allocs(&spec.id)
+            .filter(|a| a.is_wanted())
+            .map(|a| (a.sequence, a.alloc.id.clone()))
+            .collect();
+        let count = spec.count as usize;
+        let mut placed = Vec::new();
+        if wanted.len() > count {
+            // Scale down: the newest go.
+            wanted.sort();
+            for (_, id) in wanted.split_off(count) {
+                self.stop_alloc(&id, index);
+                stopped.push(id);
+            }
+        } else {
+            placed = self.create_allocs(&spec, version, count - wanted.len(), index);
+        }
+        let restarts = existing.as_ref().map_or(0, |job| job.restarts);
+        self.jobs.insert(
+            spec.id.clone(),
+            JobRecord {
+                spec,
+                version,
+                stopped: false,
+                purged: false,
+                restarts,
+            },
+        );
+        Registration {
+            created,
+            placed,
+            stopped,
+        }
+    }
+
     fn job_allocs<'a>(&'a self, job_id: &'a str) -> impl Iterator<Item = &'a AllocRecord> + 'a {
         self.allocs
             .values()
@@ -522,8 +544,7 @@ impl ServerApi for EmbeddedServer {
         min_index: u64,
         wait: Duration,
     ) -> Result<NodeAllocs, ServerError> {
-        let mut index = self.index.subscribe();
-        let _ = tokio::time::timeout(wait, index.wait_for(|index| *index > min_index)).await;
+        wait_for_index(&self.index, min_index, wait).await;
         let state = self.lock();
         let allocs = state
             .allocs

@@ -375,3 +375,126 @@ async fn the_logs_endpoint_serves_the_alloc_log_file_and_follows_it_until_the_al
     .await;
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn errors_are_json_with_the_right_status_and_a_stopped_job_is_not_scaled() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|_| {}).await;
+    let (status, error) = http(agent.addr, "GET", "/v1/nowhere", None, None).await;
+    assert_eq!(
+        (status, error["error"].as_str()),
+        (404, Some("no such endpoint: /v1/nowhere"))
+    );
+    let (status, error) = http(agent.addr, "PUT", "/v1/jobs", None, None).await;
+    assert_eq!(status, 405, "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("PUT is not allowed"),
+        "{error}"
+    );
+
+    http(
+        agent.addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("web", "service", 1, MINIMAL)),
+        None,
+    )
+    .await;
+    let (status, error) = http(agent.addr, "DELETE", "/v1/job/web?purge=maybe", None, None).await;
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (400, Some("purge")),
+        "{error}"
+    );
+    let (status, error) = http(
+        agent.addr,
+        "POST",
+        "/v1/job/web/scale",
+        Some(r#"{"count": -2}"#),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (400, Some("count")),
+        "{error}"
+    );
+    let (status, _) = http(agent.addr, "DELETE", "/v1/job/web", None, None).await;
+    assert_eq!(status, 200);
+    let (status, error) = http(
+        agent.addr,
+        "POST",
+        "/v1/job/web/scale",
+        Some(r#"{"count": 3}"#),
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "{error}");
+    let (_, view) = http(agent.addr, "GET", "/v1/job/web", None, None).await;
+    assert_eq!(
+        (view["status"].as_str(), view["count"].as_u64()),
+        (Some("stopped"), Some(1)),
+        "refused: unchanged"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn every_write_route_needs_the_token() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|config| config.acl_token = Some("s3cret".into())).await;
+    for (method, path) in [
+        ("POST", "/v1/jobs"),
+        ("DELETE", "/v1/job/web"),
+        ("POST", "/v1/job/web/scale"),
+        ("POST", "/v1/allocation/abc/stop"),
+        ("POST", "/v1/client/allocation/abc/gc"),
+        ("POST", "/v1/client/gc"),
+        ("PUT", "/v1/system/gc"),
+    ] {
+        let (status, _) = http(agent.addr, method, path, Some("{}"), None).await;
+        assert_eq!(status, 401, "{method} {path} without a token");
+        let (status, _) = http(agent.addr, method, path, Some("{}"), Some("wrong")).await;
+        assert_eq!(status, 403, "{method} {path} with a wrong token");
+    }
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn stopping_the_agent_ends_an_open_log_follow() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|_| {}).await;
+    let (_, registered) = http(
+        agent.addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("svc", "service", 1, MINIMAL)),
+        None,
+    )
+    .await;
+    let id = registered["placed"][0].as_str().unwrap().to_string();
+    eventually_async("running", || async {
+        allocs_with(&agent, "/v1/allocations", "running").await == 1
+    })
+    .await;
+    // Open the follow and read its headers, so it is surely streaming when the agent stops.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+    let request =
+        format!("GET /v1/client/allocation/{id}/logs?follow=true HTTP/1.1\r\nHost: x\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = vec![0u8; 12];
+    within("the follow's status line", stream.read_exact(&mut head))
+        .await
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    within("the agent to stop with a follower attached", agent.stop()).await;
+    let mut rest = Vec::new();
+    within("the follow to end", stream.read_to_end(&mut rest))
+        .await
+        .unwrap();
+}

@@ -1,12 +1,11 @@
 //! The real `caravan` binary as an operator uses it: an agent, and the client commands
 //! talking to it over HTTP.
 
+use crate::support::{stderr_lines, wait_for_line};
 use caravan_test_artifacts::SLEEPER;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
 
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 
@@ -25,24 +24,14 @@ impl AgentProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("caravan agent starts");
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut seen = Vec::new();
-        let addr = loop {
-            let line = lines
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|_| panic!("no start line in {seen:#?}"));
-            let parsed: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-            seen.push(line);
-            if parsed["fields"]["message"] == "agent started" {
-                break format!("http://{}", parsed["fields"]["addr"].as_str().unwrap());
-            }
+        let lines = stderr_lines(&mut child);
+        let is_start = |line: &str| {
+            serde_json::from_str::<Value>(line)
+                .is_ok_and(|l| l["fields"]["message"] == "agent started")
         };
+        let (line, _) = wait_for_line(&lines, "agent started", is_start);
+        let parsed: Value = serde_json::from_str(&line).unwrap();
+        let addr = format!("http://{}", parsed["fields"]["addr"].as_str().unwrap());
         AgentProcess { child, addr, lines }
     }
 
@@ -67,7 +56,16 @@ impl AgentProcess {
             .args(["-INT", &self.child.id().to_string()])
             .status()
             .unwrap();
-        let status = self.child.wait().unwrap();
+        let mut status = None;
+        for _ in 0..600 {
+            // Polling a child's exit: std has no wait with a timeout.
+            if let Some(exited) = self.child.try_wait().unwrap() {
+                status = Some(exited);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let status = status.expect("the agent exits within a minute of Ctrl-C");
         (status.code(), self.lines.try_iter().collect())
     }
 }

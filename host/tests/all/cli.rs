@@ -1,9 +1,9 @@
 //! The real `caravan` binary: `caravan run` on each example runner, text and JSON logs, exit
 //! statuses, bad input, and Ctrl-C.
 
+use crate::support::{stderr_lines, wait_for_line};
 use caravan_test_artifacts::{FIXTURE_WRONG_WORLD, MINIMAL, SLEEPER, STATEFUL};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -116,25 +116,12 @@ fn ctrl_c_kills_the_minimal_runner_and_exits_with_its_final_state() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("caravan starts");
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let (lines_tx, lines_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
-    let mut seen = Vec::new();
-    loop {
-        let line = lines_rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("no running line in {seen:#?}"));
-        let running =
-            line.contains("alloc status changed") && line.contains("client_status=running");
-        seen.push(line);
-        if running {
-            break;
-        }
-    }
+    let lines_rx = stderr_lines(&mut child);
+    let is_running = |line: &str| {
+        line.contains("alloc status changed") && line.contains("client_status=running")
+    };
+    let (running, mut seen) = wait_for_line(&lines_rx, "running", is_running);
+    seen.push(running);
     let interrupted = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

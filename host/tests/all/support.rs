@@ -246,7 +246,7 @@ pub async fn eventually(what: &str, condition: impl Fn() -> bool) {
 }
 
 /// One HTTP/1.1 request over a fresh connection; returns the status and the body (parsed as
-/// JSON when it is JSON, else as a JSON string).
+/// JSON when it is JSON, else as a JSON string). Fails the test after a minute.
 pub async fn http(
     addr: std::net::SocketAddr,
     method: &str,
@@ -255,9 +255,6 @@ pub async fn http(
     token: Option<&str>,
 ) -> (u16, Value) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("the agent accepts connections");
     let body = body.unwrap_or("");
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
@@ -266,24 +263,36 @@ pub async fn http(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let text = String::from_utf8_lossy(&response).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let response = within(&format!("{method} {path}"), async {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("the agent accepts connections");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.unwrap();
+        response
+    })
+    .await;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a header end");
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let raw_body = &response[split + 4..];
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("a status line");
-    let body = if head
+    let body_bytes = if head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        dechunk(body)
+        dechunk(raw_body)
     } else {
-        body.to_string()
+        raw_body.to_vec()
     };
+    let body = String::from_utf8_lossy(&body_bytes).to_string();
     let value = serde_json::from_str(&body).unwrap_or(Value::String(body));
     (status, value)
 }
@@ -299,15 +308,49 @@ pub async fn eventually_async<F: Future<Output = bool>>(what: &str, condition: i
 }
 
 /// The body of a `Transfer-Encoding: chunked` response, without its framing.
-fn dechunk(mut framed: &str) -> String {
-    let mut body = String::new();
-    while let Some((size, rest)) = framed.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+fn dechunk(mut framed: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(line_end) = framed.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&framed[..line_end]).trim(), 16)
+            .expect("a chunk size");
         if size == 0 {
             break;
         }
-        body.push_str(&rest[..size]);
-        framed = &rest[size + 2..];
+        let data = &framed[line_end + 2..];
+        body.extend_from_slice(&data[..size]);
+        framed = &data[size + 2..];
     }
     body
+}
+
+/// Every line the child writes to stderr, read on a thread of its own.
+pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stderr = std::io::BufReader::new(child.stderr.take().expect("stderr piped"));
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    lines_rx
+}
+
+/// Reads `lines` until one satisfies `found`; fails the test, showing every line, after a
+/// minute without it. Returns that line and the ones before it.
+pub fn wait_for_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    what: &str,
+    found: impl Fn(&str) -> bool,
+) -> (String, Vec<String>) {
+    let mut seen = Vec::new();
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no {what} line in {seen:#?}"));
+        if found(&line) {
+            return (line, seen);
+        }
+        seen.push(line);
+    }
 }
