@@ -5,6 +5,7 @@
 //! - [`structs`]: plain data shared by every layer (allocs, alloc state, limits).
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
+//! - [`check`]: `caravan runner check`, the contract checker for runner authors.
 //! - [`client`]: the client core: alloc map, server watch and sync, garbage collector.
 //! - [`runtime`]: everything wasmtime; [`runtime::WasmAllocRunner`] runs an alloc in its own
 //!   sandbox.
@@ -21,6 +22,7 @@
 
 pub mod agent;
 pub mod allocrunner;
+pub mod check;
 pub mod client;
 pub mod commands;
 pub mod jobspec;

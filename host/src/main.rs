@@ -71,6 +71,11 @@ enum Command {
         #[arg(long, env = "CARAVAN_ACL_TOKEN", value_name = "TOKEN")]
         acl_token: Option<String>,
     },
+    /// Tools for runner authors.
+    Runner {
+        #[command(subcommand)]
+        command: RunnerCommand,
+    },
     /// Jobs on the agent at CARAVAN_ADDR.
     Job {
         #[command(subcommand)]
@@ -113,6 +118,19 @@ struct Remote {
     /// Print the API's JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunnerCommand {
+    /// Drive a runner through the contract and print one line per check. Exits 0 only when
+    /// every required check passes.
+    Check {
+        /// The runner component (`.wasm`).
+        component: PathBuf,
+        /// How long `kill` and `shutdown` may take.
+        #[arg(long, default_value = "5s", value_parser = caravan_host::units::parse_duration)]
+        kill_timeout: std::time::Duration,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -297,6 +315,39 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Runner {
+            command:
+                RunnerCommand::Check {
+                    component,
+                    kill_timeout,
+                },
+        } => {
+            // Only the checks' own lines: the runner's logs are checked, not shown.
+            let level = cli.log_level.unwrap_or_else(|| "off".into());
+            if let Err(error) = caravan_host::telemetry::init(&level, cli.log_json) {
+                eprintln!("error: {error:#}");
+                return ExitCode::from(2);
+            }
+            match runtime.block_on(caravan_host::check::check(&component, kill_timeout)) {
+                Ok(results) => {
+                    for result in &results {
+                        println!("{}", result.line());
+                    }
+                    let failed = results.iter().filter(|r| r.required && !r.passed).count();
+                    if failed == 0 {
+                        println!("{}: every required check passed", component.display());
+                        ExitCode::SUCCESS
+                    } else {
+                        println!("{}: {failed} required check(s) failed", component.display());
+                        ExitCode::from(1)
+                    }
+                }
+                Err(error) => {
+                    eprintln!("error: {error:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         command => match runtime.block_on(remote_command(command)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
@@ -459,7 +510,9 @@ async fn remote_command(command: Command) -> anyhow::Result<()> {
                 )
             });
         }
-        Command::Run { .. } | Command::Agent { .. } => unreachable!("handled in main"),
+        Command::Run { .. } | Command::Agent { .. } | Command::Runner { .. } => {
+            unreachable!("handled in main")
+        }
     }
     Ok(())
 }

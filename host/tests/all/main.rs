@@ -16,6 +16,7 @@ mod fixture_trap;
 mod fixture_wrong_world;
 mod loading;
 mod minimal;
+mod runner_check;
 mod sleeper;
 mod stateful;
 
