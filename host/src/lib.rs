@@ -12,7 +12,7 @@
 //! - [`commands`]: the CLI's client commands (`job run`, `alloc status`, ...) over HTTP.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`server`]: the embedded server (jobs, placement, server-side GC) behind the client's
-//!   `ServerApi`; the agent will host it.
+//!   `ServerApi`, which the agent hosts.
 //! - [`run`]: `caravan run`, one alloc to completion without an agent.
 //! - [`telemetry`]: the process's tracing subscriber (text or JSON).
 //! - [`units`]: sizes and durations as operators type them.
