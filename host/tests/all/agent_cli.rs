@@ -1,7 +1,7 @@
 //! The real `caravan` binary as an operator uses it: an agent, and the client commands
 //! talking to it over HTTP.
 
-use crate::support::{stderr_lines, wait_for_line};
+use crate::support::{run_caravan, stderr_lines, wait_for_line};
 use caravan_test_artifacts::SLEEPER;
 use serde_json::Value;
 use std::process::{Child, Command, Output, Stdio};
@@ -36,18 +36,7 @@ impl AgentProcess {
     }
 
     fn caravan(&self, args: &[&str]) -> Output {
-        let output = Command::new(CARAVAN)
-            .args(args)
-            .env("CARAVAN_ADDR", &self.addr)
-            .output()
-            .unwrap();
-        println!(
-            "$ caravan {}\n--- stdout\n{}--- stderr\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        output
+        run_caravan(args, Some(&self.addr))
     }
 
     /// Stops the agent with Ctrl-C and returns its exit code and every log line.

@@ -1,7 +1,7 @@
 //! The real `caravan` binary: `caravan run` on each example runner, text and JSON logs, exit
 //! statuses, bad input, and Ctrl-C.
 
-use crate::support::{stderr_lines, wait_for_line};
+use crate::support::{run_caravan, stderr_lines, wait_for_line};
 use caravan_test_artifacts::{FIXTURE_WRONG_WORLD, MINIMAL, SLEEPER, STATEFUL};
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
@@ -11,18 +11,7 @@ use std::time::Duration;
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 
 fn caravan(args: &[&str]) -> Output {
-    let output = Command::new(CARAVAN)
-        .args(args)
-        .output()
-        .expect("caravan runs");
-    // Shown only when the test fails.
-    println!(
-        "$ caravan {}\n--- stdout\n{}--- stderr\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    run_caravan(args, None)
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -354,3 +354,21 @@ pub fn wait_for_line(
         seen.push(line);
     }
 }
+
+/// Runs the real `caravan` binary with `args` (and `CARAVAN_ADDR` when given), printing what
+/// it wrote, which the test harness shows only when the test fails.
+pub fn run_caravan(args: &[&str], agent_addr: Option<&str>) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"));
+    command.args(args);
+    if let Some(addr) = agent_addr {
+        command.env("CARAVAN_ADDR", addr);
+    }
+    let output = command.output().expect("caravan runs");
+    println!(
+        "$ caravan {}\n--- stdout\n{}--- stderr\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
