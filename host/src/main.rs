@@ -301,8 +301,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let outcome = runtime.block_on(async {
+                let mut interrupts = caravan_host::run::Interrupts::listen()?;
                 let agent = Agent::start(agent_config).await?;
-                caravan_host::run::interrupt().await?;
+                interrupts.next().await;
                 tracing::info!("interrupted: stopping the agent");
                 agent.stop().await;
                 anyhow::Ok(())

@@ -151,14 +151,16 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
         log_file: None,
     };
     let runner = WasmAllocRunnerFactory::new(runtime).build(config)?;
+    // Listen before the runner starts: a Ctrl-C the moment it reports must kill the alloc,
+    // not the process.
+    let mut interrupts = Interrupts::listen()?;
     runner.run();
 
     let stopped = runner.wait();
     let kill_timeout = limits.with_overrides(&alloc.limits).kill_timeout;
     tokio::select! {
         _ = stopped.wait() => {}
-        interrupted = interrupt() => {
-            interrupted?;
+        _ = interrupts.next() => {
             tracing::info!(
                 parent: &span,
                 kill_timeout = %format_duration(kill_timeout),
@@ -167,8 +169,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
             runner.kill();
             tokio::select! {
                 _ = stopped.wait() => {}
-                again = interrupt() => {
-                    again?;
+                _ = interrupts.next() => {
                     bail!("interrupted again: stopped without waiting for the runner");
                 }
             }
@@ -178,13 +179,29 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
     Ok((Alloc::clone(&alloc), state))
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-pub async fn interrupt() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result.context("cannot listen for Ctrl-C"),
-        _ = terminate.recv() => Ok(()),
+/// Ctrl-C (SIGINT) and SIGTERM, listened for from creation on, so a signal that arrives
+/// before anyone awaits it is kept rather than killing the process.
+pub struct Interrupts {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    /// Starts listening. Needs a tokio runtime.
+    pub fn listen() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Interrupts {
+            interrupt: signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?,
+            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+        })
+    }
+
+    /// Completes on the next Ctrl-C or SIGTERM.
+    pub async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
     }
 }
 
