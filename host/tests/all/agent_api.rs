@@ -25,6 +25,15 @@ fn job(id: &str, job_type: &str, count: i64, runner: &str) -> String {
         .to_string()
 }
 
+/// Waits until `count` allocs listed at `path` have client status `status`.
+async fn wait_for_allocs(agent: &Agent, path: &str, status: &str, count: usize) {
+    let what = format!("{count} {status} allocs at {path}");
+    eventually_async(&what, || async {
+        allocs_with(agent, path, status).await == count
+    })
+    .await;
+}
+
 async fn allocs_with(agent: &Agent, path: &str, status: &str) -> usize {
     let (_, allocs) = http(agent.addr, "GET", path, None, None).await;
     allocs
@@ -51,10 +60,7 @@ async fn the_job_lifecycle_run_scale_stop_purge_and_gc() {
     .await;
     assert_eq!(status, 200, "{registered}");
     assert_eq!(registered["created"], true);
-    eventually_async("2 running", || async {
-        allocs_with(&agent, "/v1/job/web/allocations", "running").await == 2
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/job/web/allocations", "running", 2).await;
 
     let (_, scaled) = http(
         addr,
@@ -71,10 +77,7 @@ async fn the_job_lifecycle_run_scale_stop_purge_and_gc() {
         ),
         (Value::Bool(false), 2)
     );
-    eventually_async("4 running", || async {
-        allocs_with(&agent, "/v1/job/web/allocations", "running").await == 4
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/job/web/allocations", "running", 4).await;
     let (_, down) = http(
         addr,
         "POST",
@@ -84,10 +87,7 @@ async fn the_job_lifecycle_run_scale_stop_purge_and_gc() {
     )
     .await;
     assert_eq!(down["stopped"].as_array().unwrap().len(), 3);
-    eventually_async("3 complete", || async {
-        allocs_with(&agent, "/v1/job/web/allocations", "complete").await == 3
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/job/web/allocations", "complete", 3).await;
 
     let (status, view) = http(addr, "GET", "/v1/job/web", None, None).await;
     assert_eq!(
@@ -97,10 +97,7 @@ async fn the_job_lifecycle_run_scale_stop_purge_and_gc() {
 
     let (status, _) = http(addr, "DELETE", "/v1/job/web?purge=true", None, None).await;
     assert_eq!(status, 200);
-    eventually_async("all 4 complete", || async {
-        allocs_with(&agent, "/v1/allocations", "complete").await == 4
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/allocations", "complete", 4).await;
     let (status, gc) = http(addr, "PUT", "/v1/system/gc", None, None).await;
     assert_eq!((status, gc["removed"].as_array().unwrap().len()), (200, 4));
     let (_, jobs) = http(addr, "GET", "/v1/jobs", None, None).await;
@@ -167,10 +164,7 @@ async fn unknown_ids_get_404_and_a_running_alloc_cannot_be_collected() {
         None,
     )
     .await;
-    eventually_async("running", || async {
-        allocs_with(&agent, "/v1/allocations", "running").await == 1
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/allocations", "running", 1).await;
     let (_, allocs) = http(agent.addr, "GET", "/v1/allocations", None, None).await;
     let id = allocs[0]["id"].as_str().unwrap().to_string();
     let (status, by_prefix) = http(
@@ -276,10 +270,7 @@ async fn the_seed_gc_scenario_through_the_agent_logs_info_at_19_and_warn_at_21()
         None,
     )
     .await;
-    eventually_async("19 running", || async {
-        allocs_with(&agent, "/v1/allocations", "running").await == 19
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/allocations", "running", 19).await;
     eventually("an INFO skip line", || {
         logs.with_message("garbage collection skipped because no terminal allocations")
             .iter()
@@ -297,10 +288,7 @@ async fn the_seed_gc_scenario_through_the_agent_logs_info_at_19_and_warn_at_21()
         None,
     )
     .await;
-    eventually_async("21 running", || async {
-        allocs_with(&agent, "/v1/allocations", "running").await == 21
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/allocations", "running", 21).await;
     agent.client.gc().trigger();
     eventually("a WARN skip line", || {
         logs.with_message("garbage collection skipped because no terminal allocations")
@@ -364,10 +352,7 @@ async fn the_logs_endpoint_serves_the_alloc_log_file_and_follows_it_until_the_al
         log_file.exists(),
         "kept outside the alloc dir, under the data dir"
     );
-    eventually_async("complete", || async {
-        allocs_with(&agent, "/v1/allocations", "complete").await == 1
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/allocations", "complete", 1).await;
     http(agent.addr, "PUT", "/v1/system/gc", None, None).await;
     eventually("the log file goes with the collected alloc", || {
         !log_file.exists()
@@ -476,10 +461,7 @@ async fn stopping_the_agent_ends_an_open_log_follow() {
     )
     .await;
     let id = registered["placed"][0].as_str().unwrap().to_string();
-    eventually_async("running", || async {
-        allocs_with(&agent, "/v1/allocations", "running").await == 1
-    })
-    .await;
+    wait_for_allocs(&agent, "/v1/allocations", "running", 1).await;
     // Open the follow and read its headers, so it is surely streaming when the agent stops.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
