@@ -153,6 +153,7 @@ fn config(
         state_updater: updater,
         limits: Limits::default(),
         restored: None,
+        last_state: None,
         log_file: None,
     }
 }

@@ -7,7 +7,9 @@
 //! its log lines arrive. The runs use the same factory as the client, so what passes here
 //! behaves the same under an agent.
 
-use crate::allocrunner::{AllocRunner, AllocRunnerConfig, StateUpdater, alloc_span};
+use crate::allocrunner::{
+    AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
+};
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
 use crate::structs::{
     Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
@@ -61,8 +63,9 @@ impl StateUpdater for Observer {
         self.states.send_modify(|states| states.push(state.clone()));
     }
 
-    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) {
+    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) -> CheckpointSaved {
         *self.checkpoint.lock().unwrap_or_else(|e| e.into_inner()) = Some(data.to_vec());
+        checkpoint_kept()
     }
 }
 
@@ -144,6 +147,7 @@ impl Harness {
             state_updater: observer.clone(),
             limits: self.limits,
             restored,
+            last_state: None,
         };
         let runner = self.factory.build(config)?;
         runner.run();

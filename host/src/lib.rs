@@ -13,12 +13,15 @@
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`server`]: the embedded server (jobs, placement, server-side GC) behind the client's
 //!   `ServerApi`, which the agent hosts.
+//! - [`state`]: the state store ([`state::StateDb`]) the client and server save to, so a
+//!   restart loses nothing.
 //! - [`run`]: `caravan run`, one alloc to completion without an agent.
 //! - [`telemetry`]: the process's tracing subscriber (text or JSON).
 //! - [`units`]: sizes and durations as operators type them.
 //!
 //! Arrows of use point one way: `run` -> `runtime` -> `allocrunner` -> `structs`, and
-//! `client` -> `allocrunner` (the client never sees wasmtime: it is given a factory).
+//! `client` -> `allocrunner` (the client never sees wasmtime: it is given a factory);
+//! `client` and `server` -> `state` -> `structs`.
 
 pub mod agent;
 pub mod allocrunner;
@@ -29,6 +32,7 @@ pub mod jobspec;
 pub mod run;
 pub mod runtime;
 pub mod server;
+pub mod state;
 pub mod structs;
 pub mod telemetry;
 pub mod units;

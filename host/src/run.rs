@@ -4,7 +4,9 @@
 //! client will, sends `kill` on the first Ctrl-C (or SIGTERM) and stops waiting on the second.
 //! It may use the runtime and the seam; it keeps no state beyond its data directory.
 
-use crate::allocrunner::{AllocRunner, AllocRunnerConfig, StateUpdater, alloc_span};
+use crate::allocrunner::{
+    AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
+};
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use crate::structs::{
     Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
@@ -148,6 +150,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
         limits,
         alloc_dir: data_dir.join("allocs").join(&alloc.id),
         restored: None,
+        last_state: None,
         log_file: None,
     };
     let runner = WasmAllocRunnerFactory::new(runtime).build(config)?;
@@ -234,8 +237,9 @@ impl StateUpdater for StatusLogger {
         }
     }
 
-    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) {
+    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) -> CheckpointSaved {
         tracing::debug!(parent: &self.span, bytes = data.len(), "runner saved a checkpoint");
+        checkpoint_kept()
     }
 }
 

@@ -14,6 +14,7 @@ use crate::client::server::ServerApi;
 use crate::client::{Client, ClientConfig};
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::server::EmbeddedServer;
+use crate::state::{RedbStateDb, StateDb};
 use anyhow::Context;
 use config::AgentConfig;
 use std::net::SocketAddr;
@@ -55,8 +56,14 @@ impl Agent {
                 .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
             None
         };
-        let runtime = Runtime::new(&RuntimeConfig::default())?;
-        let server = EmbeddedServer::new(config.server.clone());
+        // Refused before anything else starts: a store this build cannot use is the
+        // operator's to look at, never something to overwrite.
+        let db: Arc<dyn StateDb> = Arc::new(RedbStateDb::open(&config.data_dir)?);
+        let runtime = Runtime::new(&RuntimeConfig {
+            cache_dir: Some(config.data_dir.join("cache")),
+            ..RuntimeConfig::default()
+        })?;
+        let server = EmbeddedServer::open(config.server.clone(), db.clone())?;
         let mut client_config = ClientConfig::new(LOCAL_NODE, &config.data_dir);
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
@@ -64,7 +71,9 @@ impl Agent {
             client_config,
             server.clone() as Arc<dyn ServerApi>,
             runtime.clone(),
+            db,
         );
+        let restored = client.restore().await?;
         client.start();
 
         let listener = tokio::net::TcpListener::bind(config.bind)
@@ -90,6 +99,7 @@ impl Agent {
             addr = %addr,
             data_dir = %config.data_dir.display(),
             dev = config.dev,
+            restored,
             "agent started"
         );
         Ok(Agent {
@@ -104,8 +114,8 @@ impl Agent {
     }
 
     /// Stops the agent: the HTTP API first, then every runner. A dev agent destroys its
-    /// allocs (and its data dir, when dropped); otherwise runners are shut down, to be
-    /// resumed by the next start once state saving lands.
+    /// allocs (and its data dir, when dropped); otherwise runners are shut down, checkpoint,
+    /// and are resumed by the next start.
     pub async fn stop(self) {
         // Stop taking requests, stop the runners (which ends followed log streams), then
         // give open connections a moment to finish.

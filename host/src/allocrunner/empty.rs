@@ -18,12 +18,18 @@ pub struct EmptyAllocRunner {
 
 impl EmptyAllocRunner {
     /// A runner for `config.alloc`; nothing happens until [`AllocRunner::run`].
+    /// A restored terminal alloc starts stopped, in its final state.
     pub fn new(config: AllocRunnerConfig) -> Self {
+        let state = config.last_state.unwrap_or_else(AllocState::pending);
+        let stopped = Latch::new().0;
+        if state.client_status.is_terminal() {
+            stopped.set();
+        }
         EmptyAllocRunner {
             alloc: Mutex::new(config.alloc),
-            state: Mutex::new(AllocState::pending()),
+            state: Mutex::new(state),
             state_updater: config.state_updater,
-            stopped: Latch::new().0,
+            stopped,
             destroyed: Latch::new().0,
         }
     }

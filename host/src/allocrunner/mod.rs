@@ -15,7 +15,9 @@ pub use empty::EmptyAllocRunner;
 pub use latch::{Latch, LatchTrigger};
 
 use crate::structs::{Alloc, AllocState, Limits};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// Runs one alloc. Owned by the client as `Arc<dyn AllocRunner>`.
@@ -81,10 +83,21 @@ pub trait StateUpdater: Send + Sync {
     /// The alloc's state changed. Reports arrive in order, each replacing the previous.
     fn alloc_state_updated(&self, alloc_id: &str, state: &AllocState);
 
-    /// The runner saved a checkpoint, replacing the previous one.
-    fn checkpoint_saved(&self, alloc_id: &str, data: &[u8]) {
+    /// The runner saved a checkpoint, replacing the previous one. The guest's `checkpoint`
+    /// call waits for the returned future: `Ok` once the checkpoint is kept (durably, for the
+    /// client), `Err` with the reason when it could not be. The default keeps nothing.
+    fn checkpoint_saved(&self, alloc_id: &str, data: &[u8]) -> CheckpointSaved {
         let _ = (alloc_id, data);
+        checkpoint_kept()
     }
+}
+
+/// The outcome of [`StateUpdater::checkpoint_saved`], awaited by the guest's `checkpoint`.
+pub type CheckpointSaved = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'static>>;
+
+/// A [`CheckpointSaved`] that is already `Ok`: for updaters that keep checkpoints in memory.
+pub fn checkpoint_kept() -> CheckpointSaved {
+    Box::pin(std::future::ready(Ok(())))
 }
 
 /// Everything a factory needs to build the runner of one alloc.
@@ -103,6 +116,10 @@ pub struct AllocRunnerConfig {
     pub alloc_dir: PathBuf,
     /// The runner's last checkpoint when the alloc is being restored.
     pub restored: Option<Vec<u8>>,
+    /// The state saved before a restart, when the alloc is being restored. A terminal one
+    /// means the alloc has finished: the runner must not run it again, only answer with this
+    /// state and free what is left on destroy. A non-terminal one is the starting state.
+    pub last_state: Option<AllocState>,
     /// Where the runner's guest output is also written (rotated by size), if anywhere. Kept
     /// outside `alloc_dir` so the guest cannot touch it; destroy removes it.
     pub log_file: Option<PathBuf>,

@@ -187,6 +187,8 @@ pub struct GarbageCollector {
     destroy_slots: Arc<Semaphore>,
     stats: Arc<dyn StatsSource>,
     live_allocs: Box<dyn Fn() -> usize + Send + Sync>,
+    /// Told each alloc whose destroy finished, so its saved state can follow.
+    on_destroyed: Box<dyn Fn(&str) + Send + Sync>,
     /// Allocs whose destroy has been started and not finished: a pass does not count them as
     /// live, and no alloc is destroyed twice at once.
     destroying: Mutex<std::collections::HashMap<String, Arc<dyn AllocRunner>>>,
@@ -196,11 +198,13 @@ pub struct GarbageCollector {
 }
 
 impl GarbageCollector {
-    /// A collector. `live_allocs` counts the client's runners not yet destroyed.
+    /// A collector. `live_allocs` counts the client's runners not yet destroyed;
+    /// `on_destroyed` hears each alloc once its destroy has finished.
     pub fn new(
         config: GcConfig,
         stats: Arc<dyn StatsSource>,
         live_allocs: Box<dyn Fn() -> usize + Send + Sync>,
+        on_destroyed: Box<dyn Fn(&str) + Send + Sync>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let parallel_destroys = config.sanitized_parallel_destroys();
@@ -211,6 +215,7 @@ impl GarbageCollector {
             destroy_slots: Arc::new(Semaphore::new(parallel_destroys)),
             stats,
             live_allocs,
+            on_destroyed,
             destroying: Mutex::new(std::collections::HashMap::new()),
             trigger: Notify::new(),
             passes: AtomicU64::new(0),
@@ -389,6 +394,7 @@ impl GarbageCollector {
             tracing::info!(alloc_id, reason = %reason.message, "garbage collecting allocation");
             runner.destroy();
             runner.destroyed().wait().await;
+            (self.on_destroyed)(alloc_id);
             self.metrics.destroy_finished();
             self.metrics.collected(reason.kind);
         }

@@ -1,5 +1,5 @@
 //! Counters the client keeps for the agent to expose: allocs marked and collected (by
-//! reason), destroys in flight, sync batches sent and failed, runners that failed to build.
+//! reason), destroys in flight, sync batches sent and failed, runners that failed to build, state commits.
 //! Allocs by client status are counted from the alloc map when asked.
 
 use std::collections::BTreeMap;
@@ -15,6 +15,8 @@ pub struct Metrics {
     sync_batches_sent: AtomicU64,
     sync_batches_failed: AtomicU64,
     runner_build_failures: AtomicU64,
+    state_batches_saved: AtomicU64,
+    state_writes_saved: AtomicU64,
 }
 
 /// A copy of every counter at one moment.
@@ -37,6 +39,10 @@ pub struct MetricsSnapshot {
     pub sync_batches_failed: u64,
     /// Allocs failed because their runner could not be built.
     pub runner_build_failures: u64,
+    /// Commits to the state store.
+    pub state_batches_saved: u64,
+    /// Records written by those commits (allocs, states, checkpoints, marks).
+    pub state_writes_saved: u64,
 }
 
 impl Metrics {
@@ -73,6 +79,11 @@ impl Metrics {
         self.runner_build_failures.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn state_batch_saved(&self, writes: u64) {
+        self.state_batches_saved.fetch_add(1, Ordering::Relaxed);
+        self.state_writes_saved.fetch_add(writes, Ordering::Relaxed);
+    }
+
     /// The counters now, with the alloc counts filled in by the caller.
     pub fn snapshot(
         &self,
@@ -94,6 +105,8 @@ impl Metrics {
             sync_batches_sent: self.sync_batches_sent.load(Ordering::Relaxed),
             sync_batches_failed: self.sync_batches_failed.load(Ordering::Relaxed),
             runner_build_failures: self.runner_build_failures.load(Ordering::Relaxed),
+            state_batches_saved: self.state_batches_saved.load(Ordering::Relaxed),
+            state_writes_saved: self.state_writes_saved.load(Ordering::Relaxed),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! - [`sync`]: batched, paced state updates to the server.
 //! - [`gc`]: the garbage collector and its [`gc::GcConfig`].
 //! - [`metrics`]: the counters the agent exposes.
+//! - [`persist`]: saving allocs, states and checkpoints to the state store.
 //!
 //! Invariants of the alloc map, each kept from the Nomad client for the reason given:
 //! - The map holds every runner, running or already collected, until the server stops
@@ -13,25 +14,33 @@
 //!   the server is the source of truth and a stale or repeated answer changes nothing.
 //! - A factory error fails that alloc alone (reported `failed` with the error), remembers
 //!   its id and ignores later updates for it: one bad runner must not take the node down.
+//! - Restore (at start, before the watch) gives every saved alloc its runner back:
+//!   non-terminal ones run again from their last checkpoint, terminal ones keep their final
+//!   state and are never run again, collected ones stay collected. A record that cannot be
+//!   read fails that alloc alone; an alloc with no usable record is dropped with a WARN.
 //! - A server removal prunes the alloc and forces its collection at once, still under the
 //!   destroy limit; a running alloc is killed by that destroy before it is freed.
 //! - Runner methods are never called with the map locked: runners report synchronously into
 //!   the client, which locks the map.
 //!
-//! The client talks to the server only through [`server::ServerApi`] and builds runners only
-//! through the [`AllocRunnerFactory`] it was given.
+//! The client talks to the server only through [`server::ServerApi`], builds runners only
+//! through the [`AllocRunnerFactory`] it was given, and saves only through its
+//! [`crate::state::StateDb`].
 
 pub mod gc;
 pub mod metrics;
+pub mod persist;
 pub mod server;
 pub mod sync;
 
 use crate::allocrunner::{
-    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, StateUpdater, alloc_span,
+    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, StateUpdater, alloc_span,
 };
-use crate::structs::{Alloc, AllocState, Limits};
+use crate::state::{MemoryStateDb, SavedAlloc, StateDb, StateError};
+use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
+use persist::Persister;
 use server::{NodeAllocs, ServerApi};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -123,9 +132,11 @@ struct ClientInner {
     server: Arc<dyn ServerApi>,
     factory: AllocRunnerFactory,
     runners: Mutex<HashMap<String, Arc<dyn AllocRunner>>>,
-    /// Allocs whose runner could not be built, with their failed state.
-    failed: Mutex<HashMap<String, (Arc<Alloc>, AllocState)>>,
+    /// Allocs held without a runner, with their state: those whose runner could not be built
+    /// (failed) and those restored already collected (nothing left to run or free).
+    runnerless: Mutex<HashMap<String, (Arc<Alloc>, AllocState)>>,
     sync: Arc<AllocSync>,
+    persister: Arc<Persister>,
     gc: Arc<GarbageCollector>,
     metrics: Arc<Metrics>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
@@ -145,32 +156,64 @@ impl Drop for ClientInner {
 }
 
 impl Client {
-    /// A client of `server` that builds runners with `factory` and reads disk usage from
-    /// `stats`. Nothing runs until [`Client::start`].
+    /// A client of `server` that builds runners with `factory`, reads disk usage from
+    /// `stats`, and keeps its state in memory only. Nothing runs until [`Client::start`].
     pub fn new(
         config: ClientConfig,
         server: Arc<dyn ServerApi>,
         factory: AllocRunnerFactory,
         stats: Arc<dyn StatsSource>,
     ) -> Client {
+        Client::with_state(
+            config,
+            server,
+            factory,
+            stats,
+            Arc::new(MemoryStateDb::new()),
+        )
+    }
+
+    /// As [`Client::new`], saving to `db`: call [`Client::restore`] before
+    /// [`Client::start`] to pick up where the last run left off.
+    pub fn with_state(
+        config: ClientConfig,
+        server: Arc<dyn ServerApi>,
+        factory: AllocRunnerFactory,
+        stats: Arc<dyn StatsSource>,
+        db: Arc<dyn StateDb>,
+    ) -> Client {
         let metrics = Arc::new(Metrics::default());
+        let persister = Arc::new(Persister::new(db, metrics.clone()));
         let inner = Arc::new_cyclic(|weak: &Weak<ClientInner>| {
-            let weak = weak.clone();
-            let live_allocs =
-                Box::new(move || weak.upgrade().map_or(0, |client| client.live_allocs()));
+            let live_allocs = {
+                let weak = weak.clone();
+                Box::new(move || weak.upgrade().map_or(0, |client| client.live_allocs()))
+            };
+            let on_destroyed = {
+                let persister = persister.clone();
+                Box::new(move |alloc_id: &str| persister.mark_collected(alloc_id))
+            };
+            let on_acked = {
+                let persister = persister.clone();
+                Box::new(move |alloc_id: &str, state: &AllocState| {
+                    persister.save_acked(alloc_id, state)
+                })
+            };
             ClientInner {
                 gc: Arc::new(GarbageCollector::new(
                     config.gc.clone(),
                     stats,
                     live_allocs,
+                    on_destroyed,
                     metrics.clone(),
                 )),
-                sync: Arc::new(AllocSync::new(metrics.clone())),
+                sync: Arc::new(AllocSync::new(metrics.clone(), on_acked)),
+                persister,
                 config,
                 server,
                 factory,
                 runners: Mutex::new(HashMap::new()),
-                failed: Mutex::new(HashMap::new()),
+                runnerless: Mutex::new(HashMap::new()),
                 metrics,
                 tasks: Mutex::new(Vec::new()),
             }
@@ -184,17 +227,27 @@ impl Client {
         config: ClientConfig,
         server: Arc<dyn ServerApi>,
         runtime: crate::runtime::Runtime,
+        db: Arc<dyn StateDb>,
     ) -> Client {
         let stats = Arc::new(gc::StatvfsStats::new(config.data_dir.clone()));
         let factory = crate::runtime::WasmAllocRunnerFactory::new(runtime).into_factory();
-        Client::new(config, server, factory, stats)
+        Client::with_state(config, server, factory, stats, db)
     }
 
-    /// Starts the watch, sync and GC loops on the current tokio runtime. They stop when the
-    /// last clone of the client is dropped.
+    /// Starts the watch, sync, GC and state-saving loops on the current tokio runtime. They
+    /// stop when the last clone of the client is dropped.
     pub fn start(&self) {
         let inner = &self.inner;
+        let on_saved = {
+            let weak = Arc::downgrade(inner);
+            Box::new(move |alloc_id: &str, state: &AllocState| {
+                if let Some(client) = weak.upgrade() {
+                    client.state_saved(alloc_id, state);
+                }
+            })
+        };
         let handles = [
+            tokio::spawn(inner.persister.clone().run(on_saved)).abort_handle(),
             tokio::spawn(watch_loop(Arc::downgrade(inner))).abort_handle(),
             tokio::spawn(inner.sync.clone().run(inner.server.clone())).abort_handle(),
             tokio::spawn(inner.gc.clone().run()).abort_handle(),
@@ -209,7 +262,7 @@ impl Client {
     /// The ids of every alloc the client holds (collected ones included).
     pub fn alloc_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.inner.runners_lock().keys().cloned().collect();
-        ids.extend(self.inner.failed_lock().keys().cloned());
+        ids.extend(self.inner.runnerless_lock().keys().cloned());
         ids.sort();
         ids
     }
@@ -220,7 +273,7 @@ impl Client {
             return Some(runner.alloc_state());
         }
         self.inner
-            .failed_lock()
+            .runnerless_lock()
             .get(alloc_id)
             .map(|(_, state)| state.clone())
     }
@@ -243,8 +296,8 @@ impl Client {
     /// Forced collection of one terminal alloc, whatever the thresholds, under the destroy
     /// limit. Refuses an unknown or non-terminal alloc; an already destroyed one is a no-op.
     pub async fn collect(&self, alloc_id: &str) -> Result<(), GcError> {
-        if self.inner.failed_lock().contains_key(alloc_id) {
-            // Failed before it had a runner: there is nothing to free.
+        if self.inner.runnerless_lock().contains_key(alloc_id) {
+            // Failed before it had a runner, or collected before a restart: nothing to free.
             return Ok(());
         }
         let runner = self
@@ -278,7 +331,8 @@ impl Client {
             .join(format!("{alloc_id}.log"))
     }
 
-    /// Shuts every runner down (the agent is stopping, not the allocs) and waits for each.
+    /// Shuts every runner down (the agent is stopping, not the allocs), waits for each, and
+    /// waits for their last states and checkpoints to be saved.
     pub async fn shutdown_all(&self) {
         let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
         for runner in &runners {
@@ -286,6 +340,14 @@ impl Client {
         }
         for runner in &runners {
             runner.shutdown_done().wait().await;
+        }
+        self.flush_state().await;
+    }
+
+    /// Waits until every state, checkpoint and record queued so far is saved.
+    pub async fn flush_state(&self) {
+        if let Err(error) = self.inner.persister.flush().await {
+            tracing::error!(error = %error, "client state not saved before stopping");
         }
     }
 
@@ -310,6 +372,18 @@ impl Client {
             });
         }
         while destroys.join_next().await.is_some() {}
+        self.flush_state().await;
+    }
+
+    /// Gives every alloc saved by an earlier run its runner back (see the module docs) and
+    /// returns how many were restored. Call once, before [`Client::start`]; a store that
+    /// cannot be read at all is an error, a bad record costs only its alloc.
+    pub async fn restore(&self) -> Result<usize, StateError> {
+        let db = self.inner.persister.db().clone();
+        let saved = persist::blocking(|| db.client_allocs())?;
+        let count = saved.len();
+        self.inner.restore(saved).await;
+        Ok(count)
     }
 
     /// The client's counters, with allocs counted by client status now (collected ones by
@@ -324,9 +398,10 @@ impl Client {
                 .entry(runner.alloc_state().client_status.to_string())
                 .or_default() += 1;
         }
-        let failed = self.inner.failed_lock().len() as u64;
-        if failed > 0 {
-            *by_status.entry("failed".into()).or_default() += failed;
+        for (_, state) in self.inner.runnerless_lock().values() {
+            *by_status
+                .entry(state.client_status.to_string())
+                .or_default() += 1;
         }
         self.inner.metrics.snapshot(by_status, destroyed)
     }
@@ -343,8 +418,30 @@ impl ClientInner {
         self.runners.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn failed_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<Alloc>, AllocState)>> {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    fn runnerless_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<Alloc>, AllocState)>> {
+        self.runnerless.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Routes a runner's report: saved first, and passed on once on disk; a report for an
+    /// alloc the store does not know (its runner never existed) is passed on at once.
+    fn report_state(&self, alloc_id: &str, state: &AllocState) {
+        if !self.persister.save_state(alloc_id, state) {
+            self.state_saved(alloc_id, state);
+        }
+    }
+
+    /// A state is on disk: the server may hear it, and a terminal alloc may be collected.
+    fn state_saved(&self, alloc_id: &str, state: &AllocState) {
+        self.sync.put(alloc_id, state.clone());
+        if state.client_status.is_terminal() {
+            let runner = self.runners_lock().get(alloc_id).cloned();
+            if let Some(runner) = runner {
+                self.gc.mark_for_collection(alloc_id, runner);
+                self.gc.trigger();
+            }
+        }
     }
 
     fn live_allocs(&self) -> usize {
@@ -368,7 +465,7 @@ impl ClientInner {
                 .collect()
         };
         let failed: HashMap<String, u64> = self
-            .failed_lock()
+            .runnerless_lock()
             .iter()
             .map(|(id, (alloc, _))| (id.clone(), alloc.modify_index))
             .collect();
@@ -389,15 +486,38 @@ impl ClientInner {
         };
         // Each requested alloc once; what the server sends besides is not ours to add.
         let mut seen = std::collections::HashSet::new();
+        let (mut added, mut updated) = (Vec::new(), Vec::new());
         for alloc in fetched {
             if !seen.insert(alloc.id.clone()) {
                 continue;
             }
             if diff.added.contains(&alloc.id) {
-                self.add_alloc(alloc).await;
+                added.push(alloc);
             } else {
-                self.update_alloc(alloc);
+                updated.push(alloc);
             }
+        }
+        // New allocs are on disk before any runner is built: one commit for the lot.
+        let (valid, invalid): (Vec<_>, Vec<_>) = added
+            .into_iter()
+            .partition(|alloc| check_alloc_id(&alloc.id).is_ok());
+        for alloc in invalid {
+            let reason = check_alloc_id(&alloc.id).unwrap_err();
+            self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
+        }
+        let saved = self.persister.save_allocs(&valid).await;
+        for alloc in valid {
+            match &saved {
+                Ok(()) => self.add_alloc(alloc, None, None).await,
+                Err(error) => {
+                    let reason = format!("cannot save the alloc before running it: {error}");
+                    self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
+                }
+            }
+        }
+        for alloc in updated {
+            self.persister.save_alloc_update(alloc.clone());
+            self.update_alloc(alloc);
         }
         for alloc_id in &diff.removed {
             self.remove_alloc(alloc_id);
@@ -408,28 +528,16 @@ impl ClientInner {
         Ok(())
     }
 
-    async fn add_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
-        let span = alloc_span(&alloc);
-        if let Err(reason) = check_alloc_id(&alloc.id) {
-            self.fail_alloc(alloc, &span, reason);
-            return;
-        }
-        let config = AllocRunnerConfig {
-            alloc: alloc.clone(),
-            span: span.clone(),
-            state_updater: Arc::new(ClientStateUpdater {
-                client: Arc::downgrade(self),
-            }),
-            limits: self.config.limits,
-            alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
-            restored: None,
-            log_file: Some(
-                self.config
-                    .data_dir
-                    .join("logs")
-                    .join(format!("{}.log", alloc.id)),
-            ),
-        };
+    /// Builds and starts the runner of a saved alloc (restored with its last checkpoint and
+    /// state when it comes from an earlier run).
+    async fn add_alloc(
+        self: &Arc<Self>,
+        alloc: Arc<Alloc>,
+        restored: Option<Vec<u8>>,
+        last_state: Option<AllocState>,
+    ) {
+        let config = self.runner_config(&alloc, restored, last_state);
+        let span = config.span.clone();
         // A factory may read and compile a component (tens of milliseconds, seconds for some
         // languages): keep that off the async workers.
         let factory = self.factory.clone();
@@ -439,11 +547,45 @@ impl ClientInner {
                 Err(anyhow::anyhow!("the runner factory panicked: {join_error}"))
             });
         match built {
-            Ok(runner) => {
-                self.runners_lock().insert(alloc.id.clone(), runner.clone());
-                runner.run();
-            }
+            Ok(runner) => self.start_runner(&alloc.id, runner),
             Err(error) => self.fail_alloc(alloc, &span, format!("{error:#}")),
+        }
+    }
+
+    /// Puts a built runner in the map; runs it unless it is restored terminal, in which
+    /// case it only waits for collection.
+    fn start_runner(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
+        self.runners_lock()
+            .insert(alloc_id.to_string(), runner.clone());
+        if runner.alloc_state().client_status.is_terminal() {
+            self.gc.mark_for_collection(alloc_id, runner);
+        } else {
+            runner.run();
+        }
+    }
+
+    fn runner_config(
+        self: &Arc<Self>,
+        alloc: &Arc<Alloc>,
+        restored: Option<Vec<u8>>,
+        last_state: Option<AllocState>,
+    ) -> AllocRunnerConfig {
+        AllocRunnerConfig {
+            alloc: alloc.clone(),
+            span: alloc_span(alloc),
+            state_updater: Arc::new(ClientStateUpdater {
+                client: Arc::downgrade(self),
+            }),
+            limits: self.config.limits,
+            alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
+            restored,
+            last_state,
+            log_file: Some(
+                self.config
+                    .data_dir
+                    .join("logs")
+                    .join(format!("{}.log", alloc.id)),
+            ),
         }
     }
 
@@ -452,8 +594,105 @@ impl ClientInner {
         tracing::warn!(parent: span, error = %description, "failed to build the alloc's runner");
         self.metrics.runner_build_failed();
         let state = AllocState::failed(description);
-        self.sync.put(&alloc.id, state.clone());
-        self.failed_lock().insert(alloc.id.clone(), (alloc, state));
+        self.runnerless_lock()
+            .insert(alloc.id.clone(), (alloc.clone(), state.clone()));
+        self.report_state(&alloc.id, &state);
+    }
+
+    /// Restores what an earlier run saved (see [`Client::restore`]).
+    async fn restore(self: &Arc<Self>, saved: Vec<SavedAlloc>) {
+        let mut to_build = Vec::new();
+        for record in saved {
+            let alloc_id = record.alloc_id.clone();
+            let alloc = match record.alloc {
+                Some(Ok(alloc)) if check_alloc_id(&alloc.id).is_ok() && alloc.id == alloc_id => {
+                    Arc::new(alloc)
+                }
+                unusable => {
+                    let why = match unusable {
+                        Some(Err(reason)) => reason,
+                        Some(Ok(_)) => "the saved alloc does not match its key".into(),
+                        None => "no alloc record, only state".into(),
+                    };
+                    tracing::warn!(alloc_id, reason = %why, "dropping saved allocation with no usable record");
+                    self.persister.delete(&alloc_id);
+                    continue;
+                }
+            };
+            let state = match record.state {
+                Some(Err(reason)) => {
+                    self.persister.restored(&alloc_id, None, false);
+                    let span = alloc_span(&alloc);
+                    self.fail_alloc(alloc, &span, format!("cannot restore the alloc: {reason}"));
+                    continue;
+                }
+                Some(Ok(state)) => Some(state),
+                None => None,
+            };
+            let acked = record.acked.and_then(Result::ok);
+            if let Some(acked) = &acked {
+                self.sync.restore_acknowledged(&alloc_id, acked.clone());
+            }
+            if record.collected {
+                // Nothing left to run or free; still answered for until the server drops it.
+                let final_state = state.unwrap_or_else(|| AllocState {
+                    client_status: ClientStatus::Complete,
+                    description: "alloc was collected".into(),
+                    task_states: Vec::new(),
+                });
+                self.persister
+                    .restored(&alloc_id, Some(final_state.clone()), true);
+                if acked.as_ref() != Some(&final_state) {
+                    self.sync.put(&alloc_id, final_state.clone());
+                }
+                self.runnerless_lock()
+                    .insert(alloc_id, (alloc, final_state));
+                continue;
+            }
+            self.persister.restored(&alloc_id, state.clone(), false);
+            if let Some(state) = &state
+                && acked.as_ref() != Some(state)
+            {
+                // Saved but never acknowledged: the server has yet to hear it.
+                self.sync.put(&alloc_id, state.clone());
+            }
+            to_build.push(self.runner_config(&alloc, record.checkpoint, state));
+        }
+        // One trip to the blocking pool for every runner: the factory compiles a component
+        // once, then each build is cheap.
+        let factory = self.factory.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            to_build
+                .into_iter()
+                .map(|config| {
+                    let alloc = config.alloc.clone();
+                    let span = config.span.clone();
+                    (alloc, span, factory(config))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let (mut running, mut finished) = (0usize, 0usize);
+        for (alloc, span, result) in built {
+            match result {
+                Ok(runner) => {
+                    if runner.alloc_state().client_status.is_terminal() {
+                        finished += 1;
+                    } else {
+                        running += 1;
+                    }
+                    self.start_runner(&alloc.id, runner);
+                }
+                Err(error) => self.fail_alloc(alloc, &span, format!("{error:#}")),
+            }
+        }
+        tracing::info!(
+            running,
+            finished,
+            held = self.runnerless_lock().len(),
+            "restored allocations"
+        );
     }
 
     fn update_alloc(&self, alloc: Arc<Alloc>) {
@@ -464,9 +703,12 @@ impl ClientInner {
         runner.update(alloc);
     }
 
+    /// The server dropped the alloc: prune it, collect it if it still holds anything, then
+    /// delete its records.
     fn remove_alloc(self: &Arc<Self>, alloc_id: &str) {
         self.sync.forget(alloc_id);
-        if self.failed_lock().remove(alloc_id).is_some() {
+        if self.runnerless_lock().remove(alloc_id).is_some() {
+            self.persister.delete(alloc_id);
             return;
         }
         let Some(runner) = self.runners_lock().remove(alloc_id) else {
@@ -475,11 +717,15 @@ impl ClientInner {
         tracing::debug!(alloc_id, "pruning allocation the server dropped");
         if runner.is_destroyed() {
             self.gc.forget(alloc_id);
+            self.persister.delete(alloc_id);
             return;
         }
-        let gc = self.gc.clone();
+        let (gc, persister) = (self.gc.clone(), self.persister.clone());
         let alloc_id = alloc_id.to_string();
-        tokio::spawn(async move { gc.collect_removed(&alloc_id, runner).await });
+        tokio::spawn(async move {
+            gc.collect_removed(&alloc_id, runner).await;
+            persister.delete(&alloc_id);
+        });
     }
 }
 
@@ -494,23 +740,25 @@ fn check_alloc_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Routes one runner's reports into the client: to the sync, and to the GC once terminal.
+/// Routes one runner's reports into the client: saved, then to the sync, and to the GC once
+/// terminal; checkpoints are saved before the guest hears `ok`.
 struct ClientStateUpdater {
     client: Weak<ClientInner>,
 }
 
 impl StateUpdater for ClientStateUpdater {
     fn alloc_state_updated(&self, alloc_id: &str, state: &AllocState) {
-        let Some(client) = self.client.upgrade() else {
-            return;
-        };
-        client.sync.put(alloc_id, state.clone());
-        if state.client_status.is_terminal() {
-            let runner = client.runners_lock().get(alloc_id).cloned();
-            if let Some(runner) = runner {
-                client.gc.mark_for_collection(alloc_id, runner);
-                client.gc.trigger();
-            }
+        if let Some(client) = self.client.upgrade() {
+            client.report_state(alloc_id, state);
+        }
+    }
+
+    fn checkpoint_saved(&self, alloc_id: &str, data: &[u8]) -> CheckpointSaved {
+        match self.client.upgrade() {
+            Some(client) => Box::pin(client.persister.save_checkpoint(alloc_id, data)),
+            None => Box::pin(std::future::ready(
+                Err("the client is stopping".to_string()),
+            )),
         }
     }
 }

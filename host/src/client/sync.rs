@@ -36,7 +36,11 @@ pub struct AllocSync {
     urgent: Notify,
     contacted: AtomicBool,
     metrics: Arc<Metrics>,
+    on_acked: OnAcked,
 }
+
+/// Hears each state the server acknowledged, so it can be saved.
+pub type OnAcked = Box<dyn Fn(&str, &AllocState) + Send + Sync>;
 
 #[derive(Default)]
 struct SyncState {
@@ -45,14 +49,21 @@ struct SyncState {
 }
 
 impl AllocSync {
-    /// An empty sync that sends nothing until [`AllocSync::contacted`].
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    /// An empty sync that sends nothing until [`AllocSync::contacted`]; `on_acked` hears
+    /// every state the server takes.
+    pub fn new(metrics: Arc<Metrics>, on_acked: OnAcked) -> Self {
         AllocSync {
             state: Mutex::new(SyncState::default()),
             urgent: Notify::new(),
             contacted: AtomicBool::new(false),
             metrics,
+            on_acked,
         }
+    }
+
+    /// Records what the server acknowledged before a restart, so it is not sent again.
+    pub fn restore_acknowledged(&self, alloc_id: &str, state: AllocState) {
+        self.lock().acknowledged.insert(alloc_id.to_string(), state);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SyncState> {
@@ -123,14 +134,22 @@ impl AllocSync {
 
     /// The server took `sent`; drops each pending update that is still the one sent.
     fn acknowledge(&self, sent: Vec<AllocUpdate>, accepted: &[String]) {
-        let mut sync = self.lock();
-        for update in sent {
-            if sync.pending.get(&update.alloc_id) == Some(&update.state) {
-                sync.pending.remove(&update.alloc_id);
+        let mut taken = Vec::new();
+        {
+            let mut sync = self.lock();
+            for update in sent {
+                if sync.pending.get(&update.alloc_id) == Some(&update.state) {
+                    sync.pending.remove(&update.alloc_id);
+                }
+                if accepted.contains(&update.alloc_id) {
+                    sync.acknowledged
+                        .insert(update.alloc_id.clone(), update.state.clone());
+                    taken.push(update);
+                }
             }
-            if accepted.contains(&update.alloc_id) {
-                sync.acknowledged.insert(update.alloc_id, update.state);
-            }
+        }
+        for update in taken {
+            (self.on_acked)(&update.alloc_id, &update.state);
         }
     }
 
@@ -246,7 +265,10 @@ mod tests {
     }
 
     fn start(server: &Arc<InMemoryServer>) -> Arc<AllocSync> {
-        let sync = Arc::new(AllocSync::new(Arc::new(Metrics::default())));
+        let sync = Arc::new(AllocSync::new(
+            Arc::new(Metrics::default()),
+            Box::new(|_, _| {}),
+        ));
         tokio::spawn(sync.clone().run(server.clone()));
         sync
     }

@@ -8,6 +8,8 @@ wasmtime::component::bindgen!({
     imports: {
         // Waiting for the next event suspends the guest's fiber, not a thread.
         "caravan:runner/host.next-event": async,
+        // A checkpoint returns once it is saved (a disk commit for the agent's client).
+        "caravan:runner/host.checkpoint": async,
         // Everything else answers at once; guest mistakes come back as WIT results, so
         // no import needs to trap.
     },

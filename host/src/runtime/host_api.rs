@@ -36,10 +36,12 @@ struct CellState {
 }
 
 impl StateCell {
-    pub fn new(alloc_id: String, updater: Arc<dyn StateUpdater>) -> Self {
+    /// A cell starting at `initial` (pending for a new alloc, the saved state for a restored
+    /// one). A terminal `initial` closes the cell at once: the alloc has finished.
+    pub fn new(alloc_id: String, updater: Arc<dyn StateUpdater>, initial: AllocState) -> Self {
         let cell = CellState {
-            current: AllocState::pending(),
-            closed: false,
+            closed: initial.client_status.is_terminal(),
+            current: initial,
         };
         StateCell {
             alloc_id,
@@ -89,8 +91,8 @@ impl StateCell {
         }
     }
 
-    fn checkpoint(&self, data: &[u8]) {
-        self.updater.checkpoint_saved(&self.alloc_id, data);
+    fn checkpoint(&self, data: &[u8]) -> crate::allocrunner::CheckpointSaved {
+        self.updater.checkpoint_saved(&self.alloc_id, data)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CellState> {
@@ -237,7 +239,7 @@ impl HostImports for HostApi {
         result
     }
 
-    fn checkpoint(&mut self, data: Vec<u8>) -> Result<(), String> {
+    async fn checkpoint(&mut self, data: Vec<u8>) -> Result<(), String> {
         if data.len() > MAX_CHECKPOINT_BYTES {
             let reason = format!(
                 "checkpoint of {} bytes is over the limit of {MAX_CHECKPOINT_BYTES} bytes",
@@ -246,8 +248,11 @@ impl HostImports for HostApi {
             self.refuse("checkpoint", &reason);
             return Err(reason);
         }
-        self.state.checkpoint(&data);
-        Ok(())
+        let saved = self.state.checkpoint(&data).await;
+        if let Err(reason) = &saved {
+            self.refuse("checkpoint", reason);
+        }
+        saved
     }
 }
 
@@ -304,7 +309,7 @@ mod tests {
     #[test]
     fn reports_are_checked_deduplicated_and_final_once_terminal() {
         let recorder = Arc::new(Recorder::default());
-        let cell = StateCell::new("a1".into(), recorder.clone());
+        let cell = StateCell::new("a1".into(), recorder.clone(), AllocState::pending());
         let alloc = alloc();
         cell.report(&alloc, state(ClientStatus::Running, &["web"]))
             .unwrap();

@@ -16,6 +16,7 @@
 //! client, the server or storage.
 
 mod bindings;
+pub mod disk_cache;
 pub mod histogram;
 mod host_api;
 mod limits;
@@ -55,6 +56,8 @@ pub struct RuntimeConfig {
     pub max_live_allocs: u32,
     /// Whether to try the pooling allocator.
     pub pooling: Pooling,
+    /// Where compiled components are kept across restarts; `None` keeps them in memory only.
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -62,6 +65,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             max_live_allocs: 1_000,
             pooling: Pooling::Auto,
+            cache_dir: None,
         }
     }
 }
@@ -115,7 +119,18 @@ pub enum LoadError {
 pub struct LoadedComponent {
     /// Hex SHA-256 of the component's bytes.
     pub hash: String,
+    /// Whether it was compiled now or read from the on-disk cache.
+    pub origin: Origin,
     pre: AllocRunnerPre<StoreData>,
+}
+
+/// Where a loaded component's machine code came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Compiled by this process.
+    Compiled,
+    /// Read from the compiled-component cache on disk.
+    DiskCache,
 }
 
 /// The process's wasmtime runtime. Cheap to clone.
@@ -130,6 +145,7 @@ struct RuntimeInner {
     clock: EpochClock,
     pooling: bool,
     components: Mutex<HashMap<String, Arc<LoadedComponent>>>,
+    disk_cache: Option<disk_cache::DiskCache>,
     instantiations: histogram::Histogram,
     /// Which component a file held when last read, so starting the ten-thousandth alloc of a
     /// runner costs at most a `stat` (once per [`PATH_RECHECK`]), not a read and a hash.
@@ -198,8 +214,13 @@ impl Runtime {
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), clock.clone(), ticker_stop.clone())?;
 
+        let disk_cache = config
+            .cache_dir
+            .clone()
+            .map(|dir| disk_cache::DiskCache::new(dir, &engine));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
+                disk_cache,
                 engine,
                 linker,
                 clock,
@@ -299,12 +320,19 @@ impl Runtime {
         }
         check_component_header(path, bytes)?;
         let started = std::time::Instant::now();
-        let component = Component::new(&self.inner.engine, bytes).map_err(|error| {
-            LoadError::NotAComponent {
-                path: path.to_path_buf(),
-                reason: format!("{error:#}"),
+        let disk_cache = self.inner.disk_cache.as_ref();
+        let (component, origin) = match disk_cache.and_then(|c| c.load(&self.inner.engine, &hash)) {
+            Some(component) => (component, Origin::DiskCache),
+            None => {
+                let component = Component::new(&self.inner.engine, bytes).map_err(|error| {
+                    LoadError::NotAComponent {
+                        path: path.to_path_buf(),
+                        reason: format!("{error:#}"),
+                    }
+                })?;
+                (component, Origin::Compiled)
             }
-        })?;
+        };
         check_runner_export(path, &self.inner.engine, &component)?;
         let wrong_world = |error: wasmtime::Error| LoadError::WrongWorld {
             path: path.to_path_buf(),
@@ -316,14 +344,20 @@ impl Runtime {
             .instantiate_pre(&component)
             .map_err(wrong_world)?;
         let pre = AllocRunnerPre::new(instance_pre).map_err(wrong_world)?;
+        // Only a component that fits the world is worth keeping.
+        if let (Some(cache), Origin::Compiled) = (disk_cache, origin) {
+            cache.store(&hash, &component);
+        }
         tracing::debug!(
             path = %path.display(),
             hash = %hash,
+            origin = ?origin,
             elapsed_ms = started.elapsed().as_millis() as u64,
-            "compiled runner component"
+            "loaded runner component"
         );
         let loaded = Arc::new(LoadedComponent {
             hash: hash.clone(),
+            origin,
             pre,
         });
         let mut components = self

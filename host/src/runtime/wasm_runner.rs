@@ -91,17 +91,29 @@ struct Shared {
 
 impl WasmAllocRunner {
     /// A runner for `config.alloc` on `component`; nothing runs until [`AllocRunner::run`].
+    /// A restored terminal alloc (see [`AllocRunnerConfig::last_state`]) starts stopped and
+    /// never runs.
     pub fn new(
         runtime: Runtime,
         component: Arc<LoadedComponent>,
         config: AllocRunnerConfig,
     ) -> Self {
         let (events, receiver) = mpsc::unbounded_channel();
+        let initial = config
+            .last_state
+            .clone()
+            .unwrap_or_else(AllocState::pending);
+        let finished = initial.client_status.is_terminal();
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
             config.state_updater.clone(),
+            initial,
         ));
         let limits = config.limits.with_overrides(&config.alloc.limits);
+        let stopped = Latch::new().0;
+        if finished {
+            stopped.set();
+        }
         WasmAllocRunner {
             shared: Arc::new(Shared {
                 runtime,
@@ -112,13 +124,13 @@ impl WasmAllocRunner {
                 state,
                 events,
                 receiver: Mutex::new(Some(receiver)),
-                started: AtomicBool::new(false),
+                started: AtomicBool::new(finished),
                 kill_requested: AtomicBool::new(false),
                 shutdown_requested: AtomicBool::new(false),
                 destroy_requested: AtomicBool::new(false),
-                finished: AtomicBool::new(false),
+                finished: AtomicBool::new(finished),
                 run_task: Mutex::new(None),
-                stopped: Latch::new().0,
+                stopped,
                 destroyed: Latch::new().0,
             }),
         }

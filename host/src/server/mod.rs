@@ -17,12 +17,18 @@
 //!   once when forced), so server state does not grow with every deploy; a purged job goes
 //!   when its last alloc does.
 //!
-//! State lives in memory for now; the state issue moves it behind the state store. Placement
-//! is a separate function ([`place`]) so more nodes fit without touching the rest.
+//! Every change is saved to the [`StateDb`] the server was opened on (the client's store, in
+//! the agent) before clients are woken to see it, so a client never runs an alloc the server
+//! could forget; [`EmbeddedServer::open`] reads it all back. Each change writes only the jobs
+//! and allocs it touched (tracked in the state as it mutates), plus the small metadata record.
+//! Placement is a separate function ([`place`]) so more nodes fit without touching the rest.
 
+use crate::client::persist::blocking;
 use crate::client::server::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
 use crate::jobspec::{JobSpec, JobType};
+use crate::state::{MemoryStateDb, ServerTable, StateDb, StateError, Write};
 use crate::structs::{Alloc, AllocState, DesiredStatus};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -74,7 +80,7 @@ pub struct Registration {
 }
 
 /// A job as the server holds it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobRecord {
     /// The spec last registered.
     pub spec: JobSpec,
@@ -121,6 +127,73 @@ impl AllocRecord {
     }
 }
 
+/// An [`AllocRecord`] as saved: the time it turned terminal as wall-clock milliseconds, since
+/// an `Instant` means nothing to the next process.
+#[derive(Serialize, Deserialize)]
+struct SavedAllocRecord {
+    alloc: Alloc,
+    node_id: Option<String>,
+    client_state: Option<AllocState>,
+    job_version: u64,
+    sequence: u64,
+    terminal_since_unix_ms: Option<u64>,
+    replaced: bool,
+}
+
+/// The server's counters and node list, saved as one record.
+#[derive(Default, Serialize, Deserialize)]
+struct SavedMeta {
+    index: u64,
+    next_sequence: u64,
+    nodes: BTreeSet<String>,
+}
+
+const META_KEY: &str = "server";
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Plain derived data: serializing to JSON cannot fail.
+    serde_json::to_vec(value).expect("server records serialize to JSON")
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl SavedAllocRecord {
+    fn from_record(record: &AllocRecord) -> Self {
+        let (now, unix_now) = (Instant::now(), unix_ms_now());
+        SavedAllocRecord {
+            alloc: Alloc::clone(&record.alloc),
+            node_id: record.node_id.clone(),
+            client_state: record.client_state.clone(),
+            job_version: record.job_version,
+            sequence: record.sequence,
+            terminal_since_unix_ms: record
+                .terminal_since
+                .map(|since| unix_now.saturating_sub(now.duration_since(since).as_millis() as u64)),
+            replaced: record.replaced,
+        }
+    }
+
+    fn into_record(self) -> AllocRecord {
+        let (now, unix_now) = (Instant::now(), unix_ms_now());
+        AllocRecord {
+            alloc: Arc::new(self.alloc),
+            node_id: self.node_id,
+            client_state: self.client_state,
+            job_version: self.job_version,
+            sequence: self.sequence,
+            terminal_since: self.terminal_since_unix_ms.map(|since| {
+                let age = Duration::from_millis(unix_now.saturating_sub(since));
+                now.checked_sub(age).unwrap_or(now)
+            }),
+            replaced: self.replaced,
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     index: u64,
@@ -128,6 +201,9 @@ struct State {
     nodes: BTreeSet<String>,
     jobs: BTreeMap<String, JobRecord>,
     allocs: BTreeMap<String, AllocRecord>,
+    /// Jobs and allocs changed since the last save (removed ones too).
+    dirty_jobs: BTreeSet<String>,
+    dirty_allocs: BTreeSet<String>,
 }
 
 /// The server, in process. Cheap to share as `Arc<EmbeddedServer>`.
@@ -135,6 +211,7 @@ pub struct EmbeddedServer {
     config: ServerConfig,
     state: Mutex<State>,
     index: watch::Sender<u64>,
+    db: Arc<dyn StateDb>,
 }
 
 /// Chooses a node for each of `count` new allocs: the least loaded first, ties by name, so
@@ -156,26 +233,92 @@ pub fn place(load: &BTreeMap<String, usize>, count: usize) -> Vec<Option<String>
 }
 
 impl EmbeddedServer {
-    /// An empty server.
+    /// An empty server that keeps its state in memory only.
     pub fn new(config: ServerConfig) -> Arc<Self> {
         Arc::new(EmbeddedServer {
             config,
             state: Mutex::new(State::default()),
             index: watch::channel(0).0,
+            db: Arc::new(MemoryStateDb::new()),
         })
+    }
+
+    /// A server on `db`, with every job and alloc it saved before. A record that cannot be
+    /// read is skipped with a WARN naming it; a store that cannot be read is an error.
+    pub fn open(config: ServerConfig, db: Arc<dyn StateDb>) -> Result<Arc<Self>, StateError> {
+        let mut state = State::default();
+        let records = |table| blocking(|| db.server_records(table));
+        for (key, bytes) in records(ServerTable::Meta)? {
+            match serde_json::from_slice::<SavedMeta>(&bytes) {
+                Ok(meta) => {
+                    state.index = meta.index;
+                    state.next_sequence = meta.next_sequence;
+                    state.nodes = meta.nodes;
+                }
+                Err(error) => {
+                    tracing::warn!(key, error = %error, "skipping unreadable server metadata")
+                }
+            }
+        }
+        for (job_id, bytes) in records(ServerTable::Jobs)? {
+            match serde_json::from_slice::<JobRecord>(&bytes) {
+                Ok(job) => {
+                    state.jobs.insert(job_id, job);
+                }
+                Err(error) => {
+                    tracing::warn!(job_id, error = %error, "skipping unreadable saved job")
+                }
+            }
+        }
+        for (alloc_id, bytes) in records(ServerTable::Allocs)? {
+            match serde_json::from_slice::<SavedAllocRecord>(&bytes) {
+                Ok(saved) => {
+                    let record = saved.into_record();
+                    state.index = state.index.max(record.alloc.modify_index);
+                    state.allocs.insert(alloc_id, record);
+                }
+                Err(error) => {
+                    tracing::warn!(alloc_id, error = %error, "skipping unreadable saved allocation")
+                }
+            }
+        }
+        tracing::debug!(
+            jobs = state.jobs.len(),
+            allocs = state.allocs.len(),
+            index = state.index,
+            "server state restored"
+        );
+        let index = state.index;
+        Ok(Arc::new(EmbeddedServer {
+            config,
+            state: Mutex::new(state),
+            index: watch::channel(index).0,
+            db,
+        }))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `change` on the state with the next index, then wakes watchers.
+    /// Runs `change` on the state with the next index, saves what it touched, then wakes
+    /// watchers. Saving happens under the state lock so saves land in index order.
     fn change<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> T {
         let (result, index) = {
             let mut state = self.lock();
             state.index += 1;
             let index = state.index;
-            (change(&mut state, index), index)
+            let result = change(&mut state, index);
+            let writes = state.dirty_writes();
+            match blocking(|| self.db.apply(writes)) {
+                Ok(()) => {
+                    state.dirty_jobs.clear();
+                    state.dirty_allocs.clear();
+                }
+                // Kept dirty: the next change saves them again.
+                Err(error) => tracing::error!(error = %error, "cannot save server state"),
+            }
+            (result, index)
         };
         self.index.send_replace(index);
         result
@@ -218,7 +361,7 @@ impl EmbeddedServer {
             for id in &ids {
                 state.stop_alloc(id, index);
             }
-            if let Some(job) = state.jobs.get_mut(job_id) {
+            if let Some(job) = state.job_mut(job_id) {
                 job.stopped = true;
                 job.purged |= purge;
             }
@@ -269,7 +412,7 @@ impl EmbeddedServer {
                 .map(|a| a.alloc.id.clone())
                 .collect();
             for id in &removed {
-                state.allocs.remove(id);
+                state.remove_alloc(id);
             }
             state.remove_empty_purged_jobs();
             removed
@@ -338,6 +481,73 @@ fn same_allocs(old: &JobSpec, new: &JobSpec) -> bool {
 }
 
 impl State {
+    fn job_mut(&mut self, job_id: &str) -> Option<&mut JobRecord> {
+        self.dirty_jobs.insert(job_id.to_string());
+        self.jobs.get_mut(job_id)
+    }
+
+    fn insert_job(&mut self, job_id: String, job: JobRecord) {
+        self.dirty_jobs.insert(job_id.clone());
+        self.jobs.insert(job_id, job);
+    }
+
+    fn alloc_mut(&mut self, alloc_id: &str) -> Option<&mut AllocRecord> {
+        self.dirty_allocs.insert(alloc_id.to_string());
+        self.allocs.get_mut(alloc_id)
+    }
+
+    fn insert_alloc(&mut self, record: AllocRecord) {
+        self.dirty_allocs.insert(record.alloc.id.clone());
+        self.allocs.insert(record.alloc.id.clone(), record);
+    }
+
+    fn remove_alloc(&mut self, alloc_id: &str) {
+        self.dirty_allocs.insert(alloc_id.to_string());
+        self.allocs.remove(alloc_id);
+    }
+
+    /// The writes that save every dirty job and alloc (deletes for removed ones) and the
+    /// metadata.
+    fn dirty_writes(&self) -> Vec<Write> {
+        let mut writes = Vec::with_capacity(self.dirty_jobs.len() + self.dirty_allocs.len() + 1);
+        for job_id in &self.dirty_jobs {
+            writes.push(match self.jobs.get(job_id) {
+                Some(job) => Write::PutServer {
+                    table: ServerTable::Jobs,
+                    key: job_id.clone(),
+                    value: encode(job),
+                },
+                None => Write::DeleteServer {
+                    table: ServerTable::Jobs,
+                    key: job_id.clone(),
+                },
+            });
+        }
+        for alloc_id in &self.dirty_allocs {
+            writes.push(match self.allocs.get(alloc_id) {
+                Some(record) => Write::PutServer {
+                    table: ServerTable::Allocs,
+                    key: alloc_id.clone(),
+                    value: encode(&SavedAllocRecord::from_record(record)),
+                },
+                None => Write::DeleteServer {
+                    table: ServerTable::Allocs,
+                    key: alloc_id.clone(),
+                },
+            });
+        }
+        writes.push(Write::PutServer {
+            table: ServerTable::Meta,
+            key: META_KEY.into(),
+            value: encode(&SavedMeta {
+                index: self.index,
+                next_sequence: self.next_sequence,
+                nodes: self.nodes.clone(),
+            }),
+        });
+        writes
+    }
+
     fn register(&mut self, spec: JobSpec, index: u64) -> Registration {
         let existing = self.jobs.get(&spec.id).filter(|job| !job.purged).cloned();
         let created = existing.is_none();
@@ -380,7 +590,7 @@ impl State {
             placed = self.create_allocs(&spec, version, count - wanted.len(), index);
         }
         let restarts = existing.as_ref().map_or(0, |job| job.restarts);
-        self.jobs.insert(
+        self.insert_job(
             spec.id.clone(),
             JobRecord {
                 spec,
@@ -404,7 +614,7 @@ impl State {
     }
 
     fn stop_alloc(&mut self, alloc_id: &str, index: u64) {
-        if let Some(record) = self.allocs.get_mut(alloc_id)
+        if let Some(record) = self.alloc_mut(alloc_id)
             && record.alloc.desired_status == DesiredStatus::Run
         {
             record.alloc = Arc::new(Alloc {
@@ -457,7 +667,7 @@ impl State {
                 terminal_since: None,
                 replaced: false,
             };
-            self.allocs.insert(record.alloc.id.clone(), record);
+            self.insert_alloc(record);
         }
         ids
     }
@@ -471,7 +681,7 @@ impl State {
             .collect();
         let nodes = place(&self.node_load(), unplaced.len());
         for (id, node) in unplaced.into_iter().zip(nodes) {
-            if let Some(record) = self.allocs.get_mut(&id) {
+            if let Some(record) = self.alloc_mut(&id) {
                 record.node_id = node;
                 record.alloc = Arc::new(Alloc {
                     modify_index: index,
@@ -505,10 +715,10 @@ impl State {
             return;
         }
         let (spec, version) = (job.spec.clone(), job.version);
-        if let Some(job) = self.jobs.get_mut(&spec.id) {
+        if let Some(job) = self.job_mut(&spec.id) {
             job.restarts += 1;
         }
-        if let Some(record) = self.allocs.get_mut(alloc_id) {
+        if let Some(record) = self.alloc_mut(alloc_id) {
             record.replaced = true;
         }
         let replacement = self.create_allocs(&spec, version, 1, index);
@@ -524,6 +734,7 @@ impl State {
             .collect();
         for id in empty {
             self.jobs.remove(&id);
+            self.dirty_jobs.insert(id);
         }
     }
 }
@@ -571,7 +782,7 @@ impl ServerApi for EmbeddedServer {
         Ok(self.change(|state, index| {
             let mut accepted = Vec::new();
             for update in updates {
-                let Some(record) = state.allocs.get_mut(&update.alloc_id) else {
+                let Some(record) = state.alloc_mut(&update.alloc_id) else {
                     continue;
                 };
                 if update.state.client_status.is_terminal() && record.terminal_since.is_none() {

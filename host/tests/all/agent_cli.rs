@@ -1,69 +1,12 @@
 //! The real `caravan` binary as an operator uses it: an agent, and the client commands
 //! talking to it over HTTP.
 
-use crate::support::{run_caravan, stderr_lines, wait_for_line};
+use crate::support::AgentProcess;
 use caravan_test_artifacts::SLEEPER;
 use serde_json::Value;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Output};
 
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
-
-/// A `caravan agent --dev` on a free port, stopped (Ctrl-C) when dropped.
-struct AgentProcess {
-    child: Child,
-    addr: String,
-    lines: mpsc::Receiver<String>,
-}
-
-impl AgentProcess {
-    fn start() -> Self {
-        let mut child = Command::new(CARAVAN)
-            .args(["agent", "--dev", "--bind", "127.0.0.1:0", "--log-json"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("caravan agent starts");
-        let lines = stderr_lines(&mut child);
-        let is_start = |line: &str| {
-            serde_json::from_str::<Value>(line)
-                .is_ok_and(|l| l["fields"]["message"] == "agent started")
-        };
-        let (line, _) = wait_for_line(&lines, "agent started", is_start);
-        let parsed: Value = serde_json::from_str(&line).unwrap();
-        let addr = format!("http://{}", parsed["fields"]["addr"].as_str().unwrap());
-        AgentProcess { child, addr, lines }
-    }
-
-    fn caravan(&self, args: &[&str]) -> Output {
-        run_caravan(args, Some(&self.addr))
-    }
-
-    /// Stops the agent with Ctrl-C and returns its exit code and every log line.
-    fn stop(mut self) -> (Option<i32>, Vec<String>) {
-        Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        let mut status = None;
-        for _ in 0..600 {
-            // Polling a child's exit: std has no wait with a timeout.
-            if let Some(exited) = self.child.try_wait().unwrap() {
-                status = Some(exited);
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        let status = status.expect("the agent exits within a minute of Ctrl-C");
-        (status.code(), self.lines.try_iter().collect())
-    }
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
-}
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()

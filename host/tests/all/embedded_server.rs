@@ -6,18 +6,23 @@ use crate::support::*;
 use caravan_host::client::{Client, ClientConfig};
 use caravan_host::jobspec::{JobSpec, JobType};
 use caravan_host::server::{EmbeddedServer, ServerConfig};
+use caravan_host::state::{RedbStateDb, ServerTable, StateDb};
 use caravan_host::structs::{ClientStatus, LimitOverrides, Task};
 use caravan_test_artifacts::SLEEPER;
+use std::sync::Arc;
 
 #[tokio::test(start_paused = true)]
 async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove_it() {
     let _logs = LogCapture::start();
     let data_dir = tempfile::tempdir().unwrap();
-    let server = EmbeddedServer::new(ServerConfig::default());
+    // The durable store, as the agent uses it: the whole flow saves through it.
+    let db: Arc<dyn StateDb> = Arc::new(RedbStateDb::open(data_dir.path()).unwrap());
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
     let client = Client::with_wasm_runners(
         ClientConfig::new("node-1", data_dir.path()),
         server.clone(),
         runtime(),
+        db.clone(),
     );
     client.start();
 
@@ -65,4 +70,12 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
             .all(|id| !data_dir.path().join("allocs").join(id).exists())
     })
     .await;
+    eventually("their saved records deleted", || {
+        db.client_allocs().unwrap().is_empty()
+    })
+    .await;
+    assert!(
+        server.allocs().is_empty() && db.server_records(ServerTable::Allocs).unwrap().is_empty(),
+        "server records deleted with the allocs"
+    );
 }

@@ -2,7 +2,9 @@
 //! and a component is compiled once however many allocs use it.
 
 use crate::support::*;
-use caravan_test_artifacts::SLEEPER;
+use caravan_host::runtime::{Origin, Pooling, Runtime, RuntimeConfig};
+use caravan_host::structs::ClientStatus;
+use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -69,4 +71,65 @@ fn a_component_is_compiled_once_and_shared() {
     let second = runtime().load_file(Path::new(SLEEPER)).unwrap();
     assert!(Arc::ptr_eq(&first, &second));
     assert_eq!(first.hash.len(), 64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn compiled_components_are_cached_on_disk_and_a_corrupted_entry_is_recompiled() {
+    let logs = LogCapture::start();
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        pooling: Pooling::Off,
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeConfig::default()
+    };
+    let load = || {
+        let runtime = Runtime::new(&config).unwrap();
+        let loaded = runtime.load_file(Path::new(MINIMAL)).unwrap();
+        (runtime, loaded)
+    };
+    let (_, first) = load();
+    assert_eq!(first.origin, Origin::Compiled);
+    let (_, second) = load();
+    assert_eq!(
+        second.origin,
+        Origin::DiskCache,
+        "a restart does not compile again"
+    );
+
+    // Flip bytes in the middle of the one entry, as a bad disk or a torn write would.
+    let entries: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    let middle = bytes.len() / 2;
+    for byte in &mut bytes[middle..middle + 16] {
+        *byte ^= 0xff;
+    }
+    std::fs::write(&entries[0], bytes).unwrap();
+
+    let (runtime, third) = load();
+    assert_eq!(
+        third.origin,
+        Origin::Compiled,
+        "never trusted: compiled again"
+    );
+    assert_eq!(
+        logs.with_message("ignoring damaged compiled-component cache entry")
+            .len(),
+        1
+    );
+    let started = start_on(runtime, alloc(MINIMAL, &["main"], &[]), None);
+    started
+        .recorder
+        .wait_for_status(ClientStatus::Running)
+        .await;
+    started.runner.kill();
+    assert_eq!(
+        started.stopped().await.client_status,
+        ClientStatus::Complete
+    );
+    let (_, fourth) = load();
+    assert_eq!(fourth.origin, Origin::DiskCache, "the entry was rewritten");
 }

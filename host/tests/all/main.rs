@@ -5,6 +5,7 @@ mod support;
 
 mod agent_api;
 mod agent_cli;
+mod agent_restart;
 mod cli;
 mod client;
 mod embedded_server;
@@ -16,6 +17,7 @@ mod fixture_trap;
 mod fixture_wrong_world;
 mod loading;
 mod minimal;
+mod restore;
 mod runner_check;
 mod sleeper;
 mod stateful;

@@ -1,7 +1,9 @@
 //! What every test here needs: a shared runtime, log capture that prints itself when a test
 //! fails, a state recorder to await reports, and a way to start a runner of a guest.
 
-use caravan_host::allocrunner::{AllocRunner, AllocRunnerConfig, StateUpdater, alloc_span};
+use caravan_host::allocrunner::{
+    AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
+};
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
 use caravan_host::structs::{
     Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
@@ -146,8 +148,9 @@ impl StateUpdater for Recorder {
         self.reports.send_modify(|count| *count += 1);
     }
 
-    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) {
+    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) -> CheckpointSaved {
         self.checkpoints.lock().unwrap().push(data.to_vec());
+        checkpoint_kept()
     }
 }
 
@@ -210,6 +213,11 @@ impl Started {
 
 /// Builds a runner for `alloc` through the wasm factory and starts it.
 pub fn start(alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
+    start_on(runtime(), alloc, restored)
+}
+
+/// As [`start`], on a runtime of the test's own.
+pub fn start_on(runtime: Runtime, alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
     let recorder = Recorder::new();
     let data_dir = tempfile::tempdir().unwrap();
     let alloc = Arc::new(alloc);
@@ -220,9 +228,10 @@ pub fn start(alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
         limits: Limits::default(),
         alloc_dir: data_dir.path().join(&alloc.id),
         restored,
+        last_state: None,
         log_file: Some(data_dir.path().join(format!("{}.log", alloc.id))),
     };
-    let runner = WasmAllocRunnerFactory::new(runtime())
+    let runner = WasmAllocRunnerFactory::new(runtime)
         .build(config)
         .expect("the factory builds the runner");
     runner.run();
@@ -371,4 +380,122 @@ pub fn run_caravan(args: &[&str], agent_addr: Option<&str>) -> std::process::Out
         String::from_utf8_lossy(&output.stderr)
     );
     output
+}
+
+/// A real `caravan agent` on a free port, killed when dropped.
+pub struct AgentProcess {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub addr: String,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Lines logged before "agent started" (a restore logs there), not yet handed out.
+    early: std::cell::RefCell<std::collections::VecDeque<String>>,
+}
+
+impl AgentProcess {
+    /// `caravan agent --dev`.
+    pub fn start() -> Self {
+        Self::start_with(&["--dev"])
+    }
+
+    /// `caravan agent --data-dir DIR`: state that outlives the process.
+    pub fn start_on(data_dir: &std::path::Path) -> Self {
+        Self::start_with(&["--data-dir", data_dir.to_str().unwrap()])
+    }
+
+    fn start_with(args: &[&str]) -> Self {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"))
+            .arg("agent")
+            .args(args)
+            .args(["--bind", "127.0.0.1:0", "--log-json"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("caravan agent starts");
+        let lines = stderr_lines(&mut child);
+        let (line, early) = wait_for_line(&lines, "agent started", |line| {
+            serde_json::from_str::<Value>(line).is_ok_and(|l| message(&l) == "agent started")
+        });
+        let parsed: Value = serde_json::from_str(&line).unwrap();
+        let addr = format!("http://{}", parsed["fields"]["addr"].as_str().unwrap());
+        AgentProcess {
+            child,
+            addr,
+            lines,
+            early: std::cell::RefCell::new(early.into()),
+        }
+    }
+
+    /// The address as a socket address, for [`http`].
+    pub fn socket_addr(&self) -> std::net::SocketAddr {
+        self.addr.trim_start_matches("http://").parse().unwrap()
+    }
+
+    /// Runs a client command against this agent.
+    pub fn caravan(&self, args: &[&str]) -> std::process::Output {
+        run_caravan(args, Some(&self.addr))
+    }
+
+    /// Reads the agent's log until a line satisfies `found`; returns it and the lines before.
+    pub fn wait_for(&self, what: &str, found: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
+        let parse = |l: &String| serde_json::from_str(l).unwrap_or(Value::String(l.clone()));
+        let mut before = Vec::new();
+        while let Some(line) = self.early.borrow_mut().pop_front() {
+            let parsed = parse(&line);
+            if found(&parsed) {
+                return (parsed, before);
+            }
+            before.push(parsed);
+        }
+        let (line, rest) = wait_for_line(&self.lines, what, |line| {
+            serde_json::from_str::<Value>(line).is_ok_and(|l| found(&l))
+        });
+        before.extend(rest.iter().map(parse));
+        (parse(&line), before)
+    }
+
+    /// Stops the agent with Ctrl-C and returns its exit code and every log line not yet read.
+    pub fn stop(self) -> (Option<i32>, Vec<String>) {
+        self.signal("-INT");
+        self.finish()
+    }
+
+    /// Kills the agent with SIGKILL, as a crash or an OOM kill would, and returns every log
+    /// line not yet read.
+    pub fn kill9(self) -> Vec<String> {
+        self.signal("-KILL");
+        self.finish().1
+    }
+
+    fn signal(&self, signal: &str) {
+        std::process::Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+
+    fn finish(mut self) -> (Option<i32>, Vec<String>) {
+        let mut status = None;
+        for _ in 0..600 {
+            // Polling a child's exit: std has no wait with a timeout.
+            if let Some(exited) = self.child.try_wait().unwrap() {
+                status = Some(exited);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let status = status.expect("the agent exits within a minute");
+        // The reader thread ends at EOF; everything the agent wrote is in the channel.
+        let mut lines: Vec<String> = self.early.borrow_mut().drain(..).collect();
+        lines.extend(std::iter::from_fn(|| {
+            self.lines.recv_timeout(Duration::from_secs(10)).ok()
+        }));
+        (status.code(), lines)
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
 }

@@ -1,0 +1,377 @@
+//! Saving the client's allocs, their state and their checkpoints to the [`StateDb`].
+//!
+//! Invariants, each for the reason given:
+//! - An alloc is saved before its runner is built ([`Persister::save_allocs`] waits for the
+//!   commit), so a crash between the two cannot lose it.
+//! - State reports are written behind, latest wins, many allocs per commit: a busy node would
+//!   otherwise pay one disk sync per report. The server hears a state only after it is on
+//!   disk (the `on_saved` hook runs after the commit), so a restart never finds the server
+//!   ahead of the client: a finished alloc the server saw finished is finished on disk too.
+//! - A report identical to the last one saved is skipped.
+//! - A checkpoint is acknowledged to the guest only once committed, or refused with the reason.
+//! - Saving checks, under the queue's lock, that the alloc is known and not collected; marking
+//!   collected and deleting take the same lock and drop what is queued for the alloc, so a
+//!   late save can never bring a collected alloc back.
+//! - A failed commit keeps its writes (unless newer ones replaced them) and retries with
+//!   backoff; waiters are told at once that their write is not saved yet.
+//!
+//! Commits run on the persister's own task, one at a time, in the order writes were queued.
+
+use super::metrics::Metrics;
+use crate::state::{StateDb, StateError, Write};
+use crate::structs::{Alloc, AllocState};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Notify, oneshot};
+
+/// Receives each state once it is on disk.
+pub type OnSaved = Box<dyn Fn(&str, &AllocState) + Send + Sync>;
+
+/// The client's write path to the state store.
+pub struct Persister {
+    db: Arc<dyn StateDb>,
+    queue: Mutex<Queue>,
+    wake: Notify,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Allocs the store holds (or will, once queued writes commit).
+    known: HashMap<String, Known>,
+    /// Alloc records and collection marks, in the order asked.
+    structural: Vec<Write>,
+    states: HashMap<String, AllocState>,
+    acked: HashMap<String, AllocState>,
+    checkpoints: HashMap<String, Vec<u8>>,
+    /// Told the outcome of the next commit.
+    waiters: Vec<oneshot::Sender<Result<(), String>>>,
+}
+
+struct Known {
+    collected: bool,
+    /// The last state queued or saved, to skip identical reports.
+    last_state: Option<AllocState>,
+}
+
+/// Runs a store call on this thread, letting a multi-threaded runtime move its other tasks
+/// elsewhere while the call waits for the disk.
+pub fn blocking<T>(call: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(call),
+        _ => call(),
+    }
+}
+
+impl Persister {
+    /// A persister writing to `db`. Nothing is written until [`Persister::run`] runs.
+    pub fn new(db: Arc<dyn StateDb>, metrics: Arc<Metrics>) -> Self {
+        Persister {
+            db,
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
+            metrics,
+        }
+    }
+
+    /// The store written to.
+    pub fn db(&self) -> &Arc<dyn StateDb> {
+        &self.db
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records an alloc found in the store at restore, with its saved state.
+    pub fn restored(&self, alloc_id: &str, last_state: Option<AllocState>, collected: bool) {
+        self.lock().known.insert(
+            alloc_id.to_string(),
+            Known {
+                collected,
+                last_state,
+            },
+        );
+    }
+
+    /// Saves new allocs; resolves once they are on disk (or the commit failed).
+    pub async fn save_allocs(&self, allocs: &[Arc<Alloc>]) -> Result<(), String> {
+        let done = {
+            let mut queue = self.lock();
+            for alloc in allocs {
+                queue.known.entry(alloc.id.clone()).or_insert(Known {
+                    collected: false,
+                    last_state: None,
+                });
+                queue.structural.push(Write::PutAlloc(alloc.clone()));
+            }
+            queue.waiter()
+        };
+        self.wake.notify_one();
+        done.await
+            .unwrap_or_else(|_| Err("the client is stopping".into()))
+    }
+
+    /// Saves a new version of a known alloc, behind.
+    pub fn save_alloc_update(&self, alloc: Arc<Alloc>) {
+        {
+            let mut queue = self.lock();
+            if queue.known.get(&alloc.id).is_none_or(|k| k.collected) {
+                return;
+            }
+            queue.structural.push(Write::PutAlloc(alloc));
+        }
+        self.wake.notify_one();
+    }
+
+    /// Saves a reported state, behind; `on_saved` hears it after the commit. Returns false
+    /// when the store does not know the alloc (its runner was never built), so the caller
+    /// passes the state on itself. A collected alloc's report is dropped.
+    pub fn save_state(&self, alloc_id: &str, state: &AllocState) -> bool {
+        {
+            let mut queue = self.lock();
+            let Some(known) = queue.known.get_mut(alloc_id) else {
+                return false;
+            };
+            if known.collected || known.last_state.as_ref() == Some(state) {
+                return true;
+            }
+            known.last_state = Some(state.clone());
+            queue.states.insert(alloc_id.to_string(), state.clone());
+        }
+        self.wake.notify_one();
+        true
+    }
+
+    /// Saves the state the server acknowledged, behind.
+    pub fn save_acked(&self, alloc_id: &str, state: &AllocState) {
+        {
+            let mut queue = self.lock();
+            if queue.known.get(alloc_id).is_none_or(|k| k.collected) {
+                return;
+            }
+            queue.acked.insert(alloc_id.to_string(), state.clone());
+        }
+        self.wake.notify_one();
+    }
+
+    /// Saves a checkpoint; resolves once it is on disk, or with why it is not.
+    pub fn save_checkpoint(
+        self: &Arc<Self>,
+        alloc_id: &str,
+        data: &[u8],
+    ) -> impl Future<Output = Result<(), String>> + Send + 'static {
+        let done = {
+            let mut queue = self.lock();
+            match queue.known.get(alloc_id) {
+                Some(known) if !known.collected => {
+                    queue
+                        .checkpoints
+                        .insert(alloc_id.to_string(), data.to_vec());
+                    Ok(queue.waiter())
+                }
+                _ => Err(format!(
+                    "alloc {alloc_id} is not kept by the client any more"
+                )),
+            }
+        };
+        self.wake.notify_one();
+        async move {
+            done?
+                .await
+                .unwrap_or_else(|_| Err("the client is stopping".into()))
+        }
+    }
+
+    /// The alloc was collected: its checkpoint goes, later saves are dropped, and its final
+    /// state stays until [`Persister::delete`].
+    pub fn mark_collected(&self, alloc_id: &str) {
+        {
+            let mut queue = self.lock();
+            let Some(known) = queue.known.get_mut(alloc_id) else {
+                return;
+            };
+            known.collected = true;
+            queue.checkpoints.remove(alloc_id);
+            queue.acked.remove(alloc_id);
+            queue
+                .structural
+                .push(Write::MarkCollected(alloc_id.to_string()));
+        }
+        self.wake.notify_one();
+    }
+
+    /// Deletes every record of an alloc the server dropped, and forgets it.
+    pub fn delete(&self, alloc_id: &str) {
+        {
+            let mut queue = self.lock();
+            queue.known.remove(alloc_id);
+            queue.states.remove(alloc_id);
+            queue.acked.remove(alloc_id);
+            queue.checkpoints.remove(alloc_id);
+            queue.structural.retain(|write| match write {
+                Write::PutAlloc(alloc) => alloc.id != alloc_id,
+                Write::MarkCollected(id) => id != alloc_id,
+                _ => true,
+            });
+            queue
+                .structural
+                .push(Write::DeleteAlloc(alloc_id.to_string()));
+        }
+        self.wake.notify_one();
+    }
+
+    /// Resolves once everything queued before the call is on disk (or failed to be).
+    pub async fn flush(&self) -> Result<(), String> {
+        let done = self.lock().waiter();
+        self.wake.notify_one();
+        done.await
+            .unwrap_or_else(|_| Err("the client is stopping".into()))
+    }
+
+    /// The commit loop. Runs until its task is dropped.
+    pub async fn run(self: Arc<Self>, on_saved: OnSaved) {
+        let mut failures = 0u32;
+        loop {
+            self.wake.notified().await;
+            match self.commit_once(&on_saved) {
+                Ok(()) => failures = 0,
+                Err(error) => {
+                    failures += 1;
+                    let wait = super::sync::backoff(failures);
+                    tracing::error!(error = %error, retry_in_ms = wait.as_millis() as u64, "cannot save client state");
+                    tokio::time::sleep(wait).await;
+                    self.wake.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Commits everything queued in one batch.
+    fn commit_once(&self, on_saved: &OnSaved) -> Result<(), StateError> {
+        let (batch, states, waiters) = {
+            let mut queue = self.lock();
+            let structural = std::mem::take(&mut queue.structural);
+            let states = std::mem::take(&mut queue.states);
+            let acked = std::mem::take(&mut queue.acked);
+            let checkpoints = std::mem::take(&mut queue.checkpoints);
+            let waiters = std::mem::take(&mut queue.waiters);
+            (
+                Batch {
+                    structural,
+                    acked,
+                    checkpoints,
+                },
+                states,
+                waiters,
+            )
+        };
+        if batch.is_empty() && states.is_empty() {
+            for waiter in waiters {
+                let _ = waiter.send(Ok(()));
+            }
+            return Ok(());
+        }
+        let writes = batch.writes(&states);
+        let count = writes.len();
+        let result = blocking(|| self.db.apply(writes));
+        match &result {
+            Ok(()) => {
+                self.metrics.state_batch_saved(count as u64);
+                for waiter in waiters {
+                    let _ = waiter.send(Ok(()));
+                }
+                for (alloc_id, state) in &states {
+                    on_saved(alloc_id, state);
+                }
+            }
+            Err(error) => {
+                for waiter in waiters {
+                    let _ = waiter.send(Err(format!("not saved: {error}")));
+                }
+                self.requeue(batch, states);
+            }
+        }
+        result
+    }
+
+    /// Puts a failed batch back, behind anything newer queued since.
+    fn requeue(&self, batch: Batch, states: HashMap<String, AllocState>) {
+        let mut queue = self.lock();
+        let still_known = |queue: &Queue, id: &str| queue.known.contains_key(id);
+        let mut structural: Vec<Write> = batch
+            .structural
+            .into_iter()
+            .filter(|write| match write {
+                Write::PutAlloc(alloc) => still_known(&queue, &alloc.id),
+                _ => true,
+            })
+            .collect();
+        structural.append(&mut queue.structural);
+        queue.structural = structural;
+        for (id, state) in states {
+            if still_known(&queue, &id) && !queue.states.contains_key(&id) {
+                queue.states.insert(id, state);
+            }
+        }
+        for (id, state) in batch.acked {
+            if still_known(&queue, &id) && !queue.acked.contains_key(&id) {
+                queue.acked.insert(id, state);
+            }
+        }
+        for (id, data) in batch.checkpoints {
+            if still_known(&queue, &id) && !queue.checkpoints.contains_key(&id) {
+                queue.checkpoints.insert(id, data);
+            }
+        }
+    }
+}
+
+impl Queue {
+    fn waiter(&mut self) -> oneshot::Receiver<Result<(), String>> {
+        let (sender, receiver) = oneshot::channel();
+        self.waiters.push(sender);
+        receiver
+    }
+}
+
+/// One commit's writes, apart from the states (kept to tell `on_saved`).
+struct Batch {
+    structural: Vec<Write>,
+    acked: HashMap<String, AllocState>,
+    checkpoints: HashMap<String, Vec<u8>>,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.structural.is_empty() && self.acked.is_empty() && self.checkpoints.is_empty()
+    }
+
+    /// Records first, then states, acknowledgements and checkpoints, then collection marks
+    /// and deletes (which must win over anything saved for the same alloc in this batch).
+    fn writes(&self, states: &HashMap<String, AllocState>) -> Vec<Write> {
+        let (marks, records): (Vec<&Write>, Vec<&Write>) = self
+            .structural
+            .iter()
+            .partition(|w| matches!(w, Write::MarkCollected(_) | Write::DeleteAlloc(_)));
+        let mut writes: Vec<Write> = records.into_iter().cloned().collect();
+        writes.extend(states.iter().map(|(id, state)| Write::PutAllocState {
+            alloc_id: id.clone(),
+            state: state.clone(),
+        }));
+        writes.extend(self.acked.iter().map(|(id, state)| Write::PutAckedState {
+            alloc_id: id.clone(),
+            state: state.clone(),
+        }));
+        writes.extend(
+            self.checkpoints
+                .iter()
+                .map(|(id, data)| Write::PutCheckpoint {
+                    alloc_id: id.clone(),
+                    data: data.clone(),
+                }),
+        );
+        writes.extend(marks.into_iter().cloned());
+        writes
+    }
+}

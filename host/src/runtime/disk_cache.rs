@@ -1,0 +1,106 @@
+//! Compiled components on disk, so a restart (or a second agent on the same data dir) does
+//! not compile a runner again: seconds saved per Python or JavaScript runner.
+//!
+//! One file per (component, engine) pair, named by the component's SHA-256 and the engine's
+//! compatibility hash, so a wasmtime upgrade or a different setting never picks up code
+//! compiled for another engine. Each file ends with the SHA-256 of what precedes it; an entry
+//! whose digest does not match, or that wasmtime refuses, is recompiled and rewritten, never
+//! run. Entries are written to a temporary file and renamed, so a crash leaves either the old
+//! entry or the new one.
+//!
+//! What this may not touch: anything outside its directory.
+
+use sha2::{Digest, Sha256};
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+const DIGEST_BYTES: usize = 32;
+
+/// The compiled-component cache under one directory.
+pub struct DiskCache {
+    dir: PathBuf,
+    engine_hash: String,
+}
+
+impl DiskCache {
+    /// A cache in `dir` for `engine`'s compiled code. The directory is created on first write.
+    pub fn new(dir: PathBuf, engine: &Engine) -> Self {
+        // Stable for one build of the host, which is all a cache key needs: another build
+        // at worst misses and recompiles.
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        DiskCache {
+            dir,
+            engine_hash: format!("{:016x}", hasher.finish()),
+        }
+    }
+
+    /// Where the entry for the component with hex SHA-256 `component_hash` lives.
+    pub fn entry_path(&self, component_hash: &str) -> PathBuf {
+        self.dir
+            .join(format!("{component_hash}-{}.cwasm", self.engine_hash))
+    }
+
+    /// The cached compilation of `component_hash`, if a sound one is on disk. A damaged entry
+    /// is reported (WARN) and treated as missing.
+    pub fn load(&self, engine: &Engine, component_hash: &str) -> Option<Component> {
+        let path = self.entry_path(component_hash);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                warn_damaged(&path, &format!("cannot read it: {error}"));
+                return None;
+            }
+        };
+        let Some(split) = bytes.len().checked_sub(DIGEST_BYTES) else {
+            warn_damaged(&path, "too short");
+            return None;
+        };
+        let (code, digest) = bytes.split_at(split);
+        if Sha256::digest(code).as_slice() != digest {
+            warn_damaged(&path, "its checksum does not match");
+            return None;
+        }
+        // SAFETY: `Component::deserialize` runs the machine code in `code` when the component
+        // is instantiated, so the bytes must be what `Component::serialize` wrote for this
+        // engine. They are: the file is ours (under the operator's data dir), its name carries
+        // this engine's compatibility hash, and its SHA-256 trailer matched above, so a torn
+        // or corrupted write is never deserialized. wasmtime also checks its own header and
+        // version before loading.
+        #[allow(unsafe_code)]
+        let loaded = unsafe { Component::deserialize(engine, code) };
+        match loaded {
+            Ok(component) => Some(component),
+            Err(error) => {
+                warn_damaged(&path, &format!("wasmtime refused it: {error:#}"));
+                None
+            }
+        }
+    }
+
+    /// Saves `component`'s compiled code; failures are logged and otherwise ignored (the
+    /// next start compiles again).
+    pub fn store(&self, component_hash: &str, component: &Component) {
+        if let Err(error) = self.try_store(component_hash, component) {
+            tracing::warn!(dir = %self.dir.display(), error = %error, "cannot save the compiled runner component");
+        }
+    }
+
+    fn try_store(&self, component_hash: &str, component: &Component) -> anyhow::Result<()> {
+        let mut bytes = component.serialize().map_err(anyhow::Error::from)?;
+        let digest = Sha256::digest(&bytes);
+        bytes.extend_from_slice(&digest);
+        std::fs::create_dir_all(&self.dir)?;
+        let mut temporary = tempfile::NamedTempFile::new_in(&self.dir)?;
+        std::io::Write::write_all(&mut temporary, &bytes)?;
+        temporary.persist(self.entry_path(component_hash))?;
+        Ok(())
+    }
+}
+
+fn warn_damaged(path: &Path, reason: &str) {
+    tracing::warn!(path = %path.display(), reason, "ignoring damaged compiled-component cache entry; compiling again");
+}

@@ -1,0 +1,67 @@
+//! [`MemoryStateDb`]: the [`StateDb`] semantics with nothing on disk.
+
+use super::{SavedAlloc, ServerTable, StateDb, StateError, Table, Write};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// Keeps every row in one map under one lock, so a batch is atomic by construction. Lost when
+/// dropped: for tests, simulators and `caravan run`, which has nothing to restore.
+#[derive(Default)]
+pub struct MemoryStateDb {
+    rows: Mutex<BTreeMap<(Table, String), Vec<u8>>>,
+}
+
+impl MemoryStateDb {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Table, String), Vec<u8>>> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn table(&self, table: Table) -> Vec<(String, Vec<u8>)> {
+        self.lock()
+            .iter()
+            .filter(|((t, _), _)| *t == table)
+            .map(|((_, key), value)| (key.clone(), value.clone()))
+            .collect()
+    }
+
+    /// Overwrites one client record with raw bytes, as a bit flip or an older build would:
+    /// for tests of what a record that does not decode costs. `record` is one of `alloc`,
+    /// `state`, `acked`.
+    pub fn garble_client_record(&self, alloc_id: &str, record: &str, bytes: &[u8]) {
+        let table = match record {
+            "alloc" => Table::Allocs,
+            "state" => Table::AllocStates,
+            "acked" => Table::AckedStates,
+            other => panic!("no client record named {other:?}"),
+        };
+        self.lock()
+            .insert((table, alloc_id.to_string()), bytes.to_vec());
+    }
+}
+
+impl StateDb for MemoryStateDb {
+    fn apply(&self, writes: Vec<Write>) -> Result<(), StateError> {
+        let changes = super::rows_of(writes);
+        let mut rows = self.lock();
+        for (table, key, value) in changes {
+            match value {
+                Some(value) => rows.insert((table, key), value),
+                None => rows.remove(&(table, key)),
+            };
+        }
+        Ok(())
+    }
+
+    fn client_allocs(&self) -> Result<Vec<SavedAlloc>, StateError> {
+        super::assemble_client_allocs(|table| Ok(self.table(table)))
+    }
+
+    fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        Ok(self.table(Table::Server(table)))
+    }
+}

@@ -1,0 +1,292 @@
+//! Restarts of the client and server on one state store, in process with paused time: what
+//! runs again, what never does, and what a bad record costs. (`agent_restart` does the same
+//! through the real binary, `kill -9` included.)
+
+use crate::support::*;
+use caravan_host::client::{Client, ClientConfig};
+use caravan_host::jobspec::{JobSpec, JobType};
+use caravan_host::server::{EmbeddedServer, ServerConfig};
+use caravan_host::state::{FaultyStateDb, MemoryStateDb, StateDb};
+use caravan_host::structs::{ClientStatus, LimitOverrides, Task};
+use caravan_test_artifacts::{SLEEPER, STATEFUL};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One "process": a server and a client on `db`, restored and started.
+struct Node {
+    server: Arc<EmbeddedServer>,
+    client: Client,
+}
+
+async fn boot(db: Arc<dyn StateDb>, data_dir: &std::path::Path) -> Node {
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    let client = Client::with_wasm_runners(
+        ClientConfig::new("node-1", data_dir),
+        server.clone(),
+        runtime(),
+        db,
+    );
+    client.restore().await.expect("the store reads");
+    client.start();
+    Node { server, client }
+}
+
+impl Node {
+    /// Ends this "process" as a crash would: the client and server go without saving
+    /// anything more, then the orphaned runners are stopped so they tick no further.
+    async fn crash(self) {
+        let runners: Vec<_> = self
+            .client
+            .alloc_ids()
+            .iter()
+            .filter_map(|id| self.client.runner(id))
+            .collect();
+        drop(self.client);
+        drop(self.server);
+        for runner in runners {
+            runner.shutdown();
+            within("an orphaned runner to stop", runner.wait().wait()).await;
+        }
+    }
+
+    fn status(&self, alloc_id: &str) -> Option<ClientStatus> {
+        self.client.alloc_state(alloc_id).map(|s| s.client_status)
+    }
+}
+
+fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]) -> JobSpec {
+    JobSpec {
+        id: id.into(),
+        job_type,
+        count,
+        runner: STATEFUL.into(),
+        limits: LimitOverrides::default(),
+        tasks: vec![Task {
+            name: "count".into(),
+            config: config
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }],
+        meta: vec![],
+    }
+}
+
+/// Guest lines logged for `alloc_id` whose message starts with `prefix`.
+fn guest_lines(logs: &LogCapture, alloc_id: &str, prefix: &str) -> Vec<String> {
+    logs.lines()
+        .iter()
+        .filter(|line| line["span"]["alloc_id"] == alloc_id)
+        .map(|line| message(line).to_string())
+        .filter(|m| m.starts_with(prefix))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_resumes_running_allocs_from_their_checkpoints_and_never_reruns_finished_ones() {
+    let logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
+    let node = boot(db.clone(), data_dir.path()).await;
+
+    let counters = node
+        .server
+        .register_job(stateful_job(
+            "counter",
+            JobType::Service,
+            2,
+            &[("tick_every", "100")],
+        ))
+        .placed;
+    let batch = node
+        .server
+        .register_job(stateful_job(
+            "quick",
+            JobType::Batch,
+            2,
+            &[("tick_every", "10"), ("stop_after", "2")],
+        ))
+        .placed;
+    eventually("the batch allocs to finish", || {
+        batch
+            .iter()
+            .all(|id| node.status(id) == Some(ClientStatus::Complete))
+    })
+    .await;
+    node.client.collect(&batch[0]).await.expect("collectable");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    node.client.flush_state().await;
+    let ticks_before: Vec<usize> = counters
+        .iter()
+        .map(|id| guest_lines(&logs, id, "tick ").len())
+        .collect();
+    assert!(ticks_before.iter().all(|&n| n >= 4), "{ticks_before:?}");
+    node.crash().await;
+    let lines_before = logs.lines().len();
+
+    let node = boot(db.clone(), data_dir.path()).await;
+    for (id, ticks) in counters.iter().zip(&ticks_before) {
+        // The saved state says running at once; the guest proves it by ticking again.
+        eventually("the counter to tick again", || {
+            guest_lines(&logs, id, "tick ").len() > *ticks
+        })
+        .await;
+        let resumed = guest_lines(&logs, id, "resuming from checkpoint at count");
+        assert_eq!(
+            resumed,
+            [format!("resuming from checkpoint at count {ticks}")],
+            "alloc {id} resumes once, from its last checkpoint"
+        );
+    }
+    // The finished batch alloc keeps its state and never runs again; the collected one stays
+    // collected.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after: Vec<Value> = logs.lines().split_off(lines_before);
+    for id in &batch {
+        assert_eq!(node.status(id), Some(ClientStatus::Complete));
+        assert!(
+            !after
+                .iter()
+                .any(|l| l["span"]["alloc_id"] == id.as_str() && message(l).starts_with("tick")),
+            "finished alloc {id} ran again"
+        );
+    }
+    assert!(
+        node.client.runner(&batch[0]).is_none(),
+        "collected: no runner"
+    );
+    assert!(!data_dir.path().join("allocs").join(&batch[0]).exists());
+    // Nothing duplicated: the server holds the same allocs, the client the same ids.
+    assert_eq!(node.server.job_allocs("counter").len(), 2);
+    assert_eq!(node.server.job_allocs("quick").len(), 2);
+    let mut expected: Vec<String> = counters.iter().chain(&batch).cloned().collect();
+    expected.sort();
+    assert_eq!(node.client.alloc_ids(), expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clean_shutdown_checkpoints_and_the_next_start_resumes() {
+    let logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
+    let node = boot(db.clone(), data_dir.path()).await;
+    let ids = node
+        .server
+        .register_job(stateful_job(
+            "counter",
+            JobType::Service,
+            1,
+            &[("tick_every", "100")],
+        ))
+        .placed;
+    eventually("running", || {
+        node.status(&ids[0]) == Some(ClientStatus::Running)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    node.client.shutdown_all().await;
+    let ticks = guest_lines(&logs, &ids[0], "tick ").len();
+    assert_eq!(
+        node.status(&ids[0]),
+        Some(ClientStatus::Running),
+        "not terminal"
+    );
+    drop(node);
+
+    let _node = boot(db, data_dir.path()).await;
+    eventually("ticking again", || {
+        guest_lines(&logs, &ids[0], "tick ").len() > ticks
+    })
+    .await;
+    assert_eq!(
+        guest_lines(&logs, &ids[0], "resuming from checkpoint at count"),
+        [format!("resuming from checkpoint at count {ticks}")]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_that_cannot_be_read_fails_that_alloc_and_the_rest_restore() {
+    let _logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let memory = Arc::new(MemoryStateDb::new());
+    let node = boot(memory.clone(), data_dir.path()).await;
+    let ids = node
+        .server
+        .register_job(JobSpec {
+            runner: SLEEPER.into(),
+            ..stateful_job("sleepy", JobType::Service, 2, &[])
+        })
+        .placed;
+    eventually("both running", || {
+        ids.iter()
+            .all(|id| node.status(id) == Some(ClientStatus::Running))
+    })
+    .await;
+    node.client.flush_state().await;
+    node.crash().await;
+    memory.garble_client_record(&ids[0], "state", b"\x00garbage");
+
+    let node = boot(memory, data_dir.path()).await;
+    let state = node.client.alloc_state(&ids[0]).expect("still held");
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert!(
+        state
+            .description
+            .contains("saved alloc state cannot be read"),
+        "{}",
+        state.description
+    );
+    let runner = node
+        .client
+        .runner(&ids[1])
+        .expect("the other alloc has its runner back");
+    assert_eq!(runner.alloc_state().client_status, ClientStatus::Running);
+    drop(node);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_that_cannot_be_saved_is_refused_to_the_guest_and_saving_resumes() {
+    let logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let faulty = Arc::new(FaultyStateDb::new(Arc::new(MemoryStateDb::new())));
+    let node = boot(faulty.clone(), data_dir.path()).await;
+    let ids = node
+        .server
+        .register_job(stateful_job(
+            "counter",
+            JobType::Service,
+            1,
+            &[("tick_every", "100")],
+        ))
+        .placed;
+    eventually("running", || {
+        node.status(&ids[0]) == Some(ClientStatus::Running)
+    })
+    .await;
+    faulty.fail_writes(true);
+    eventually("the guest told its checkpoint failed", || {
+        !logs
+            .with_message("runner's checkpoint was refused")
+            .is_empty()
+    })
+    .await;
+    // The stateful runner treats a refused checkpoint as fatal: its alloc fails, and that
+    // state is saved once the store works again.
+    faulty.fail_writes(false);
+    eventually("the failure saved and reported", || {
+        node.server
+            .alloc(&ids[0])
+            .ok()
+            .and_then(|a| a.client_state)
+            .is_some_and(|s| s.client_status == ClientStatus::Failed)
+    })
+    .await;
+    assert!(faulty.failed_writes() > 0);
+    let failed = node.client.alloc_state(&ids[0]).unwrap();
+    assert!(
+        failed.description.contains("not saved"),
+        "{}",
+        failed.description
+    );
+}
