@@ -17,6 +17,7 @@
 //! cpu = "60s"
 //! kill_timeout = "5s"
 //! log_rate = 1000
+//! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
 //!
 //! [server]
 //! job_gc_threshold = "4h"
@@ -54,6 +55,8 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// The embedded server's knobs.
     pub server: ServerConfig,
+    /// How many allocs may run at once on this node: sizes the runtime's instance pool.
+    pub max_live_allocs: u32,
 }
 
 impl Default for AgentConfig {
@@ -68,6 +71,7 @@ impl Default for AgentConfig {
             gc: GcConfig::default(),
             limits: Limits::default(),
             server: ServerConfig::default(),
+            max_live_allocs: 1_000,
         }
     }
 }
@@ -99,6 +103,7 @@ struct ClientSection {
     wall_time: Option<String>,
     kill_timeout: Option<String>,
     log_rate: Option<u32>,
+    max_live_allocs: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -181,6 +186,12 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
             return Err(bad("client.log_rate", "must be above 0".into()));
         }
         config.limits.log_lines_per_second = v;
+    }
+    if let Some(v) = client.max_live_allocs {
+        if v == 0 {
+            return Err(bad("client.max_live_allocs", "must be above 0".into()));
+        }
+        config.max_live_allocs = v;
     }
     if let Some(v) = file.server.job_gc_threshold {
         config.server.job_gc_threshold = duration("server.job_gc_threshold", &v)?;

@@ -60,6 +60,7 @@ impl Agent {
         // operator's to look at, never something to overwrite.
         let db: Arc<dyn StateDb> = Arc::new(RedbStateDb::open(&config.data_dir)?);
         let runtime = Runtime::new(&RuntimeConfig {
+            max_live_allocs: config.max_live_allocs,
             cache_dir: Some(config.data_dir.join("cache")),
             ..RuntimeConfig::default()
         })?;
