@@ -103,3 +103,83 @@ fn without_an_agent_the_cli_says_where_it_looked_and_how_to_start_one() {
     );
     assert!(stderr.contains("caravan agent --dev"), "{stderr}");
 }
+
+#[test]
+fn an_operator_runs_the_sleeper_example_stops_it_restarts_the_agent_and_finds_everything() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/sleeper.toml");
+    let agent = AgentProcess::start_on(data_dir.path());
+    let run = agent.caravan(&["job", "run", example]);
+    assert_eq!(run.status.code(), Some(0), "{}", stdout(&run));
+
+    let status = agent.caravan(&["job", "status", "sleeper", "--json"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let ids: Vec<String> = status["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    let alloc = agent.caravan(&["alloc", "status", &ids[0]]);
+    assert!(
+        stdout(&alloc).contains("Task web is running"),
+        "{}",
+        stdout(&alloc)
+    );
+    let logs = agent.caravan(&["alloc", "logs", &ids[0]]);
+    assert!(
+        stdout(&logs).contains("INFO sleeper: task web started"),
+        "a guest line: {}",
+        stdout(&logs)
+    );
+    assert_eq!(
+        agent.caravan(&["job", "stop", "sleeper"]).status.code(),
+        Some(0)
+    );
+    let stopped = |agent: &AgentProcess| -> Vec<(String, String, String)> {
+        let status = agent.caravan(&["job", "status", "sleeper", "--json"]);
+        let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+        let mut allocs: Vec<_> = status["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let field = |name: &str| a[name].as_str().unwrap_or_default().to_string();
+                (field("id"), field("desired_status"), field("client_status"))
+            })
+            .collect();
+        allocs.sort();
+        allocs
+    };
+    let mut before = stopped(&agent);
+    for _ in 0..100 {
+        if before.iter().all(|(_, _, client)| client == "complete") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        before = stopped(&agent);
+    }
+    assert!(
+        before
+            .iter()
+            .all(|(_, desired, client)| desired == "stop" && client == "complete"),
+        "{before:?}"
+    );
+    let (code, _) = agent.stop();
+    assert_eq!(code, Some(0));
+
+    let agent = AgentProcess::start_on(data_dir.path());
+    assert_eq!(stopped(&agent), before, "statuses intact after the restart");
+    let alloc = agent.caravan(&["alloc", "status", &ids[0][..8]]);
+    assert!(stdout(&alloc).contains("complete"), "{}", stdout(&alloc));
+    let logs = agent.caravan(&["alloc", "logs", &ids[0]]);
+    assert!(
+        stdout(&logs).contains("INFO sleeper: task web started"),
+        "its logs kept until collected: {}",
+        stdout(&logs)
+    );
+    let job = agent.caravan(&["job", "status"]);
+    assert!(stdout(&job).contains("sleeper"), "{}", stdout(&job));
+    agent.stop();
+}
