@@ -58,7 +58,10 @@ impl Agent {
         };
         // Refused before anything else starts: a store this build cannot use is the
         // operator's to look at, never something to overwrite.
-        let db: Arc<dyn StateDb> = Arc::new(RedbStateDb::open(&config.data_dir)?);
+        // Opening may repair a file left by a crash: a blocking read of the whole file.
+        let db: Arc<dyn StateDb> = Arc::new(crate::state::blocking(|| {
+            RedbStateDb::open(&config.data_dir)
+        })?);
         let runtime = Runtime::new(&RuntimeConfig {
             max_live_allocs: config.max_live_allocs,
             cache_dir: Some(config.data_dir.join("cache")),

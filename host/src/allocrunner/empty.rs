@@ -60,7 +60,9 @@ impl AllocRunner for EmptyAllocRunner {
     }
 
     fn run(&self) {
-        if !self.stopped.latch().is_set() {
+        if self.alloc().desired_status.is_stop() {
+            self.kill();
+        } else if !self.stopped.latch().is_set() {
             self.set_status(ClientStatus::Running, "Tasks are running");
         }
     }

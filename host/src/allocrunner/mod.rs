@@ -43,7 +43,9 @@ pub trait AllocRunner: Send + Sync {
     fn alloc(&self) -> Arc<Alloc>;
 
     /// Starts running the alloc on a spawned task and returns at once. A second call does
-    /// nothing. After [`AllocRunner::destroy`] it does nothing either.
+    /// nothing. After [`AllocRunner::destroy`] it does nothing either. An alloc whose desired
+    /// status is already stop or evict (restored after the server stopped it) is not started:
+    /// it is killed at once.
     fn run(&self);
 
     /// Hands over a new version of the alloc. Versions whose `modify_index` is not greater

@@ -314,12 +314,16 @@ impl Client {
             });
         }
         self.inner.gc.collect(alloc_id, runner).await;
+        // Answered once the collection is on disk, so a crash right after cannot undo it.
+        self.flush_state().await;
         Ok(())
     }
 
-    /// Forced collection of every terminal alloc, under the destroy limit.
+    /// Forced collection of every terminal alloc, under the destroy limit; returns once the
+    /// collections are on disk.
     pub async fn collect_all(&self) {
         self.inner.gc.collect_all().await;
+        self.flush_state().await;
     }
 
     /// Where an alloc's guest output is written (`.1`, `.2` beside it are older, rotated).
@@ -380,7 +384,7 @@ impl Client {
     /// cannot be read at all is an error, a bad record costs only its alloc.
     pub async fn restore(&self) -> Result<usize, StateError> {
         let db = self.inner.persister.db().clone();
-        let saved = persist::blocking(|| db.client_allocs())?;
+        let saved = crate::state::blocking(|| db.client_allocs())?;
         let count = saved.len();
         self.inner.restore(saved).await;
         Ok(count)
@@ -407,7 +411,8 @@ impl Client {
     }
 
     /// Applies one watch answer, as the watch loop does. Public so tests and simulators can
-    /// drive a client without its loops.
+    /// feed a client answers of their own; new allocs are saved first, so the client must
+    /// have been started (its state-saving loop running).
     pub async fn apply(&self, answer: &NodeAllocs) -> Result<(), server::ServerError> {
         self.inner.apply(answer).await
     }
@@ -629,7 +634,15 @@ impl ClientInner {
                 Some(Ok(state)) => Some(state),
                 None => None,
             };
-            let acked = record.acked.and_then(Result::ok);
+            let acked = match record.acked {
+                Some(Err(reason)) => {
+                    // Only costs a resend of a state the server may already have.
+                    tracing::warn!(alloc_id, reason = %reason, "ignoring unreadable acknowledged state");
+                    None
+                }
+                Some(Ok(acked)) => Some(acked),
+                None => None,
+            };
             if let Some(acked) = &acked {
                 self.sync.restore_acknowledged(&alloc_id, acked.clone());
             }
@@ -659,24 +672,30 @@ impl ClientInner {
             to_build.push(self.runner_config(&alloc, record.checkpoint, state));
         }
         // One trip to the blocking pool for every runner: the factory compiles a component
-        // once, then each build is cheap.
+        // once, then each build is cheap. A panic fails its own alloc only.
         let factory = self.factory.clone();
         let built = tokio::task::spawn_blocking(move || {
             to_build
                 .into_iter()
                 .map(|config| {
-                    let alloc = config.alloc.clone();
-                    let span = config.span.clone();
-                    (alloc, span, factory(config))
+                    let (alloc, span) = (config.alloc.clone(), config.span.clone());
+                    let last_state = config.last_state.clone();
+                    let factory = &factory;
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
+                            .unwrap_or_else(|_| {
+                                Err(anyhow::anyhow!("the runner factory panicked"))
+                            });
+                    (alloc, span, last_state, result)
                 })
                 .collect::<Vec<_>>()
         })
         .await
         .unwrap_or_default();
         let (mut running, mut finished) = (0usize, 0usize);
-        for (alloc, span, result) in built {
-            match result {
-                Ok(runner) => {
+        for (alloc, span, last_state, result) in built {
+            match (result, last_state) {
+                (Ok(runner), _) => {
                     if runner.alloc_state().client_status.is_terminal() {
                         finished += 1;
                     } else {
@@ -684,7 +703,15 @@ impl ClientInner {
                     }
                     self.start_runner(&alloc.id, runner);
                 }
-                Err(error) => self.fail_alloc(alloc, &span, format!("{error:#}")),
+                (Err(error), Some(last)) if last.client_status.is_terminal() => {
+                    // Finished already: its runner is not needed to answer for it, and
+                    // failing it now would rewrite history (and replace a service alloc).
+                    tracing::warn!(parent: &span, error = %format!("{error:#}"), "cannot rebuild a finished alloc's runner; keeping its final state");
+                    finished += 1;
+                    self.runnerless_lock()
+                        .insert(alloc.id.clone(), (alloc, last));
+                }
+                (Err(error), _) => self.fail_alloc(alloc, &span, format!("{error:#}")),
             }
         }
         tracing::info!(
@@ -720,6 +747,9 @@ impl ClientInner {
             self.persister.delete(alloc_id);
             return;
         }
+        // Marked now, not after the destroy: a stop of the agent before the destroy ends must
+        // not restore an alloc the server has already dropped.
+        self.persister.mark_collected(alloc_id);
         let (gc, persister) = (self.gc.clone(), self.persister.clone());
         let alloc_id = alloc_id.to_string();
         tokio::spawn(async move {

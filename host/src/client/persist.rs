@@ -13,12 +13,18 @@
 //!   collected and deleting take the same lock and drop what is queued for the alloc, so a
 //!   late save can never bring a collected alloc back.
 //! - A failed commit keeps its writes (unless newer ones replaced them) and retries with
-//!   backoff; waiters are told at once that their write is not saved yet.
+//!   backoff; the waiters of that commit are told their write is not saved yet. (Waiters
+//!   queued during the backoff wait for the retry.)
 //!
-//! Commits run on the persister's own task, one at a time, in the order writes were queued.
+//! Commits run on the persister's own task, one at a time. Within a commit, alloc records,
+//! collection marks and deletes keep the order they were asked in, and come before states,
+//! acknowledgements and checkpoints (which saving and deleting keep consistent with them).
+//!
+//! What this may not touch: runners, the server, the alloc map; it hears states and hands
+//! them back through `on_saved` only.
 
 use super::metrics::Metrics;
-use crate::state::{StateDb, StateError, Write};
+use crate::state::{StateDb, StateError, Write, blocking};
 use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,15 +58,6 @@ struct Known {
     collected: bool,
     /// The last state queued or saved, to skip identical reports.
     last_state: Option<AllocState>,
-}
-
-/// Runs a store call on this thread, letting a multi-threaded runtime move its other tasks
-/// elsewhere while the call waits for the disk.
-pub fn blocking<T>(call: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(call),
-        _ => call(),
-    }
 }
 
 impl Persister {
@@ -274,7 +271,11 @@ impl Persister {
         }
         let writes = batch.writes(&states);
         let count = writes.len();
-        let result = blocking(|| self.db.apply(writes));
+        // A store that panics must not take the loop (and every waiter) down with it.
+        let result = blocking(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.db.apply(writes)))
+                .unwrap_or_else(|_| Err(StateError::Io("the state store panicked".into())))
+        });
         match &result {
             Ok(()) => {
                 self.metrics.state_batch_saved(count as u64);
@@ -347,14 +348,12 @@ impl Batch {
         self.structural.is_empty() && self.acked.is_empty() && self.checkpoints.is_empty()
     }
 
-    /// Records first, then states, acknowledgements and checkpoints, then collection marks
-    /// and deletes (which must win over anything saved for the same alloc in this batch).
+    /// Records, marks and deletes in the order asked, then states, acknowledgements and
+    /// checkpoints. That order is right because deleting an alloc drops what is queued for
+    /// it (so anything after a delete belongs to a later re-add), and marking it collected
+    /// drops its queued checkpoint and keeps its final state.
     fn writes(&self, states: &HashMap<String, AllocState>) -> Vec<Write> {
-        let (marks, records): (Vec<&Write>, Vec<&Write>) = self
-            .structural
-            .iter()
-            .partition(|w| matches!(w, Write::MarkCollected(_) | Write::DeleteAlloc(_)));
-        let mut writes: Vec<Write> = records.into_iter().cloned().collect();
+        let mut writes: Vec<Write> = self.structural.clone();
         writes.extend(states.iter().map(|(id, state)| Write::PutAllocState {
             alloc_id: id.clone(),
             state: state.clone(),
@@ -371,7 +370,6 @@ impl Batch {
                     data: data.clone(),
                 }),
         );
-        writes.extend(marks.into_iter().cloned());
         writes
     }
 }

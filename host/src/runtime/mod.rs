@@ -2,18 +2,21 @@
 //!
 //! One [`Runtime`] per process holds one `Engine` (epoch interruption on, the pooling allocator
 //! when the address space can be reserved), one `Linker` with every host import, and a cache
-//! of compiled components keyed by content hash, each with its `InstancePre`. Each alloc gets
-//! its own `Store` (see [`WasmAllocRunner`]).
+//! of compiled components keyed by content hash, each with its `InstancePre` (and, when given
+//! a cache dir, their machine code on disk). Each alloc gets its own `Store` (see
+//! [`WasmAllocRunner`]).
 //!
 //! Layout:
 //! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
 //! - `host_api`: the `caravan:runner/host` import.
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
 //! - `limits`: memory limiter and CPU meter.
+//! - [`disk_cache`]: compiled components on disk, checksummed.
 //! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm.
 //!
 //! This module may use [`crate::allocrunner`] and [`crate::structs`]; it knows nothing of the
-//! client, the server or storage.
+//! client, the server or the state store. On disk it touches only each alloc's directory and
+//! log file, and its own cache dir.
 
 mod bindings;
 pub mod disk_cache;

@@ -454,6 +454,11 @@ impl AllocRunner for WasmAllocRunner {
 
     fn run(&self) {
         let shared = &self.shared;
+        if shared.alloc().desired_status.is_stop() {
+            // Stopped by the server before it ever ran here (a restored alloc, say).
+            shared.kill();
+            return;
+        }
         if shared.started.swap(true, Ordering::SeqCst) {
             return;
         }

@@ -18,15 +18,14 @@
 //!   when its last alloc does.
 //!
 //! Every change is saved to the [`StateDb`] the server was opened on (the client's store, in
-//! the agent) before clients are woken to see it, so a client never runs an alloc the server
-//! could forget; [`EmbeddedServer::open`] reads it all back. Each change writes only the jobs
+//! the agent) before clients are woken to see it, and a client's updates are acknowledged
+//! only once saved; [`EmbeddedServer::open`] reads it all back. Each change writes only the jobs
 //! and allocs it touched (tracked in the state as it mutates), plus the small metadata record.
 //! Placement is a separate function ([`place`]) so more nodes fit without touching the rest.
 
-use crate::client::persist::blocking;
 use crate::client::server::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
 use crate::jobspec::{JobSpec, JobType};
-use crate::state::{MemoryStateDb, ServerTable, StateDb, StateError, Write};
+use crate::state::{MemoryStateDb, ServerTable, StateDb, StateError, Write, blocking};
 use crate::structs::{Alloc, AllocState, DesiredStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -302,31 +301,38 @@ impl EmbeddedServer {
     }
 
     /// Runs `change` on the state with the next index, saves what it touched, then wakes
-    /// watchers. Saving happens under the state lock so saves land in index order.
-    fn change<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> T {
-        let (result, index) = {
+    /// watchers. Saving happens under the state lock so saves land in index order (a commit
+    /// is a fraction of a millisecond here; readers wait that long).
+    ///
+    /// When saving fails the change stays in memory, its records stay dirty for the next
+    /// change to save, and watchers are not woken: clients learn of it only once it is on
+    /// disk. The error is logged and returned for callers that can retry.
+    fn change<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> (T, Result<(), StateError>) {
+        let (result, saved, index) = {
             let mut state = self.lock();
             state.index += 1;
             let index = state.index;
             let result = change(&mut state, index);
             let writes = state.dirty_writes();
-            match blocking(|| self.db.apply(writes)) {
+            let saved = blocking(|| self.db.apply(writes));
+            match &saved {
                 Ok(()) => {
                     state.dirty_jobs.clear();
                     state.dirty_allocs.clear();
                 }
-                // Kept dirty: the next change saves them again.
                 Err(error) => tracing::error!(error = %error, "cannot save server state"),
             }
-            (result, index)
+            (result, saved, index)
         };
-        self.index.send_replace(index);
-        result
+        if saved.is_ok() {
+            self.index.send_replace(index);
+        }
+        (result, saved)
     }
 
     /// Registers a job, or updates it when the id exists (see the module docs).
     pub fn register_job(&self, spec: JobSpec) -> Registration {
-        self.change(|state, index| state.register(spec, index))
+        self.change(|state, index| state.register(spec, index)).0
     }
 
     /// Changes a job's count, as registering it again with that count would.
@@ -344,6 +350,7 @@ impl EmbeddedServer {
             };
             Ok(state.register(spec, index))
         })
+        .0
     }
 
     /// Stops a job: every alloc is asked to stop. With `purge`, the job is also removed once
@@ -352,22 +359,24 @@ impl EmbeddedServer {
         if self.lock().jobs.get(job_id).is_none_or(|job| job.purged) {
             return Err(RequestError::JobNotFound(job_id.to_string()));
         }
-        Ok(self.change(|state, index| {
-            let ids: Vec<String> = state
-                .job_allocs(job_id)
-                .filter(|a| a.is_wanted())
-                .map(|a| a.alloc.id.clone())
-                .collect();
-            for id in &ids {
-                state.stop_alloc(id, index);
-            }
-            if let Some(job) = state.job_mut(job_id) {
-                job.stopped = true;
-                job.purged |= purge;
-            }
-            state.remove_empty_purged_jobs();
-            ids
-        }))
+        Ok(self
+            .change(|state, index| {
+                let ids: Vec<String> = state
+                    .job_allocs(job_id)
+                    .filter(|a| a.is_wanted())
+                    .map(|a| a.alloc.id.clone())
+                    .collect();
+                for id in &ids {
+                    state.stop_alloc(id, index);
+                }
+                if let Some(job) = state.job_mut(job_id) {
+                    job.stopped = true;
+                    job.purged |= purge;
+                }
+                state.remove_empty_purged_jobs();
+                ids
+            })
+            .0)
     }
 
     /// Stops one alloc (desired status stop); a service job does not replace it.
@@ -375,7 +384,7 @@ impl EmbeddedServer {
         if !self.lock().allocs.contains_key(alloc_id) {
             return Err(RequestError::AllocNotFound(alloc_id.to_string()));
         }
-        self.change(|state, index| state.stop_alloc(alloc_id, index));
+        let _ = self.change(|state, index| state.stop_alloc(alloc_id, index));
         Ok(())
     }
 
@@ -417,6 +426,7 @@ impl EmbeddedServer {
             state.remove_empty_purged_jobs();
             removed
         })
+        .0
     }
 
     /// Every job, by id.
@@ -742,11 +752,11 @@ impl State {
 #[async_trait::async_trait]
 impl ServerApi for EmbeddedServer {
     async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
-        self.change(|state, index| {
+        let ((), saved) = self.change(|state, index| {
             state.nodes.insert(node_id.to_string());
             state.place_unplaced(index);
         });
-        Ok(())
+        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))
     }
 
     async fn watch_allocs(
@@ -779,7 +789,7 @@ impl ServerApi for EmbeddedServer {
 
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
         let restart_limit = self.config.restart_limit;
-        Ok(self.change(|state, index| {
+        let (accepted, saved) = self.change(|state, index| {
             let mut accepted = Vec::new();
             for update in updates {
                 let Some(record) = state.alloc_mut(&update.alloc_id) else {
@@ -793,7 +803,10 @@ impl ServerApi for EmbeddedServer {
                 state.replace_if_failed(&update.alloc_id, restart_limit, index);
             }
             accepted
-        }))
+        });
+        // Not acknowledged unless on disk: the client keeps them and sends them again.
+        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))?;
+        Ok(accepted)
     }
 }
 

@@ -227,7 +227,7 @@ contract!(
 );
 
 #[test]
-fn a_failed_batch_changes_nothing() {
+fn an_injected_write_failure_changes_nothing() {
     let db = FaultyStateDb::new(Arc::new(MemoryStateDb::new()));
     db.apply(put_all("a")).unwrap();
     db.fail_writes(true);

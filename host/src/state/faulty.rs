@@ -1,4 +1,5 @@
 //! [`FaultyStateDb`]: a [`StateDb`] that fails when told to, for tests of the failure paths.
+//! It touches nothing but the store it wraps.
 
 use super::{SavedAlloc, ServerTable, StateDb, StateError, Write};
 use std::sync::Arc;

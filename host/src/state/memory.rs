@@ -1,4 +1,5 @@
-//! [`MemoryStateDb`]: the [`StateDb`] semantics with nothing on disk.
+//! [`MemoryStateDb`]: the [`StateDb`] semantics with nothing on disk. It touches nothing but
+//! its own map.
 
 use super::{SavedAlloc, ServerTable, StateDb, StateError, Table, Write};
 use std::collections::BTreeMap;
@@ -19,14 +20,6 @@ impl MemoryStateDb {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Table, String), Vec<u8>>> {
         self.rows.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn table(&self, table: Table) -> Vec<(String, Vec<u8>)> {
-        self.lock()
-            .iter()
-            .filter(|((t, _), _)| *t == table)
-            .map(|((_, key), value)| (key.clone(), value.clone()))
-            .collect()
     }
 
     /// Overwrites one client record with raw bytes, as a bit flip or an older build would:
@@ -58,10 +51,19 @@ impl StateDb for MemoryStateDb {
     }
 
     fn client_allocs(&self) -> Result<Vec<SavedAlloc>, StateError> {
-        super::assemble_client_allocs(|table| Ok(self.table(table)))
+        // One lock for every table: one consistent snapshot.
+        let rows = self.lock();
+        super::assemble_client_allocs(|table| Ok(table_rows(&rows, table)))
     }
 
     fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        Ok(self.table(Table::Server(table)))
+        Ok(table_rows(&self.lock(), Table::Server(table)))
     }
+}
+
+fn table_rows(rows: &BTreeMap<(Table, String), Vec<u8>>, table: Table) -> Vec<(String, Vec<u8>)> {
+    rows.iter()
+        .filter(|((t, _), _)| *t == table)
+        .map(|((_, key), value)| (key.clone(), value.clone()))
+        .collect()
 }

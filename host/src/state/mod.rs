@@ -5,15 +5,16 @@
 //! - [`RedbStateDb`]: durable, one crash-safe transactional file (`state.db` under the data
 //!   dir), the role BoltDB plays for Nomad.
 //! - [`MemoryStateDb`]: the same semantics in memory, for tests and `caravan run`.
-//! - [`FaultyStateDb`]: wraps another store and fails or garbles on demand, for tests of what
-//!   the client does when saving fails.
+//! - [`FaultyStateDb`]: wraps another store and fails its writes or reads on demand, for
+//!   tests of what the client does when saving fails.
 //!
 //! Every implementation stores the same bytes: the typed writes are turned into rows of named
 //! tables by one function (`rows_of`) and rows are read back by one other
 //! (`assemble_client_allocs`), so the three cannot drift apart in what they keep.
 //!
 //! This module knows the plain data in [`crate::structs`] and nothing of the client, the server
-//! or wasmtime. The server's records are opaque bytes here; the server encodes them.
+//! or wasmtime; it may touch only its own file. The server's records are opaque bytes here;
+//! the server encodes them.
 
 mod faulty;
 mod memory;
@@ -263,6 +264,16 @@ fn assemble_client_allocs(
         }
     }
     Ok(saved.into_values().collect())
+}
+
+/// Runs a store call on this thread, letting a multi-threaded tokio runtime move its other
+/// tasks to another worker while the call waits for the disk. (On a current-thread runtime,
+/// as in tests with paused time, it simply runs.)
+pub fn blocking<T>(call: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(call),
+        _ => call(),
+    }
 }
 
 #[cfg(test)]

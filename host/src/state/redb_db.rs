@@ -9,7 +9,10 @@
 //! - an older schema is upgraded only after a backup copy is written beside the file.
 //!
 //! A file left by a crash (`kill -9`) is normal: redb repairs its allocator state on open, and
-//! every committed batch is there.
+//! every committed batch is there. The repair is tried on a copy first, so a crashed file that
+//! turns out to be refused is still untouched.
+//!
+//! What this may touch: the state file, its backup, and a temporary copy beside them.
 
 use super::{SCHEMA_VERSION, SavedAlloc, ServerTable, StateDb, StateError, Table, Write};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -59,21 +62,24 @@ impl RedbStateDb {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
 
-    fn rows(&self, table: Table) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        let read = self.db.begin_read().map_err(io)?;
-        let table = match read.open_table(table_def(table)) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(error) => return Err(io(error)),
-        };
-        let mut rows = Vec::with_capacity(table.len().map_err(io)? as usize);
-        for row in table.iter().map_err(io)? {
-            let (key, value) = row.map_err(io)?;
-            rows.push((key.value().to_string(), value.value().to_vec()));
-        }
-        Ok(rows)
+/// Every row of `table` as of the read transaction `read`.
+fn rows_in(
+    read: &redb::ReadTransaction,
+    table: Table,
+) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+    let table = match read.open_table(table_def(table)) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(error) => return Err(io(error)),
+    };
+    let mut rows = Vec::with_capacity(table.len().map_err(io)? as usize);
+    for row in table.iter().map_err(io)? {
+        let (key, value) = row.map_err(io)?;
+        rows.push((key.value().to_string(), value.value().to_vec()));
     }
+    Ok(rows)
 }
 
 fn refused(path: &Path, reason: impl Into<String>) -> StateError {
@@ -91,6 +97,8 @@ fn open_with(
 ) -> Result<RedbStateDb, StateError> {
     let mut builder = redb::Builder::new();
     builder.set_cache_size(CACHE_BYTES);
+    // An empty file holds nothing to lose: a crash in the instant between creating the file
+    // and redb's first write leaves one.
     let fresh = match std::fs::metadata(path) {
         Ok(meta) => meta.len() == 0,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => true,
@@ -111,17 +119,16 @@ fn open_with(
     }
     check_header(path)?;
     let found = match probe_version(path) {
-        Ok(found) => found,
-        Err(NeedsRepair) => {
-            // Left by a crash: let redb repair its allocator state (committed data is intact),
-            // close it cleanly, and look again.
-            drop(guarded_open(path, || builder.open(path))?);
-            probe_version(path).map_err(|NeedsRepair| {
-                refused(path, "the state store still needs repair after opening it")
-            })?
-        }
-    }?;
+        Ok(found) => found?,
+        Err(NeedsRepair) => probe_version_after_crash(path, &builder)?,
+    };
     match found {
+        Some(0) => {
+            return Err(refused(
+                path,
+                "schema version 0 is not one any Caravan wrote",
+            ));
+        }
         Some(found) if found > version => {
             return Err(refused(
                 path,
@@ -179,6 +186,30 @@ pub fn backup_path(path: &Path, version: u32) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Reads the schema version of a file left by a crash. redb repairs such a file on open,
+/// which writes to it; so the repair is done on a copy first, and the file itself is opened
+/// (and repaired) only once the copy shows it is a store this build may use.
+fn probe_version_after_crash(
+    path: &Path,
+    builder: &redb::Builder,
+) -> Result<Option<u32>, StateError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let cannot_copy = |e: std::io::Error| {
+        refused(
+            path,
+            format!("cannot copy the state store to check it: {e}"),
+        )
+    };
+    let copy = tempfile::Builder::new()
+        .prefix(".state-probe-")
+        .tempfile_in(dir)
+        .map_err(cannot_copy)?;
+    std::fs::copy(path, copy.path()).map_err(cannot_copy)?;
+    drop(guarded_open(path, || builder.open(copy.path()))?);
+    probe_version(copy.path())
+        .map_err(|NeedsRepair| refused(path, "the state store cannot be repaired"))?
+}
+
 /// redb asserts on some damaged files instead of returning an error; turn that into a refusal
 /// so a bad file is reported, not a crash.
 fn guarded_open(
@@ -187,15 +218,18 @@ fn guarded_open(
 ) -> Result<redb::Database, StateError> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)) {
         Ok(Ok(db)) => Ok(db),
-        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => Err(refused(
+        Ok(Err(error)) => Err(open_refusal(path, error)),
+        Err(_) => Err(refused(path, "not a readable state store (damaged)")),
+    }
+}
+
+fn open_refusal(path: &Path, error: redb::DatabaseError) -> StateError {
+    match error {
+        redb::DatabaseError::DatabaseAlreadyOpen => refused(
             path,
             "the state store is in use by another process (is another agent running on this data dir?)",
-        )),
-        Ok(Err(error)) => Err(refused(
-            path,
-            format!("not a readable state store: {error}"),
-        )),
-        Err(_) => Err(refused(path, "not a readable state store (damaged)")),
+        ),
+        error => refused(path, format!("not a readable state store: {error}")),
     }
 }
 
@@ -222,13 +256,19 @@ fn check_header(path: &Path) -> Result<(), StateError> {
     let field = |at: usize| u64::from(u32::from_le_bytes(header[at..at + 4].try_into().unwrap()));
     let (page, region_header_pages, region_data_pages) = (field(12), field(16), field(20));
     let (full_regions, trailing_pages) = (field(24), field(28));
-    let full_region = (region_header_pages + region_data_pages) * page;
+    // Each field is a u32, so only a damaged header overflows a u64; checked arithmetic turns
+    // that into a refusal.
+    let full_region = (region_header_pages + region_data_pages).checked_mul(page);
+    let trailing = (region_header_pages + trailing_pages).checked_mul(page);
     let expected = match (full_regions, trailing_pages) {
         (0, 0) => None,
-        (full, 0) => Some(page + full * full_region),
-        (full, trailing) => {
-            Some(page + full * full_region + (region_header_pages + trailing) * page)
-        }
+        (full, 0) => full_region
+            .and_then(|r| r.checked_mul(full))
+            .and_then(|r| r.checked_add(page)),
+        (full, _) => full_region
+            .and_then(|r| r.checked_mul(full))
+            .and_then(|r| r.checked_add(trailing?))
+            .and_then(|r| r.checked_add(page)),
     };
     match expected {
         Some(expected) if page > 0 && len < expected => Err(refused(
@@ -251,18 +291,7 @@ fn probe_version(path: &Path) -> Result<Result<Option<u32>, StateError>, NeedsRe
     let db = match opened {
         Ok(Ok(db)) => db,
         Ok(Err(redb::DatabaseError::RepairAborted)) => return Err(NeedsRepair),
-        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
-            return Ok(Err(refused(
-                path,
-                "the state store is in use by another process (is another agent running on this data dir?)",
-            )));
-        }
-        Ok(Err(error)) => {
-            return Ok(Err(refused(
-                path,
-                format!("not a readable state store: {error}"),
-            )));
-        }
+        Ok(Err(error)) => return Ok(Err(open_refusal(path, error))),
         Err(_) => return Ok(Err(refused(path, "not a readable state store (damaged)"))),
     };
     let version = (|| {
@@ -334,11 +363,14 @@ impl StateDb for RedbStateDb {
     }
 
     fn client_allocs(&self) -> Result<Vec<SavedAlloc>, StateError> {
-        super::assemble_client_allocs(|table| self.rows(table))
+        // One read transaction for every table: one consistent snapshot.
+        let read = self.db.begin_read().map_err(io)?;
+        super::assemble_client_allocs(|table| rows_in(&read, table))
     }
 
     fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.rows(Table::Server(table))
+        let read = self.db.begin_read().map_err(io)?;
+        rows_in(&read, Table::Server(table))
     }
 }
 

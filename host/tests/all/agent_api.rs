@@ -13,6 +13,7 @@ async fn agent(configure: impl FnOnce(&mut AgentConfig)) -> (Agent, tempfile::Te
         ..AgentConfig::default()
     };
     config.bind = "127.0.0.1:0".parse().unwrap();
+    config.gc = gc_ignoring_this_disk();
     configure(&mut config);
     (
         Agent::start(config).await.expect("the agent starts"),

@@ -19,7 +19,10 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
     let db: Arc<dyn StateDb> = Arc::new(RedbStateDb::open(data_dir.path()).unwrap());
     let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
     let client = Client::with_wasm_runners(
-        ClientConfig::new("node-1", data_dir.path()),
+        ClientConfig {
+            gc: gc_ignoring_this_disk(),
+            ..ClientConfig::new("node-1", data_dir.path())
+        },
         server.clone(),
         runtime(),
         db.clone(),

@@ -3,10 +3,12 @@
 //! through the real binary, `kill -9` included.)
 
 use crate::support::*;
+use caravan_host::client::server::{AllocUpdate, ServerApi};
 use caravan_host::client::{Client, ClientConfig};
 use caravan_host::jobspec::{JobSpec, JobType};
 use caravan_host::server::{EmbeddedServer, ServerConfig};
-use caravan_host::state::{FaultyStateDb, MemoryStateDb, StateDb};
+use caravan_host::state::{FaultyStateDb, MemoryStateDb, StateDb, Write};
+use caravan_host::structs::AllocState;
 use caravan_host::structs::{ClientStatus, LimitOverrides, Task};
 use caravan_test_artifacts::{SLEEPER, STATEFUL};
 use serde_json::Value;
@@ -22,7 +24,10 @@ struct Node {
 async fn boot(db: Arc<dyn StateDb>, data_dir: &std::path::Path) -> Node {
     let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
     let client = Client::with_wasm_runners(
-        ClientConfig::new("node-1", data_dir),
+        ClientConfig {
+            gc: gc_ignoring_this_disk(),
+            ..ClientConfig::new("node-1", data_dir)
+        },
         server.clone(),
         runtime(),
         db,
@@ -156,7 +161,14 @@ async fn a_restart_resumes_running_allocs_from_their_checkpoints_and_never_rerun
         node.client.runner(&batch[0]).is_none(),
         "collected: no runner"
     );
-    assert!(!data_dir.path().join("allocs").join(&batch[0]).exists());
+    let log_file = data_dir
+        .path()
+        .join("logs")
+        .join(format!("{}.log", batch[0]));
+    assert!(
+        !log_file.exists(),
+        "collected: nothing written for it since"
+    );
     // Nothing duplicated: the server holds the same allocs, the client the same ids.
     assert_eq!(node.server.job_allocs("counter").len(), 2);
     assert_eq!(node.server.job_allocs("quick").len(), 2);
@@ -289,4 +301,104 @@ async fn a_checkpoint_that_cannot_be_saved_is_refused_to_the_guest_and_saving_re
         "{}",
         failed.description
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restored_alloc_the_server_had_stopped_is_killed_not_run() {
+    let logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
+    let node = boot(db.clone(), data_dir.path()).await;
+    let ids = node
+        .server
+        .register_job(stateful_job(
+            "counter",
+            JobType::Service,
+            1,
+            &[("tick_every", "100")],
+        ))
+        .placed;
+    eventually("ticking", || {
+        !guest_lines(&logs, &ids[0], "tick ").is_empty()
+    })
+    .await;
+    let running = node.client.alloc_state(&ids[0]).unwrap();
+    // The stop is saved, then the agent dies before the runner's answer to it is: put the
+    // running state back over whatever the kill left.
+    node.server.stop_job("counter", false).unwrap();
+    eventually("the stop saved", || {
+        db.client_allocs().unwrap()[0]
+            .alloc
+            .as_ref()
+            .is_some_and(|a| a.as_ref().unwrap().desired_status.is_stop())
+    })
+    .await;
+    node.crash().await;
+    db.apply(vec![Write::PutAllocState {
+        alloc_id: ids[0].clone(),
+        state: running,
+    }])
+    .unwrap();
+    let ticks = guest_lines(&logs, &ids[0], "tick ").len();
+
+    let node = boot(db, data_dir.path()).await;
+    eventually("stopped", || {
+        node.status(&ids[0]).is_some_and(|s| s.is_terminal())
+    })
+    .await;
+    assert_eq!(node.status(&ids[0]), Some(ClientStatus::Complete));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        guest_lines(&logs, &ids[0], "tick ").len(),
+        ticks,
+        "never ran again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn saved_records_without_their_alloc_are_dropped_with_a_warning() {
+    let logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
+    db.apply(vec![Write::PutCheckpoint {
+        alloc_id: "orphan".into(),
+        data: b"3".to_vec(),
+    }])
+    .unwrap();
+    let node = boot(db.clone(), data_dir.path()).await;
+    let warning = logs.with_message("dropping saved allocation with no usable record");
+    assert_eq!(warning.len(), 1);
+    assert_eq!(warning[0]["fields"]["alloc_id"], "orphan");
+    assert!(node.client.alloc_ids().is_empty());
+    node.client.flush_state().await;
+    assert!(
+        db.client_allocs().unwrap().is_empty(),
+        "its records deleted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_server_acknowledges_an_update_only_once_it_is_saved() {
+    let _logs = LogCapture::start();
+    let faulty = Arc::new(FaultyStateDb::new(Arc::new(MemoryStateDb::new())));
+    let server = EmbeddedServer::open(ServerConfig::default(), faulty.clone()).unwrap();
+    server.register_node("node-1").await.unwrap();
+    let id = server
+        .register_job(stateful_job("counter", JobType::Service, 1, &[]))
+        .placed[0]
+        .clone();
+    let update = AllocUpdate {
+        alloc_id: id.clone(),
+        state: AllocState {
+            client_status: ClientStatus::Running,
+            description: String::new(),
+            task_states: vec![],
+        },
+    };
+    faulty.fail_writes(true);
+    let refused = server.update_allocs(std::slice::from_ref(&update)).await;
+    assert!(refused.is_err(), "not acknowledged: {refused:?}");
+    faulty.fail_writes(false);
+    let accepted = server.update_allocs(&[update]).await.unwrap();
+    assert_eq!(accepted, [id]);
 }

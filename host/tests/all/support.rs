@@ -382,12 +382,27 @@ pub fn run_caravan(args: &[&str], agent_addr: Option<&str>) -> std::process::Out
     output
 }
 
+/// GC settings for tests that are not about disk usage: the machine's own disk (a shared CI
+/// disk may well be over Nomad's 80%) must not decide what a test sees collected.
+pub fn gc_ignoring_this_disk() -> caravan_host::client::gc::GcConfig {
+    caravan_host::client::gc::GcConfig {
+        disk_usage_threshold: 100.0,
+        inode_usage_threshold: 100.0,
+        ..Default::default()
+    }
+}
+
+/// The same, as an agent config file's `[client]` block.
+const AGENT_CONFIG_IGNORING_THIS_DISK: &str =
+    "[client]\ngc_disk_usage_threshold = 100\ngc_inode_usage_threshold = 100\n";
+
 /// A real `caravan agent` on a free port, killed when dropped.
 pub struct AgentProcess {
     child: std::process::Child,
     /// `http://127.0.0.1:PORT`.
     pub addr: String,
     lines: std::sync::mpsc::Receiver<String>,
+    _config: tempfile::NamedTempFile,
     /// Lines logged before "agent started" (a restore logs there), not yet handed out.
     early: std::cell::RefCell<std::collections::VecDeque<String>>,
 }
@@ -404,9 +419,13 @@ impl AgentProcess {
     }
 
     fn start_with(args: &[&str]) -> Self {
+        let config = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(config.path(), AGENT_CONFIG_IGNORING_THIS_DISK).unwrap();
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"))
             .arg("agent")
             .args(args)
+            .arg("--config")
+            .arg(config.path())
             .args(["--bind", "127.0.0.1:0", "--log-json"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -422,6 +441,7 @@ impl AgentProcess {
             child,
             addr,
             lines,
+            _config: config,
             early: std::cell::RefCell::new(early.into()),
         }
     }
