@@ -14,14 +14,13 @@
 //! - live allocs: start N minimal runners, wait until all are running (waiting in
 //!   `next-event`), and divide the growth of the process's RSS by N.
 
-use caravan_host::allocrunner::{AllocRunner, AllocRunnerConfig, StateUpdater, alloc_span};
+use caravan_host::allocrunner::AllocRunner;
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
-use caravan_host::structs::{
-    Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
-};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
+
+mod common;
 
 mod raw {
     wasmtime::component::bindgen!({
@@ -32,6 +31,7 @@ mod raw {
     });
 }
 
+use common::{RunningSignal, alloc, config, median, rss_bytes};
 use raw::caravan::runner::{host as raw_host, types as raw_types};
 
 /// The bare embedding's store: WASI plus no-op Caravan imports.
@@ -108,65 +108,6 @@ impl Baseline {
             .unwrap();
         store.data().reported.expect("the guest reported") - begun
     }
-}
-
-/// Notifies once the guest reports `running`.
-struct RunningSignal {
-    running: Notify,
-}
-
-impl StateUpdater for RunningSignal {
-    fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
-        if state.client_status == ClientStatus::Running {
-            self.running.notify_one();
-        }
-    }
-}
-
-fn alloc(runner: &str, n: usize) -> Alloc {
-    Alloc {
-        id: format!("bench-{n}"),
-        job_id: "bench".into(),
-        group: "bench".into(),
-        runner: runner.into(),
-        tasks: vec![Task {
-            name: "main".into(),
-            config: vec![],
-        }],
-        desired_status: DesiredStatus::Run,
-        modify_index: 1,
-        meta: vec![],
-        limits: LimitOverrides::default(),
-    }
-}
-
-fn config(
-    alloc: Alloc,
-    data_dir: &std::path::Path,
-    updater: Arc<dyn StateUpdater>,
-) -> AllocRunnerConfig {
-    let alloc = Arc::new(alloc);
-    AllocRunnerConfig {
-        span: alloc_span(&alloc),
-        alloc_dir: data_dir.join(&alloc.id),
-        alloc,
-        state_updater: updater,
-        limits: Limits::default(),
-        restored: None,
-        last_state: None,
-        log_file: None,
-    }
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
 }
 
 fn arg(name: &str) -> Option<String> {

@@ -15,7 +15,7 @@ use crate::structs::{
     Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
 };
 use crate::units::format_duration;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -186,10 +186,16 @@ fn result(name: &'static str, required: bool, outcome: Result<String, String>) -
 }
 
 /// Runs every check against the component at `path`, giving `kill` and `shutdown`
-/// `kill_timeout`; stops early when the component cannot load.
-pub async fn check(path: &Path, kill_timeout: Duration) -> anyhow::Result<Vec<CheckResult>> {
+/// `kill_timeout`; stops early when the component cannot load. Compiled code is kept in
+/// `cache_dir` when given.
+pub async fn check(
+    path: &Path,
+    kill_timeout: Duration,
+    cache_dir: Option<PathBuf>,
+) -> anyhow::Result<Vec<CheckResult>> {
     let runtime = Runtime::new(&RuntimeConfig {
         max_live_allocs: 8,
+        cache_dir,
         ..RuntimeConfig::default()
     })?;
     let mut results = Vec::new();

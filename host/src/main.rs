@@ -50,6 +50,9 @@ enum Command {
         /// Keep alloc directories here instead of in a temporary directory.
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
+        /// Keep compiled components here, so the next run does not compile them again.
+        #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
     },
     /// Run the agent: the embedded server, one client node and the HTTP API.
     ///
@@ -130,6 +133,10 @@ enum RunnerCommand {
         /// How long `kill` and `shutdown` may take.
         #[arg(long, default_value = "5s", value_parser = caravan_host::units::parse_duration)]
         kill_timeout: std::time::Duration,
+        /// Keep compiled components here, so the next check or run does not compile them
+        /// again.
+        #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
     },
 }
 
@@ -218,6 +225,7 @@ fn main() -> ExitCode {
             meta,
             job,
             data_dir,
+            cache_dir,
         } => {
             let level = cli.log_level.unwrap_or_else(|| "info".into());
             if let Err(error) = caravan_host::telemetry::init(&level, cli.log_json) {
@@ -232,6 +240,7 @@ fn main() -> ExitCode {
                 meta,
                 job_id: job,
                 data_dir,
+                cache_dir,
             };
             match runtime.block_on(caravan_host::run::run(options)) {
                 Ok((alloc, state)) => {
@@ -321,6 +330,7 @@ fn main() -> ExitCode {
                 RunnerCommand::Check {
                     component,
                     kill_timeout,
+                    cache_dir,
                 },
         } => {
             // Only the checks' own lines: the runner's logs are checked, not shown.
@@ -329,7 +339,11 @@ fn main() -> ExitCode {
                 eprintln!("error: {error:#}");
                 return ExitCode::from(2);
             }
-            match runtime.block_on(caravan_host::check::check(&component, kill_timeout)) {
+            match runtime.block_on(caravan_host::check::check(
+                &component,
+                kill_timeout,
+                cache_dir,
+            )) {
                 Ok(results) => {
                     for result in &results {
                         println!("{}", result.line());

@@ -33,6 +33,8 @@ pub struct RunOptions {
     pub job_id: String,
     /// Where alloc directories go; a temporary directory, removed at exit, when `None`.
     pub data_dir: Option<PathBuf>,
+    /// Where compiled components are kept between runs; nowhere when `None`.
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// The limit names `--limit` accepts, with the form each takes.
@@ -128,6 +130,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
     let alloc = Arc::new(build_alloc(&options)?);
     let runtime = Runtime::new(&RuntimeConfig {
         max_live_allocs: 1,
+        cache_dir: options.cache_dir.clone(),
         ..RuntimeConfig::default()
     })?;
     let temporary = match &options.data_dir {
@@ -256,6 +259,7 @@ mod tests {
             meta: vec![],
             job_id: "example".into(),
             data_dir: None,
+            cache_dir: None,
         }
     }
 

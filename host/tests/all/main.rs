@@ -17,6 +17,7 @@ mod fixture_trap;
 mod fixture_wrong_world;
 mod loading;
 mod minimal;
+mod other_languages;
 mod restore;
 mod runner_check;
 mod sleeper;

@@ -12,7 +12,7 @@ use std::time::Duration;
 const KILL_TIMEOUT: Duration = Duration::from_millis(300);
 
 async fn results(path: &str) -> Vec<CheckResult> {
-    within("the checks", check(Path::new(path), KILL_TIMEOUT))
+    within("the checks", check(Path::new(path), KILL_TIMEOUT, None))
         .await
         .expect("the checks run")
 }

@@ -1,0 +1,124 @@
+//! The Python, JavaScript and C runners through the real binary: `caravan runner check`
+//! passes for each, and a `caravan run` of each sleeper sends its guest lines through the
+//! host's logger with the right level and alloc id.
+
+use crate::support::run_caravan;
+use caravan_test_artifacts::{TEST_CACHE_DIR, other_language_runner};
+use serde_json::Value;
+
+fn runner(language: &str, name: &str) -> String {
+    let (path, build) = other_language_runner(language, name);
+    assert!(
+        std::path::Path::new(&path).is_file(),
+        "{path} is missing: build it with `{build}` (./run-tests does)"
+    );
+    path
+}
+
+fn passes_the_checks_and_logs_through_the_host(language: &str) {
+    for name in ["minimal", "sleeper"] {
+        let path = runner(language, name);
+        let check = run_caravan(
+            &["runner", "check", &path, "--cache-dir", TEST_CACHE_DIR],
+            None,
+        );
+        assert_eq!(
+            check.status.code(),
+            Some(0),
+            "{language} {name}: runner check"
+        );
+        let out = String::from_utf8_lossy(&check.stdout);
+        assert!(out.contains("every required check passed"), "{out}");
+    }
+
+    let sleeper = runner(language, "sleeper");
+    let run = run_caravan(
+        &[
+            "run",
+            &sleeper,
+            "--log-json",
+            "--cache-dir",
+            TEST_CACHE_DIR,
+            "--task",
+            "web",
+            "--task",
+            "worker",
+            "--config",
+            "run_for=1s",
+            "--config",
+            "log_every=300ms",
+            "--config",
+            "worker.exit_code=3",
+        ],
+        None,
+    );
+    assert_eq!(run.status.code(), Some(1), "a failed task fails the alloc");
+    let result: Value = serde_json::from_slice(&run.stdout).expect("a JSON result line");
+    assert_eq!(result["client_status"], "failed");
+    assert_eq!(result["description"], "Failed tasks: worker");
+    let alloc_id = result["alloc_id"].as_str().unwrap();
+
+    let lines: Vec<Value> = String::from_utf8_lossy(&run.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let guest_line = |text: &str| {
+        lines
+            .iter()
+            .find(|l| l["fields"]["message"] == text)
+            .unwrap_or_else(|| panic!("{language}: no guest line {text:?}"))
+    };
+    for (text, level) in [
+        ("task web started; runs for 1000ms", "INFO"),
+        ("task web still running", "INFO"),
+        ("task web finished: Exit Code: 0", "INFO"),
+        ("task worker failed: Exit Code: 3", "WARN"),
+    ] {
+        let line = guest_line(text);
+        assert_eq!(line["level"], level, "{language}: {text}");
+        assert_eq!(line["span"]["alloc_id"], alloc_id, "{language}: {text}");
+        assert_eq!(line["target"], "caravan::guest", "{language}: {text}");
+        assert_eq!(line["fields"]["context"], "sleeper", "{language}: {text}");
+    }
+}
+
+#[test]
+fn python_runners_pass_the_checks_and_log_through_the_host() {
+    passes_the_checks_and_logs_through_the_host("python");
+}
+
+#[test]
+fn javascript_runners_pass_the_checks_and_log_through_the_host() {
+    passes_the_checks_and_logs_through_the_host("js");
+}
+
+#[test]
+fn c_runners_pass_the_checks_and_log_through_the_host() {
+    passes_the_checks_and_logs_through_the_host("c");
+}
+
+#[test]
+fn a_bad_config_is_refused_by_every_sleeper_with_the_key_named() {
+    for language in caravan_test_artifacts::OTHER_LANGUAGES {
+        let sleeper = runner(language, "sleeper");
+        let run = run_caravan(
+            &[
+                "run",
+                &sleeper,
+                "--log-json",
+                "--cache-dir",
+                TEST_CACHE_DIR,
+                "--config",
+                "run_for=soon",
+            ],
+            None,
+        );
+        assert_eq!(run.status.code(), Some(1), "{language}");
+        let result: Value = serde_json::from_slice(&run.stdout).unwrap();
+        let description = result["description"].as_str().unwrap();
+        assert!(
+            description.contains("run_for") && description.contains("soon"),
+            "{language}: {description}"
+        );
+    }
+}
