@@ -8,6 +8,7 @@
 
 #include "alloc_runner.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +17,12 @@
 
 #define FOREVER UINT64_MAX
 #define NO_TIME UINT64_MAX
-#define MAX_EVENTS 4
+// The host keeps the last 10 events of each task; so does the runner.
+#define MAX_EVENTS 10
 #define TEXT 160
+
+// A task's name as printf arguments, for "%.*s".
+#define NAME(task) (int)(task)->name.len, (char *)(task)->name.ptr
 
 typedef struct {
   char kind[16];
@@ -26,8 +31,9 @@ typedef struct {
 } event_t;
 
 typedef struct {
-  char name[TEXT];
+  alloc_runner_string_t name; // borrowed from the alloc, which outlives the run
   bool running, failed;
+  uint32_t restarts;
   int64_t exit_code;
   uint64_t ends_at, log_every, next_log; // milliseconds; NO_TIME when unset
   event_t events[MAX_EVENTS];
@@ -57,7 +63,8 @@ static void log_line(wasi_logging_logging_level_t level, const char *format, ...
 
 static void add_event(task_t *task, const char *kind, const char *message) {
   if (task->event_count == MAX_EVENTS) {
-    return;
+    memmove(&task->events[0], &task->events[1], (MAX_EVENTS - 1) * sizeof(event_t));
+    task->event_count--;
   }
   event_t *event = &task->events[task->event_count++];
   snprintf(event->kind, sizeof event->kind, "%s", kind);
@@ -71,16 +78,19 @@ static void finish(task_t *task, bool failed, const char *kind, const char *mess
   add_event(task, kind, message);
 }
 
-// Parses `500ms`, `5s`, `2m`, `1h` into milliseconds; false when it is none of those.
+// Parses `500ms`, `5s`, `2m`, `1h` into milliseconds; false when it is none of those or does
+// not fit.
 static bool parse_duration_ms(const char *text, size_t len, uint64_t *ms) {
-  size_t digits = 0;
+  size_t start = len > 0 && text[0] == '+', digits = start;
   uint64_t number = 0;
   while (digits < len && text[digits] >= '0' && text[digits] <= '9') {
-    number = number * 10 + (uint64_t)(text[digits++] - '0');
+    uint64_t digit = (uint64_t)(text[digits++] - '0');
+    if (number > (UINT32_MAX - digit) / 10) return false; // far beyond any useful duration
+    number = number * 10 + digit;
   }
   size_t unit = len - digits;
   const char *u = text + digits;
-  if (digits == 0) return false;
+  if (digits == start) return false;
   if (unit == 2 && !strncmp(u, "ms", 2)) *ms = number;
   else if (unit == 1 && *u == 's') *ms = number * 1000;
   else if (unit == 1 && *u == 'm') *ms = number * 60000;
@@ -89,11 +99,22 @@ static bool parse_duration_ms(const char *text, size_t len, uint64_t *ms) {
   return true;
 }
 
+// Parses a whole number that fits an i64, nothing else around it.
+static bool parse_exit_code(const char *text, size_t len, int64_t *code) {
+  char number[24], *end;
+  if (len == 0 || len >= sizeof number || text[0] == ' ') return false;
+  memcpy(number, text, len);
+  number[len] = '\0';
+  errno = 0;
+  *code = strtoll(number, &end, 10);
+  return errno == 0 && *end == '\0';
+}
+
 static bool invalid_config(exports_caravan_runner_runner_runner_error_t *err, const task_t *task,
                            const char *key, const char *value, size_t len, const char *expected) {
   char message[TEXT * 2];
-  snprintf(message, sizeof message, "task \"%s\": %s: \"%.*s\" is not %s", task->name, key,
-           (int)len, value, expected);
+  snprintf(message, sizeof message, "task \"%.*s\": %s: \"%.*s\" is not %s", (int)task->name.len,
+           (char *)task->name.ptr, key, (int)len, value, expected);
   err->tag = CARAVAN_RUNNER_TYPES_RUNNER_ERROR_INVALID_CONFIG;
   alloc_runner_string_dup(&err->val.invalid_config, message);
   return false;
@@ -102,24 +123,26 @@ static bool invalid_config(exports_caravan_runner_runner_runner_error_t *err, co
 static bool start_task(task_t *task, const caravan_runner_types_task_t *spec, uint64_t started,
                        exports_caravan_runner_runner_runner_error_t *err) {
   memset(task, 0, sizeof *task);
-  snprintf(task->name, sizeof task->name, "%.*s", (int)spec->name.len, (char *)spec->name.ptr);
+  task->name = spec->name;
   task->running = true;
   task->ends_at = task->log_every = task->next_log = NO_TIME;
   uint64_t run_for = NO_TIME;
+  bool seen_run_for = false, seen_log_every = false, seen_exit_code = false;
+  // The first setting of a key counts, as in the Rust runner.
   for (size_t i = 0; i < spec->config.len; i++) {
     const alloc_runner_string_t *key = &spec->config.ptr[i].f0, *value = &spec->config.ptr[i].f1;
     const char *v = (const char *)value->ptr;
-    if (key->len == 7 && !memcmp(key->ptr, "run_for", 7)) {
+    if (key->len == 7 && !memcmp(key->ptr, "run_for", 7) && !seen_run_for) {
+      seen_run_for = true;
       if (!parse_duration_ms(v, value->len, &run_for))
         return invalid_config(err, task, "run_for", v, value->len, "a duration such as 500ms, 5s or 2m");
-    } else if (key->len == 9 && !memcmp(key->ptr, "log_every", 9)) {
+    } else if (key->len == 9 && !memcmp(key->ptr, "log_every", 9) && !seen_log_every) {
+      seen_log_every = true;
       if (!parse_duration_ms(v, value->len, &task->log_every))
         return invalid_config(err, task, "log_every", v, value->len, "a duration such as 500ms, 5s or 2m");
-    } else if (key->len == 9 && !memcmp(key->ptr, "exit_code", 9)) {
-      char number[32], *end;
-      snprintf(number, sizeof number, "%.*s", (int)value->len, v);
-      task->exit_code = strtoll(number, &end, 10);
-      if (value->len == 0 || *end != '\0')
+    } else if (key->len == 9 && !memcmp(key->ptr, "exit_code", 9) && !seen_exit_code) {
+      seen_exit_code = true;
+      if (!parse_exit_code(v, value->len, &task->exit_code))
         return invalid_config(err, task, "exit_code", v, value->len, "a whole number");
     }
   }
@@ -128,56 +151,73 @@ static bool start_task(task_t *task, const caravan_runner_types_task_t *spec, ui
   add_event(task, "Received", "Task received by client");
   add_event(task, "Started", "Task started by client");
   if (run_for == NO_TIME) {
-    log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %s started; runs until killed", task->name);
+    log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %.*s started; runs until killed", NAME(task));
   } else {
-    log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %s started; runs for %llums", task->name,
+    log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %.*s started; runs for %llums", NAME(task),
              (unsigned long long)run_for);
   }
   return true;
 }
 
+static bool out_of_memory(exports_caravan_runner_runner_runner_error_t *err) {
+  err->tag = CARAVAN_RUNNER_TYPES_RUNNER_ERROR_FAILED;
+  alloc_runner_string_dup(&err->val.failed, "out of memory");
+  return false;
+}
+
 // Reports every task's state, with the status given, or (when `description` is NULL) the one
-// Nomad derives: running while any task runs; then failed if any failed, else complete.
+// Nomad derives: running while any task runs; then failed if any failed, else complete. An
+// alloc without tasks runs until it is killed.
 static bool report(task_t *tasks, size_t count, caravan_runner_types_client_status_t status,
                    const char *description, exports_caravan_runner_runner_runner_error_t *err) {
-  char derived[TEXT * 2] = "";
+  // Room for "Failed tasks: " and every name with its ", ".
+  size_t room = 64;
+  for (size_t i = 0; i < count; i++) room += tasks[i].name.len + 2;
+  char *derived = malloc(room);
+  caravan_runner_types_task_state_t *states = calloc(count ? count : 1, sizeof *states);
+  caravan_runner_types_task_event_t *events =
+      calloc(count ? count * MAX_EVENTS : 1, sizeof *events);
+  if (!derived || !states || !events) {
+    free(derived), free(states), free(events);
+    return out_of_memory(err);
+  }
   if (description == NULL) {
     bool any_running = false;
     for (size_t i = 0; i < count; i++) any_running |= tasks[i].running;
-    if (any_running) {
+    if (count == 0) {
       status = CARAVAN_RUNNER_TYPES_CLIENT_STATUS_RUNNING;
-      snprintf(derived, sizeof derived, "Tasks are running");
+      snprintf(derived, room, "Runner started");
+    } else if (any_running) {
+      status = CARAVAN_RUNNER_TYPES_CLIENT_STATUS_RUNNING;
+      snprintf(derived, room, "Tasks are running");
     } else {
       status = CARAVAN_RUNNER_TYPES_CLIENT_STATUS_COMPLETE;
-      snprintf(derived, sizeof derived, "All tasks have completed");
+      snprintf(derived, room, "All tasks have completed");
       for (size_t i = 0; i < count; i++) {
         if (!tasks[i].failed) continue;
-        if (status != CARAVAN_RUNNER_TYPES_CLIENT_STATUS_FAILED) {
-          status = CARAVAN_RUNNER_TYPES_CLIENT_STATUS_FAILED;
-          snprintf(derived, sizeof derived, "Failed tasks: %s", tasks[i].name);
-        } else {
-          size_t used = strlen(derived);
-          snprintf(derived + used, sizeof derived - used, ", %s", tasks[i].name);
-        }
+        bool first = status != CARAVAN_RUNNER_TYPES_CLIENT_STATUS_FAILED;
+        size_t used = first ? 0 : strlen(derived);
+        snprintf(derived + used, room - used, first ? "Failed tasks: %.*s" : ", %.*s",
+                 NAME(&tasks[i]));
+        status = CARAVAN_RUNNER_TYPES_CLIENT_STATUS_FAILED;
       }
     }
     description = derived;
   }
-  caravan_runner_types_task_state_t states[count ? count : 1];
-  caravan_runner_types_task_event_t events[count ? count : 1][MAX_EVENTS];
   for (size_t i = 0; i < count; i++) {
     task_t *task = &tasks[i];
+    caravan_runner_types_task_event_t *task_events = &events[i * MAX_EVENTS];
     for (size_t e = 0; e < task->event_count; e++) {
-      alloc_runner_string_set(&events[i][e].kind, task->events[e].kind);
-      alloc_runner_string_set(&events[i][e].message, task->events[e].message);
-      events[i][e].time_unix_ms = task->events[e].time_unix_ms;
+      alloc_runner_string_set(&task_events[e].kind, task->events[e].kind);
+      alloc_runner_string_set(&task_events[e].message, task->events[e].message);
+      task_events[e].time_unix_ms = task->events[e].time_unix_ms;
     }
-    alloc_runner_string_set(&states[i].name, task->name);
+    states[i].name = task->name;
     states[i].state = task->running ? CARAVAN_RUNNER_TYPES_TASK_LIFECYCLE_RUNNING
                                     : CARAVAN_RUNNER_TYPES_TASK_LIFECYCLE_DEAD;
     states[i].failed = task->failed;
-    states[i].restarts = 0;
-    states[i].events.ptr = events[i];
+    states[i].restarts = task->restarts;
+    states[i].events.ptr = task_events;
     states[i].events.len = task->event_count;
   }
   caravan_runner_host_alloc_state_t state = {.client_status = status};
@@ -185,7 +225,9 @@ static bool report(task_t *tasks, size_t count, caravan_runner_types_client_stat
   state.task_states.ptr = states;
   state.task_states.len = count;
   alloc_runner_string_t refusal;
-  if (caravan_runner_host_update_state(&state, &refusal)) {
+  bool accepted = caravan_runner_host_update_state(&state, &refusal);
+  free(derived), free(states), free(events);
+  if (accepted) {
     return true;
   }
   char message[TEXT * 2];
@@ -206,14 +248,14 @@ static bool wake_up(task_t *tasks, size_t count, exports_caravan_runner_runner_r
       char message[64];
       snprintf(message, sizeof message, "Exit Code: %lld", (long long)task->exit_code);
       if (task->exit_code == 0) {
-        log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %s finished: %s", task->name, message);
+        log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %.*s finished: %s", NAME(task), message);
       } else {
-        log_line(WASI_LOGGING_LOGGING_LEVEL_WARN, "task %s failed: %s", task->name, message);
+        log_line(WASI_LOGGING_LOGGING_LEVEL_WARN, "task %.*s failed: %s", NAME(task), message);
       }
       finish(task, task->exit_code != 0, "Terminated", message);
       if (!report(tasks, count, 0, NULL, err)) return false;
     } else if (task->next_log != NO_TIME && task->next_log <= now) {
-      log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %s still running", task->name);
+      log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %.*s still running", NAME(task));
       task->next_log += task->log_every;
     }
   }
@@ -241,11 +283,37 @@ static bool run(const exports_caravan_runner_runner_alloc_t *alloc, task_t *task
       if (!wake_up(tasks, count, err)) return false;
     } else {
       uint8_t tag = event.tag;
+      if (tag == CARAVAN_RUNNER_TYPES_EVENT_SIGNAL || tag == CARAVAN_RUNNER_TYPES_EVENT_RESTART_TASK) {
+        bool signal = tag == CARAVAN_RUNNER_TYPES_EVENT_SIGNAL;
+        const alloc_runner_string_t *target =
+            signal ? (event.val.signal.task.is_some ? &event.val.signal.task.val : NULL)
+                   : &event.val.restart_task;
+        char message[TEXT];
+        if (signal) {
+          snprintf(message, sizeof message, "Task being sent signal %.*s",
+                   (int)event.val.signal.signal.len, (char *)event.val.signal.signal.ptr);
+        }
+        for (size_t i = 0; i < count; i++) {
+          bool named = target && target->len == tasks[i].name.len &&
+                       !memcmp(target->ptr, tasks[i].name.ptr, target->len);
+          if (signal && (target == NULL || named)) {
+            add_event(&tasks[i], "Signaling", message);
+          } else if (!signal && named) {
+            tasks[i].restarts++;
+            tasks[i].running = true;
+            tasks[i].failed = false;
+            add_event(&tasks[i], "Restarting", "User requested task to restart");
+          }
+        }
+        caravan_runner_host_event_free(&event);
+        if (!report(tasks, count, 0, NULL, err)) return false;
+        continue;
+      }
       caravan_runner_host_event_free(&event);
       if (tag == CARAVAN_RUNNER_TYPES_EVENT_KILL) {
         for (size_t i = 0; i < count; i++) {
           if (!tasks[i].running) continue;
-          log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %s killed", tasks[i].name);
+          log_line(WASI_LOGGING_LOGGING_LEVEL_INFO, "task %.*s killed", NAME(&tasks[i]));
           add_event(&tasks[i], "Killing", "Sent interrupt");
           finish(&tasks[i], false, "Killed", "Task successfully killed");
         }
@@ -254,9 +322,10 @@ static bool run(const exports_caravan_runner_runner_alloc_t *alloc, task_t *task
       }
       if (tag == CARAVAN_RUNNER_TYPES_EVENT_SHUTDOWN) return true;
     }
+    // With tasks, the run ends when the last one does; without, only on kill.
     bool any_running = false;
     for (size_t i = 0; i < count; i++) any_running |= tasks[i].running;
-    if (!any_running) return true;
+    if (count > 0 && !any_running) return true;
   }
 }
 
@@ -265,7 +334,7 @@ bool exports_caravan_runner_runner_run(exports_caravan_runner_runner_alloc_t *al
                                        exports_caravan_runner_runner_runner_error_t *err) {
   if (maybe_restored) alloc_runner_list_u8_free(maybe_restored);
   task_t *tasks = calloc(alloc->tasks.len ? alloc->tasks.len : 1, sizeof(task_t));
-  bool ok = run(alloc, tasks, err);
+  bool ok = tasks ? run(alloc, tasks, err) : out_of_memory(err);
   free(tasks);
   exports_caravan_runner_runner_alloc_free(alloc);
   return ok;

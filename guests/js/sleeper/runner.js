@@ -12,13 +12,15 @@ import { log as wasiLog } from "wasi:logging/logging@0.1.0-draft";
 
 const FOREVER = 0xffffffffffffffffn;
 const UNITS_MS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+// The host keeps the last 10 events of each task; so does the runner.
+const MAX_EVENTS = 10;
 
 const log = (level, message) => wasiLog(level, "sleeper", message);
 // WASI's monotonic clock: the host's, so a test with paused time moves it too.
 const nowMs = () => performance.now();
 
 function parseDurationMs(text) {
-  const match = /^(\d+)(ms|s|m|h)$/.exec(text);
+  const match = /^\+?(\d+)(ms|s|m|h)$/.exec(text);
   if (!match) {
     throw new Error(`${JSON.stringify(text)} is not a duration such as 500ms, 5s or 2m`);
   }
@@ -40,9 +42,10 @@ class Task {
     };
     const runFor = setting("run_for", parseDurationMs);
     this.exitCode = setting("exit_code", (v) => {
-      if (!/^-?\d+$/.test(v)) throw new Error(`${JSON.stringify(v)} is not a whole number`);
-      return Number(v);
-    }) ?? 0;
+      const inRange = /^[+-]?\d+$/.test(v) && BigInt(v) >= -(2n ** 63n) && BigInt(v) < 2n ** 63n;
+      if (!inRange) throw new Error(`${JSON.stringify(v)} is not a whole number`);
+      return BigInt(v);
+    }) ?? 0n;
     this.logEvery = setting("log_every", parseDurationMs);
     this.name = name;
     this.endsAt = runFor === undefined ? undefined : startedMs + runFor;
@@ -63,15 +66,21 @@ class Task {
     return this.state.state === "running";
   }
 
+  addEvent(kind, message) {
+    this.state.events = [...this.state.events, event(kind, message)].slice(-MAX_EVENTS);
+  }
+
   finish(failed, kind, message) {
     this.state.state = "dead";
     this.state.failed = failed;
-    this.state.events.push(event(kind, message));
+    this.addEvent(kind, message);
   }
 }
 
-// Nomad's rule: running while any task runs; then failed if any failed, else complete.
+// Nomad's rule: running while any task runs; then failed if any failed, else complete. An
+// alloc without tasks runs until it is killed.
 function derivedStatus(tasks) {
+  if (tasks.length === 0) return ["running", "Runner started"];
   if (tasks.some((t) => t.running)) return ["running", "Tasks are running"];
   const failed = tasks.filter((t) => t.state.failed).map((t) => t.name);
   if (failed.length > 0) return ["failed", `Failed tasks: ${failed.join(", ")}`];
@@ -95,12 +104,12 @@ function wakeUp(tasks) {
   for (const task of tasks.filter((t) => t.running)) {
     if (task.endsAt !== undefined && task.endsAt <= now) {
       const message = `Exit Code: ${task.exitCode}`;
-      if (task.exitCode === 0) {
+      if (task.exitCode === 0n) {
         log("info", `task ${task.name} finished: ${message}`);
       } else {
         log("warn", `task ${task.name} failed: ${message}`);
       }
-      task.finish(task.exitCode !== 0, "Terminated", message);
+      task.finish(task.exitCode !== 0n, "Terminated", message);
       report(tasks);
     } else if (task.nextLog !== undefined && task.nextLog <= now) {
       log("info", `task ${task.name} still running`);
@@ -128,15 +137,29 @@ export const runner = {
       } else if (next.tag === "kill") {
         for (const task of tasks.filter((t) => t.running)) {
           log("info", `task ${task.name} killed`);
-          task.state.events.push(event("Killing", "Sent interrupt"));
+          task.addEvent("Killing", "Sent interrupt");
           task.finish(false, "Killed", "Task successfully killed");
         }
         report(tasks, ["complete", "alloc was stopped"]);
         return;
       } else if (next.tag === "shutdown") {
         return;
+      } else if (next.tag === "signal") {
+        for (const task of tasks.filter((t) => next.val.task == null || t.name === next.val.task)) {
+          task.addEvent("Signaling", `Task being sent signal ${next.val.signal}`);
+        }
+        report(tasks);
+      } else if (next.tag === "restart-task") {
+        for (const task of tasks.filter((t) => t.name === next.val)) {
+          task.state.restarts += 1;
+          task.state.state = "running";
+          task.state.failed = false;
+          task.addEvent("Restarting", "User requested task to restart");
+        }
+        report(tasks);
       }
-      if (!tasks.some((t) => t.running)) return;
+      // With tasks, the run ends when the last one does; without, only on kill.
+      if (tasks.length > 0 && !tasks.some((t) => t.running)) return;
     }
   },
 };

@@ -7,6 +7,8 @@ Task config (all optional), named after Nomad's mock driver:
 - `log_every`: log a progress line this often while running (default: never).
 """
 
+import json
+import re
 import time
 
 from componentize_py_types import Err
@@ -17,7 +19,9 @@ from wit_world.imports.types import (
     AllocState,
     ClientStatus,
     Event_Kill,
+    Event_RestartTask,
     Event_Shutdown,
+    Event_Signal,
     RunnerError_Failed,
     RunnerError_InvalidConfig,
     TaskEvent,
@@ -27,6 +31,8 @@ from wit_world.imports.types import (
 
 FOREVER = 0xFFFF_FFFF_FFFF_FFFF
 UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+# The host keeps the last 10 events of each task; so does the runner.
+MAX_EVENTS = 10
 
 
 def log(level: Level, message: str) -> None:
@@ -38,12 +44,22 @@ def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def quoted(text: str) -> str:
+    # As Rust's `{:?}` quotes, so every language words its errors alike.
+    return json.dumps(text)
+
+
 def parse_duration_ms(text: str) -> int:
-    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text[len(digits):]
-    if not digits.isdigit() or unit not in UNITS_MS:
-        raise ValueError(f"{text!r} is not a duration such as 500ms, 5s or 2m")
-    return int(digits) * UNITS_MS[unit]
+    match = re.fullmatch(r"\+?([0-9]+)(ms|s|m|h)", text)
+    if match is None:
+        raise ValueError(f"{quoted(text)} is not a duration such as 500ms, 5s or 2m")
+    return int(match[1]) * UNITS_MS[match[2]]
+
+
+def parse_exit_code(text: str) -> int:
+    if re.fullmatch(r"[+-]?[0-9]+", text) is None or not -(2**63) <= int(text) < 2**63:
+        raise ValueError(f"{quoted(text)} is not a whole number")
+    return int(text)
 
 
 def event(kind: str, message: str) -> TaskEvent:
@@ -53,16 +69,18 @@ def event(kind: str, message: str) -> TaskEvent:
 class Task:
     def __init__(self, name: str, config: dict, started_ms: int):
         def setting(key, parse):
-            if key not in config:
+            # The first setting of a key counts, as in the Rust runner.
+            value = next((v for k, v in config if k == key), None)
+            if value is None:
                 return None
             try:
-                return parse(config[key])
+                return parse(value)
             except ValueError as error:
-                message = f"task {name!r}: {key}: {error}"
+                message = f"task {quoted(name)}: {key}: {error}"
                 raise Err(RunnerError_InvalidConfig(message))
 
         run_for = setting("run_for", parse_duration_ms)
-        self.exit_code = setting("exit_code", int) or 0
+        self.exit_code = setting("exit_code", parse_exit_code) or 0
         self.log_every = setting("log_every", parse_duration_ms)
         self.name = name
         self.ends_at = None if run_for is None else started_ms + run_for
@@ -82,16 +100,19 @@ class Task:
     def running(self) -> bool:
         return self.state.state == TaskLifecycle.RUNNING
 
+    def add_event(self, kind: str, message: str) -> None:
+        self.state.events = (self.state.events + [event(kind, message)])[-MAX_EVENTS:]
+
     def finish(self, failed: bool, kind: str, message: str) -> None:
         self.state.state = TaskLifecycle.DEAD
         self.state.failed = failed
-        self.state.events.append(event(kind, message))
+        self.add_event(kind, message)
 
 
 class Runner(exports.Runner):
     def run(self, alloc, restored):
         started = now_ms()
-        tasks = [Task(t.name, dict(t.config), started) for t in alloc.tasks]
+        tasks = [Task(t.name, t.config, started) for t in alloc.tasks]
         self.report(tasks, None)
         while True:
             wakeups = [at for t in tasks if t.running() for at in (t.ends_at, t.next_log) if at is not None]
@@ -103,13 +124,28 @@ class Runner(exports.Runner):
                 for task in tasks:
                     if task.running():
                         log(Level.INFO, f"task {task.name} killed")
-                        task.state.events.append(event("Killing", "Sent interrupt"))
+                        task.add_event("Killing", "Sent interrupt")
                         task.finish(False, "Killed", "Task successfully killed")
                 self.report(tasks, (ClientStatus.COMPLETE, "alloc was stopped"))
                 return
             elif isinstance(next_event, Event_Shutdown):
                 return
-            if all(not t.running() for t in tasks):
+            elif isinstance(next_event, Event_Signal):
+                wanted = next_event.value.task
+                for task in tasks:
+                    if wanted is None or task.name == wanted:
+                        task.add_event("Signaling", f"Task being sent signal {next_event.value.signal}")
+                self.report(tasks, None)
+            elif isinstance(next_event, Event_RestartTask):
+                for task in tasks:
+                    if task.name == next_event.value:
+                        task.state.restarts += 1
+                        task.state.state = TaskLifecycle.RUNNING
+                        task.state.failed = False
+                        task.add_event("Restarting", "User requested task to restart")
+                self.report(tasks, None)
+            # With tasks, the run ends when the last one does; without, only on kill.
+            if tasks and all(not t.running() for t in tasks):
                 return
 
     def wake_up(self, tasks) -> None:
@@ -140,7 +176,10 @@ class Runner(exports.Runner):
 
 
 def derived_status(tasks):
-    """Nomad's rule: running while any task runs; then failed if any failed, else complete."""
+    """Nomad's rule: running while any task runs; then failed if any failed, else complete.
+    An alloc without tasks runs until it is killed."""
+    if not tasks:
+        return ClientStatus.RUNNING, "Runner started"
     if any(t.running() for t in tasks):
         return ClientStatus.RUNNING, "Tasks are running"
     failed = [t.name for t in tasks if t.state.failed]
