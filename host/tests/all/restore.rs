@@ -55,6 +55,19 @@ impl Node {
         }
     }
 
+    /// Registers the service job `counter` of `count` stateful allocs ticking every 100 ms;
+    /// returns their ids.
+    fn run_counters(&self, count: u32) -> Vec<String> {
+        self.server
+            .register_job(stateful_job(
+                "counter",
+                JobType::Service,
+                count,
+                &[("tick_every", "100")],
+            ))
+            .placed
+    }
+
     fn status(&self, alloc_id: &str) -> Option<ClientStatus> {
         self.client.alloc_state(alloc_id).map(|s| s.client_status)
     }
@@ -95,15 +108,7 @@ async fn a_restart_resumes_running_allocs_from_their_checkpoints_and_never_rerun
     let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
     let node = boot(db.clone(), data_dir.path()).await;
 
-    let counters = node
-        .server
-        .register_job(stateful_job(
-            "counter",
-            JobType::Service,
-            2,
-            &[("tick_every", "100")],
-        ))
-        .placed;
+    let counters = node.run_counters(2);
     let batch = node
         .server
         .register_job(stateful_job(
@@ -183,15 +188,7 @@ async fn a_clean_shutdown_checkpoints_and_the_next_start_resumes() {
     let data_dir = tempfile::tempdir().unwrap();
     let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
     let node = boot(db.clone(), data_dir.path()).await;
-    let ids = node
-        .server
-        .register_job(stateful_job(
-            "counter",
-            JobType::Service,
-            1,
-            &[("tick_every", "100")],
-        ))
-        .placed;
+    let ids = node.run_counters(1);
     eventually("running", || {
         node.status(&ids[0]) == Some(ClientStatus::Running)
     })
@@ -263,15 +260,7 @@ async fn a_checkpoint_that_cannot_be_saved_is_refused_to_the_guest_and_saving_re
     let data_dir = tempfile::tempdir().unwrap();
     let faulty = Arc::new(FaultyStateDb::new(Arc::new(MemoryStateDb::new())));
     let node = boot(faulty.clone(), data_dir.path()).await;
-    let ids = node
-        .server
-        .register_job(stateful_job(
-            "counter",
-            JobType::Service,
-            1,
-            &[("tick_every", "100")],
-        ))
-        .placed;
+    let ids = node.run_counters(1);
     eventually("running", || {
         node.status(&ids[0]) == Some(ClientStatus::Running)
     })
@@ -309,15 +298,7 @@ async fn a_restored_alloc_the_server_had_stopped_is_killed_not_run() {
     let data_dir = tempfile::tempdir().unwrap();
     let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
     let node = boot(db.clone(), data_dir.path()).await;
-    let ids = node
-        .server
-        .register_job(stateful_job(
-            "counter",
-            JobType::Service,
-            1,
-            &[("tick_every", "100")],
-        ))
-        .placed;
+    let ids = node.run_counters(1);
     eventually("ticking", || {
         !guest_lines(&logs, &ids[0], "tick ").is_empty()
     })
