@@ -11,9 +11,7 @@ use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
-use crate::structs::{
-    Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
-};
+use crate::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use crate::units::format_duration;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -119,20 +117,12 @@ impl Harness {
         restored: Option<Vec<u8>>,
     ) -> anyhow::Result<(Arc<WasmAllocRunner>, Arc<Observer>)> {
         self.runs += 1;
-        let alloc = Arc::new(Alloc {
-            id: format!("check-{}", self.runs),
-            job_id: "runner-check".into(),
-            group: "runner-check".into(),
-            runner: self.runner_path.clone(),
-            tasks: vec![Task {
-                name: "main".into(),
-                config: vec![],
-            }],
-            desired_status: DesiredStatus::Run,
-            modify_index: 1,
-            meta: vec![],
-            limits: LimitOverrides::default(),
-        });
+        let alloc = Arc::new(Alloc::new(
+            format!("check-{}", self.runs),
+            "runner-check",
+            self.runner_path.clone(),
+            vec![Task::named("main")],
+        ));
         let observer = Arc::new(Observer::default());
         let config = AllocRunnerConfig {
             span: alloc_span(&alloc),

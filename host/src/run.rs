@@ -8,9 +8,7 @@ use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
-use crate::structs::{
-    Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
-};
+use crate::structs::{Alloc, AllocState, ClientStatus, LimitOverrides, Limits, Task};
 use crate::units::{format_duration, parse_bytes, parse_duration};
 use anyhow::{Context, bail};
 use std::path::PathBuf;
@@ -83,15 +81,14 @@ pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
         .map(|m| split_pair(m, "--meta", "KEY=VALUE").map(|(k, v)| (k.to_string(), v.to_string())))
         .collect::<anyhow::Result<_>>()?;
     Ok(Alloc {
-        id: uuid::Uuid::new_v4().to_string(),
-        job_id: options.job_id.clone(),
-        group: options.job_id.clone(),
-        runner: options.component.display().to_string(),
-        tasks,
-        desired_status: DesiredStatus::Run,
-        modify_index: 1,
         meta,
         limits: parse_limits(&options.limits)?,
+        ..Alloc::new(
+            uuid::Uuid::new_v4().to_string(),
+            options.job_id.clone(),
+            options.component.display().to_string(),
+            tasks,
+        )
     })
 }
 

@@ -61,6 +61,41 @@ pub struct Alloc {
     pub limits: LimitOverrides,
 }
 
+impl Alloc {
+    /// A new alloc of `job_id` running `runner` with `tasks`, with the defaults a fresh
+    /// placement has: a group named after the job, desired to run, modify index 1, no
+    /// metadata, no limit overrides. Set other fields with struct update syntax.
+    pub fn new(
+        id: impl Into<String>,
+        job_id: impl Into<String>,
+        runner: impl Into<String>,
+        tasks: Vec<Task>,
+    ) -> Alloc {
+        let job_id = job_id.into();
+        Alloc {
+            id: id.into(),
+            group: job_id.clone(),
+            job_id,
+            runner: runner.into(),
+            tasks,
+            desired_status: DesiredStatus::Run,
+            modify_index: 1,
+            meta: Vec::new(),
+            limits: LimitOverrides::default(),
+        }
+    }
+}
+
+impl Task {
+    /// A task named `name` with no config.
+    pub fn named(name: impl Into<String>) -> Task {
+        Task {
+            name: name.into(),
+            config: Vec::new(),
+        }
+    }
+}
+
 /// The alloc's status as its client sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -3,9 +3,7 @@
 #![allow(dead_code)]
 
 use caravan_host::allocrunner::{AllocRunnerConfig, StateUpdater, alloc_span};
-use caravan_host::structs::{
-    Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
-};
+use caravan_host::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -24,20 +22,12 @@ impl StateUpdater for RunningSignal {
 }
 
 pub fn alloc(runner: &str, n: usize) -> Alloc {
-    Alloc {
-        id: format!("bench-{n}"),
-        job_id: "bench".into(),
-        group: "bench".into(),
-        runner: runner.into(),
-        tasks: vec![Task {
-            name: "main".into(),
-            config: vec![],
-        }],
-        desired_status: DesiredStatus::Run,
-        modify_index: 1,
-        meta: vec![],
-        limits: LimitOverrides::default(),
-    }
+    Alloc::new(
+        format!("bench-{n}"),
+        "bench",
+        runner,
+        vec![Task::named("main")],
+    )
 }
 
 pub fn config(

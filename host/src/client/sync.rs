@@ -233,7 +233,7 @@ pub fn backoff(failures: u32) -> Duration {
 mod tests {
     use super::*;
     use crate::client::server::InMemoryServer;
-    use crate::structs::{Alloc, ClientStatus, DesiredStatus, LimitOverrides};
+    use crate::structs::{Alloc, ClientStatus};
 
     fn state(status: ClientStatus, description: &str) -> AllocState {
         AllocState {
@@ -246,20 +246,7 @@ mod tests {
     fn server_with(ids: &[&str]) -> Arc<InMemoryServer> {
         let server = InMemoryServer::new();
         for id in ids {
-            server.place(
-                "node",
-                Alloc {
-                    id: id.to_string(),
-                    job_id: "job".into(),
-                    group: "group".into(),
-                    runner: "r.wasm".into(),
-                    tasks: vec![],
-                    desired_status: DesiredStatus::Run,
-                    modify_index: 1,
-                    meta: vec![],
-                    limits: LimitOverrides::default(),
-                },
-            );
+            server.place("node", Alloc::new(*id, "job", "r.wasm", vec![]));
         }
         server
     }

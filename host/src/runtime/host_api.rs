@@ -259,9 +259,7 @@ impl HostImports for HostApi {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::{
-        ClientStatus, DesiredStatus, LimitOverrides, Task, TaskLifecycle, TaskState,
-    };
+    use crate::structs::{ClientStatus, Task, TaskLifecycle, TaskState};
 
     #[derive(Default)]
     struct Recorder(Mutex<Vec<AllocState>>);
@@ -273,20 +271,7 @@ mod tests {
     }
 
     fn alloc() -> Alloc {
-        Alloc {
-            id: "a1".into(),
-            job_id: "job".into(),
-            group: "group".into(),
-            runner: "runner.wasm".into(),
-            tasks: vec![Task {
-                name: "web".into(),
-                config: vec![],
-            }],
-            desired_status: DesiredStatus::Run,
-            modify_index: 1,
-            meta: vec![],
-            limits: LimitOverrides::default(),
-        }
+        Alloc::new("a1", "job", "runner.wasm", vec![Task::named("web")])
     }
 
     fn state(status: ClientStatus, tasks: &[&str]) -> AllocState {

@@ -656,15 +656,15 @@ impl State {
         let mut ids = Vec::new();
         for node_id in nodes {
             let alloc = Alloc {
-                id: uuid::Uuid::new_v4().to_string(),
-                job_id: spec.id.clone(),
-                group: spec.id.clone(),
-                runner: spec.runner.clone(),
-                tasks: spec.tasks.clone(),
-                desired_status: DesiredStatus::Run,
                 modify_index: index,
                 meta: spec.meta.clone(),
                 limits: spec.limits.clone(),
+                ..Alloc::new(
+                    uuid::Uuid::new_v4().to_string(),
+                    spec.id.clone(),
+                    spec.runner.clone(),
+                    spec.tasks.clone(),
+                )
             };
             ids.push(alloc.id.clone());
             self.next_sequence += 1;
@@ -822,10 +822,7 @@ mod tests {
             count,
             runner: "r.wasm".into(),
             limits: LimitOverrides::default(),
-            tasks: vec![Task {
-                name: "main".into(),
-                config: vec![],
-            }],
+            tasks: vec![Task::named("main")],
             meta: vec![],
         }
     }

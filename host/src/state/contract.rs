@@ -1,20 +1,10 @@
 //! The [`StateDb`] contract, run against every implementation.
 
 use super::*;
-use crate::structs::{ClientStatus, DesiredStatus, LimitOverrides};
+use crate::structs::ClientStatus;
 
 fn alloc(id: &str) -> Arc<Alloc> {
-    Arc::new(Alloc {
-        id: id.into(),
-        job_id: "job".into(),
-        group: "group".into(),
-        runner: "r.wasm".into(),
-        tasks: vec![],
-        desired_status: DesiredStatus::Run,
-        modify_index: 1,
-        meta: vec![],
-        limits: LimitOverrides::default(),
-    })
+    Arc::new(Alloc::new(id, "job", "r.wasm", vec![]))
 }
 
 fn state(status: ClientStatus, description: &str) -> AllocState {

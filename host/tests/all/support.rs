@@ -5,9 +5,7 @@ use caravan_host::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
-use caravan_host::structs::{
-    Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Limits, Task,
-};
+use caravan_host::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use serde_json::Value;
 use std::future::Future;
 use std::io::Write;
@@ -164,26 +162,22 @@ pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
 
 /// An alloc of `runner` with the named tasks, each with `config`.
 pub fn alloc(runner: &str, tasks: &[&str], config: &[(&str, &str)]) -> Alloc {
-    Alloc {
-        id: format!("{:08x}-test-alloc", rand_u32()),
-        job_id: "test-job".into(),
-        group: "test-group".into(),
-        runner: runner.into(),
-        tasks: tasks
-            .iter()
-            .map(|name| Task {
-                name: name.to_string(),
-                config: config
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            })
-            .collect(),
-        desired_status: DesiredStatus::Run,
-        modify_index: 1,
-        meta: vec![],
-        limits: LimitOverrides::default(),
-    }
+    let tasks = tasks
+        .iter()
+        .map(|name| Task {
+            name: name.to_string(),
+            config: config
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        })
+        .collect();
+    Alloc::new(
+        format!("{:08x}-test-alloc", rand_u32()),
+        "test-job",
+        runner,
+        tasks,
+    )
 }
 
 fn rand_u32() -> u32 {
