@@ -11,17 +11,21 @@
 //!   sandbox.
 //! - [`commands`]: the CLI's client commands (`job run`, `alloc status`, ...) over HTTP.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
-//! - [`server`]: the embedded server (jobs, placement, server-side GC) behind the client's
-//!   `ServerApi`, which the agent hosts.
+//! - [`rpc`]: the client-server seam ([`rpc::ServerApi`]), the one module `client` and
+//!   `server` share, with what every server implementation promises.
+//! - [`server`]: the embedded server (jobs, placement, server-side GC) behind
+//!   [`rpc::ServerApi`], which the agent hosts.
 //! - [`state`]: the state store ([`state::StateDb`]) the client and server save to, so a
 //!   restart loses nothing.
 //! - [`run`]: `caravan run`, one alloc to completion without an agent.
 //! - [`telemetry`]: the process's tracing subscriber (text or JSON).
 //! - [`units`]: sizes and durations as operators type them.
+//! - `testing` (feature `testing` only): seams that fail on demand, an in-memory server.
 //!
 //! Arrows of use point one way: `run` -> `runtime` -> `allocrunner` -> `structs`, and
 //! `client` -> `allocrunner` (the client never sees wasmtime: it is given a factory);
-//! `client` and `server` -> `state` -> `structs`.
+//! `client` and `server` -> `state` -> `structs`; `client` and `server` -> `rpc` (and never
+//! each other).
 
 pub mod agent;
 pub mod allocrunner;
@@ -29,10 +33,13 @@ pub mod check;
 pub mod client;
 pub mod commands;
 pub mod jobspec;
+pub mod rpc;
 pub mod run;
 pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod structs;
 pub mod telemetry;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod units;

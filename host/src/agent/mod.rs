@@ -10,8 +10,8 @@
 pub mod config;
 pub mod http;
 
-use crate::client::server::ServerApi;
 use crate::client::{Client, ClientConfig};
+use crate::rpc::ServerApi;
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::server::EmbeddedServer;
 use crate::state::{RedbStateDb, StateDb};

@@ -1,7 +1,6 @@
 //! The client core: the alloc map, the server watch, alloc sync and garbage collection.
 //!
 //! Layout:
-//! - [`server`]: the [`server::ServerApi`] seam and the in-memory server.
 //! - [`sync`]: batched, paced state updates to the server.
 //! - [`gc`]: the garbage collector and its [`gc::GcConfig`].
 //! - [`metrics`]: the counters the agent exposes.
@@ -23,25 +22,24 @@
 //! - Runner methods are never called with the map locked: runners report synchronously into
 //!   the client, which locks the map.
 //!
-//! The client talks to the server only through [`server::ServerApi`], builds runners only
+//! The client talks to the server only through [`crate::rpc::ServerApi`], builds runners only
 //! through the [`AllocRunnerFactory`] it was given, and saves only through its
 //! [`crate::state::StateDb`].
 
 pub mod gc;
 pub mod metrics;
 pub mod persist;
-pub mod server;
 pub mod sync;
 
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, StateUpdater, alloc_span,
 };
+use crate::rpc::{NodeAllocs, ServerApi, ServerError};
 use crate::state::{MemoryStateDb, SavedAlloc, StateDb, StateError};
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
 use persist::Persister;
-use server::{NodeAllocs, ServerApi};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
@@ -822,7 +820,7 @@ async fn watch_loop(client: Weak<ClientInner>) {
             inner.sync.contacted();
             inner.apply(&answer).await?;
             index = answer.index;
-            Ok::<(), server::ServerError>(())
+            Ok::<(), ServerError>(())
         }
         .await;
         match result {

@@ -14,7 +14,7 @@
 //! This module knows the server seam and the plain state types only.
 
 use super::metrics::Metrics;
-use super::server::{AllocUpdate, ServerApi};
+use crate::rpc::{AllocUpdate, ServerApi};
 use crate::structs::AllocState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -232,8 +232,8 @@ pub fn backoff(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::server::InMemoryServer;
     use crate::structs::{Alloc, ClientStatus};
+    use crate::testing::InMemoryServer;
 
     fn state(status: ClientStatus, description: &str) -> AllocState {
         AllocState {

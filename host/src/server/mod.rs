@@ -23,8 +23,8 @@
 //! and allocs it touched (tracked in the state as it mutates), plus the small metadata record.
 //! Placement is a separate function ([`place`]) so more nodes fit without touching the rest.
 
-use crate::client::server::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
 use crate::jobspec::{JobSpec, JobType};
+use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
 use crate::state::{MemoryStateDb, ServerTable, StateDb, StateError, Write, blocking};
 use crate::structs::{Alloc, AllocState, DesiredStatus};
 use serde::{Deserialize, Serialize};

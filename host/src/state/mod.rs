@@ -5,8 +5,9 @@
 //! - [`RedbStateDb`]: durable, one crash-safe transactional file (`state.db` under the data
 //!   dir), the role BoltDB plays for Nomad.
 //! - [`MemoryStateDb`]: the same semantics in memory, for tests and `caravan run`.
-//! - [`FaultyStateDb`]: wraps another store and fails its writes or reads on demand, for
-//!   tests of what the client does when saving fails.
+//! - `FaultyStateDb` (feature `testing` only, re-exported by `testing`): wraps another store
+//!   and fails its writes or reads on demand, for tests of what the client does when saving
+//!   fails.
 //!
 //! Every implementation stores the same bytes: the typed writes are turned into rows of named
 //! tables by one function (`rows_of`) and rows are read back by one other
@@ -16,10 +17,12 @@
 //! or wasmtime; it may touch only its own file. The server's records are opaque bytes here;
 //! the server encodes them.
 
+#[cfg(any(test, feature = "testing"))]
 mod faulty;
 mod memory;
 mod redb_db;
 
+#[cfg(any(test, feature = "testing"))]
 pub use faulty::FaultyStateDb;
 pub use memory::MemoryStateDb;
 pub use redb_db::{RedbStateDb, STATE_FILE};
@@ -46,7 +49,7 @@ pub enum StateError {
     /// Reading or writing failed.
     #[error("state store: {0}")]
     Io(String),
-    /// A failure injected by [`FaultyStateDb`].
+    /// A failure injected by `FaultyStateDb` (the `testing` feature).
     #[error("injected failure: {0}")]
     Injected(String),
 }

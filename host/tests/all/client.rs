@@ -8,12 +8,11 @@ use caravan_host::allocrunner::{
     StateUpdater,
 };
 use caravan_host::client::gc::{DiskStats, GcConfig, StatsSource};
-use caravan_host::client::server::{
-    AllocUpdate, InMemoryServer, NodeAllocs, ServerApi, ServerError,
-};
 use caravan_host::client::{Client, ClientConfig};
+use caravan_host::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use caravan_host::runtime::WasmAllocRunnerFactory;
 use caravan_host::structs::{Alloc, AllocState, ClientStatus, DesiredStatus};
+use caravan_host::testing::InMemoryServer;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

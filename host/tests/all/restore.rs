@@ -3,13 +3,14 @@
 //! through the real binary, `kill -9` included.)
 
 use crate::support::*;
-use caravan_host::client::server::{AllocUpdate, ServerApi};
 use caravan_host::client::{Client, ClientConfig};
 use caravan_host::jobspec::{JobSpec, JobType};
+use caravan_host::rpc::{AllocUpdate, ServerApi};
 use caravan_host::server::{EmbeddedServer, ServerConfig};
-use caravan_host::state::{FaultyStateDb, MemoryStateDb, StateDb, Write};
+use caravan_host::state::{MemoryStateDb, StateDb, Write};
 use caravan_host::structs::AllocState;
 use caravan_host::structs::{ClientStatus, LimitOverrides, Task};
+use caravan_host::testing::FaultyStateDb;
 use caravan_test_artifacts::{SLEEPER, STATEFUL};
 use serde_json::Value;
 use std::sync::Arc;

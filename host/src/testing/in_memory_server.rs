@@ -1,78 +1,13 @@
-//! The server seam: everything the client asks of the server goes through [`ServerApi`].
-//!
-//! [`InMemoryServer`] implements it in process, for tests and for simulators that drive a
-//! client directly; the agent's embedded server and a distributed backend implement the same
-//! trait later. Nothing here knows about runners or the garbage collector.
+//! [`InMemoryServer`]: a [`ServerApi`] in memory, for tests and simulators that drive a client
+//! directly: allocs placed by hand, client states recorded, failures injectable. It touches
+//! nothing but its own state.
 
+use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
 use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// Why a server call failed. The client retries every one of them with backoff.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ServerError {
-    /// The server could not be reached or did not answer.
-    #[error("server unavailable: {0}")]
-    Unavailable(String),
-    /// The server refused the request.
-    #[error("server refused the request: {0}")]
-    Refused(String),
-}
-
-/// The allocs assigned to a node, as of `index`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeAllocs {
-    /// The server's index when this answer was made; pass it back to wait for a change.
-    pub index: u64,
-    /// Alloc id -> modify index, for every alloc the server assigns to the node.
-    pub allocs: HashMap<String, u64>,
-}
-
-/// One alloc's client-side state, sent to the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AllocUpdate {
-    /// The alloc.
-    pub alloc_id: String,
-    /// Its state as the client last saw it.
-    pub state: AllocState,
-}
-
-/// How the client talks to the server.
-///
-/// Every method may be called concurrently from the client's tasks; none may block a thread
-/// (waiting is async). Errors are transient from the client's point of view: it retries.
-#[async_trait::async_trait]
-pub trait ServerApi: Send + Sync {
-    /// Registers (or re-registers) the node. The client calls it first and again after errors.
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError>;
-
-    /// The allocs assigned to `node_id`. Returns at once when the server's index is past
-    /// `min_index`; otherwise waits until it is, or until `wait` has passed (then it returns
-    /// the unchanged set). The answer's `index` is what to pass next.
-    async fn watch_allocs(
-        &self,
-        node_id: &str,
-        min_index: u64,
-        wait: Duration,
-    ) -> Result<NodeAllocs, ServerError>;
-
-    /// The allocs with these ids, as the server has them now. Ids it no longer has are left
-    /// out of the answer.
-    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError>;
-
-    /// Stores a batch of client states. Returns the ids the server accepted; the others (the
-    /// server no longer knows the alloc) need not be sent again.
-    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError>;
-}
-
-/// Waits until `index` is past `min_index`, or `wait` has passed: the blocking query both
-/// servers' `watch_allocs` make.
-pub async fn wait_for_index(index: &watch::Sender<u64>, min_index: u64, wait: Duration) {
-    let mut receiver = index.subscribe();
-    let _ = tokio::time::timeout(wait, receiver.wait_for(|index| *index > min_index)).await;
-}
 
 /// A server in memory: allocs placed by hand, client states recorded, failures injectable.
 pub struct InMemoryServer {

@@ -1,0 +1,111 @@
+//! The client-server seam: everything a client node asks of the server that schedules it.
+//!
+//! [`ServerApi`] is the one contract both sides import: `client/` calls it, and every server
+//! implements it (the agent's embedded server in `server/`; a distributed store or a node
+//! simulator next; `testing::InMemoryServer` in tests). This module is a leaf: it knows the
+//! plain data in [`crate::structs`] and nothing of runners, the garbage collector, the state
+//! store or any server's internals.
+//!
+//! # What every implementation promises
+//! The contract is written so that a server in another process, or a store on other machines,
+//! can honour it. The client is built for exactly these promises and no more:
+//!
+//! - **Lost connection.** Any call may fail with [`ServerError::Unavailable`] at any time,
+//!   including after the server did the work (an update applied, then the answer lost). The
+//!   client retries every call with backoff and re-registers its node before its next watch.
+//!   No call may leave a half-applied batch behind: a batch of updates lands whole or not at
+//!   all, per alloc at least (a store that cannot batch atomically must make each alloc's
+//!   update atomic and answer only for the ones that landed).
+//! - **Stale index.** [`ServerApi::watch_allocs`] answers with the *whole* set of the node's
+//!   allocs and their modify indexes, never a delta, so an answer older than one already seen
+//!   changes nothing on the client (it diffs by modify index). An index the server does not
+//!   know (ahead of its own, after it restarted or lost its history) is not an error: the
+//!   server answers with its current set and index, at once or after `wait`. The client
+//!   always continues from the index it was last given.
+//! - **Duplicate update.** Updates carry the alloc's whole client state, latest wins, so the
+//!   server applies a repeated or re-ordered batch idempotently. An update for an alloc the
+//!   server no longer has is dropped, not an error, and left out of the accepted ids.
+//! - **Server restart.** A server may forget the node's registration (the client registers
+//!   again after any error) and its watch index (see above), but never an alloc it has
+//!   answered with, nor an update it has accepted: an implementation acknowledges a write only
+//!   once it is durable. A restarted server's answers are a fresh, complete view.
+//! - **Waiting.** No method blocks a thread; `watch_allocs` waits asynchronously for at most
+//!   about `wait` (a remote implementation may add its round trip). Dropping a call's future
+//!   cancels it with no effect beyond what an error would have had.
+
+use crate::structs::{Alloc, AllocState};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Why a server call failed. The client retries every one of them with backoff: neither kind
+/// is fatal to a node.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServerError {
+    /// The server could not be reached or did not answer.
+    #[error("server unavailable: {0}")]
+    Unavailable(String),
+    /// The server refused the request.
+    #[error("server refused the request: {0}")]
+    Refused(String),
+}
+
+/// The allocs assigned to a node, as of `index`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeAllocs {
+    /// The server's index when this answer was made; pass it back to wait for a change.
+    pub index: u64,
+    /// Alloc id -> modify index, for every alloc the server assigns to the node.
+    pub allocs: HashMap<String, u64>,
+}
+
+/// One alloc's client-side state, sent to the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocUpdate {
+    /// The alloc.
+    pub alloc_id: String,
+    /// Its state as the client last saw it.
+    pub state: AllocState,
+}
+
+/// How a client node talks to the server that schedules it. See the module docs for what an
+/// implementation promises on a lost connection, a stale index, a duplicate update and a
+/// restart.
+///
+/// Lifecycle: the client calls [`ServerApi::register_node`] first, then loops on
+/// [`ServerApi::watch_allocs`]; [`ServerApi::get_allocs`] fetches what a watch answer named
+/// as new or changed, and [`ServerApi::update_allocs`] runs alongside on the sync task.
+/// Concurrency: every method may be called concurrently from the client's tasks, and by many
+/// nodes at once on one server; none may block a thread (waiting is async). Errors are
+/// transient from the client's point of view: it retries.
+#[async_trait::async_trait]
+pub trait ServerApi: Send + Sync {
+    /// Registers (or re-registers) the node. The client calls it first and again after errors.
+    async fn register_node(&self, node_id: &str) -> Result<(), ServerError>;
+
+    /// The allocs assigned to `node_id`. Returns at once when the server's index is past
+    /// `min_index`; otherwise waits until it is, or until `wait` has passed (then it returns
+    /// the unchanged set). The answer's `index` is what to pass next.
+    async fn watch_allocs(
+        &self,
+        node_id: &str,
+        min_index: u64,
+        wait: Duration,
+    ) -> Result<NodeAllocs, ServerError>;
+
+    /// The allocs with these ids, as the server has them now. Ids it no longer has are left
+    /// out of the answer.
+    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError>;
+
+    /// Stores a batch of client states. Returns the ids the server accepted; the others (the
+    /// server no longer knows the alloc) need not be sent again.
+    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError>;
+}
+
+/// Waits until `index` is past `min_index`, or `wait` has passed: the blocking query an
+/// in-process server's `watch_allocs` makes.
+pub async fn wait_for_index(index: &watch::Sender<u64>, min_index: u64, wait: Duration) {
+    let mut receiver = index.subscribe();
+    let _ = tokio::time::timeout(wait, receiver.wait_for(|index| *index > min_index)).await;
+}
