@@ -121,20 +121,72 @@ impl StatsSource for StatvfsStats {
     }
 }
 
-/// Why an alloc is collected: a kind for metrics and a sentence for operators.
+/// Why an alloc is collected. [`GcReason::kind`] is the stable label for metrics; the
+/// `Display` form is the sentence logged for operators (Nomad's wording).
 #[derive(Debug, Clone, PartialEq)]
-pub struct GcReason {
-    /// Stable kind for metrics.
-    pub kind: &'static str,
-    /// The sentence logged.
-    pub message: String,
+pub enum GcReason {
+    /// The data dir's disk usage, in percent, is over `gc_disk_usage_threshold`.
+    DiskUsage {
+        /// Usage measured.
+        used_percent: f64,
+        /// The threshold it is over.
+        threshold: f64,
+    },
+    /// The data dir's inode usage, in percent, is over `gc_inode_usage_threshold`.
+    InodeUsage {
+        /// Usage measured.
+        used_percent: f64,
+        /// The threshold it is over.
+        threshold: f64,
+    },
+    /// More allocs are live than `gc_max_allocs`.
+    AllocCount {
+        /// Live allocs counted.
+        live: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An operator (or the server dropping the alloc) asked for this alloc to go.
+    Forced,
+    /// A dev agent is stopping and frees every alloc.
+    DevAgentStopping,
 }
 
 impl GcReason {
-    fn forced() -> Self {
-        GcReason {
-            kind: "forced",
-            message: "forced collection".into(),
+    /// The stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GcReason::DiskUsage { .. } => "disk_usage",
+            GcReason::InodeUsage { .. } => "inode_usage",
+            GcReason::AllocCount { .. } => "alloc_count",
+            GcReason::Forced => "forced",
+            GcReason::DevAgentStopping => "forced_full_node",
+        }
+    }
+}
+
+impl std::fmt::Display for GcReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GcReason::DiskUsage {
+                used_percent,
+                threshold,
+            } => write!(
+                f,
+                "disk usage of {used_percent:.0} is over gc threshold of {threshold:.0}"
+            ),
+            GcReason::InodeUsage {
+                used_percent,
+                threshold,
+            } => write!(
+                f,
+                "inode usage of {used_percent:.0} is over gc threshold of {threshold:.0}"
+            ),
+            GcReason::AllocCount { live, max } => {
+                write!(f, "number of allocations ({live}) is over the limit ({max})")
+            }
+            GcReason::Forced => f.write_str("forced collection"),
+            GcReason::DevAgentStopping => f.write_str("agent stopping in dev mode"),
         }
     }
 }
@@ -290,19 +342,20 @@ impl GarbageCollector {
         while let Some(reason) = self.exceeded_threshold() {
             let Some((alloc_id, runner)) = self.lock().pop() else {
                 let live = self.live_now();
-                let routine = reason.kind == "alloc_count" && live < 2 * self.config.max_allocs;
+                let routine = matches!(reason, GcReason::AllocCount { .. })
+                    && live < 2 * self.config.max_allocs;
                 let message = "garbage collection skipped because no terminal allocations";
                 if routine {
-                    tracing::info!(reason = %reason.message, "{message}");
+                    tracing::info!(reason = %reason, "{message}");
                 } else {
-                    tracing::warn!(reason = %reason.message, "{message}");
+                    tracing::warn!(reason = %reason, "{message}");
                 }
                 break;
             };
             if !self.claim(&alloc_id, &runner) {
                 continue;
             }
-            if reason.kind == "alloc_count" {
+            if matches!(reason, GcReason::AllocCount { .. }) {
                 // The count drops as each destroy finishes: start it and go on to the next.
                 let gc = self.clone();
                 tokio::spawn(async move { gc.destroy_claimed(&alloc_id, runner, reason).await });
@@ -342,21 +395,15 @@ impl GarbageCollector {
     fn exceeded_threshold(&self) -> Option<GcReason> {
         match self.stats.stats() {
             Ok(stats) if stats.used_percent > self.config.disk_usage_threshold => {
-                return Some(GcReason {
-                    kind: "disk_usage",
-                    message: format!(
-                        "disk usage of {:.0} is over gc threshold of {:.0}",
-                        stats.used_percent, self.config.disk_usage_threshold
-                    ),
+                return Some(GcReason::DiskUsage {
+                    used_percent: stats.used_percent,
+                    threshold: self.config.disk_usage_threshold,
                 });
             }
             Ok(stats) if stats.inodes_used_percent > self.config.inode_usage_threshold => {
-                return Some(GcReason {
-                    kind: "inode_usage",
-                    message: format!(
-                        "inode usage of {:.0} is over gc threshold of {:.0}",
-                        stats.inodes_used_percent, self.config.inode_usage_threshold
-                    ),
+                return Some(GcReason::InodeUsage {
+                    used_percent: stats.inodes_used_percent,
+                    threshold: self.config.inode_usage_threshold,
                 });
             }
             Ok(_) => {}
@@ -365,12 +412,9 @@ impl GarbageCollector {
             }
         }
         let live = self.live_now();
-        (live > self.config.max_allocs).then(|| GcReason {
-            kind: "alloc_count",
-            message: format!(
-                "number of allocations ({live}) is over the limit ({})",
-                self.config.max_allocs
-            ),
+        (live > self.config.max_allocs).then_some(GcReason::AllocCount {
+            live,
+            max: self.config.max_allocs,
         })
     }
 
@@ -391,12 +435,12 @@ impl GarbageCollector {
         // The semaphore is never closed, so acquiring only waits.
         if let Ok(_slot) = self.destroy_slots.acquire().await {
             self.metrics.destroy_started();
-            tracing::info!(alloc_id, reason = %reason.message, "garbage collecting allocation");
+            tracing::info!(alloc_id, reason = %reason, "garbage collecting allocation");
             runner.destroy();
             runner.destroyed().wait().await;
             (self.on_destroyed)(alloc_id);
             self.metrics.destroy_finished();
-            self.metrics.collected(reason.kind);
+            self.metrics.collected(reason.kind());
         }
         self.destroying_lock().remove(alloc_id);
     }
@@ -405,7 +449,7 @@ impl GarbageCollector {
     /// unqueued if marked, destroyed under the destroy limit whatever the thresholds.
     pub async fn collect(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
         self.lock().runners.remove(alloc_id);
-        self.destroy(alloc_id, runner, GcReason::forced()).await;
+        self.destroy(alloc_id, runner, GcReason::Forced).await;
     }
 
     /// Collects an alloc the server dropped, as [`GarbageCollector::collect`] does; a
@@ -436,5 +480,47 @@ impl GarbageCollector {
             });
         }
         while destroys.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GcReason;
+
+    #[test]
+    fn gc_reasons_keep_their_metric_labels_and_nomads_sentences() {
+        let cases = [
+            (
+                GcReason::DiskUsage {
+                    used_percent: 91.4,
+                    threshold: 80.0,
+                },
+                "disk_usage",
+                "disk usage of 91 is over gc threshold of 80",
+            ),
+            (
+                GcReason::InodeUsage {
+                    used_percent: 75.0,
+                    threshold: 70.0,
+                },
+                "inode_usage",
+                "inode usage of 75 is over gc threshold of 70",
+            ),
+            (
+                GcReason::AllocCount { live: 51, max: 50 },
+                "alloc_count",
+                "number of allocations (51) is over the limit (50)",
+            ),
+            (GcReason::Forced, "forced", "forced collection"),
+            (
+                GcReason::DevAgentStopping,
+                "forced_full_node",
+                "agent stopping in dev mode",
+            ),
+        ];
+        for (reason, kind, sentence) in cases {
+            assert_eq!(reason.kind(), kind);
+            assert_eq!(reason.to_string(), sentence);
+        }
     }
 }

@@ -366,11 +366,8 @@ impl Client {
         for (alloc_id, runner) in runners {
             let gc = self.inner.gc.clone();
             destroys.spawn(async move {
-                let reason = gc::GcReason {
-                    kind: "forced_full_node",
-                    message: "agent stopping in dev mode".into(),
-                };
-                gc.destroy(&alloc_id, runner, reason).await;
+                gc.destroy(&alloc_id, runner, gc::GcReason::DevAgentStopping)
+                    .await;
             });
         }
         while destroys.join_next().await.is_some() {}
