@@ -146,8 +146,12 @@ pub enum GcReason {
         /// The limit.
         max: usize,
     },
-    /// An operator (or the server dropping the alloc) asked for this alloc to go.
+    /// An operator asked for this alloc to go.
     Forced,
+    /// The server no longer lists the alloc.
+    ServerRemoved,
+    /// An operator asked for every terminal alloc to go.
+    FullNode,
     /// A dev agent is stopping and frees every alloc.
     DevAgentStopping,
 }
@@ -160,6 +164,8 @@ impl GcReason {
             GcReason::InodeUsage { .. } => "inode_usage",
             GcReason::AllocCount { .. } => "alloc_count",
             GcReason::Forced => "forced",
+            GcReason::ServerRemoved => "server_removed",
+            GcReason::FullNode => "forced_full_node",
             GcReason::DevAgentStopping => "forced_full_node",
         }
     }
@@ -183,9 +189,13 @@ impl std::fmt::Display for GcReason {
                 "inode usage of {used_percent:.0} is over gc threshold of {threshold:.0}"
             ),
             GcReason::AllocCount { live, max } => {
-                write!(f, "number of allocations ({live}) is over the limit ({max})")
+                write!(
+                    f,
+                    "number of allocations ({live}) is over the limit ({max})"
+                )
             }
-            GcReason::Forced => f.write_str("forced collection"),
+            GcReason::Forced | GcReason::ServerRemoved => f.write_str("forced collection"),
+            GcReason::FullNode => f.write_str("forced full node collection"),
             GcReason::DevAgentStopping => f.write_str("agent stopping in dev mode"),
         }
     }
@@ -456,11 +466,8 @@ impl GarbageCollector {
     /// running alloc is killed by its destroy before it is freed.
     pub async fn collect_removed(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
         self.forget(alloc_id);
-        let reason = GcReason {
-            kind: "server_removed",
-            message: "forced collection".into(),
-        };
-        self.destroy(alloc_id, runner, reason).await;
+        self.destroy(alloc_id, runner, GcReason::ServerRemoved)
+            .await;
     }
 
     /// Forced collection of every marked alloc, under the destroy limit.
@@ -472,11 +479,7 @@ impl GarbageCollector {
             };
             let gc = self.clone();
             destroys.spawn(async move {
-                let reason = GcReason {
-                    kind: "forced_full_node",
-                    message: "forced full node collection".into(),
-                };
-                gc.destroy(&alloc_id, runner, reason).await;
+                gc.destroy(&alloc_id, runner, GcReason::FullNode).await;
             });
         }
         while destroys.join_next().await.is_some() {}
@@ -512,6 +515,16 @@ mod tests {
                 "number of allocations (51) is over the limit (50)",
             ),
             (GcReason::Forced, "forced", "forced collection"),
+            (
+                GcReason::ServerRemoved,
+                "server_removed",
+                "forced collection",
+            ),
+            (
+                GcReason::FullNode,
+                "forced_full_node",
+                "forced full node collection",
+            ),
             (
                 GcReason::DevAgentStopping,
                 "forced_full_node",

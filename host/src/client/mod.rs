@@ -408,7 +408,7 @@ impl Client {
     /// Applies one watch answer, as the watch loop does. Public so tests and simulators can
     /// feed a client answers of their own; new allocs are saved first, so the client must
     /// have been started (its state-saving loop running).
-    pub async fn apply(&self, answer: &NodeAllocs) -> Result<(), server::ServerError> {
+    pub async fn apply(&self, answer: &NodeAllocs) -> Result<(), ServerError> {
         self.inner.apply(answer).await
     }
 }
@@ -452,7 +452,7 @@ impl ClientInner {
             .count()
     }
 
-    async fn apply(self: &Arc<Self>, answer: &NodeAllocs) -> Result<(), server::ServerError> {
+    async fn apply(self: &Arc<Self>, answer: &NodeAllocs) -> Result<(), ServerError> {
         let client: HashMap<String, u64> = {
             let runners: Vec<_> = self
                 .runners_lock()
