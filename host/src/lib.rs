@@ -10,6 +10,7 @@
 //! - [`runtime`]: everything wasmtime; [`runtime::WasmAllocRunner`] runs an alloc in its own
 //!   sandbox.
 //! - [`commands`]: the CLI's client commands (`job run`, `alloc status`, ...) over HTTP.
+//! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`rpc`]: the client-server seam ([`rpc::ServerApi`]), the one module `client` and
 //!   `server` share, with what every server implementation promises.
@@ -33,6 +34,7 @@ pub mod check;
 pub mod client;
 pub mod commands;
 pub mod jobspec;
+pub mod locks;
 pub mod rpc;
 pub mod run;
 pub mod runtime;

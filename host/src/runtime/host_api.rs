@@ -8,6 +8,7 @@
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::limits::EpochClock;
 use crate::allocrunner::StateUpdater;
+use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -96,7 +97,7 @@ impl StateCell {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CellState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 }
 
