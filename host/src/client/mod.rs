@@ -5,6 +5,7 @@
 //! - [`gc`]: the garbage collector and its [`gc::GcConfig`].
 //! - [`metrics`]: the counters the agent exposes.
 //! - [`persist`]: saving allocs, states and checkpoints to the state store.
+//! - `restore`: at start, gives every saved alloc its runner back (its own invariants).
 //!
 //! Invariants of the alloc map, each kept from the Nomad client for the reason given:
 //! - The map holds every runner, running or already collected, until the server stops
@@ -13,10 +14,6 @@
 //!   the server is the source of truth and a stale or repeated answer changes nothing.
 //! - A factory error fails that alloc alone (reported `failed` with the error), remembers
 //!   its id and ignores later updates for it: one bad runner must not take the node down.
-//! - Restore (at start, before the watch) gives every saved alloc its runner back:
-//!   non-terminal ones run again from their last checkpoint, terminal ones keep their final
-//!   state and are never run again, collected ones stay collected. A record that cannot be
-//!   read fails that alloc alone; an alloc with no usable record is dropped with a WARN.
 //! - A server removal prunes the alloc and forces its collection at once, still under the
 //!   destroy limit; a running alloc is killed by that destroy before it is freed.
 //! - Runner methods are never called with the map locked: runners report synchronously into
@@ -29,14 +26,15 @@
 pub mod gc;
 pub mod metrics;
 pub mod persist;
+mod restore;
 pub mod sync;
 
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, StateUpdater, alloc_span,
 };
 use crate::rpc::{NodeAllocs, ServerApi, ServerError};
-use crate::state::{MemoryStateDb, SavedAlloc, StateDb, StateError};
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
+use crate::state::{MemoryStateDb, StateDb};
+use crate::structs::{Alloc, AllocState, Limits};
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
 use persist::Persister;
@@ -377,17 +375,6 @@ impl Client {
         self.flush_state().await;
     }
 
-    /// Gives every alloc saved by an earlier run its runner back (see the module docs) and
-    /// returns how many were restored. Call once, before [`Client::start`]; a store that
-    /// cannot be read at all is an error, a bad record costs only its alloc.
-    pub async fn restore(&self) -> Result<usize, StateError> {
-        let db = self.inner.persister.db().clone();
-        let saved = crate::state::blocking(|| db.client_allocs())?;
-        let count = saved.len();
-        self.inner.restore(saved).await;
-        Ok(count)
-    }
-
     /// The client's counters, with allocs counted by client status now (collected ones by
     /// their final status, and once more under `allocs_destroyed`).
     pub fn metrics(&self) -> MetricsSnapshot {
@@ -411,7 +398,7 @@ impl Client {
     /// Applies one watch answer, as the watch loop does. Public so tests and simulators can
     /// feed a client answers of their own; new allocs are saved first, so the client must
     /// have been started (its state-saving loop running).
-    pub async fn apply(&self, answer: &NodeAllocs) -> Result<(), server::ServerError> {
+    pub async fn apply(&self, answer: &NodeAllocs) -> Result<(), ServerError> {
         self.inner.apply(answer).await
     }
 }
@@ -455,7 +442,7 @@ impl ClientInner {
             .count()
     }
 
-    async fn apply(self: &Arc<Self>, answer: &NodeAllocs) -> Result<(), server::ServerError> {
+    async fn apply(self: &Arc<Self>, answer: &NodeAllocs) -> Result<(), ServerError> {
         let client: HashMap<String, u64> = {
             let runners: Vec<_> = self
                 .runners_lock()
@@ -600,124 +587,6 @@ impl ClientInner {
         self.runnerless_lock()
             .insert(alloc.id.clone(), (alloc.clone(), state.clone()));
         self.report_state(&alloc.id, &state);
-    }
-
-    /// Restores what an earlier run saved (see [`Client::restore`]).
-    async fn restore(self: &Arc<Self>, saved: Vec<SavedAlloc>) {
-        let mut to_build = Vec::new();
-        for record in saved {
-            let alloc_id = record.alloc_id.clone();
-            let alloc = match record.alloc {
-                Some(Ok(alloc)) if check_alloc_id(&alloc.id).is_ok() && alloc.id == alloc_id => {
-                    Arc::new(alloc)
-                }
-                unusable => {
-                    let why = match unusable {
-                        Some(Err(reason)) => reason,
-                        Some(Ok(_)) => "the saved alloc does not match its key".into(),
-                        None => "no alloc record, only state".into(),
-                    };
-                    tracing::warn!(alloc_id, reason = %why, "dropping saved allocation with no usable record");
-                    self.persister.delete(&alloc_id);
-                    continue;
-                }
-            };
-            let state = match record.state {
-                Some(Err(reason)) => {
-                    self.persister.restored(&alloc_id, None, false);
-                    let span = alloc_span(&alloc);
-                    self.fail_alloc(alloc, &span, format!("cannot restore the alloc: {reason}"));
-                    continue;
-                }
-                Some(Ok(state)) => Some(state),
-                None => None,
-            };
-            let acked = match record.acked {
-                Some(Err(reason)) => {
-                    // Only costs a resend of a state the server may already have.
-                    tracing::warn!(alloc_id, reason = %reason, "ignoring unreadable acknowledged state");
-                    None
-                }
-                Some(Ok(acked)) => Some(acked),
-                None => None,
-            };
-            if let Some(acked) = &acked {
-                self.sync.restore_acknowledged(&alloc_id, acked.clone());
-            }
-            if record.collected {
-                // Nothing left to run or free; still answered for until the server drops it.
-                let final_state = state.unwrap_or_else(|| AllocState {
-                    client_status: ClientStatus::Complete,
-                    description: "alloc was collected".into(),
-                    task_states: Vec::new(),
-                });
-                self.persister
-                    .restored(&alloc_id, Some(final_state.clone()), true);
-                if acked.as_ref() != Some(&final_state) {
-                    self.sync.put(&alloc_id, final_state.clone());
-                }
-                self.runnerless_lock()
-                    .insert(alloc_id, (alloc, final_state));
-                continue;
-            }
-            self.persister.restored(&alloc_id, state.clone(), false);
-            if let Some(state) = &state
-                && acked.as_ref() != Some(state)
-            {
-                // Saved but never acknowledged: the server has yet to hear it.
-                self.sync.put(&alloc_id, state.clone());
-            }
-            to_build.push(self.runner_config(&alloc, record.checkpoint, state));
-        }
-        // One trip to the blocking pool for every runner: the factory compiles a component
-        // once, then each build is cheap. A panic fails its own alloc only.
-        let factory = self.factory.clone();
-        let built = tokio::task::spawn_blocking(move || {
-            to_build
-                .into_iter()
-                .map(|config| {
-                    let (alloc, span) = (config.alloc.clone(), config.span.clone());
-                    let last_state = config.last_state.clone();
-                    let factory = &factory;
-                    let result =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
-                            .unwrap_or_else(|_| {
-                                Err(anyhow::anyhow!("the runner factory panicked"))
-                            });
-                    (alloc, span, last_state, result)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
-        let (mut running, mut finished) = (0usize, 0usize);
-        for (alloc, span, last_state, result) in built {
-            match (result, last_state) {
-                (Ok(runner), _) => {
-                    if runner.alloc_state().client_status.is_terminal() {
-                        finished += 1;
-                    } else {
-                        running += 1;
-                    }
-                    self.start_runner(&alloc.id, runner);
-                }
-                (Err(error), Some(last)) if last.client_status.is_terminal() => {
-                    // Finished already: its runner is not needed to answer for it, and
-                    // failing it now would rewrite history (and replace a service alloc).
-                    tracing::warn!(parent: &span, error = %format!("{error:#}"), "cannot rebuild a finished alloc's runner; keeping its final state");
-                    finished += 1;
-                    self.runnerless_lock()
-                        .insert(alloc.id.clone(), (alloc, last));
-                }
-                (Err(error), _) => self.fail_alloc(alloc, &span, format!("{error:#}")),
-            }
-        }
-        tracing::info!(
-            running,
-            finished,
-            held = self.runnerless_lock().len(),
-            "restored allocations"
-        );
     }
 
     fn update_alloc(&self, alloc: Arc<Alloc>) {
