@@ -175,16 +175,16 @@ impl Client {
         Client { inner }
     }
 
-    /// A client with the defaults: WebAssembly runners from `runtime`, and disk usage read
-    /// from the filesystem of the data dir.
-    pub fn with_wasm_runners(
+    /// As [`Client::with_state`], with disk usage read from the filesystem of the data dir:
+    /// the client a node runs. Which runners `factory` builds is the caller's decision (the
+    /// agent passes the WebAssembly one), so the client never names a runtime.
+    pub fn with_disk_stats(
         config: ClientConfig,
         server: Arc<dyn ServerApi>,
-        runtime: crate::runtime::Runtime,
+        factory: AllocRunnerFactory,
         db: Arc<dyn StateDb>,
     ) -> Client {
         let stats = Arc::new(gc::StatvfsStats::new(config.data_dir.clone()));
-        let factory = crate::runtime::WasmAllocRunnerFactory::new(runtime).into_factory();
         Client::with_state(config, server, factory, stats, db)
     }
 
