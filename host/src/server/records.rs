@@ -1,8 +1,9 @@
 //! What the server holds about each job and alloc, and the form those records are saved in.
 //!
-//! Plain data only: no store, no locks, no clock. The scheduler's pure functions
-//! ([`super::placement`], [`super::reconcile`], [`super::gc`]) read these records; the
-//! embedded server owns and mutates them; [`super::persist`] turns them into bytes and back.
+//! The records are plain data, with no store or lock behind them: the scheduler's pure
+//! functions ([`super::placement`], [`super::reconcile`], [`super::gc`]) read them, the
+//! embedded server owns and mutates them, and its `persist` module saves them in the form
+//! defined here. Only that conversion reads the clock.
 //!
 //! Invariant of the saved form, for the reason given:
 //! - A terminal alloc's `terminal_since` is saved as wall-clock milliseconds and read back as
