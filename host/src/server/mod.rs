@@ -165,7 +165,7 @@ impl EmbeddedServer {
         (result, saved)
     }
 
-    /// Registers a job, or updates it when the id exists (see the module docs).
+    /// Registers a job, or updates it when the id exists (see [`reconcile`] for the rules).
     pub fn register_job(&self, spec: JobSpec) -> Registration {
         self.change(|state, index| state.register(spec, index)).0
     }
