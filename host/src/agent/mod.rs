@@ -12,7 +12,7 @@ pub mod http;
 
 use crate::client::{Client, ClientConfig};
 use crate::rpc::ServerApi;
-use crate::runtime::{Runtime, RuntimeConfig};
+use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use crate::server::EmbeddedServer;
 use crate::state::{RedbStateDb, StateDb};
 use anyhow::Context;
@@ -71,10 +71,12 @@ impl Agent {
         let mut client_config = ClientConfig::new(LOCAL_NODE, &config.data_dir);
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
-        let client = Client::with_wasm_runners(
+        // The agent decides what runs allocs: WebAssembly components, on the shared runtime.
+        let factory = WasmAllocRunnerFactory::new(runtime.clone()).into_factory();
+        let client = Client::with_disk_stats(
             client_config,
             server.clone() as Arc<dyn ServerApi>,
-            runtime.clone(),
+            factory,
             db,
         );
         let restored = client.restore().await?;

@@ -387,6 +387,22 @@ pub fn gc_ignoring_this_disk() -> caravan_host::client::gc::GcConfig {
     }
 }
 
+/// Node `node-1`'s client of `server`, built as the agent builds its own: WebAssembly runners
+/// on the shared runtime, state saved to `db`, data under `data_dir`, disk usage read from
+/// the data dir's filesystem, and a GC that ignores this machine's disk. Not started.
+pub fn wasm_client(
+    data_dir: &std::path::Path,
+    server: Arc<dyn caravan_host::rpc::ServerApi>,
+    db: Arc<dyn caravan_host::state::StateDb>,
+) -> caravan_host::client::Client {
+    let config = caravan_host::client::ClientConfig {
+        gc: gc_ignoring_this_disk(),
+        ..caravan_host::client::ClientConfig::new("node-1", data_dir)
+    };
+    let factory = WasmAllocRunnerFactory::new(runtime()).into_factory();
+    caravan_host::client::Client::with_disk_stats(config, server, factory, db)
+}
+
 /// The same, as an agent config file's `[client]` block.
 const AGENT_CONFIG_IGNORING_THIS_DISK: &str =
     "[client]\ngc_disk_usage_threshold = 100\ngc_inode_usage_threshold = 100\n";
