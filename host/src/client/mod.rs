@@ -35,6 +35,7 @@ pub use watch::{AllocDiff, diff_allocs};
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, StateUpdater, alloc_span,
 };
+use crate::locks::LockUnpoisoned;
 use crate::rpc::ServerApi;
 use crate::state::{MemoryStateDb, StateDb};
 use crate::structs::{Alloc, AllocState, Limits};
@@ -206,11 +207,7 @@ impl Client {
             tokio::spawn(inner.sync.clone().run(inner.server.clone())).abort_handle(),
             tokio::spawn(inner.gc.clone().run()).abort_handle(),
         ];
-        inner
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(handles);
+        inner.tasks.lock_unpoisoned().extend(handles);
     }
 
     /// The ids of every alloc the client holds (collected ones included).
@@ -353,13 +350,13 @@ impl Client {
 
 impl ClientInner {
     fn runners_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<dyn AllocRunner>>> {
-        self.runners.lock().unwrap_or_else(|e| e.into_inner())
+        self.runners.lock_unpoisoned()
     }
 
     fn runnerless_lock(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<Alloc>, AllocState)>> {
-        self.runnerless.lock().unwrap_or_else(|e| e.into_inner())
+        self.runnerless.lock_unpoisoned()
     }
 
     /// Routes a runner's report: saved first, and passed on once on disk; a report for an

@@ -37,6 +37,7 @@ pub use placement::place;
 pub use records::{AllocRecord, JobRecord};
 
 use crate::jobspec::JobSpec;
+use crate::locks::LockUnpoisoned;
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking};
 use crate::structs::{Alloc, DesiredStatus};
 use reconcile::{JobPlan, Plan, Replacement};
@@ -135,7 +136,7 @@ impl EmbeddedServer {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// Runs `change` on the state with the next index, saves what it touched, then wakes
