@@ -199,6 +199,7 @@ async fn long_lines_fill_the_queue_by_bytes() {
 }
 
 #[tokio::test]
+#[allow(clippy::await_holding_lock, reason = "the held lock is the stuck disk")]
 async fn a_writer_never_waits_for_a_slow_disk() {
     let dir = tempfile::tempdir().unwrap();
     let logs = AllocLogs::in_dir(dir.path());
