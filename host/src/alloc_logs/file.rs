@@ -79,10 +79,11 @@ impl LogFile {
     }
 
     fn write_out(&mut self, pending: &mut Vec<u8>) {
-        if !pending.is_empty() && !self.failed {
-            if let Some(Err(error)) = self.file.as_mut().map(|file| file.write_all(pending)) {
-                self.fail(&error);
-            }
+        if !pending.is_empty()
+            && !self.failed
+            && let Some(Err(error)) = self.file.as_mut().map(|file| file.write_all(pending))
+        {
+            self.fail(&error);
         }
         pending.clear();
     }

@@ -205,8 +205,8 @@ async fn a_writer_never_waits_for_a_slow_disk() {
     let logs = AllocLogs::in_dir(dir.path());
     let writer = logs.writer("a");
     let log = logs.log("a");
-    // The disk is "stuck": the writer task cannot get the file lock.
-    let stuck = log.files.write().unwrap();
+    // The disk is "stuck": a reader holds the file lock, so the writer task cannot write.
+    let stuck = log.files.read().unwrap();
     for n in 0..3 * QUEUE_MAX_LINES {
         for _ in 0..3 {
             tokio::task::yield_now().await;
