@@ -162,9 +162,7 @@ impl AllocLogs {
     /// Deletes `alloc_id`'s files, discarding lines still queued for them and refusing later
     /// ones. Never fails: what cannot be removed is logged at WARN and left.
     pub async fn remove(&self, alloc_id: &str) {
-        let log = self.log(alloc_id);
-        lock(&self.inner.allocs).logs.remove(alloc_id);
-        log.remove().await;
+        self.inner.remove(self.log(alloc_id)).await;
     }
 
     /// Lines dropped because an alloc's queue was full, over every alloc since the agent
@@ -230,11 +228,21 @@ impl AllocLogWriter {
 
     /// Deletes this alloc's files, as [`AllocLogs::remove`] does.
     pub async fn remove(&self) {
-        AllocLogs {
-            inner: self.owner.clone(),
+        self.owner.remove(self.log.clone()).await;
+    }
+}
+
+impl Inner {
+    /// Forgets `log` (and only it: a newer log of the same alloc stays) and deletes its files.
+    async fn remove(&self, log: Arc<AllocLog>) {
+        {
+            let mut registry = lock(&self.allocs);
+            let registered = registry.logs.get(&log.alloc_id);
+            if registered.is_some_and(|known| std::ptr::eq(known.as_ptr(), Arc::as_ptr(&log))) {
+                registry.logs.remove(&log.alloc_id);
+            }
         }
-        .remove(&self.log.alloc_id)
-        .await;
+        log.remove().await;
     }
 }
 
