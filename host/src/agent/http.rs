@@ -2,10 +2,12 @@
 //!
 //! Every error is `{"error": "...", "field": "..."}` (field only when one is at fault) with
 //! 400 for a bad request, 401/403 for a missing or wrong token, 404 for an unknown id and 409
-//! for a request the alloc's state does not allow. A rejected request changes nothing. With
-//! an ACL token configured, every write (POST, PUT, DELETE) needs `Authorization: Bearer`.
+//! for a request the alloc's state does not allow; 500 when an alloc's log files cannot be
+//! read. A rejected request changes nothing. With an ACL token configured, every write (POST,
+//! PUT, DELETE) needs `Authorization: Bearer`.
 //!
-//! Handlers only translate: the work is the server's and the client's.
+//! Handlers only translate: the work is the server's, the client's and the alloc logs'
+//! ([`crate::alloc_logs`]); each metric family renders itself next to its counters.
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
