@@ -60,9 +60,10 @@ pub const DROPPED_METRIC: &str = "caravan_alloc_log_lines_dropped_total";
 /// The agent's alloc logs: one directory, one writer queue per alloc. Cheap to clone; clones
 /// share everything.
 ///
-/// Writers, readers and followers may be used from any thread. Writing needs no runtime;
-/// draining the queue runs on the tokio runtime current at the time of the write (without
-/// one, the writing thread drains it itself).
+/// Everything may be used from any thread. Writing needs no runtime: the queue is drained on
+/// the tokio runtime current at the time of the write (without one, the writing thread drains
+/// it itself). Reading, following, settling and removing are async and need a tokio runtime
+/// (file work runs on its blocking pool).
 #[derive(Clone)]
 pub struct AllocLogs {
     inner: Arc<Inner>,
