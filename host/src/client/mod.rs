@@ -32,6 +32,7 @@ mod watch;
 
 pub use watch::{AllocDiff, diff_allocs};
 
+use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, StateUpdater, alloc_span,
 };
@@ -61,14 +62,18 @@ pub struct ClientConfig {
     pub gc: GcConfig,
     /// How long one watch call may wait for a change.
     pub watch_wait: Duration,
+    /// Where the allocs' guest output is written (by default under `<data_dir>/logs`).
+    pub alloc_logs: AllocLogs,
 }
 
 impl ClientConfig {
     /// Defaults for node `node_id` with data under `data_dir`.
     pub fn new(node_id: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
         ClientConfig {
             node_id: node_id.into(),
-            data_dir: data_dir.into(),
+            alloc_logs: AllocLogs::under_data_dir(&data_dir),
+            data_dir,
             limits: Limits::default(),
             gc: GcConfig::default(),
             watch_wait: Duration::from_secs(300),
@@ -277,15 +282,6 @@ impl Client {
         self.flush_state().await;
     }
 
-    /// Where an alloc's guest output is written (`.1`, `.2` beside it are older, rotated).
-    pub fn log_file(&self, alloc_id: &str) -> PathBuf {
-        self.inner
-            .config
-            .data_dir
-            .join("logs")
-            .join(format!("{alloc_id}.log"))
-    }
-
     /// Shuts every runner down (the agent is stopping, not the allocs), waits for each, and
     /// waits for their last states and checkpoints to be saved.
     pub async fn shutdown_all(&self) {
@@ -439,12 +435,7 @@ impl ClientInner {
             alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
             restored,
             last_state,
-            log_file: Some(
-                self.config
-                    .data_dir
-                    .join("logs")
-                    .join(format!("{}.log", alloc.id)),
-            ),
+            log_writer: Some(self.config.alloc_logs.writer(&alloc.id)),
         }
     }
 

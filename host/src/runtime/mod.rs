@@ -27,9 +27,7 @@ mod logging;
 mod wasm_runner;
 
 pub use limits::EPOCH_TICK;
-pub use logging::{
-    GUEST_TARGET, LOG_FILE_MAX_BYTES, LOG_FILES_KEPT, MAX_LINE_BYTES, rotated as rotated_log,
-};
+pub use logging::{GUEST_TARGET, MAX_LINE_BYTES};
 pub use wasm_runner::{WasmAllocRunner, WasmAllocRunnerFactory};
 
 use crate::locks::LockUnpoisoned;

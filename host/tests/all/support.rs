@@ -1,6 +1,7 @@
 //! What every test here needs: a shared runtime, log capture that prints itself when a test
 //! fails, a state recorder to await reports, and a way to start a runner of a guest.
 
+use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
@@ -223,7 +224,7 @@ pub fn start_on(runtime: Runtime, alloc: Alloc, restored: Option<Vec<u8>>) -> St
         alloc_dir: data_dir.path().join(&alloc.id),
         restored,
         last_state: None,
-        log_file: Some(data_dir.path().join(format!("{}.log", alloc.id))),
+        log_writer: Some(AllocLogs::under_data_dir(data_dir.path()).writer(&alloc.id)),
     };
     let runner = WasmAllocRunnerFactory::new(runtime)
         .build(config)
