@@ -1,4 +1,4 @@
-//! Locking a [`Mutex`] that a panic may have poisoned.
+//! Locking a [`Mutex`] or an [`RwLock`] that a panic may have poisoned.
 //!
 //! Every mutex in the host guards data that each holder leaves whole (a value replaced, an
 //! entry inserted or removed), so a panic elsewhere while the lock was held leaves nothing half
@@ -6,7 +6,7 @@
 //! caller (every alloc, every HTTP request) would panic in turn. So the host takes the guard
 //! back and carries on. This module touches nothing but `std::sync`.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// [`Mutex::lock`] that recovers the guard from a poisoned lock (see the module docs).
 pub trait LockUnpoisoned<T: ?Sized> {
@@ -17,6 +17,25 @@ pub trait LockUnpoisoned<T: ?Sized> {
 impl<T: ?Sized> LockUnpoisoned<T> for Mutex<T> {
     fn lock_unpoisoned(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// [`RwLock::read`] and [`RwLock::write`] that recover the guard from a poisoned lock.
+pub trait RwLockUnpoisoned<T: ?Sized> {
+    /// Shared access, waiting for writers; never panics on poison.
+    fn read_unpoisoned(&self) -> RwLockReadGuard<'_, T>;
+    /// Exclusive access, waiting for everyone; never panics on poison.
+    fn write_unpoisoned(&self) -> RwLockWriteGuard<'_, T>;
+}
+
+impl<T: ?Sized> RwLockUnpoisoned<T> for RwLock<T> {
+    fn read_unpoisoned(&self) -> RwLockReadGuard<'_, T> {
+        self.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write_unpoisoned(&self) -> RwLockWriteGuard<'_, T> {
+        self.write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

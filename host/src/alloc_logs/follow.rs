@@ -10,6 +10,7 @@
 use super::LOG_FILES_KEPT;
 use super::file;
 use super::log::AllocLog;
+use crate::locks::RwLockUnpoisoned;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
@@ -97,7 +98,7 @@ impl LogFollower {
 impl Position {
     /// Reads from this position to the end of the current file, moving only on success.
     fn read_new(&mut self, log: &AllocLog) -> std::io::Result<Vec<u8>> {
-        let files = log.files.read().unwrap_or_else(|e| e.into_inner());
+        let files = log.files.read_unpoisoned();
         let mut text = Vec::new();
         if files.removed {
             return Ok(text);

@@ -7,6 +7,7 @@
 
 use super::file::{self, LogFile};
 use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES, lock};
+use crate::locks::RwLockUnpoisoned;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -151,7 +152,7 @@ impl AllocLog {
     }
 
     fn write_batch(&self, lines: &[String]) {
-        let mut files = self.files.write().unwrap_or_else(|e| e.into_inner());
+        let mut files = self.files.write_unpoisoned();
         if !files.removed {
             files.rotations += files.current.append_batch(lines) as i64;
         }
@@ -197,7 +198,7 @@ impl AllocLog {
     }
 
     fn remove_files(&self) {
-        let mut files = self.files.write().unwrap_or_else(|e| e.into_inner());
+        let mut files = self.files.write_unpoisoned();
         files.removed = true;
         files.current.close();
         for path in file::every_file(files.current.path()) {

@@ -38,6 +38,7 @@ mod tests;
 
 pub use follow::LogFollower;
 
+use crate::locks::LockUnpoisoned;
 use log::AllocLog;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -250,5 +251,5 @@ impl Inner {
 /// Locks `mutex`, carrying on after a panic elsewhere: every value kept under these locks is
 /// valid between statements.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
+    mutex.lock_unpoisoned()
 }

@@ -3,6 +3,7 @@
 //! Allocs by client status are counted from the alloc map when asked. A snapshot renders
 //! itself in Prometheus' text format for the agent's `/v1/metrics`.
 
+use crate::locks::LockUnpoisoned;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,8 +55,7 @@ impl Metrics {
     pub(crate) fn collected(&self, reason_kind: &'static str) {
         *self
             .collected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_unpoisoned()
             .entry(reason_kind)
             .or_default() += 1;
     }
@@ -97,8 +97,7 @@ impl Metrics {
             allocs_marked: self.marked.load(Ordering::Relaxed),
             allocs_collected: self
                 .collected
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .lock_unpoisoned()
                 .iter()
                 .map(|(kind, count)| (kind.to_string(), *count))
                 .collect(),

@@ -104,12 +104,7 @@ struct ClientInner {
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
-        for task in self
-            .tasks
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
+        for task in self.tasks.lock_unpoisoned().drain(..) {
             task.abort();
         }
     }

@@ -10,6 +10,7 @@
 
 use super::bindings::{Level, LoggingImports};
 use crate::alloc_logs::AllocLogWriter;
+use crate::locks::LockUnpoisoned;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -62,7 +63,7 @@ impl GuestLogSink {
     /// Emits one guest line at `level`, unless the rate limit drops it.
     pub fn emit(&self, level: tracing::Level, origin: Origin<'_>, message: &str) {
         let (admitted, dropped_report) = {
-            let mut limiter = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            let mut limiter = self.limiter.lock_unpoisoned();
             let admitted = limiter.admit(Instant::now());
             (admitted, limiter.take_drop_report(Instant::now(), false))
         };
@@ -87,8 +88,7 @@ impl GuestLogSink {
     pub fn flush(&self) {
         let report = self
             .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_unpoisoned()
             .take_drop_report(Instant::now(), true);
         if let Some(dropped) = report {
             self.report_dropped(dropped);
