@@ -1,7 +1,8 @@
 //! Counters the client keeps for the agent to expose: allocs marked and collected (by
 //! reason), destroys in flight, sync batches sent and failed, runners that failed to build, state commits.
 //! Allocs by client status are counted from the alloc map when asked. A snapshot renders
-//! itself in Prometheus' text format for the agent's `/v1/metrics`.
+//! itself in Prometheus' text format for the agent's `/v1/metrics`. Counting only: it never
+//! reads the alloc map or decides anything.
 
 use crate::locks::LockUnpoisoned;
 use std::collections::BTreeMap;

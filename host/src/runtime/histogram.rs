@@ -1,6 +1,6 @@
 //! A fixed-bucket latency histogram, cheap to record from any task, that renders itself in
 //! Prometheus' text format; and the name under which `/v1/metrics` shows the runtime's
-//! instantiation latency.
+//! instantiation latency. Plain atomics: it knows nothing of wasmtime or the client.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

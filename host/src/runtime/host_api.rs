@@ -3,7 +3,9 @@
 //! [`HostApi`] lives in the alloc's store; [`StateCell`] is shared with the runner that owns
 //! the store, which reads the latest state and writes the final one. Guest mistakes (a report
 //! after a terminal one, an unknown task, an oversized checkpoint) come back to the guest as
-//! WIT errors and are logged; nothing here traps.
+//! WIT errors and are logged; nothing here traps. It may touch only its alloc's own state:
+//! never another alloc, the client or the state store (checkpoints go through the
+//! runner's `StateUpdater`).
 
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::limits::EpochClock;

@@ -1,4 +1,5 @@
 //! Plain records for the scheduler's unit tests: jobs and allocs built by hand, no server.
+//! Test-only; production code must not use it.
 
 use super::records::{AllocRecord, JobRecord};
 use crate::jobspec::{JobSpec, JobType};
