@@ -1,11 +1,15 @@
-//! `caravan runner check`: drives a runner component through the contract of
-//! `wit/runner.wit` and says, check by check, what it does right and wrong.
+//! The contract checker behind `caravan runner check`: drives a runner component through
+//! the contract of `wit/runner.wit` and says, check by check, what it does right and wrong.
 //!
 //! Required checks: it loads (the world matches), it reports `running`, it survives an
 //! `update` and a `signal`, and it answers `kill` with a terminal state within the kill
 //! timeout. Optional checks: it saves a checkpoint on `shutdown` and resumes from it, and
 //! its log lines arrive. The runs use the same factory as the client, so what passes here
 //! behaves the same under an agent.
+//!
+//! It is a library module rather than part of `cli/` because the integration tests (and
+//! any other tool) call [`check`] directly, with no process, stdout or signals. It returns
+//! results and never prints, exits or handles signals: `cli::check` does that.
 
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
