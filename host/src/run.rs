@@ -183,7 +183,7 @@ pub async fn run(
             runner.kill();
             tokio::select! {
                 _ = stopped.wait() => {}
-                _ = shutdown.stopping() => {
+                _ = shutdown.abandoning() => {
                     bail!("interrupted again: stopped without waiting for the runner");
                 }
             }
