@@ -1,7 +1,7 @@
 //! `caravan alloc ...`: look at and act on one alloc. Each subcommand is one variant of
 //! [`AllocCommand`] and one function here.
 
-use super::Client;
+use super::Remote;
 use super::table::{print_allocs, print_table};
 use serde_json::Value;
 
@@ -30,22 +30,22 @@ pub enum AllocCommand {
 
 impl AllocCommand {
     /// Runs the subcommand against the agent.
-    pub async fn execute(self, client: &Client) -> anyhow::Result<()> {
+    pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
         match self {
-            AllocCommand::Status { id } => status(client, &id).await,
-            AllocCommand::Stop { id } => stop(client, &id).await,
-            AllocCommand::Logs { id, follow } => logs(client, &id, follow).await,
+            AllocCommand::Status { id } => status(remote, &id).await,
+            AllocCommand::Stop { id } => stop(remote, &id).await,
+            AllocCommand::Logs { id, follow } => logs(remote, &id, follow).await,
         }
     }
 }
 
 /// `alloc status ID`: the alloc, then each task's state and events.
-async fn status(client: &Client, id: &str) -> anyhow::Result<()> {
-    let alloc = client
+async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
+    let alloc = remote
         .api
         .call("GET", &format!("/v1/allocation/{id}"), None)
         .await?;
-    client.print(&alloc, |a| {
+    remote.print(&alloc, |a| {
         print_allocs(&Value::Array(vec![a.clone()]));
         for task in a["task_states"].as_array().into_iter().flatten() {
             println!(
@@ -72,12 +72,12 @@ async fn status(client: &Client, id: &str) -> anyhow::Result<()> {
 }
 
 /// `alloc stop ID`.
-async fn stop(client: &Client, id: &str) -> anyhow::Result<()> {
-    let answer = client
+async fn stop(remote: &Remote, id: &str) -> anyhow::Result<()> {
+    let answer = remote
         .api
         .call("POST", &format!("/v1/allocation/{id}/stop"), None)
         .await?;
-    client.print(&answer, |a| {
+    remote.print(&answer, |a| {
         println!(
             "alloc {} asked to stop",
             a["alloc_id"].as_str().unwrap_or("?")
@@ -87,8 +87,8 @@ async fn stop(client: &Client, id: &str) -> anyhow::Result<()> {
 }
 
 /// `alloc logs [-f] ID`: the log as it arrives, whatever `--json` says.
-async fn logs(client: &Client, id: &str, follow: bool) -> anyhow::Result<()> {
-    client
+async fn logs(remote: &Remote, id: &str, follow: bool) -> anyhow::Result<()> {
+    remote
         .api
         .stream_to_stdout(&format!("/v1/client/allocation/{id}/logs?follow={follow}"))
         .await

@@ -1,6 +1,6 @@
 //! `caravan job ...`: register, list, stop and scale jobs on the agent.
 
-use super::Client;
+use super::Remote;
 use super::table::{print_allocs, print_jobs, text};
 use crate::jobspec;
 use anyhow::{Context, bail};
@@ -47,35 +47,35 @@ pub enum JobCommand {
 
 impl JobCommand {
     /// Runs the subcommand against the agent.
-    pub async fn execute(self, client: &Client) -> anyhow::Result<()> {
+    pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
         match self {
-            JobCommand::Run { file, detach } => run(client, &file, detach).await,
-            JobCommand::Status { id: None } => list(client).await,
-            JobCommand::Status { id: Some(id) } => status(client, &id).await,
-            JobCommand::Stop { id, purge } => stop(client, &id, purge).await,
-            JobCommand::Scale { id, count } => scale(client, &id, count).await,
+            JobCommand::Run { file, detach } => run(remote, &file, detach).await,
+            JobCommand::Status { id: None } => list(remote).await,
+            JobCommand::Status { id: Some(id) } => status(remote, &id).await,
+            JobCommand::Stop { id, purge } => stop(remote, &id, purge).await,
+            JobCommand::Scale { id, count } => scale(remote, &id, count).await,
         }
     }
 }
 
 /// `job status`: every job.
-async fn list(client: &Client) -> anyhow::Result<()> {
-    let jobs = client.api.call("GET", "/v1/jobs", None).await?;
-    client.print(&jobs, print_jobs);
+async fn list(remote: &Remote) -> anyhow::Result<()> {
+    let jobs = remote.api.call("GET", "/v1/jobs", None).await?;
+    remote.print(&jobs, print_jobs);
     Ok(())
 }
 
 /// `job status ID`: one job and its allocs.
-async fn status(client: &Client, id: &str) -> anyhow::Result<()> {
-    let job = client
+async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
+    let job = remote
         .api
         .call("GET", &format!("/v1/job/{id}"), None)
         .await?;
-    let allocs = client
+    let allocs = remote
         .api
         .call("GET", &format!("/v1/job/{id}/allocations"), None)
         .await?;
-    if client.json {
+    if remote.json {
         println!(
             "{}",
             serde_json::json!({ "job": job, "allocations": allocs })
@@ -89,12 +89,12 @@ async fn status(client: &Client, id: &str) -> anyhow::Result<()> {
 }
 
 /// `job stop ID [--purge]`.
-async fn stop(client: &Client, id: &str, purge: bool) -> anyhow::Result<()> {
-    let answer = client
+async fn stop(remote: &Remote, id: &str, purge: bool) -> anyhow::Result<()> {
+    let answer = remote
         .api
         .call("DELETE", &format!("/v1/job/{id}?purge={purge}"), None)
         .await?;
-    client.print(&answer, |a| {
+    remote.print(&answer, |a| {
         println!(
             "job {id} stopped: {} allocs asked to stop",
             a["stopped"].as_array().map_or(0, Vec::len)
@@ -104,13 +104,13 @@ async fn stop(client: &Client, id: &str, purge: bool) -> anyhow::Result<()> {
 }
 
 /// `job scale ID COUNT`.
-async fn scale(client: &Client, id: &str, count: i64) -> anyhow::Result<()> {
+async fn scale(remote: &Remote, id: &str, count: i64) -> anyhow::Result<()> {
     let body = serde_json::json!({ "count": count });
-    let answer = client
+    let answer = remote
         .api
         .call("POST", &format!("/v1/job/{id}/scale"), Some(body))
         .await?;
-    client.print(&answer, |a| {
+    remote.print(&answer, |a| {
         let n = |key: &str| a[key].as_array().map_or(0, Vec::len);
         println!(
             "job {id} scaled to {count}: {} placed, {} stopped",
@@ -145,8 +145,8 @@ pub fn job_document(path: &Path) -> anyhow::Result<(String, Value)> {
 
 /// `job run`: registers the job, then waits until every alloc it placed is running or
 /// finished, printing progress. Fails when any of them failed.
-async fn run(client: &Client, path: &Path, detach: bool) -> anyhow::Result<()> {
-    let Client { api, json } = client;
+async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
+    let Remote { api, json } = remote;
     let json = *json;
     let (job_id, document) = job_document(path)?;
     let registration = api.call("POST", "/v1/jobs", Some(document)).await?;

@@ -2,8 +2,9 @@
 //! one HTTP request (or a few) to the agent at `CARAVAN_ADDR`, printed as a table or, with
 //! `--json`, as the API's JSON.
 //!
-//! One module per command group, each a clap enum of subcommands with one `execute`: adding
-//! a subcommand is one variant and one function. [`api`] is the HTTP client they share and
+//! One module per command group, each a clap enum of subcommands with one `execute` that
+//! takes the [`Remote`] (the agent's API and the output mode): adding a subcommand is one
+//! variant and one function. [`api`] is the HTTP client they share and
 //! [`table`] the table printing. This module talks to the agent over HTTP only; it never
 //! links the server, the client core or the runtime.
 
@@ -30,7 +31,7 @@ pub enum ClientCommand {
         command: job::JobCommand,
         /// Where the agent is.
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// Allocations on the agent at CARAVAN_ADDR.
     Alloc {
@@ -39,7 +40,7 @@ pub enum ClientCommand {
         command: alloc::AllocCommand,
         /// Where the agent is.
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// Nodes known to the agent at CARAVAN_ADDR.
     Node {
@@ -48,7 +49,7 @@ pub enum ClientCommand {
         command: node::NodeCommand,
         /// Where the agent is.
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// Cluster-wide operations on the agent at CARAVAN_ADDR.
     System {
@@ -57,7 +58,7 @@ pub enum ClientCommand {
         command: system::SystemCommand,
         /// Where the agent is.
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
 }
 
@@ -66,17 +67,17 @@ impl ClientCommand {
     /// caller to print: the API's message, or how to reach an agent.
     pub async fn execute(self) -> anyhow::Result<()> {
         match self {
-            ClientCommand::Job { command, remote } => command.execute(&remote.client()).await,
-            ClientCommand::Alloc { command, remote } => command.execute(&remote.client()).await,
-            ClientCommand::Node { command, remote } => command.execute(&remote.client()).await,
-            ClientCommand::System { command, remote } => command.execute(&remote.client()).await,
+            ClientCommand::Job { command, remote } => command.execute(&remote.connect()).await,
+            ClientCommand::Alloc { command, remote } => command.execute(&remote.connect()).await,
+            ClientCommand::Node { command, remote } => command.execute(&remote.connect()).await,
+            ClientCommand::System { command, remote } => command.execute(&remote.connect()).await,
         }
     }
 }
 
 /// How client commands reach the agent.
 #[derive(Debug, clap::Args)]
-pub struct Remote {
+pub struct RemoteArgs {
     /// The agent's address.
     #[arg(long, global = true, env = "CARAVAN_ADDR", default_value = DEFAULT_ADDR)]
     address: String,
@@ -88,9 +89,10 @@ pub struct Remote {
     json: bool,
 }
 
-impl Remote {
-    fn client(self) -> Client {
-        Client {
+impl RemoteArgs {
+    /// The client of the agent these flags name. Sends nothing yet.
+    fn connect(self) -> Remote {
+        Remote {
             api: Api::new(&self.address, self.token),
             json: self.json,
         }
@@ -98,14 +100,14 @@ impl Remote {
 }
 
 /// What every client subcommand works with: the agent's API and how to print its answers.
-pub struct Client {
+pub struct Remote {
     /// The agent's HTTP API.
     pub api: Api,
     /// `--json`: print the API's JSON instead of tables.
     pub json: bool,
 }
 
-impl Client {
+impl Remote {
     /// Prints `value` as JSON with `--json`, else through `human`.
     pub fn print(&self, value: &Value, human: impl FnOnce(&Value)) {
         if self.json {

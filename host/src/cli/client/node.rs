@@ -1,6 +1,6 @@
 //! `caravan node ...`: the nodes the agent's server knows.
 
-use super::Client;
+use super::Remote;
 use super::table::print_table;
 
 /// `caravan node`'s subcommands.
@@ -12,17 +12,17 @@ pub enum NodeCommand {
 
 impl NodeCommand {
     /// Runs the subcommand against the agent.
-    pub async fn execute(self, client: &Client) -> anyhow::Result<()> {
+    pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
         match self {
-            NodeCommand::Status => status(client).await,
+            NodeCommand::Status => status(remote).await,
         }
     }
 }
 
 /// `node status`: every node, its status and how many allocs it holds.
-async fn status(client: &Client) -> anyhow::Result<()> {
-    let nodes = client.api.call("GET", "/v1/nodes", None).await?;
-    client.print(&nodes, |n| {
+async fn status(remote: &Remote) -> anyhow::Result<()> {
+    let nodes = remote.api.call("GET", "/v1/nodes", None).await?;
+    remote.print(&nodes, |n| {
         let rows: Vec<Vec<String>> = n
             .as_array()
             .into_iter()

@@ -1,6 +1,6 @@
 //! `caravan system ...`: cluster-wide operations on the agent's server.
 
-use super::Client;
+use super::Remote;
 
 /// `caravan system`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -11,17 +11,17 @@ pub enum SystemCommand {
 
 impl SystemCommand {
     /// Runs the subcommand against the agent.
-    pub async fn execute(self, client: &Client) -> anyhow::Result<()> {
+    pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
         match self {
-            SystemCommand::Gc => gc(client).await,
+            SystemCommand::Gc => gc(remote).await,
         }
     }
 }
 
 /// `system gc`: collect now, and say how many allocs went.
-async fn gc(client: &Client) -> anyhow::Result<()> {
-    let answer = client.api.call("PUT", "/v1/system/gc", None).await?;
-    client.print(&answer, |a| {
+async fn gc(remote: &Remote) -> anyhow::Result<()> {
+    let answer = remote.api.call("PUT", "/v1/system/gc", None).await?;
+    remote.print(&answer, |a| {
         println!(
             "removed {} allocs",
             a["removed"].as_array().map_or(0, Vec::len)
