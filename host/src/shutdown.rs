@@ -80,7 +80,9 @@ impl Shutdown {
     /// From now on, each Ctrl-C (SIGINT) or SIGTERM escalates the shutdown by one stage. The
     /// handlers are installed before this returns, so a signal that arrives at any moment
     /// later is kept rather than killing the process; they stay installed for the life of
-    /// the process. Needs a tokio runtime; the forwarding task ends with the runtime.
+    /// the process. Call it once per `Shutdown`: each call adds a forwarder, so two would
+    /// escalate twice per signal. Needs a tokio runtime; the forwarding task ends with the
+    /// runtime.
     pub fn on_signals(&self) -> anyhow::Result<()> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?;
