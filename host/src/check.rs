@@ -1,16 +1,21 @@
-//! `caravan runner check`: drives a runner component through the contract of
-//! `wit/runner.wit` and says, check by check, what it does right and wrong.
+//! The contract checker behind `caravan runner check`: drives a runner component through
+//! the contract of `wit/runner.wit` and says, check by check, what it does right and wrong.
 //!
 //! Required checks: it loads (the world matches), it reports `running`, it survives an
 //! `update` and a `signal`, and it answers `kill` with a terminal state within the kill
 //! timeout. Optional checks: it saves a checkpoint on `shutdown` and resumes from it, and
 //! its log lines arrive. The runs use the same factory as the client, so what passes here
 //! behaves the same under an agent.
+//!
+//! It is a library module rather than part of `cli/` because the integration tests (and
+//! any other tool) call [`check`] directly, with no process, stdout or signals. It returns
+//! results and never prints, exits or handles signals: `cli::check` does that.
 
 use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
+use crate::locks::LockUnpoisoned;
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use crate::units::format_duration;
@@ -63,7 +68,7 @@ impl StateUpdater for Observer {
     }
 
     fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) -> CheckpointSaved {
-        *self.checkpoint.lock().unwrap_or_else(|e| e.into_inner()) = Some(data.to_vec());
+        *self.checkpoint.lock_unpoisoned() = Some(data.to_vec());
         checkpoint_kept()
     }
 }
@@ -296,11 +301,7 @@ pub async fn check(
             runner.shutdown_done().wait(),
         )
         .await;
-        let checkpoint = observer
-            .checkpoint
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let checkpoint = observer.checkpoint.lock_unpoisoned().clone();
         match checkpoint {
             None => Err(
                 "no checkpoint was saved on `shutdown` (fine for a runner with nothing to resume)"

@@ -205,13 +205,15 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
 fn validate_limits(raw: RawLimits) -> Result<LimitOverrides, SpecError> {
     let duration = |name: &str, value: Option<String>| {
         value
-            .map(|v| parse_duration(&v).map_err(|e| error(format!("job.limits.{name}"), e)))
+            .map(|v| {
+                parse_duration(&v).map_err(|e| error(format!("job.limits.{name}"), e.to_string()))
+            })
             .transpose()
     };
     Ok(LimitOverrides {
         memory_bytes: raw
             .memory
-            .map(|v| parse_bytes(&v).map_err(|e| error("job.limits.memory", e)))
+            .map(|v| parse_bytes(&v).map_err(|e| error("job.limits.memory", e.to_string())))
             .transpose()?,
         cpu: duration("cpu", raw.cpu)?,
         wall_time: duration("wall_time", raw.wall_time)?,

@@ -7,11 +7,12 @@
 //! - [`structs`]: plain data shared by every layer (allocs, alloc state, limits).
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
-//! - [`check`]: `caravan runner check`, the contract checker for runner authors.
+//! - [`check`]: the contract checker behind `caravan runner check`, for runner authors.
+//! - [`cli`]: the `caravan` command line: each command group's flags, output and exit status;
+//!   the client commands (`job run`, `alloc status`, ...) over HTTP.
 //! - [`client`]: the client core: alloc map, server watch and sync, garbage collector.
 //! - [`runtime`]: everything wasmtime; [`runtime::WasmAllocRunner`] runs an alloc in its own
 //!   sandbox.
-//! - [`commands`]: the CLI's client commands (`job run`, `alloc status`, ...) over HTTP.
 //! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`rpc`]: the client-server seam ([`rpc::ServerApi`]), the one module `client` and
@@ -20,7 +21,8 @@
 //!   [`rpc::ServerApi`], which the agent hosts.
 //! - [`state`]: the state store ([`state::StateDb`]) the client and server save to, so a
 //!   restart loses nothing.
-//! - [`run`]: `caravan run`, one alloc to completion without an agent.
+//! - [`run`]: one alloc to completion without an agent, behind `caravan run`.
+//! - [`shutdown`]: Ctrl-C and SIGTERM as shutdown stages the commands wait on.
 //! - [`telemetry`]: the process's tracing subscriber (text or JSON).
 //! - [`units`]: sizes and durations as operators type them.
 //! - `testing` (feature `testing` only): seams that fail on demand, an in-memory server.
@@ -35,14 +37,15 @@ pub mod agent;
 pub mod alloc_logs;
 pub mod allocrunner;
 pub mod check;
+pub mod cli;
 pub mod client;
-pub mod commands;
 pub mod jobspec;
 pub mod locks;
 pub mod rpc;
 pub mod run;
 pub mod runtime;
 pub mod server;
+pub mod shutdown;
 pub mod state;
 pub mod structs;
 pub mod telemetry;

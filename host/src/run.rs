@@ -1,15 +1,21 @@
-//! `caravan run`: one alloc of one runner, to completion, on this machine, with no agent.
+//! `caravan run`'s library half: one alloc of one runner, to completion, on this machine,
+//! with no agent.
 //!
-//! Builds the alloc from the command line, runs it through the wasm factory exactly as the
-//! client will, sends `kill` on the first Ctrl-C (or SIGTERM) and stops waiting on the second.
-//! It may use the runtime and the seam; it keeps no state beyond its data directory.
+//! Builds the alloc from the command line's words, runs it through the wasm factory exactly
+//! as the client will, sends `kill` when the [`crate::shutdown`] reaches `Stopping` and stops
+//! waiting when it reaches `Abandoning`. It may use the runtime and the seam; it keeps no
+//! state beyond its data directory. It stays outside `cli/` because it is how an alloc runs
+//! without an agent, callable (and tested) without clap, stdout or signals; the command
+//! (`cli::run`) only parses flags, installs the signal handlers and prints the outcome.
 
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
+use crate::locks::LockUnpoisoned;
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
+use crate::shutdown::ShutdownListener;
 use crate::structs::{Alloc, AllocState, ClientStatus, LimitOverrides, Limits, Task};
-use crate::units::{format_duration, parse_bytes, parse_duration};
+use crate::units::{UnitError, format_duration, parse_bytes, parse_duration};
 use anyhow::{Context, bail};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -97,7 +103,7 @@ pub fn parse_limits(limits: &[String]) -> anyhow::Result<LimitOverrides> {
     let mut overrides = LimitOverrides::default();
     for limit in limits {
         let (name, value) = split_pair(limit, "--limit", "NAME=VALUE")?;
-        let bad = |e: String| anyhow::anyhow!("--limit {limit}: {e}");
+        let bad = |e: UnitError| anyhow::anyhow!("--limit {limit}: {e}");
         match name {
             "memory" => overrides.memory_bytes = Some(parse_bytes(value).map_err(bad)?),
             "cpu" => overrides.cpu = Some(parse_duration(value).map_err(bad)?),
@@ -105,9 +111,10 @@ pub fn parse_limits(limits: &[String]) -> anyhow::Result<LimitOverrides> {
             "kill-timeout" => overrides.kill_timeout = Some(parse_duration(value).map_err(bad)?),
             "log-rate" => {
                 let rate = value.parse::<u32>().ok().filter(|r| *r > 0);
-                overrides.log_lines_per_second = Some(rate.ok_or_else(|| {
-                    bad("expected a whole number of lines per second above 0".into())
-                })?);
+                let Some(rate) = rate else {
+                    bail!("--limit {limit}: expected a whole number of lines per second above 0");
+                };
+                overrides.log_lines_per_second = Some(rate);
             }
             _ => bail!("--limit {limit}: unknown limit {name:?}; known limits are {LIMIT_NAMES}"),
         }
@@ -122,8 +129,13 @@ fn split_pair<'a>(text: &'a str, flag: &str, form: &str) -> anyhow::Result<(&'a 
     }
 }
 
-/// Runs `options` to completion and returns the alloc's final state.
-pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
+/// Runs `options` to completion and returns the alloc's final state. When `shutdown` reaches
+/// `Stopping` the alloc is killed (or, if that happened before it started, not started at
+/// all); when it reaches `Abandoning` this returns an error without waiting for the runner.
+pub async fn run(
+    options: RunOptions,
+    mut shutdown: ShutdownListener,
+) -> anyhow::Result<(Alloc, AllocState)> {
     let alloc = Arc::new(build_alloc(&options)?);
     let runtime = Runtime::new(&RuntimeConfig {
         max_live_allocs: 1,
@@ -154,16 +166,16 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
         log_writer: None,
     };
     let runner = WasmAllocRunnerFactory::new(runtime).build(config)?;
-    // Listen before the runner starts: a Ctrl-C the moment it reports must kill the alloc,
-    // not the process.
-    let mut interrupts = Interrupts::listen()?;
+    if shutdown.is_stopping() {
+        bail!("interrupted before the alloc started");
+    }
     runner.run();
 
     let stopped = runner.wait();
     let kill_timeout = limits.with_overrides(&alloc.limits).kill_timeout;
     tokio::select! {
         _ = stopped.wait() => {}
-        _ = interrupts.next() => {
+        _ = shutdown.stopping() => {
             tracing::info!(
                 parent: &span,
                 kill_timeout = %format_duration(kill_timeout),
@@ -172,7 +184,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
             runner.kill();
             tokio::select! {
                 _ = stopped.wait() => {}
-                _ = interrupts.next() => {
+                _ = shutdown.abandoning() => {
                     bail!("interrupted again: stopped without waiting for the runner");
                 }
             }
@@ -180,32 +192,6 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
     }
     let state = runner.alloc_state();
     Ok((Alloc::clone(&alloc), state))
-}
-
-/// Ctrl-C (SIGINT) and SIGTERM, listened for from creation on, so a signal that arrives
-/// before anyone awaits it is kept rather than killing the process.
-pub struct Interrupts {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl Interrupts {
-    /// Starts listening. Needs a tokio runtime.
-    pub fn listen() -> anyhow::Result<Self> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Interrupts {
-            interrupt: signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?,
-            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
-        })
-    }
-
-    /// Completes on the next Ctrl-C or SIGTERM.
-    pub async fn next(&mut self) {
-        tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
-        }
-    }
 }
 
 /// Logs each change of client status, the way the agent's log shows an alloc's progress.
@@ -225,7 +211,7 @@ impl StatusLogger {
 
 impl StateUpdater for StatusLogger {
     fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.last.lock_unpoisoned();
         if *last != Some(state.client_status) {
             *last = Some(state.client_status);
             tracing::info!(

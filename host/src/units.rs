@@ -1,10 +1,58 @@
 //! Parsing and printing the sizes and durations operators type: `64MiB`, `500ms`, `5s`.
+//!
+//! Pure text in, numbers out: this module knows no flag, config key or job field, so callers
+//! name the setting at fault when they report a [`UnitError`].
 
 use std::time::Duration;
 
+/// Why a size or a duration did not parse. The message quotes the text as typed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    /// The text does not begin with digits.
+    #[error("{text:?} does not start with a whole number")]
+    NotANumber {
+        /// The text as typed.
+        text: String,
+    },
+    /// The digits do not fit in 64 bits.
+    #[error("number in {text:?} is too large")]
+    NumberTooLarge {
+        /// The text as typed.
+        text: String,
+    },
+    /// A size's unit is not one of the known ones.
+    #[error("unknown size unit {unit:?} in {text:?} (use B, KiB, MiB or GiB)")]
+    UnknownSizeUnit {
+        /// The unit as typed.
+        unit: String,
+        /// The text as typed.
+        text: String,
+    },
+    /// The number times its unit does not fit in 64 bits.
+    #[error("size {text:?} is too large")]
+    SizeTooLarge {
+        /// The text as typed.
+        text: String,
+    },
+    /// A duration without a unit: a bare `5` could mean seconds or milliseconds.
+    #[error("duration {text:?} needs a unit: ms, s, m or h")]
+    MissingDurationUnit {
+        /// The text as typed.
+        text: String,
+    },
+    /// A duration's unit is not one of the known ones.
+    #[error("unknown duration unit {unit:?} in {text:?} (use ms, s, m or h)")]
+    UnknownDurationUnit {
+        /// The unit as typed.
+        unit: String,
+        /// The text as typed.
+        text: String,
+    },
+}
+
 /// Parses a byte size: a whole number with an optional unit `B`, `KiB`, `MiB`, `GiB` (or the
 /// decimal `KB`, `MB`, `GB`; `K`, `M`, `G` are read as the binary units).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, UnitError> {
     let (number, unit) = split_number(text)?;
     let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
@@ -15,29 +63,31 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         _ => {
-            return Err(format!(
-                "unknown size unit {unit:?} in {text:?} (use B, KiB, MiB or GiB)"
-            ));
+            return Err(UnitError::UnknownSizeUnit {
+                unit: unit.into(),
+                text: text.into(),
+            });
         }
     };
     number
         .checked_mul(multiplier)
-        .ok_or_else(|| format!("size {text:?} is too large"))
+        .ok_or_else(|| UnitError::SizeTooLarge { text: text.into() })
 }
 
 /// Parses a duration: a whole number with a unit `ms`, `s`, `m` or `h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     let (number, unit) = split_number(text)?;
     let duration = match unit {
         "ms" => Duration::from_millis(number),
         "s" => Duration::from_secs(number),
         "m" => Duration::from_secs(number.saturating_mul(60)),
         "h" => Duration::from_secs(number.saturating_mul(3600)),
-        "" => return Err(format!("duration {text:?} needs a unit: ms, s, m or h")),
+        "" => return Err(UnitError::MissingDurationUnit { text: text.into() }),
         _ => {
-            return Err(format!(
-                "unknown duration unit {unit:?} in {text:?} (use ms, s, m or h)"
-            ));
+            return Err(UnitError::UnknownDurationUnit {
+                unit: unit.into(),
+                text: text.into(),
+            });
         }
     };
     Ok(duration)
@@ -67,17 +117,17 @@ pub fn format_duration(duration: Duration) -> String {
     }
 }
 
-fn split_number(text: &str) -> Result<(u64, &str), String> {
+fn split_number(text: &str) -> Result<(u64, &str), UnitError> {
     let trimmed = text.trim();
     let digits_end = trimmed
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(trimmed.len());
     if digits_end == 0 {
-        return Err(format!("{text:?} does not start with a whole number"));
+        return Err(UnitError::NotANumber { text: text.into() });
     }
     let number = trimmed[..digits_end]
         .parse::<u64>()
-        .map_err(|_| format!("number in {text:?} is too large"))?;
+        .map_err(|_| UnitError::NumberTooLarge { text: text.into() })?;
     Ok((number, trimmed[digits_end..].trim()))
 }
 
@@ -91,20 +141,36 @@ mod tests {
         assert_eq!(parse_bytes("64 M"), Ok(64 << 20));
         assert_eq!(parse_bytes("1GB"), Ok(1_000_000_000));
         assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert!(parse_bytes("MiB").unwrap_err().contains("whole number"));
-        assert!(
-            parse_bytes("3 parsecs")
-                .unwrap_err()
-                .contains("unknown size unit")
+        assert_eq!(
+            parse_bytes("MiB").unwrap_err().to_string(),
+            "\"MiB\" does not start with a whole number"
         );
-        assert!(parse_bytes("99999999999999999999GiB").is_err());
+        assert_eq!(
+            parse_bytes("3 parsecs").unwrap_err().to_string(),
+            "unknown size unit \"parsecs\" in \"3 parsecs\" (use B, KiB, MiB or GiB)"
+        );
+        assert!(matches!(
+            parse_bytes("99999999999999999999GiB"),
+            Err(UnitError::NumberTooLarge { .. })
+        ));
+        assert_eq!(
+            parse_bytes("20000000000GiB").unwrap_err().to_string(),
+            "size \"20000000000GiB\" is too large"
+        );
     }
 
     #[test]
     fn durations_need_a_unit() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("5").unwrap_err().contains("needs a unit"));
+        assert_eq!(
+            parse_duration("5").unwrap_err().to_string(),
+            "duration \"5\" needs a unit: ms, s, m or h"
+        );
+        assert_eq!(
+            parse_duration("5 days").unwrap_err().to_string(),
+            "unknown duration unit \"days\" in \"5 days\" (use ms, s, m or h)"
+        );
     }
 
     #[test]

@@ -25,14 +25,139 @@
 //! ```
 //!
 //! An unknown key or a bad value is an error naming the key and the form expected.
+//!
+//! [`AgentFlags`] holds what `caravan agent` was given on the command line, and
+//! [`AgentFlags::load`] merges it over the file: a flag given wins, a flag left out keeps the
+//! file's value, and the file's value wins over the default. This module only turns text into
+//! an [`AgentConfig`]; it starts nothing and knows nothing of clap.
 
 use crate::client::gc::GcConfig;
 use crate::server::ServerConfig;
 use crate::structs::Limits;
-use crate::units::{parse_bytes, parse_duration};
+use crate::units::{UnitError, parse_bytes, parse_duration};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+
+/// Why the agent's configuration is not usable. Each message is the whole line the operator
+/// sees, naming the file and key (or the flag) at fault; the problem inside is part of the
+/// message rather than a `source`, so `anyhow`'s `{:#}` does not print it twice.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {error}")]
+    Read {
+        /// The file as named on the command line.
+        path: String,
+        /// What reading it said.
+        error: std::io::Error,
+    },
+    /// The file is not TOML, has an unknown key, or a value of the wrong type.
+    #[error("{path}: {message}")]
+    Syntax {
+        /// The file.
+        path: String,
+        /// The TOML parser's message.
+        message: String,
+    },
+    /// A size or duration key did not parse.
+    #[error("{path}: {key}: {problem}")]
+    Unit {
+        /// The file.
+        path: String,
+        /// The key, with its section: `client.gc_interval`.
+        key: &'static str,
+        /// What was wrong with the value.
+        problem: UnitError,
+    },
+    /// A number outside what the key allows.
+    #[error("{path}: {key}: {expected}")]
+    OutOfRange {
+        /// The file.
+        path: String,
+        /// The key, with its section.
+        key: &'static str,
+        /// What the key allows, or why the value is outside it.
+        expected: String,
+    },
+    /// The file's `bind` is not an address.
+    #[error("{path}: bind: {problem}")]
+    FileBind {
+        /// The file.
+        path: String,
+        /// What was wrong with the value.
+        problem: BindError,
+    },
+    /// `--bind` is not an address.
+    #[error("--bind: {0}")]
+    FlagBind(BindError),
+}
+
+/// A listen address that is not `HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an address such as 127.0.0.1:4646")]
+pub struct BindError {
+    /// The address as typed.
+    pub text: String,
+}
+
+/// What `caravan agent` was given on the command line (and the global log flags): each
+/// overrides the config file when given.
+#[derive(Debug, Clone, Default)]
+pub struct AgentFlags {
+    /// `--config`: the TOML file to read first.
+    pub config_file: Option<PathBuf>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--bind`, as typed.
+    pub bind: Option<String>,
+    /// `--dev`: can turn dev mode on, never off.
+    pub dev: bool,
+    /// `--acl-token`: an empty token counts as not given.
+    pub acl_token: Option<String>,
+    /// `--log-level`.
+    pub log_level: Option<String>,
+    /// `--log-json`: can turn JSON lines on, never off.
+    pub log_json: bool,
+}
+
+impl AgentFlags {
+    /// Reads the config file named by `--config`, if any, over the defaults, then lays the
+    /// flags over the result.
+    pub fn load(self) -> Result<AgentConfig, ConfigError> {
+        let mut config = AgentConfig::default();
+        if let Some(path) = &self.config_file {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+                path: name.clone(),
+                error,
+            })?;
+            apply_file(&mut config, &name, &text)?;
+        }
+        self.apply(&mut config)?;
+        Ok(config)
+    }
+
+    /// Lays the flags over `config`: a flag given wins, a flag left out keeps what is there.
+    /// The config file named in the flags is not read here (see [`AgentFlags::load`]).
+    pub fn apply(self, config: &mut AgentConfig) -> Result<(), ConfigError> {
+        if let Some(dir) = self.data_dir {
+            config.data_dir = dir;
+        }
+        if let Some(bind) = self.bind {
+            config.bind = parse_bind(&bind).map_err(ConfigError::FlagBind)?;
+        }
+        config.dev |= self.dev;
+        if let Some(token) = self.acl_token.filter(|t| !t.is_empty()) {
+            config.acl_token = Some(token);
+        }
+        if let Some(level) = self.log_level {
+            config.log_level = level;
+        }
+        config.log_json |= self.log_json;
+        Ok(())
+    }
+}
 
 /// Everything the agent needs, file and flags merged.
 #[derive(Debug, Clone)]
@@ -113,17 +238,34 @@ struct ServerSection {
     restart_limit: Option<u32>,
 }
 
-/// Parses a config file's text into `config`, keeping what the file leaves out.
-pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<(), String> {
-    let file: FileConfig =
-        toml::from_str(text).map_err(|e| format!("{path}: {}", e.message().trim()))?;
-    let bad = |key: &str, e: String| format!("{path}: {key}: {e}");
-    let duration = |key: &str, value: &str| parse_duration(value).map_err(|e| bad(key, e));
+/// Parses a config file's text into `config`, keeping what the file leaves out. `path` names
+/// the file in errors.
+pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<(), ConfigError> {
+    let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: path.into(),
+        message: e.message().trim().into(),
+    })?;
+    let unit = |key: &'static str| {
+        move |problem| ConfigError::Unit {
+            path: path.into(),
+            key,
+            problem,
+        }
+    };
+    let out_of_range = |key: &'static str, expected: String| ConfigError::OutOfRange {
+        path: path.into(),
+        key,
+        expected,
+    };
+    let duration = |key: &'static str, value: &str| parse_duration(value).map_err(unit(key));
     if let Some(dir) = file.data_dir {
         config.data_dir = dir;
     }
     if let Some(bind) = file.bind {
-        config.bind = parse_bind(&bind).map_err(|e| bad("bind", e))?;
+        config.bind = parse_bind(&bind).map_err(|problem| ConfigError::FileBind {
+            path: path.into(),
+            problem,
+        })?;
     }
     if let Some(level) = file.log_level {
         config.log_level = level;
@@ -138,7 +280,10 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     if let Some(v) = client.gc_interval {
         config.gc.interval = duration("client.gc_interval", &v)?;
         if config.gc.interval.is_zero() {
-            return Err(bad("client.gc_interval", "must be longer than 0".into()));
+            return Err(out_of_range(
+                "client.gc_interval",
+                "must be longer than 0".into(),
+            ));
         }
     }
     if let Some(v) = client.gc_max_allocs {
@@ -161,7 +306,7 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     ] {
         if let Some(percent) = value {
             if !(0.0..=100.0).contains(&percent) {
-                return Err(bad(
+                return Err(out_of_range(
                     key,
                     format!("{percent} is not a percentage from 0 to 100"),
                 ));
@@ -170,7 +315,7 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
         }
     }
     if let Some(v) = client.memory {
-        config.limits.memory_bytes = parse_bytes(&v).map_err(|e| bad("client.memory", e))?;
+        config.limits.memory_bytes = parse_bytes(&v).map_err(unit("client.memory"))?;
     }
     if let Some(v) = client.cpu {
         config.limits.cpu = duration("client.cpu", &v)?;
@@ -183,13 +328,16 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     if let Some(v) = client.log_rate {
         if v == 0 {
-            return Err(bad("client.log_rate", "must be above 0".into()));
+            return Err(out_of_range("client.log_rate", "must be above 0".into()));
         }
         config.limits.log_lines_per_second = v;
     }
     if let Some(v) = client.max_live_allocs {
         if v == 0 {
-            return Err(bad("client.max_live_allocs", "must be above 0".into()));
+            return Err(out_of_range(
+                "client.max_live_allocs",
+                "must be above 0".into(),
+            ));
         }
         config.max_live_allocs = v;
     }
@@ -202,10 +350,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     Ok(())
 }
 
-/// Parses `--bind`: `HOST:PORT`.
-pub fn parse_bind(text: &str) -> Result<SocketAddr, String> {
-    text.parse()
-        .map_err(|_| format!("{text:?} is not an address such as 127.0.0.1:4646"))
+/// Parses a listen address: `HOST:PORT`.
+pub fn parse_bind(text: &str) -> Result<SocketAddr, BindError> {
+    text.parse().map_err(|_| BindError { text: text.into() })
 }
 
 #[cfg(test)]
@@ -231,8 +378,11 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_name_the_key() {
-        let error =
-            |text: &str| apply_file(&mut AgentConfig::default(), "agent.toml", text).unwrap_err();
+        let error = |text: &str| {
+            apply_file(&mut AgentConfig::default(), "agent.toml", text)
+                .unwrap_err()
+                .to_string()
+        };
         assert!(error("[client]\ngc_max_alloc = 3\n").contains("gc_max_alloc"));
         assert!(error("[client]\ngc_interval = \"soon\"\n").contains("client.gc_interval"));
         assert!(
@@ -241,5 +391,126 @@ mod tests {
         );
         assert!(error("bind = \"everywhere\"\n").contains("bind"));
         assert!(error("[client]\ngc_max_allocs = \"many\"\n").starts_with("agent.toml: "));
+    }
+
+    #[test]
+    fn errors_read_as_they_always_have() {
+        let error = |text: &str| {
+            apply_file(&mut AgentConfig::default(), "agent.toml", text)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            error("[client]\ngc_interval = \"soon\"\n"),
+            "agent.toml: client.gc_interval: \"soon\" does not start with a whole number"
+        );
+        assert_eq!(
+            error("[client]\ngc_interval = \"0s\"\n"),
+            "agent.toml: client.gc_interval: must be longer than 0"
+        );
+        assert_eq!(
+            error("[client]\ngc_inode_usage_threshold = -1.0\n"),
+            "agent.toml: client.gc_inode_usage_threshold: -1 is not a percentage from 0 to 100"
+        );
+        assert_eq!(
+            error("[client]\nlog_rate = 0\n"),
+            "agent.toml: client.log_rate: must be above 0"
+        );
+        assert_eq!(
+            error("bind = \"everywhere\"\n"),
+            "agent.toml: bind: \"everywhere\" is not an address such as 127.0.0.1:4646"
+        );
+        let missing = AgentFlags {
+            config_file: Some("/nonexistent/agent.toml".into()),
+            ..AgentFlags::default()
+        };
+        assert!(
+            missing
+                .load()
+                .unwrap_err()
+                .to_string()
+                .starts_with("cannot read config file /nonexistent/agent.toml: "),
+        );
+    }
+
+    /// A config file setting every key the flags can also set.
+    fn file_setting_everything() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "data_dir = \"/from/file\"\nbind = \"127.0.0.1:1111\"\nlog_level = \"warn\"\nlog_json = true\nacl_token = \"file-token\"\n",
+        )
+        .unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn flags_given_win_over_the_file() {
+        let (_dir, path) = file_setting_everything();
+        let config = AgentFlags {
+            config_file: Some(path),
+            data_dir: Some("/from/flag".into()),
+            bind: Some("127.0.0.1:2222".into()),
+            dev: true,
+            acl_token: Some("flag-token".into()),
+            log_level: Some("debug".into()),
+            log_json: false,
+        }
+        .load()
+        .unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
+        assert_eq!(config.bind.port(), 2222);
+        assert!(config.dev);
+        assert_eq!(config.acl_token.as_deref(), Some("flag-token"));
+        assert_eq!(config.log_level, "debug");
+        assert!(
+            config.log_json,
+            "--log-json can only turn JSON on, so the file's `true` stays"
+        );
+    }
+
+    #[test]
+    fn flags_left_out_keep_the_file_and_the_file_keeps_the_defaults() {
+        let (_dir, path) = file_setting_everything();
+        let config = AgentFlags {
+            config_file: Some(path),
+            acl_token: Some(String::new()),
+            ..AgentFlags::default()
+        }
+        .load()
+        .unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(config.bind.port(), 1111);
+        assert_eq!(config.log_level, "warn");
+        assert!(config.log_json);
+        assert_eq!(
+            config.acl_token.as_deref(),
+            Some("file-token"),
+            "an empty --acl-token counts as not given"
+        );
+        assert!(!config.dev);
+        assert_eq!(
+            config.max_live_allocs,
+            AgentConfig::default().max_live_allocs
+        );
+
+        let without_file = AgentFlags::default().load().unwrap();
+        assert_eq!(without_file.data_dir, AgentConfig::default().data_dir);
+        assert_eq!(without_file.bind, AgentConfig::default().bind);
+    }
+
+    #[test]
+    fn a_bad_bind_flag_names_the_flag() {
+        let error = AgentFlags {
+            bind: Some("everywhere".into()),
+            ..AgentFlags::default()
+        }
+        .load()
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--bind: \"everywhere\" is not an address such as 127.0.0.1:4646"
+        );
     }
 }

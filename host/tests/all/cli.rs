@@ -1,7 +1,11 @@
 //! The real `caravan` binary: `caravan run` on each example runner, text and JSON logs, exit
-//! statuses, bad input, and Ctrl-C.
+//! statuses, bad input, and Ctrl-C; and the library `run` under each shutdown stage, driven
+//! without signals.
 
-use crate::support::{run_caravan, stderr_lines, wait_for_line};
+use crate::support::{LogCapture, eventually, run_caravan, stderr_lines, wait_for_line, within};
+use caravan_host::run::{RunOptions, run};
+use caravan_host::shutdown::{Shutdown, Stage};
+use caravan_host::structs::ClientStatus;
 use caravan_test_artifacts::{FIXTURE_WRONG_WORLD, MINIMAL, SLEEPER, STATEFUL};
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
@@ -135,5 +139,77 @@ fn ctrl_c_kills_the_minimal_runner_and_exits_with_its_final_state() {
         seen.iter()
             .any(|l| l.contains("interrupted: killing the alloc")),
         "{seen:#?}"
+    );
+}
+
+fn run_options(component: &str) -> RunOptions {
+    RunOptions {
+        component: component.into(),
+        tasks: vec![],
+        config: vec![],
+        limits: vec![],
+        meta: vec![],
+        job_id: "run".into(),
+        data_dir: None,
+        cache_dir: None,
+    }
+}
+
+/// Whether the alloc has reported `running` in the captured log.
+fn reported_running(logs: &LogCapture) -> bool {
+    logs.with_message("alloc status changed")
+        .iter()
+        .any(|line| line["fields"]["client_status"] == "running")
+}
+
+#[tokio::test]
+async fn a_stop_asked_before_the_alloc_starts_starts_nothing() {
+    let shutdown = Shutdown::new();
+    shutdown.advance_to(Stage::Stopping);
+    let error = within("the run", run(run_options(MINIMAL), shutdown.listener()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.to_string(), "interrupted before the alloc started");
+}
+
+#[tokio::test]
+async fn stopping_kills_the_alloc_and_returns_its_final_state() {
+    let logs = LogCapture::start();
+    let shutdown = Shutdown::new();
+    let stop_once_running = async {
+        eventually("the alloc reports running", || reported_running(&logs)).await;
+        shutdown.escalate();
+    };
+    let (outcome, ()) = within("the run", async {
+        tokio::join!(
+            run(run_options(MINIMAL), shutdown.listener()),
+            stop_once_running
+        )
+    })
+    .await;
+    let (_, state) = outcome.expect("a killed alloc is an outcome, not an error");
+    assert_eq!(state.client_status, ClientStatus::Complete);
+    assert!(state.description.contains("killed"), "{state:?}");
+    assert_eq!(logs.with_message("interrupted: killing the alloc").len(), 1);
+}
+
+#[tokio::test]
+async fn abandoning_stops_waiting_for_the_killed_alloc() {
+    let logs = LogCapture::start();
+    let shutdown = Shutdown::new();
+    let abandon_once_running = async {
+        eventually("the alloc reports running", || reported_running(&logs)).await;
+        shutdown.advance_to(Stage::Abandoning);
+    };
+    let (outcome, ()) = within("the run", async {
+        tokio::join!(
+            run(run_options(MINIMAL), shutdown.listener()),
+            abandon_once_running
+        )
+    })
+    .await;
+    assert_eq!(
+        outcome.unwrap_err().to_string(),
+        "interrupted again: stopped without waiting for the runner"
     );
 }

@@ -1,0 +1,61 @@
+//! `caravan agent`: its flags, and the agent's life from start to a stop on Ctrl-C or
+//! SIGTERM.
+//!
+//! The flags are merged over the config file by [`crate::agent::config::AgentFlags`], and
+//! the agent is [`crate::agent::Agent`]; this module only wires them to the process's
+//! signals and must not configure or build any part of the agent itself.
+
+use super::GlobalArgs;
+use crate::agent::Agent;
+use crate::agent::config::AgentFlags;
+use crate::shutdown::Shutdown;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `caravan agent`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct AgentCommand {
+    /// A TOML config file (see the README for its keys).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where state and alloc directories live (default ./caravan-data).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Where the HTTP API listens (default 127.0.0.1:4646).
+    #[arg(long, value_name = "HOST:PORT")]
+    bind: Option<String>,
+    /// Use a fresh temporary data dir and destroy everything on exit.
+    #[arg(long)]
+    dev: bool,
+    /// Require this bearer token for every write request.
+    #[arg(long, env = "CARAVAN_ACL_TOKEN", value_name = "TOKEN")]
+    acl_token: Option<String>,
+}
+
+impl AgentCommand {
+    /// Starts the agent and runs it until the first Ctrl-C or SIGTERM, then stops it and
+    /// exits 0. Errors (a bad config, an agent that cannot start) exit 2 through the caller.
+    pub async fn execute(self, global: &GlobalArgs) -> anyhow::Result<ExitCode> {
+        let config = AgentFlags {
+            config_file: self.config,
+            data_dir: self.data_dir,
+            bind: self.bind,
+            dev: self.dev,
+            acl_token: self.acl_token,
+            log_level: global.log_level.clone(),
+            log_json: global.log_json,
+        }
+        .load()?;
+        crate::telemetry::init(&config.log_level, config.log_json)?;
+        let shutdown = Shutdown::new();
+        // Before the agent starts: a signal while it restores its allocs stops it as soon
+        // as it is up, rather than killing the process half-way.
+        shutdown.on_signals()?;
+        let mut stop = shutdown.listener();
+        let agent = Agent::start(config).await?;
+        stop.stopping().await;
+        tracing::info!("interrupted: stopping the agent");
+        agent.stop().await;
+        Ok(ExitCode::SUCCESS)
+    }
+}

@@ -1,0 +1,95 @@
+//! `caravan alloc ...`: look at and act on one alloc. Each subcommand is one variant of
+//! [`AllocCommand`] and one function here.
+
+use super::Remote;
+use super::table::{print_allocs, print_table};
+use serde_json::Value;
+
+/// `caravan alloc`'s subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum AllocCommand {
+    /// Show one alloc, with its tasks and their events.
+    Status {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+    },
+    /// Stop one alloc.
+    Stop {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+    },
+    /// Print what the alloc's runner logged (its guest lines, as kept in the alloc's log file).
+    Logs {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+        /// Keep printing new lines until the alloc stops.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+}
+
+impl AllocCommand {
+    /// Runs the subcommand against the agent.
+    pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
+        match self {
+            AllocCommand::Status { id } => status(remote, &id).await,
+            AllocCommand::Stop { id } => stop(remote, &id).await,
+            AllocCommand::Logs { id, follow } => logs(remote, &id, follow).await,
+        }
+    }
+}
+
+/// `alloc status ID`: the alloc, then each task's state and events.
+async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
+    let alloc = remote
+        .api
+        .call("GET", &format!("/v1/allocation/{id}"), None)
+        .await?;
+    remote.print(&alloc, |a| {
+        print_allocs(&Value::Array(vec![a.clone()]));
+        for task in a["task_states"].as_array().into_iter().flatten() {
+            println!(
+                "\nTask {} is {}",
+                task["name"].as_str().unwrap_or("?"),
+                task["state"].as_str().unwrap_or("?")
+            );
+            let rows: Vec<Vec<String>> = task["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    vec![
+                        e["time_unix_ms"].to_string(),
+                        e["kind"].as_str().unwrap_or("").into(),
+                        e["message"].as_str().unwrap_or("").into(),
+                    ]
+                })
+                .collect();
+            print_table(&["Time (unix ms)", "Type", "Description"], &rows);
+        }
+    });
+    Ok(())
+}
+
+/// `alloc stop ID`.
+async fn stop(remote: &Remote, id: &str) -> anyhow::Result<()> {
+    let answer = remote
+        .api
+        .call("POST", &format!("/v1/allocation/{id}/stop"), None)
+        .await?;
+    remote.print(&answer, |a| {
+        println!(
+            "alloc {} asked to stop",
+            a["alloc_id"].as_str().unwrap_or("?")
+        )
+    });
+    Ok(())
+}
+
+/// `alloc logs [-f] ID`: the log as it arrives, whatever `--json` says.
+async fn logs(remote: &Remote, id: &str, follow: bool) -> anyhow::Result<()> {
+    remote
+        .api
+        .stream_to_stdout(&format!("/v1/client/allocation/{id}/logs?follow={follow}"))
+        .await
+}

@@ -1,0 +1,224 @@
+//! `caravan job ...`: register, list, stop and scale jobs on the agent.
+
+use super::Remote;
+use super::table::{print_allocs, print_jobs, text};
+use crate::jobspec;
+use anyhow::{Context, bail};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long `job run` waits for new allocs to leave `pending`.
+const JOB_RUN_WAIT: Duration = Duration::from_secs(300);
+
+/// `caravan job`'s subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum JobCommand {
+    /// Register a job from a TOML file (or update it when its id exists), then wait until its
+    /// new allocs run. Exits non-zero if any fails.
+    Run {
+        /// The job file.
+        file: PathBuf,
+        /// Return once the job is registered, without waiting.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// List jobs, or show one job and its allocs.
+    Status {
+        /// A job id.
+        id: Option<String>,
+    },
+    /// Stop a job's allocs.
+    Stop {
+        /// The job id.
+        id: String,
+        /// Also remove the job once its allocs are collected.
+        #[arg(long)]
+        purge: bool,
+    },
+    /// Change a job's count.
+    Scale {
+        /// The job id.
+        id: String,
+        /// The new count.
+        count: i64,
+    },
+}
+
+impl JobCommand {
+    /// Runs the subcommand against the agent.
+    pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
+        match self {
+            JobCommand::Run { file, detach } => run(remote, &file, detach).await,
+            JobCommand::Status { id: None } => list(remote).await,
+            JobCommand::Status { id: Some(id) } => status(remote, &id).await,
+            JobCommand::Stop { id, purge } => stop(remote, &id, purge).await,
+            JobCommand::Scale { id, count } => scale(remote, &id, count).await,
+        }
+    }
+}
+
+/// `job status`: every job.
+async fn list(remote: &Remote) -> anyhow::Result<()> {
+    let jobs = remote.api.call("GET", "/v1/jobs", None).await?;
+    remote.print(&jobs, print_jobs);
+    Ok(())
+}
+
+/// `job status ID`: one job and its allocs.
+async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
+    let job = remote
+        .api
+        .call("GET", &format!("/v1/job/{id}"), None)
+        .await?;
+    let allocs = remote
+        .api
+        .call("GET", &format!("/v1/job/{id}/allocations"), None)
+        .await?;
+    if remote.json {
+        println!(
+            "{}",
+            serde_json::json!({ "job": job, "allocations": allocs })
+        );
+    } else {
+        print_jobs(&Value::Array(vec![job]));
+        println!();
+        print_allocs(&allocs);
+    }
+    Ok(())
+}
+
+/// `job stop ID [--purge]`.
+async fn stop(remote: &Remote, id: &str, purge: bool) -> anyhow::Result<()> {
+    let answer = remote
+        .api
+        .call("DELETE", &format!("/v1/job/{id}?purge={purge}"), None)
+        .await?;
+    remote.print(&answer, |a| {
+        println!(
+            "job {id} stopped: {} allocs asked to stop",
+            a["stopped"].as_array().map_or(0, Vec::len)
+        )
+    });
+    Ok(())
+}
+
+/// `job scale ID COUNT`.
+async fn scale(remote: &Remote, id: &str, count: i64) -> anyhow::Result<()> {
+    let body = serde_json::json!({ "count": count });
+    let answer = remote
+        .api
+        .call("POST", &format!("/v1/job/{id}/scale"), Some(body))
+        .await?;
+    remote.print(&answer, |a| {
+        let n = |key: &str| a[key].as_array().map_or(0, Vec::len);
+        println!(
+            "job {id} scaled to {count}: {} placed, {} stopped",
+            n("placed"),
+            n("stopped")
+        )
+    });
+    Ok(())
+}
+
+/// Reads and checks a job file, and returns it as the API's JSON document. A relative runner
+/// path is taken relative to the job file, so `job run` works from any directory.
+pub fn job_document(path: &Path) -> anyhow::Result<(String, Value)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read job file {}", path.display()))?;
+    let spec =
+        jobspec::parse_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut document: Value =
+        serde_json::to_value(toml::from_str::<toml::Table>(&text).context("job file")?)?;
+    let runner = Path::new(&spec.runner);
+    if runner.is_relative() {
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let absolute =
+            std::path::absolute(base.join(runner)).context("resolving the runner path")?;
+        document["job"]["runner"] = Value::String(absolute.display().to_string());
+    }
+    Ok((spec.id, document))
+}
+
+/// `job run`: registers the job, then waits until every alloc it placed is running or
+/// finished, printing progress. Fails when any of them failed.
+async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
+    let Remote { api, json } = remote;
+    let json = *json;
+    let (job_id, document) = job_document(path)?;
+    let registration = api.call("POST", "/v1/jobs", Some(document)).await?;
+    let placed: Vec<String> = registration["placed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    if !json {
+        let verb = if registration["created"] == true {
+            "registered"
+        } else {
+            "updated"
+        };
+        println!(
+            "job {job_id} {verb}: {} allocs placed, {} stopped",
+            placed.len(),
+            registration["stopped"].as_array().map_or(0, Vec::len)
+        );
+    }
+    if detach || placed.is_empty() {
+        if json {
+            println!("{registration}");
+        }
+        return Ok(());
+    }
+    let mut last_line = String::new();
+    let started = std::time::Instant::now();
+    loop {
+        let allocs = api
+            .call("GET", &format!("/v1/job/{job_id}/allocations"), None)
+            .await?;
+        let mine: Vec<&Value> = allocs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| placed.contains(&text(&a["id"])))
+            .collect();
+        let count = |status: &str| mine.iter().filter(|a| a["client_status"] == status).count();
+        let (pending, running, complete, failed) = (
+            count("pending"),
+            count("running"),
+            count("complete"),
+            count("failed"),
+        );
+        let line = format!(
+            "allocs: {pending} pending, {running} running, {complete} complete, {failed} failed"
+        );
+        if !json && line != last_line {
+            println!("{line}");
+            last_line = line;
+        }
+        // Placed allocs that vanished (collected, scaled away) no longer hold the wait.
+        if pending == 0 {
+            if json {
+                println!("{}", Value::Array(mine.into_iter().cloned().collect()));
+            }
+            if failed > 0 {
+                bail!(
+                    "{failed} of {} allocs failed; see `caravan job status {job_id}`",
+                    placed.len()
+                );
+            }
+            return Ok(());
+        }
+        if started.elapsed() > JOB_RUN_WAIT {
+            bail!(
+                "gave up after {} s waiting for the allocs of {job_id} to start; see `caravan job status {job_id}`",
+                JOB_RUN_WAIT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

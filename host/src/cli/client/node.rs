@@ -1,0 +1,41 @@
+//! `caravan node ...`: the nodes the agent's server knows.
+
+use super::Remote;
+use super::table::print_table;
+
+/// `caravan node`'s subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum NodeCommand {
+    /// List nodes.
+    Status,
+}
+
+impl NodeCommand {
+    /// Runs the subcommand against the agent.
+    pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
+        match self {
+            NodeCommand::Status => status(remote).await,
+        }
+    }
+}
+
+/// `node status`: every node, its status and how many allocs it holds.
+async fn status(remote: &Remote) -> anyhow::Result<()> {
+    let nodes = remote.api.call("GET", "/v1/nodes", None).await?;
+    remote.print(&nodes, |n| {
+        let rows: Vec<Vec<String>> = n
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|node| {
+                vec![
+                    node["id"].as_str().unwrap_or("").into(),
+                    node["status"].as_str().unwrap_or("").into(),
+                    node["allocs"].to_string(),
+                ]
+            })
+            .collect();
+        print_table(&["ID", "Status", "Allocs"], &rows);
+    });
+    Ok(())
+}

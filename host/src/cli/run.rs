@@ -1,0 +1,79 @@
+//! `caravan run`: its flags, the signal handling, and the one summary line it prints.
+//!
+//! The alloc itself is run by [`crate::run`], which this module only feeds and reads; it
+//! must not grow alloc logic of its own.
+
+use super::GlobalArgs;
+use crate::run::{LIMIT_NAMES, RunOptions};
+use crate::shutdown::Shutdown;
+use crate::structs::ClientStatus;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `caravan run`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct RunCommand {
+    /// The runner component (`.wasm`).
+    component: PathBuf,
+    /// A task of the alloc; repeat for several. Default: one task named `main`.
+    #[arg(long = "task", value_name = "NAME")]
+    tasks: Vec<String>,
+    /// Task config: `KEY=VALUE` for every task, `TASK.KEY=VALUE` for one.
+    #[arg(long, value_name = "[TASK.]KEY=VALUE")]
+    config: Vec<String>,
+    /// A limit for this alloc.
+    #[arg(long = "limit", value_name = "NAME=VALUE", help = format!("A limit for this alloc: {LIMIT_NAMES}"))]
+    limits: Vec<String>,
+    /// Alloc metadata.
+    #[arg(long, value_name = "KEY=VALUE")]
+    meta: Vec<String>,
+    /// The job id the alloc belongs to.
+    #[arg(long, default_value = "run")]
+    job: String,
+    /// Keep alloc directories here instead of in a temporary directory.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Keep compiled components here, so the next run does not compile them again.
+    #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+impl RunCommand {
+    /// Runs the alloc, prints `alloc ID STATUS: DESCRIPTION` (or its JSON form with
+    /// `--log-json`), and exits 0 when the alloc ends `complete`, 1 otherwise. Errors (bad
+    /// arguments, an unusable component, a second Ctrl-C) exit 2 through the caller.
+    pub async fn execute(self, global: &GlobalArgs) -> anyhow::Result<ExitCode> {
+        global.start_logging("info")?;
+        let options = RunOptions {
+            component: self.component,
+            tasks: self.tasks,
+            config: self.config,
+            limits: self.limits,
+            meta: self.meta,
+            job_id: self.job,
+            data_dir: self.data_dir,
+            cache_dir: self.cache_dir,
+        };
+        let shutdown = Shutdown::new();
+        shutdown.on_signals()?;
+        let (alloc, state) = crate::run::run(options, shutdown.listener()).await?;
+        if global.log_json {
+            let summary = serde_json::json!({
+                "alloc_id": alloc.id,
+                "client_status": state.client_status,
+                "description": state.description,
+            });
+            println!("{summary}");
+        } else {
+            println!(
+                "alloc {} {}: {}",
+                alloc.id, state.client_status, state.description
+            );
+        }
+        Ok(if state.client_status == ClientStatus::Complete {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    }
+}
