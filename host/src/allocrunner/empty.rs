@@ -1,6 +1,9 @@
 //! [`EmptyAllocRunner`]: a native runner that does nothing, for tests and simulators.
 
-use super::{AllocRunner, AllocRunnerConfig, Latch, LatchTrigger, StateUpdater};
+use super::{
+    AllocRunner, AllocRunnerConfig, Latch, LatchTrigger, NotRunningReason, StateUpdater,
+    TaskActionError, signal_name, target_tasks,
+};
 use crate::structs::{Alloc, AllocState, ClientStatus};
 use std::sync::{Arc, Mutex};
 
@@ -52,6 +55,27 @@ impl EmptyAllocRunner {
         self.set_status(ClientStatus::Complete, "alloc was stopped");
         self.stopped.set();
     }
+
+    /// Answers a signal or a restart for `task` as the contract says; an accepted one is
+    /// dropped, as there is no task to deliver it to.
+    fn task_action(&self, task: Option<&str>) -> Result<(), TaskActionError> {
+        let alloc = self.alloc();
+        target_tasks(&alloc, task)?;
+        let status = self.alloc_state().client_status;
+        let reason = if status.is_terminal() {
+            NotRunningReason::Finished(status)
+        } else if self.stopped.latch().is_set() {
+            NotRunningReason::Stopping
+        } else if status == ClientStatus::Pending {
+            NotRunningReason::NotStarted
+        } else {
+            return Ok(());
+        };
+        Err(TaskActionError::NotRunning {
+            alloc_id: alloc.id.clone(),
+            reason,
+        })
+    }
 }
 
 impl AllocRunner for EmptyAllocRunner {
@@ -83,6 +107,15 @@ impl AllocRunner for EmptyAllocRunner {
 
     fn shutdown(&self) {
         self.stopped.set();
+    }
+
+    fn signal(&self, task: Option<&str>, signal: &str) -> Result<(), TaskActionError> {
+        signal_name(signal)?;
+        self.task_action(task)
+    }
+
+    fn restart_task(&self, task: Option<&str>) -> Result<(), TaskActionError> {
+        self.task_action(task)
     }
 
     fn destroy(&self) {

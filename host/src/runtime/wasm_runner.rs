@@ -9,7 +9,10 @@ use super::host_api::{HostApi, StateCell};
 use super::limits::{CpuMeter, MemoryLimiter};
 use super::logging::{GuestLogSink, GuestLogging, GuestOutput};
 use super::{LoadedComponent, Runtime, StoreData, TokioClock};
-use crate::allocrunner::{AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger};
+use crate::allocrunner::{
+    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger, NotRunningReason,
+    TaskActionError, signal_name, target_tasks,
+};
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::units::format_duration;
 use std::path::Path;
@@ -136,16 +139,6 @@ impl WasmAllocRunner {
         }
     }
 
-    /// Asks the guest to deliver `signal` to `task` (every task when `None`).
-    pub fn signal(&self, task: Option<String>, signal: String) {
-        let _ = self.shared.events.send(Event::Signal { task, signal });
-    }
-
-    /// Asks the guest to restart `task`.
-    pub fn restart_task(&self, task: String) {
-        let _ = self.shared.events.send(Event::RestartTask(task));
-    }
-
     /// Sends `kill` and starts the kill timeout; does not free anything.
     pub fn kill(&self) {
         self.shared.kill();
@@ -180,6 +173,27 @@ impl Shared {
         tracing::info!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "killing alloc");
         let _ = self.events.send(Event::Kill);
         self.abort_after_grace(RunOutcome::KillTimedOut);
+    }
+
+    /// `Ok` while the guest may still receive a signal or a restart: started, and neither
+    /// finished nor asked to stop (after that it is only ever given `kill` or `shutdown`).
+    fn check_running(&self) -> Result<(), TaskActionError> {
+        let reason = if self.finished.load(Ordering::SeqCst) {
+            match self.state.get().client_status {
+                status if status.is_terminal() => NotRunningReason::Finished(status),
+                _ => NotRunningReason::Stopping,
+            }
+        } else if self.kill_requested.load(Ordering::SeqCst)
+            || self.shutdown_requested.load(Ordering::SeqCst)
+        {
+            NotRunningReason::Stopping
+        } else if !self.started.load(Ordering::SeqCst) {
+            NotRunningReason::NotStarted
+        } else {
+            return Ok(());
+        };
+        let alloc_id = self.config.alloc.id.clone();
+        Err(TaskActionError::NotRunning { alloc_id, reason })
     }
 
     fn shutdown(self: &Arc<Self>) {
@@ -499,6 +513,24 @@ impl AllocRunner for WasmAllocRunner {
 
     fn shutdown(&self) {
         self.shared.shutdown();
+    }
+
+    fn signal(&self, task: Option<&str>, signal: &str) -> Result<(), TaskActionError> {
+        let signal = signal_name(signal)?.to_string();
+        target_tasks(&self.shared.alloc(), task)?;
+        self.shared.check_running()?;
+        let task = task.map(str::to_string);
+        let _ = self.shared.events.send(Event::Signal { task, signal });
+        Ok(())
+    }
+
+    fn restart_task(&self, task: Option<&str>) -> Result<(), TaskActionError> {
+        let tasks = target_tasks(&self.shared.alloc(), task)?;
+        self.shared.check_running()?;
+        for task in tasks {
+            let _ = self.shared.events.send(Event::RestartTask(task));
+        }
+        Ok(())
     }
 
     fn destroy(&self) {
