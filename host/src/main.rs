@@ -185,6 +185,25 @@ enum AllocCommand {
         /// An alloc id or a unique prefix of one.
         id: String,
     },
+    /// Send a signal to the alloc's tasks (what it means is up to the runner).
+    Signal {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+        /// The signal, such as SIGHUP or SIGUSR1 (SIGKILL when not given, as Nomad does).
+        #[arg(short = 's', long, default_value = caravan_host::allocrunner::DEFAULT_SIGNAL)]
+        signal: String,
+        /// Only this task (default: every task of the alloc).
+        #[arg(long)]
+        task: Option<String>,
+    },
+    /// Restart the alloc's tasks in place.
+    Restart {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+        /// Only this task (default: every task of the alloc).
+        #[arg(long)]
+        task: Option<String>,
+    },
     /// Print what the alloc's runner logged (its guest lines, as kept in the alloc's log file).
     Logs {
         /// An alloc id or a unique prefix of one.
@@ -474,6 +493,35 @@ async fn remote_command(command: Command) -> anyhow::Result<()> {
                         "/v1/client/allocation/{id}/logs?follow={follow}"
                     ))
                     .await?;
+                }
+                AllocCommand::Signal { id, signal, task } => {
+                    let body = serde_json::json!({ "signal": signal, "task": task });
+                    let path = format!("/v1/client/allocation/{id}/signal");
+                    let answer = api.call("POST", &path, Some(body)).await?;
+                    print(remote.json, &answer, &|a| {
+                        let to = task
+                            .as_ref()
+                            .map_or("every task".into(), |t| format!("task {t}"));
+                        println!(
+                            "alloc {}: sent {} to {to}",
+                            a["alloc_id"].as_str().unwrap_or("?"),
+                            a["signal"].as_str().unwrap_or("?")
+                        )
+                    });
+                }
+                AllocCommand::Restart { id, task } => {
+                    let body = serde_json::json!({ "task": task });
+                    let path = format!("/v1/client/allocation/{id}/restart");
+                    let answer = api.call("POST", &path, Some(body)).await?;
+                    print(remote.json, &answer, &|a| {
+                        let of = task
+                            .as_ref()
+                            .map_or("every task".into(), |t| format!("task {t}"));
+                        println!(
+                            "alloc {}: asked {of} to restart",
+                            a["alloc_id"].as_str().unwrap_or("?")
+                        )
+                    });
                 }
                 AllocCommand::Stop { id } => {
                     let answer = api

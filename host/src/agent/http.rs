@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::Arc;
+mod alloc_actions;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -47,6 +48,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/allocation/{id}/stop", post(stop_allocation))
         .route("/v1/client/allocation/{id}/gc", post(collect_allocation))
         .route("/v1/client/allocation/{id}/logs", get(allocation_logs))
+        .merge(alloc_actions::routes())
         .route("/v1/client/gc", post(collect_all))
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))
