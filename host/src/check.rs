@@ -7,6 +7,7 @@
 //! its log lines arrive. The runs use the same factory as the client, so what passes here
 //! behaves the same under an agent.
 
+use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
@@ -106,6 +107,7 @@ impl Observer {
 struct Harness {
     factory: WasmAllocRunnerFactory,
     data_dir: tempfile::TempDir,
+    alloc_logs: AllocLogs,
     runner_path: String,
     runs: usize,
     limits: Limits,
@@ -118,7 +120,7 @@ impl Harness {
     ) -> anyhow::Result<(Arc<WasmAllocRunner>, Arc<Observer>)> {
         self.runs += 1;
         let alloc = Arc::new(Alloc::new(
-            format!("check-{}", self.runs),
+            Self::alloc_id(self.runs),
             "runner-check",
             self.runner_path.clone(),
             vec![Task::named("main")],
@@ -127,12 +129,7 @@ impl Harness {
         let config = AllocRunnerConfig {
             span: alloc_span(&alloc),
             alloc_dir: self.data_dir.path().join(&alloc.id),
-            log_file: Some(
-                self.data_dir
-                    .path()
-                    .join("logs")
-                    .join(format!("{}.log", alloc.id)),
-            ),
+            log_writer: Some(self.alloc_logs.writer(&alloc.id)),
             alloc,
             state_updater: observer.clone(),
             limits: self.limits,
@@ -144,17 +141,20 @@ impl Harness {
         Ok((runner, observer))
     }
 
-    fn log_lines(&self) -> usize {
-        let logs = self.data_dir.path().join("logs");
-        let files = std::fs::read_dir(logs).into_iter().flatten().flatten();
-        files
-            .map(|f| {
-                std::fs::read_to_string(f.path())
-                    .unwrap_or_default()
-                    .lines()
-                    .count()
-            })
-            .sum()
+    fn alloc_id(run: usize) -> String {
+        format!("check-{run}")
+    }
+
+    /// Lines in the log files of every run so far, each written before the call.
+    async fn log_lines(&self) -> usize {
+        let mut lines = 0;
+        for run in 1..=self.runs {
+            let text = self.alloc_logs.read(&Self::alloc_id(run)).await;
+            lines += String::from_utf8_lossy(&text.unwrap_or_default())
+                .lines()
+                .count();
+        }
+        lines
     }
 }
 
@@ -200,9 +200,11 @@ pub async fn check(
     if !results[0].passed {
         return Ok(results);
     }
+    let data_dir = tempfile::tempdir()?;
     let mut harness = Harness {
         factory: WasmAllocRunnerFactory::new(runtime),
-        data_dir: tempfile::tempdir()?,
+        alloc_logs: AllocLogs::under_data_dir(data_dir.path()),
+        data_dir,
         runner_path: path.display().to_string(),
         runs: 0,
         limits: Limits {
@@ -319,7 +321,7 @@ pub async fn check(
     runner.kill();
     runner.wait().wait().await;
 
-    let lines = harness.log_lines();
+    let lines = harness.log_lines().await;
     let logs = if lines > 0 {
         Ok(format!("{lines} log lines arrived"))
     } else {

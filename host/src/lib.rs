@@ -2,6 +2,8 @@
 //!
 //! # Layout
 //! - [`agent`]: `caravan agent`, the composition root: server, client and HTTP API.
+//! - [`alloc_logs`]: alloc log files, their one owner: layout, queued writing, rotation,
+//!   reading, following and deletion.
 //! - [`structs`]: plain data shared by every layer (allocs, alloc state, limits).
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
@@ -10,6 +12,7 @@
 //! - [`runtime`]: everything wasmtime; [`runtime::WasmAllocRunner`] runs an alloc in its own
 //!   sandbox.
 //! - [`commands`]: the CLI's client commands (`job run`, `alloc status`, ...) over HTTP.
+//! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`rpc`]: the client-server seam ([`rpc::ServerApi`]), the one module `client` and
 //!   `server` share, with what every server implementation promises.
@@ -25,14 +28,17 @@
 //! Arrows of use point one way: `run` -> `runtime` -> `allocrunner` -> `structs`, and
 //! `client` -> `allocrunner` (the client never sees wasmtime: it is given a factory);
 //! `client` and `server` -> `state` -> `structs`; `client` and `server` -> `rpc` (and never
-//! each other).
+//! each other); `allocrunner`, `runtime`, `client` and the agent's HTTP API -> `alloc_logs`,
+//! a leaf.
 
 pub mod agent;
+pub mod alloc_logs;
 pub mod allocrunner;
 pub mod check;
 pub mod client;
 pub mod commands;
 pub mod jobspec;
+pub mod locks;
 pub mod rpc;
 pub mod run;
 pub mod runtime;

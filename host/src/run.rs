@@ -151,7 +151,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<(Alloc, AllocState)> {
         alloc_dir: data_dir.join("allocs").join(&alloc.id),
         restored: None,
         last_state: None,
-        log_file: None,
+        log_writer: None,
     };
     let runner = WasmAllocRunnerFactory::new(runtime).build(config)?;
     // Listen before the runner starts: a Ctrl-C the moment it reports must kill the alloc,

@@ -1,4 +1,5 @@
 //! The process's one tracing subscriber: every line, host or guest, in the same format.
+//! Set up once, by the CLI; library code only emits events, never installs a subscriber.
 
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;

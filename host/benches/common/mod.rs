@@ -44,7 +44,7 @@ pub fn config(
         limits: Limits::default(),
         restored: None,
         last_state: None,
-        log_file: None,
+        log_writer: None,
     }
 }
 

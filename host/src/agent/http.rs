@@ -2,14 +2,19 @@
 //!
 //! Every error is `{"error": "...", "field": "..."}` (field only when one is at fault) with
 //! 400 for a bad request, 401/403 for a missing or wrong token, 404 for an unknown id and 409
-//! for a request the alloc's state does not allow. A rejected request changes nothing. With
-//! an ACL token configured, every write (POST, PUT, DELETE) needs `Authorization: Bearer`.
+//! for a request the alloc's state does not allow; 500 when an alloc's log files cannot be
+//! read. A rejected request changes nothing. With an ACL token configured, every write (POST,
+//! PUT, DELETE) needs `Authorization: Bearer`.
 //!
-//! Handlers only translate: the work is the server's and the client's.
+//! Handlers only translate: the work is the server's, the client's and the alloc logs'
+//! ([`crate::alloc_logs`]); each metric family renders itself next to its counters. The
+//! signal and restart handlers live in `alloc_actions`.
 
+use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
 use crate::client::gc::GcError;
 use crate::jobspec::{self, JobType};
+use crate::runtime::histogram::write_instantiation_latency;
 use crate::server::{AllocRecord, EmbeddedServer, JobRecord, RequestError};
 use crate::structs::{ClientStatus, DesiredStatus, TaskState};
 use axum::extract::{Path, Query, State};
@@ -19,9 +24,10 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::sync::Arc;
+
 mod alloc_actions;
+use alloc_actions::{restart_allocation, signal_allocation};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -34,6 +40,8 @@ pub struct ApiState {
     pub acl_token: Option<String>,
     /// The runtime, for its instantiation latency.
     pub runtime: crate::runtime::Runtime,
+    /// The alloc log files.
+    pub alloc_logs: AllocLogs,
 }
 
 /// The API's routes.
@@ -48,7 +56,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/allocation/{id}/stop", post(stop_allocation))
         .route("/v1/client/allocation/{id}/gc", post(collect_allocation))
         .route("/v1/client/allocation/{id}/logs", get(allocation_logs))
-        .merge(alloc_actions::routes())
+        .route("/v1/client/allocation/{id}/signal", post(signal_allocation))
+        .route(
+            "/v1/client/allocation/{id}/restart",
+            post(restart_allocation),
+        )
         .route("/v1/client/gc", post(collect_all))
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))
@@ -400,9 +412,6 @@ async fn collect_allocation(
     }
 }
 
-/// How often a followed log is checked for new lines.
-const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-
 async fn allocation_logs(
     State(state): State<ApiState>,
     Path(id): Path<String>,
@@ -410,71 +419,41 @@ async fn allocation_logs(
 ) -> ApiResult<Response> {
     let follow = flag(&query, "follow")?;
     let alloc_id = find_alloc(&state.server, &id)?.alloc.id.clone();
-    let path = state.client.log_file(&alloc_id);
-    let mut text = Vec::new();
-    for n in (1..=crate::runtime::LOG_FILES_KEPT).rev() {
-        text.extend(
-            tokio::fs::read(crate::runtime::rotated_log(&path, n))
-                .await
-                .unwrap_or_default(),
-        );
-    }
-    let current = tokio::fs::read(&path).await.unwrap_or_default();
-    let offset = current.len() as u64;
-    text.extend(current);
     let content_type = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
     if !follow {
+        let text = state.alloc_logs.read(&alloc_id).await.map_err(|error| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot read the logs of alloc {alloc_id}: {error}"),
+            )
+        })?;
         return Ok((content_type, text).into_response());
     }
-    // Then whatever is appended, until the alloc has stopped (or is gone from the server).
-    let follower = Follower {
+    // Everything kept, then whatever is appended, until the alloc has stopped.
+    let stopped = AllocStopped {
         server: state.server.clone(),
         client: state.client.clone(),
-        alloc_id,
-        path,
+        alloc_id: alloc_id.clone(),
     };
-    let first = Some(axum::body::Bytes::from(text));
-    let follow = futures_util::stream::unfold(
-        (first, offset, follower),
-        |(first, offset, follower)| async move {
-            if let Some(bytes) = first {
-                return Some((Ok::<_, std::io::Error>(bytes), (None, offset, follower)));
-            }
-            let mut offset = offset;
-            loop {
-                // Checked before reading, so the last lines of a stopped alloc are still sent.
-                let stopped = follower.alloc_stopped();
-                let content = tokio::fs::read(&follower.path).await.unwrap_or_default();
-                if (content.len() as u64) < offset {
-                    offset = 0; // rotated: the new file starts over
-                }
-                if (content.len() as u64) > offset {
-                    let fresh = axum::body::Bytes::copy_from_slice(&content[offset as usize..]);
-                    let next = content.len() as u64;
-                    return Some((Ok(fresh), (None, next, follower)));
-                }
-                if stopped {
-                    return None;
-                }
-                tokio::time::sleep(FOLLOW_POLL).await;
-            }
-        },
-    );
-    Ok((content_type, axum::body::Body::from_stream(follow)).into_response())
+    let follower = state.alloc_logs.follow(&alloc_id, move || stopped.check());
+    let chunks = futures_util::stream::try_unfold(follower, |mut follower| async move {
+        let chunk = follower.next_chunk().await?;
+        Ok::<_, std::io::Error>(chunk.map(|chunk| (axum::body::Bytes::from(chunk), follower)))
+    });
+    Ok((content_type, axum::body::Body::from_stream(chunks)).into_response())
 }
 
-/// What following one alloc's log needs to know.
-struct Follower {
+/// Whether a followed alloc has stopped, as the server and this client know it.
+struct AllocStopped {
     server: Arc<EmbeddedServer>,
     client: Client,
     alloc_id: String,
-    path: std::path::PathBuf,
 }
 
-impl Follower {
+impl AllocStopped {
     /// True once the alloc's runner has stopped, or the server no longer has the alloc, or
     /// the server knows it is terminal and this client never ran it.
-    fn alloc_stopped(&self) -> bool {
+    fn check(&self) -> bool {
         if let Some(runner) = self.client.runner(&self.alloc_id) {
             return runner.wait().is_set();
         }
@@ -533,68 +512,9 @@ async fn health() -> Json<serde_json::Value> {
 }
 
 async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
-    let m = state.client.metrics();
     let mut text = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(text, "{name}{labels} {value}");
-        }
-    };
-    let labelled = |label: &str, map: &BTreeMap<String, u64>| -> Vec<(String, u64)> {
-        map.iter()
-            .map(|(key, value)| (format!("{{{label}=\"{key}\"}}"), *value))
-            .collect()
-    };
-    family(
-        "caravan_client_allocs",
-        "gauge",
-        "Allocs on this client by client status.",
-        labelled("status", &m.allocs_by_status),
-    );
-    family(
-        "caravan_client_allocs_destroyed",
-        "gauge",
-        "Allocs collected and still listed.",
-        vec![(String::new(), m.allocs_destroyed)],
-    );
-    family(
-        "caravan_gc_marked_total",
-        "counter",
-        "Allocs marked for garbage collection.",
-        vec![(String::new(), m.allocs_marked)],
-    );
-    family(
-        "caravan_gc_collected_total",
-        "counter",
-        "Allocs collected, by reason.",
-        labelled("reason", &m.allocs_collected),
-    );
-    family(
-        "caravan_gc_destroys_in_flight",
-        "gauge",
-        "Destroys running now.",
-        vec![(String::new(), m.destroys_in_flight)],
-    );
-    family(
-        "caravan_sync_batches_total",
-        "counter",
-        "Alloc update batches sent to the server, by result.",
-        vec![
-            ("{result=\"sent\"}".into(), m.sync_batches_sent),
-            ("{result=\"failed\"}".into(), m.sync_batches_failed),
-        ],
-    );
-    family(
-        "caravan_runner_build_failures_total",
-        "counter",
-        "Allocs failed because their runner could not be built.",
-        vec![(String::new(), m.runner_build_failures)],
-    );
-    state.runtime.instantiation_latency().write_prometheus(
-        "caravan_runner_instantiation_seconds",
-        "Time to instantiate a runner component for an alloc.",
-        &mut text,
-    );
+    state.client.metrics().write_prometheus(&mut text);
+    write_instantiation_latency(state.runtime.instantiation_latency(), &mut text);
+    state.alloc_logs.write_prometheus(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

@@ -10,9 +10,10 @@
 pub mod config;
 pub mod http;
 
+use crate::alloc_logs::AllocLogs;
 use crate::client::{Client, ClientConfig};
 use crate::rpc::ServerApi;
-use crate::runtime::{Runtime, RuntimeConfig};
+use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use crate::server::EmbeddedServer;
 use crate::state::{RedbStateDb, StateDb};
 use anyhow::Context;
@@ -35,6 +36,7 @@ pub struct Agent {
     /// The agent's client.
     pub client: Client,
     dev: bool,
+    alloc_logs: AllocLogs,
     /// Holds a dev agent's temporary data dir; dropping it removes the directory.
     _dev_data_dir: Option<tempfile::TempDir>,
     http: tokio::task::JoinHandle<()>,
@@ -68,13 +70,18 @@ impl Agent {
             ..RuntimeConfig::default()
         })?;
         let server = EmbeddedServer::open(config.server.clone(), db.clone())?;
+        // One owner of the alloc log files, shared by the runners and the HTTP API.
+        let alloc_logs = AllocLogs::under_data_dir(&config.data_dir);
         let mut client_config = ClientConfig::new(LOCAL_NODE, &config.data_dir);
+        client_config.alloc_logs = alloc_logs.clone();
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
-        let client = Client::with_wasm_runners(
+        // The agent decides what runs allocs: WebAssembly components, on the shared runtime.
+        let factory = WasmAllocRunnerFactory::new(runtime.clone()).into_factory();
+        let client = Client::with_disk_stats(
             client_config,
             server.clone() as Arc<dyn ServerApi>,
-            runtime.clone(),
+            factory,
             db,
         );
         let restored = client.restore().await?;
@@ -89,6 +96,7 @@ impl Agent {
             client: client.clone(),
             acl_token: config.acl_token.clone(),
             runtime,
+            alloc_logs: alloc_logs.clone(),
         });
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {
@@ -111,6 +119,7 @@ impl Agent {
             server,
             client,
             dev: config.dev,
+            alloc_logs,
             _dev_data_dir: dev_data_dir,
             http,
             stop_http,
@@ -129,6 +138,8 @@ impl Agent {
         } else {
             self.client.shutdown_all().await;
         }
+        // What the runners logged last is written before the process goes.
+        self.alloc_logs.settle_all().await;
         if tokio::time::timeout(HTTP_DRAIN, self.http).await.is_err() {
             tracing::warn!(
                 "HTTP connections still open after {}s; closing them",

@@ -1,4 +1,5 @@
 //! [`Latch`]: a flag that is set once and can be awaited by any number of waiters.
+//! It knows nothing but tokio's `watch` channel.
 
 use tokio::sync::watch;
 

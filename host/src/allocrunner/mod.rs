@@ -5,8 +5,9 @@
 //! ([`crate::runtime::WasmAllocRunnerFactory`]); tests and simulators pass their own, such as
 //! [`EmptyAllocRunner`].
 //!
-//! This module is a leaf: it depends on the plain data in [`crate::structs`] and on tokio's
-//! synchronisation primitives, never on the client, the garbage collector, storage or wasmtime.
+//! This module is a leaf: it depends on the plain data in [`crate::structs`], the alloc log
+//! writer of [`crate::alloc_logs`] and tokio's synchronisation primitives, never on the
+//! client, the garbage collector, storage or wasmtime.
 
 mod empty;
 mod latch;
@@ -18,6 +19,7 @@ pub use task_action::{
     DEFAULT_SIGNAL, NotRunningReason, SIGNAL_NAMES, TaskActionError, signal_name, target_tasks,
 };
 
+use crate::alloc_logs::AllocLogWriter;
 use crate::structs::{Alloc, AllocState, Limits};
 use std::future::Future;
 use std::path::PathBuf;
@@ -144,9 +146,10 @@ pub struct AllocRunnerConfig {
     /// means the alloc has finished: the runner must not run it again, only answer with this
     /// state and free what is left on destroy. A non-terminal one is the starting state.
     pub last_state: Option<AllocState>,
-    /// Where the runner's guest output is also written (rotated by size), if anywhere. Kept
-    /// outside `alloc_dir` so the guest cannot touch it; destroy removes it.
-    pub log_file: Option<PathBuf>,
+    /// Where the runner's guest output is also written, if anywhere: the alloc's log file,
+    /// kept outside `alloc_dir` so the guest cannot touch it. Destroy removes it through
+    /// [`AllocLogWriter::remove`].
+    pub log_writer: Option<AllocLogWriter>,
 }
 
 /// Builds the runner of one alloc. An error fails that alloc only; its message becomes the

@@ -23,6 +23,7 @@
 
 use super::metrics::Metrics;
 use crate::allocrunner::AllocRunner;
+use crate::locks::LockUnpoisoned;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::path::PathBuf;
@@ -291,7 +292,7 @@ impl GarbageCollector {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GcQueue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        self.queue.lock_unpoisoned()
     }
 
     /// Marks a terminal alloc for collection. The first call for an id queues it and logs;
@@ -389,7 +390,7 @@ impl GarbageCollector {
     fn destroying_lock(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<dyn AllocRunner>>> {
-        self.destroying.lock().unwrap_or_else(|e| e.into_inner())
+        self.destroying.lock_unpoisoned()
     }
 
     /// Claims an alloc for destruction; false when it is destroyed or being destroyed.

@@ -1,7 +1,10 @@
 //! Counters the client keeps for the agent to expose: allocs marked and collected (by
 //! reason), destroys in flight, sync batches sent and failed, runners that failed to build, state commits.
-//! Allocs by client status are counted from the alloc map when asked.
+//! Allocs by client status are counted from the alloc map when asked. A snapshot renders
+//! itself in Prometheus' text format for the agent's `/v1/metrics`. Counting only: it never
+//! reads the alloc map or decides anything.
 
+use crate::locks::LockUnpoisoned;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,8 +56,7 @@ impl Metrics {
     pub(crate) fn collected(&self, reason_kind: &'static str) {
         *self
             .collected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_unpoisoned()
             .entry(reason_kind)
             .or_default() += 1;
     }
@@ -96,8 +98,7 @@ impl Metrics {
             allocs_marked: self.marked.load(Ordering::Relaxed),
             allocs_collected: self
                 .collected
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .lock_unpoisoned()
                 .iter()
                 .map(|(kind, count)| (kind.to_string(), *count))
                 .collect(),
@@ -107,6 +108,113 @@ impl Metrics {
             runner_build_failures: self.runner_build_failures.load(Ordering::Relaxed),
             state_batches_saved: self.state_batches_saved.load(Ordering::Relaxed),
             state_writes_saved: self.state_writes_saved.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl MetricsSnapshot {
+    /// Writes every counter in Prometheus' text format (0.0.4), one family after another.
+    pub fn write_prometheus(&self, out: &mut String) {
+        let unlabelled = |value: u64| vec![(String::new(), value)];
+        family(
+            out,
+            "caravan_client_allocs",
+            "gauge",
+            "Allocs on this client by client status.",
+            labelled("status", &self.allocs_by_status),
+        );
+        family(
+            out,
+            "caravan_client_allocs_destroyed",
+            "gauge",
+            "Allocs collected and still listed.",
+            unlabelled(self.allocs_destroyed),
+        );
+        family(
+            out,
+            "caravan_gc_marked_total",
+            "counter",
+            "Allocs marked for garbage collection.",
+            unlabelled(self.allocs_marked),
+        );
+        family(
+            out,
+            "caravan_gc_collected_total",
+            "counter",
+            "Allocs collected, by reason.",
+            labelled("reason", &self.allocs_collected),
+        );
+        family(
+            out,
+            "caravan_gc_destroys_in_flight",
+            "gauge",
+            "Destroys running now.",
+            unlabelled(self.destroys_in_flight),
+        );
+        family(
+            out,
+            "caravan_sync_batches_total",
+            "counter",
+            "Alloc update batches sent to the server, by result.",
+            vec![
+                ("{result=\"sent\"}".into(), self.sync_batches_sent),
+                ("{result=\"failed\"}".into(), self.sync_batches_failed),
+            ],
+        );
+        family(
+            out,
+            "caravan_runner_build_failures_total",
+            "counter",
+            "Allocs failed because their runner could not be built.",
+            unlabelled(self.runner_build_failures),
+        );
+    }
+}
+
+/// One metric family: its `HELP` and `TYPE` lines, then a sample per label set.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        let _ = writeln!(out, "{name}{labels} {value}");
+    }
+}
+
+/// One sample per key of `map`, labelled `label="key"`.
+fn labelled(label: &str, map: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
+    map.iter()
+        .map(|(key, value)| (format!("{{{label}=\"{key}\"}}"), *value))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_renders_every_family_with_its_labels() {
+        let snapshot = MetricsSnapshot {
+            allocs_by_status: [("running".to_string(), 2)].into(),
+            allocs_collected: [("forced".to_string(), 1)].into(),
+            sync_batches_sent: 7,
+            runner_build_failures: 3,
+            ..MetricsSnapshot::default()
+        };
+        let mut text = String::new();
+        snapshot.write_prometheus(&mut text);
+        for expected in [
+            "# HELP caravan_client_allocs Allocs on this client by client status.\n\
+             # TYPE caravan_client_allocs gauge\n\
+             caravan_client_allocs{status=\"running\"} 2\n",
+            "# TYPE caravan_client_allocs_destroyed gauge\ncaravan_client_allocs_destroyed 0\n",
+            "# TYPE caravan_gc_marked_total counter\ncaravan_gc_marked_total 0\n",
+            "caravan_gc_collected_total{reason=\"forced\"} 1\n",
+            "caravan_gc_destroys_in_flight 0\n",
+            "caravan_sync_batches_total{result=\"sent\"} 7\n\
+             caravan_sync_batches_total{result=\"failed\"} 0\n",
+            "caravan_runner_build_failures_total 3\n",
+        ] {
+            assert!(text.contains(expected), "{expected:?} in\n{text}");
         }
     }
 }

@@ -5,18 +5,15 @@
 //! - [`gc`]: the garbage collector and its [`gc::GcConfig`].
 //! - [`metrics`]: the counters the agent exposes.
 //! - [`persist`]: saving allocs, states and checkpoints to the state store.
+//! - `restore`: at start, gives every saved alloc its runner back (its own invariants).
+//! - `watch`: registers the node, watches the server and applies each answer (its own
+//!   invariants).
 //!
 //! Invariants of the alloc map, each kept from the Nomad client for the reason given:
 //! - The map holds every runner, running or already collected, until the server stops
 //!   listing the alloc; only then is it pruned. A collected alloc's status stays answerable.
-//! - Each watch result is diffed by modify index into added, updated, removed and ignored:
-//!   the server is the source of truth and a stale or repeated answer changes nothing.
 //! - A factory error fails that alloc alone (reported `failed` with the error), remembers
 //!   its id and ignores later updates for it: one bad runner must not take the node down.
-//! - Restore (at start, before the watch) gives every saved alloc its runner back:
-//!   non-terminal ones run again from their last checkpoint, terminal ones keep their final
-//!   state and are never run again, collected ones stay collected. A record that cannot be
-//!   read fails that alloc alone; an alloc with no usable record is dropped with a WARN.
 //! - A server removal prunes the alloc and forces its collection at once, still under the
 //!   destroy limit; a running alloc is killed by that destroy before it is freed.
 //! - Runner methods are never called with the map locked: runners report synchronously into
@@ -29,15 +26,21 @@
 pub mod gc;
 pub mod metrics;
 pub mod persist;
+mod restore;
 pub mod sync;
+mod watch;
 
+pub use watch::{AllocDiff, diff_allocs};
+
+use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, NotRunningReason,
     StateUpdater, TaskActionError, alloc_span,
 };
-use crate::rpc::{NodeAllocs, ServerApi, ServerError};
-use crate::state::{MemoryStateDb, SavedAlloc, StateDb, StateError};
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
+use crate::locks::LockUnpoisoned;
+use crate::rpc::ServerApi;
+use crate::state::{MemoryStateDb, StateDb};
+use crate::structs::{Alloc, AllocState, Limits};
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
 use persist::Persister;
@@ -60,64 +63,23 @@ pub struct ClientConfig {
     pub gc: GcConfig,
     /// How long one watch call may wait for a change.
     pub watch_wait: Duration,
+    /// Where the allocs' guest output is written (by default under `<data_dir>/logs`).
+    pub alloc_logs: AllocLogs,
 }
 
 impl ClientConfig {
     /// Defaults for node `node_id` with data under `data_dir`.
     pub fn new(node_id: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
         ClientConfig {
             node_id: node_id.into(),
-            data_dir: data_dir.into(),
+            alloc_logs: AllocLogs::under_data_dir(&data_dir),
+            data_dir,
             limits: Limits::default(),
             gc: GcConfig::default(),
             watch_wait: Duration::from_secs(300),
         }
     }
-}
-
-/// How an alloc diff sorts the server's answer.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct AllocDiff {
-    /// On the server, not on the client.
-    pub added: Vec<String>,
-    /// On both, with a higher modify index on the server.
-    pub updated: Vec<String>,
-    /// On the client, no longer on the server.
-    pub removed: Vec<String>,
-    /// On both, unchanged (or failed on the client and so ignored).
-    pub ignored: Vec<String>,
-}
-
-/// Diffs the client's allocs (id -> modify index) against the server's. Ids in `failed`
-/// are allocs whose runner could not be built: never updated, only removed.
-pub fn diff_allocs(
-    client: &HashMap<String, u64>,
-    failed: &HashMap<String, u64>,
-    server: &HashMap<String, u64>,
-) -> AllocDiff {
-    let mut diff = AllocDiff::default();
-    for (id, &server_index) in server {
-        match client.get(id) {
-            _ if failed.contains_key(id) => diff.ignored.push(id.clone()),
-            None => diff.added.push(id.clone()),
-            Some(&client_index) if server_index > client_index => diff.updated.push(id.clone()),
-            Some(_) => diff.ignored.push(id.clone()),
-        }
-    }
-    for id in client.keys().chain(failed.keys()) {
-        if !server.contains_key(id) {
-            diff.removed.push(id.clone());
-        }
-    }
-    for list in [
-        &mut diff.added,
-        &mut diff.updated,
-        &mut diff.removed,
-        &mut diff.ignored,
-    ] {
-        list.sort();
-    }
-    diff
 }
 
 /// One node's client. Cheap to clone.
@@ -143,12 +105,7 @@ struct ClientInner {
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
-        for task in self
-            .tasks
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
+        for task in self.tasks.lock_unpoisoned().drain(..) {
             task.abort();
         }
     }
@@ -220,16 +177,16 @@ impl Client {
         Client { inner }
     }
 
-    /// A client with the defaults: WebAssembly runners from `runtime`, and disk usage read
-    /// from the filesystem of the data dir.
-    pub fn with_wasm_runners(
+    /// As [`Client::with_state`], with disk usage read from the filesystem of the data dir:
+    /// the client a node runs. Which runners `factory` builds is the caller's decision (the
+    /// agent passes the WebAssembly one), so the client never names a runtime.
+    pub fn with_disk_stats(
         config: ClientConfig,
         server: Arc<dyn ServerApi>,
-        runtime: crate::runtime::Runtime,
+        factory: AllocRunnerFactory,
         db: Arc<dyn StateDb>,
     ) -> Client {
         let stats = Arc::new(gc::StatvfsStats::new(config.data_dir.clone()));
-        let factory = crate::runtime::WasmAllocRunnerFactory::new(runtime).into_factory();
         Client::with_state(config, server, factory, stats, db)
     }
 
@@ -247,15 +204,11 @@ impl Client {
         };
         let handles = [
             tokio::spawn(inner.persister.clone().run(on_saved)).abort_handle(),
-            tokio::spawn(watch_loop(Arc::downgrade(inner))).abort_handle(),
+            tokio::spawn(watch::watch_loop(Arc::downgrade(inner))).abort_handle(),
             tokio::spawn(inner.sync.clone().run(inner.server.clone())).abort_handle(),
             tokio::spawn(inner.gc.clone().run()).abort_handle(),
         ];
-        inner
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(handles);
+        inner.tasks.lock_unpoisoned().extend(handles);
     }
 
     /// The ids of every alloc the client holds (collected ones included).
@@ -366,15 +319,6 @@ impl Client {
         self.flush_state().await;
     }
 
-    /// Where an alloc's guest output is written (`.1`, `.2` beside it are older, rotated).
-    pub fn log_file(&self, alloc_id: &str) -> PathBuf {
-        self.inner
-            .config
-            .data_dir
-            .join("logs")
-            .join(format!("{alloc_id}.log"))
-    }
-
     /// Shuts every runner down (the agent is stopping, not the allocs), waits for each, and
     /// waits for their last states and checkpoints to be saved.
     pub async fn shutdown_all(&self) {
@@ -416,17 +360,6 @@ impl Client {
         self.flush_state().await;
     }
 
-    /// Gives every alloc saved by an earlier run its runner back (see the module docs) and
-    /// returns how many were restored. Call once, before [`Client::start`]; a store that
-    /// cannot be read at all is an error, a bad record costs only its alloc.
-    pub async fn restore(&self) -> Result<usize, StateError> {
-        let db = self.inner.persister.db().clone();
-        let saved = crate::state::blocking(|| db.client_allocs())?;
-        let count = saved.len();
-        self.inner.restore(saved).await;
-        Ok(count)
-    }
-
     /// The client's counters, with allocs counted by client status now (collected ones by
     /// their final status, and once more under `allocs_destroyed`).
     pub fn metrics(&self) -> MetricsSnapshot {
@@ -446,24 +379,17 @@ impl Client {
         }
         self.inner.metrics.snapshot(by_status, destroyed)
     }
-
-    /// Applies one watch answer, as the watch loop does. Public so tests and simulators can
-    /// feed a client answers of their own; new allocs are saved first, so the client must
-    /// have been started (its state-saving loop running).
-    pub async fn apply(&self, answer: &NodeAllocs) -> Result<(), ServerError> {
-        self.inner.apply(answer).await
-    }
 }
 
 impl ClientInner {
     fn runners_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<dyn AllocRunner>>> {
-        self.runners.lock().unwrap_or_else(|e| e.into_inner())
+        self.runners.lock_unpoisoned()
     }
 
     fn runnerless_lock(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<Alloc>, AllocState)>> {
-        self.runnerless.lock().unwrap_or_else(|e| e.into_inner())
+        self.runnerless.lock_unpoisoned()
     }
 
     /// Routes a runner's report: saved first, and passed on once on disk; a report for an
@@ -492,82 +418,6 @@ impl ClientInner {
             .iter()
             .filter(|runner| !runner.is_destroyed())
             .count()
-    }
-
-    async fn apply(self: &Arc<Self>, answer: &NodeAllocs) -> Result<(), ServerError> {
-        let client: HashMap<String, u64> = {
-            let runners: Vec<_> = self
-                .runners_lock()
-                .iter()
-                .map(|(id, r)| (id.clone(), r.clone()))
-                .collect();
-            runners
-                .into_iter()
-                .map(|(id, runner)| (id, runner.alloc().modify_index))
-                .collect()
-        };
-        let failed: HashMap<String, u64> = self
-            .runnerless_lock()
-            .iter()
-            .map(|(id, (alloc, _))| (id.clone(), alloc.modify_index))
-            .collect();
-        let diff = diff_allocs(&client, &failed, &answer.allocs);
-        tracing::debug!(
-            added = diff.added.len(),
-            updated = diff.updated.len(),
-            removed = diff.removed.len(),
-            ignored = diff.ignored.len(),
-            "allocation updates"
-        );
-
-        let wanted: Vec<String> = diff.added.iter().chain(&diff.updated).cloned().collect();
-        let fetched = if wanted.is_empty() {
-            Vec::new()
-        } else {
-            self.server.get_allocs(&wanted).await?
-        };
-        // Each requested alloc once; what the server sends besides is not ours to add.
-        let mut seen = std::collections::HashSet::new();
-        let (mut added, mut updated) = (Vec::new(), Vec::new());
-        for alloc in fetched {
-            if !seen.insert(alloc.id.clone()) {
-                continue;
-            }
-            if diff.added.contains(&alloc.id) {
-                added.push(alloc);
-            } else {
-                updated.push(alloc);
-            }
-        }
-        // New allocs are on disk before any runner is built: one commit for the lot.
-        let (valid, invalid): (Vec<_>, Vec<_>) = added
-            .into_iter()
-            .partition(|alloc| check_alloc_id(&alloc.id).is_ok());
-        for alloc in invalid {
-            let reason = check_alloc_id(&alloc.id).unwrap_err();
-            self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
-        }
-        let saved = self.persister.save_allocs(&valid).await;
-        for alloc in valid {
-            match &saved {
-                Ok(()) => self.add_alloc(alloc, None, None).await,
-                Err(error) => {
-                    let reason = format!("cannot save the alloc before running it: {error}");
-                    self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
-                }
-            }
-        }
-        for alloc in updated {
-            self.persister.save_alloc_update(alloc.clone());
-            self.update_alloc(alloc);
-        }
-        for alloc_id in &diff.removed {
-            self.remove_alloc(alloc_id);
-        }
-        if !diff.added.is_empty() || !diff.updated.is_empty() || !diff.removed.is_empty() {
-            self.gc.trigger();
-        }
-        Ok(())
     }
 
     /// Builds and starts the runner of a saved alloc (restored with its last checkpoint and
@@ -622,12 +472,7 @@ impl ClientInner {
             alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
             restored,
             last_state,
-            log_file: Some(
-                self.config
-                    .data_dir
-                    .join("logs")
-                    .join(format!("{}.log", alloc.id)),
-            ),
+            log_writer: Some(self.config.alloc_logs.writer(&alloc.id)),
         }
     }
 
@@ -639,124 +484,6 @@ impl ClientInner {
         self.runnerless_lock()
             .insert(alloc.id.clone(), (alloc.clone(), state.clone()));
         self.report_state(&alloc.id, &state);
-    }
-
-    /// Restores what an earlier run saved (see [`Client::restore`]).
-    async fn restore(self: &Arc<Self>, saved: Vec<SavedAlloc>) {
-        let mut to_build = Vec::new();
-        for record in saved {
-            let alloc_id = record.alloc_id.clone();
-            let alloc = match record.alloc {
-                Some(Ok(alloc)) if check_alloc_id(&alloc.id).is_ok() && alloc.id == alloc_id => {
-                    Arc::new(alloc)
-                }
-                unusable => {
-                    let why = match unusable {
-                        Some(Err(reason)) => reason,
-                        Some(Ok(_)) => "the saved alloc does not match its key".into(),
-                        None => "no alloc record, only state".into(),
-                    };
-                    tracing::warn!(alloc_id, reason = %why, "dropping saved allocation with no usable record");
-                    self.persister.delete(&alloc_id);
-                    continue;
-                }
-            };
-            let state = match record.state {
-                Some(Err(reason)) => {
-                    self.persister.restored(&alloc_id, None, false);
-                    let span = alloc_span(&alloc);
-                    self.fail_alloc(alloc, &span, format!("cannot restore the alloc: {reason}"));
-                    continue;
-                }
-                Some(Ok(state)) => Some(state),
-                None => None,
-            };
-            let acked = match record.acked {
-                Some(Err(reason)) => {
-                    // Only costs a resend of a state the server may already have.
-                    tracing::warn!(alloc_id, reason = %reason, "ignoring unreadable acknowledged state");
-                    None
-                }
-                Some(Ok(acked)) => Some(acked),
-                None => None,
-            };
-            if let Some(acked) = &acked {
-                self.sync.restore_acknowledged(&alloc_id, acked.clone());
-            }
-            if record.collected {
-                // Nothing left to run or free; still answered for until the server drops it.
-                let final_state = state.unwrap_or_else(|| AllocState {
-                    client_status: ClientStatus::Complete,
-                    description: "alloc was collected".into(),
-                    task_states: Vec::new(),
-                });
-                self.persister
-                    .restored(&alloc_id, Some(final_state.clone()), true);
-                if acked.as_ref() != Some(&final_state) {
-                    self.sync.put(&alloc_id, final_state.clone());
-                }
-                self.runnerless_lock()
-                    .insert(alloc_id, (alloc, final_state));
-                continue;
-            }
-            self.persister.restored(&alloc_id, state.clone(), false);
-            if let Some(state) = &state
-                && acked.as_ref() != Some(state)
-            {
-                // Saved but never acknowledged: the server has yet to hear it.
-                self.sync.put(&alloc_id, state.clone());
-            }
-            to_build.push(self.runner_config(&alloc, record.checkpoint, state));
-        }
-        // One trip to the blocking pool for every runner: the factory compiles a component
-        // once, then each build is cheap. A panic fails its own alloc only.
-        let factory = self.factory.clone();
-        let built = tokio::task::spawn_blocking(move || {
-            to_build
-                .into_iter()
-                .map(|config| {
-                    let (alloc, span) = (config.alloc.clone(), config.span.clone());
-                    let last_state = config.last_state.clone();
-                    let factory = &factory;
-                    let result =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
-                            .unwrap_or_else(|_| {
-                                Err(anyhow::anyhow!("the runner factory panicked"))
-                            });
-                    (alloc, span, last_state, result)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
-        let (mut running, mut finished) = (0usize, 0usize);
-        for (alloc, span, last_state, result) in built {
-            match (result, last_state) {
-                (Ok(runner), _) => {
-                    if runner.alloc_state().client_status.is_terminal() {
-                        finished += 1;
-                    } else {
-                        running += 1;
-                    }
-                    self.start_runner(&alloc.id, runner);
-                }
-                (Err(error), Some(last)) if last.client_status.is_terminal() => {
-                    // Finished already: its runner is not needed to answer for it, and
-                    // failing it now would rewrite history (and replace a service alloc).
-                    tracing::warn!(parent: &span, error = %format!("{error:#}"), "cannot rebuild a finished alloc's runner; keeping its final state");
-                    finished += 1;
-                    self.runnerless_lock()
-                        .insert(alloc.id.clone(), (alloc, last));
-                }
-                (Err(error), _) => self.fail_alloc(alloc, &span, format!("{error:#}")),
-            }
-        }
-        tracing::info!(
-            running,
-            finished,
-            held = self.runnerless_lock().len(),
-            "restored allocations"
-        );
     }
 
     fn update_alloc(&self, alloc: Arc<Alloc>) {
@@ -830,62 +557,9 @@ impl StateUpdater for ClientStateUpdater {
     }
 }
 
-/// Registers the node, then watches the server's allocs for it and applies each change.
-/// Every error is retried with backoff; the loop ends when the client is dropped.
-async fn watch_loop(client: Weak<ClientInner>) {
-    let mut failures = 0u32;
-    let mut index = 0u64;
-    let mut registered = false;
-    loop {
-        let Some(inner) = client.upgrade() else {
-            return;
-        };
-        let (server, node_id, wait) = (
-            inner.server.clone(),
-            inner.config.node_id.clone(),
-            inner.config.watch_wait,
-        );
-        drop(inner);
-        let result = async {
-            if !registered {
-                server.register_node(&node_id).await?;
-                registered = true;
-                tracing::info!(node_id = %node_id, "node registered");
-            }
-            let answer = server.watch_allocs(&node_id, index, wait).await?;
-            let Some(inner) = client.upgrade() else {
-                return Ok(());
-            };
-            inner.sync.contacted();
-            inner.apply(&answer).await?;
-            index = answer.index;
-            Ok::<(), ServerError>(())
-        }
-        .await;
-        match result {
-            Ok(()) => failures = 0,
-            Err(error) => {
-                failures += 1;
-                // The server may have lost the node (a restart): register again.
-                registered = false;
-                let wait = sync::backoff(failures);
-                tracing::warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "error watching allocations");
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn map(entries: &[(&str, u64)]) -> HashMap<String, u64> {
-        entries
-            .iter()
-            .map(|(id, index)| (id.to_string(), *index))
-            .collect()
-    }
 
     #[test]
     fn an_alloc_id_must_be_one_plain_path_component() {
@@ -902,32 +576,5 @@ mod tests {
         ] {
             assert!(check_alloc_id(bad).is_err(), "{bad:?} accepted");
         }
-    }
-
-    #[test]
-    fn the_diff_sorts_server_allocs_by_modify_index() {
-        let client = map(&[("same", 3), ("newer", 3), ("gone", 1)]);
-        let server = map(&[("same", 3), ("newer", 4), ("new", 1)]);
-        let diff = diff_allocs(&client, &HashMap::new(), &server);
-        assert_eq!(diff.added, ["new"]);
-        assert_eq!(diff.updated, ["newer"]);
-        assert_eq!(diff.removed, ["gone"]);
-        assert_eq!(diff.ignored, ["same"]);
-    }
-
-    #[test]
-    fn an_older_index_from_the_server_is_ignored_not_applied() {
-        let diff = diff_allocs(&map(&[("a", 5)]), &HashMap::new(), &map(&[("a", 4)]));
-        assert_eq!(diff.ignored, ["a"]);
-        assert!(diff.updated.is_empty());
-    }
-
-    #[test]
-    fn updates_for_a_failed_alloc_are_ignored_and_its_removal_is_not() {
-        let failed = map(&[("bad", 1), ("dropped", 1)]);
-        let diff = diff_allocs(&HashMap::new(), &failed, &map(&[("bad", 7)]));
-        assert_eq!(diff.ignored, ["bad"]);
-        assert_eq!(diff.removed, ["dropped"]);
-        assert!(diff.added.is_empty());
     }
 }

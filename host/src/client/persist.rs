@@ -24,6 +24,7 @@
 //! them back through `on_saved` only.
 
 use super::metrics::Metrics;
+use crate::locks::LockUnpoisoned;
 use crate::state::{StateDb, StateError, Write, blocking};
 use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
@@ -77,7 +78,7 @@ impl Persister {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        self.queue.lock_unpoisoned()
     }
 
     /// Records an alloc found in the store at restore, with its saved state.

@@ -14,6 +14,7 @@
 //! This module knows the server seam and the plain state types only.
 
 use super::metrics::Metrics;
+use crate::locks::LockUnpoisoned;
 use crate::rpc::{AllocUpdate, ServerApi};
 use crate::structs::AllocState;
 use std::collections::HashMap;
@@ -67,7 +68,7 @@ impl AllocSync {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SyncState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// Queues `state` for `alloc_id`, replacing any pending one; wakes the sender when the

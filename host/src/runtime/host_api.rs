@@ -3,11 +3,14 @@
 //! [`HostApi`] lives in the alloc's store; [`StateCell`] is shared with the runner that owns
 //! the store, which reads the latest state and writes the final one. Guest mistakes (a report
 //! after a terminal one, an unknown task, an oversized checkpoint) come back to the guest as
-//! WIT errors and are logged; nothing here traps.
+//! WIT errors and are logged; nothing here traps. It may touch only its alloc's own state:
+//! never another alloc, the client or the state store (checkpoints go through the
+//! runner's `StateUpdater`).
 
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::limits::EpochClock;
 use crate::allocrunner::StateUpdater;
+use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -96,7 +99,7 @@ impl StateCell {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CellState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 }
 

@@ -2,7 +2,7 @@
 //! the CPU budget (counted in epoch ticks while the guest computes).
 //!
 //! Both record which limit was hit, so the runner can name it in the alloc's description
-//! instead of showing a bare trap.
+//! instead of showing a bare trap. They act on one store only and never reach past it.
 
 use crate::units::{format_bytes, format_duration};
 use std::sync::Arc;

@@ -4,10 +4,13 @@
 //! Every line passes one per-alloc [`GuestLogSink`], which caps line length and rate: excess
 //! lines are dropped and counted, and a single `dropped N log lines` event is emitted at most
 //! once per [`DROP_REPORT_INTERVAL`], so a flooding guest can neither flood the agent's log
-//! nor grow a queue. This module touches nothing but tracing.
+//! nor grow a queue. Admitted lines also go to the alloc's log file through its
+//! [`AllocLogWriter`], which queues them and returns at once: the file is
+//! [`crate::alloc_logs`]'s business, never this module's.
 
 use super::bindings::{Level, LoggingImports};
-use std::path::PathBuf;
+use crate::alloc_logs::AllocLogWriter;
+use crate::locks::LockUnpoisoned;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -39,23 +42,28 @@ pub enum Origin<'a> {
 pub struct GuestLogSink {
     span: tracing::Span,
     limiter: Arc<Mutex<RateLimiter>>,
-    file: Option<Arc<Mutex<LogFile>>>,
+    log_writer: Option<AllocLogWriter>,
 }
 
 impl GuestLogSink {
-    /// A sink logging into `span`, and into `log_file` (rotated) when given.
-    pub fn new(span: tracing::Span, lines_per_second: u32, log_file: Option<PathBuf>) -> Self {
+    /// A sink logging into `span`, and into the alloc's log file through `log_writer` when
+    /// given.
+    pub fn new(
+        span: tracing::Span,
+        lines_per_second: u32,
+        log_writer: Option<AllocLogWriter>,
+    ) -> Self {
         GuestLogSink {
             span,
             limiter: Arc::new(Mutex::new(RateLimiter::new(lines_per_second))),
-            file: log_file.map(|path| Arc::new(Mutex::new(LogFile::new(path)))),
+            log_writer,
         }
     }
 
     /// Emits one guest line at `level`, unless the rate limit drops it.
     pub fn emit(&self, level: tracing::Level, origin: Origin<'_>, message: &str) {
         let (admitted, dropped_report) = {
-            let mut limiter = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            let mut limiter = self.limiter.lock_unpoisoned();
             let admitted = limiter.admit(Instant::now());
             (admitted, limiter.take_drop_report(Instant::now(), false))
         };
@@ -65,14 +73,12 @@ impl GuestLogSink {
         if admitted {
             let message = truncate_line(message);
             emit_event(&self.span, level, origin, &message);
-            if let Some(file) = &self.file {
+            if let Some(log_writer) = &self.log_writer {
                 let source = match origin {
                     Origin::Logging(context) => context,
                     Origin::Stream(stream) => stream,
                 };
-                file.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .append(level, source, &message);
+                log_writer.write(level, source, &message);
             }
         }
     }
@@ -82,8 +88,7 @@ impl GuestLogSink {
     pub fn flush(&self) {
         let report = self
             .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_unpoisoned()
             .take_drop_report(Instant::now(), true);
         if let Some(dropped) = report {
             self.report_dropped(dropped);
@@ -124,108 +129,6 @@ fn truncate_line(line: &str) -> std::borrow::Cow<'_, str> {
         cut -= 1;
     }
     format!("{} [truncated {} bytes]", &line[..cut], line.len() - cut).into()
-}
-
-/// Largest size of one log file before it is rotated.
-pub const LOG_FILE_MAX_BYTES: u64 = 1024 * 1024;
-/// Rotated files kept besides the current one (`runner.log.1` is the newest of them).
-pub const LOG_FILES_KEPT: usize = 2;
-
-/// One alloc's log file, opened on the first line and rotated by size: `NAME`, `NAME.1`, ...
-struct LogFile {
-    path: PathBuf,
-    file: Option<std::fs::File>,
-    size: u64,
-    failed: bool,
-}
-
-impl LogFile {
-    fn new(path: PathBuf) -> Self {
-        LogFile {
-            path,
-            file: None,
-            size: 0,
-            failed: false,
-        }
-    }
-
-    fn append(&mut self, level: tracing::Level, source: &str, message: &str) {
-        use std::io::Write;
-        if self.failed {
-            return;
-        }
-        let line = format!("{} {level:>5} {source}: {message}\n", rfc3339_now());
-        if self.size + line.len() as u64 > LOG_FILE_MAX_BYTES && self.size > 0 {
-            self.rotate();
-        }
-        let result = self.open().and_then(|file| file.write_all(line.as_bytes()));
-        match result {
-            Ok(()) => self.size += line.len() as u64,
-            Err(error) => {
-                // Once: the agent's log still has every line.
-                self.failed = true;
-                tracing::warn!(path = %self.path.display(), error = %error, "cannot write the alloc's log file; lines go to the agent log only");
-            }
-        }
-    }
-
-    fn open(&mut self) -> std::io::Result<&mut std::fs::File> {
-        if self.file.is_none() {
-            if let Some(parent) = self.path.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&self.path)?;
-            self.size = file.metadata()?.len();
-            self.file = Some(file);
-        }
-        Ok(self.file.as_mut().expect("opened above"))
-    }
-
-    fn rotate(&mut self) {
-        self.file = None;
-        for n in (1..LOG_FILES_KEPT).rev() {
-            let _ = std::fs::rename(rotated(&self.path, n), rotated(&self.path, n + 1));
-        }
-        let _ = std::fs::rename(&self.path, rotated(&self.path, 1));
-        self.size = 0;
-    }
-}
-
-/// `runner.log` -> `runner.log.N`.
-pub fn rotated(path: &std::path::Path, n: usize) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(format!(".{n}"));
-    PathBuf::from(name)
-}
-
-/// The current UTC time as `2026-11-29T20:41:20.816Z`.
-fn rfc3339_now() -> String {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = since_epoch.as_secs();
-    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let mp = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60,
-        since_epoch.subsec_millis()
-    )
 }
 
 /// A token bucket of `lines_per_second` with a burst of the same size, plus the count of
@@ -487,42 +390,6 @@ mod tests {
         );
         // A second later the bucket is full again.
         assert!(limiter.admit(start + Duration::from_secs(2)));
-    }
-
-    #[test]
-    fn the_log_file_rotates_by_size_and_keeps_two_old_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("logs").join("a.log");
-        let mut file = LogFile::new(path.clone());
-        let line = "x".repeat(1000);
-        for _ in 0..(3 * LOG_FILE_MAX_BYTES as usize / 1000 + 10) {
-            file.append(tracing::Level::INFO, "test", &line);
-        }
-        for n in 1..=LOG_FILES_KEPT {
-            assert!(rotated(&path, n).exists(), "{n}");
-        }
-        assert!(
-            !rotated(&path, LOG_FILES_KEPT + 1).exists(),
-            "older files are dropped"
-        );
-        assert!(std::fs::metadata(&path).unwrap().len() <= LOG_FILE_MAX_BYTES);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            text.lines()
-                .all(|l| l.ends_with(&format!(" INFO test: {line}"))),
-            "{}",
-            &text[..80]
-        );
-    }
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        let now = rfc3339_now();
-        assert_eq!(now.len(), "2026-11-29T20:41:20.816Z".len(), "{now}");
-        assert!(
-            now.starts_with("20") && now.ends_with('Z') && &now[10..11] == "T",
-            "{now}"
-        );
     }
 
     #[test]

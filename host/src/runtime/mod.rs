@@ -27,11 +27,10 @@ mod logging;
 mod wasm_runner;
 
 pub use limits::EPOCH_TICK;
-pub use logging::{
-    GUEST_TARGET, LOG_FILE_MAX_BYTES, LOG_FILES_KEPT, MAX_LINE_BYTES, rotated as rotated_log,
-};
+pub use logging::{GUEST_TARGET, MAX_LINE_BYTES};
 pub use wasm_runner::{WasmAllocRunner, WasmAllocRunnerFactory};
 
+use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
 use limits::{CpuMeter, EpochClock, MemoryLimiter};
 use sha2::{Digest, Sha256};
@@ -256,7 +255,7 @@ impl Runtime {
     /// looked at no more than once a second.
     pub fn load_file(&self, path: &Path) -> Result<Arc<LoadedComponent>, LoadError> {
         {
-            let by_path = self.inner.by_path.lock().unwrap_or_else(|e| e.into_inner());
+            let by_path = self.inner.by_path.lock_unpoisoned();
             if let Some(entry) = by_path.get(path)
                 && entry.checked_at.elapsed() < PATH_RECHECK
             {
@@ -279,7 +278,7 @@ impl Runtime {
         };
         let checked_at = std::time::Instant::now();
         {
-            let mut by_path = self.inner.by_path.lock().unwrap_or_else(|e| e.into_inner());
+            let mut by_path = self.inner.by_path.lock_unpoisoned();
             if let Some(entry) = by_path.get_mut(path)
                 && entry.stamp == stamp
                 && stamp.modified.is_some()
@@ -305,7 +304,7 @@ impl Runtime {
         }
         let bytes = std::fs::read(path).map_err(io_error)?;
         let loaded = self.load_bytes(path, &bytes)?;
-        let mut by_path = self.inner.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        let mut by_path = self.inner.by_path.lock_unpoisoned();
         let entry = PathEntry {
             stamp,
             checked_at,
@@ -363,21 +362,12 @@ impl Runtime {
             origin,
             pre,
         });
-        let mut components = self
-            .inner
-            .components
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut components = self.inner.components.lock_unpoisoned();
         Ok(components.entry(hash).or_insert(loaded).clone())
     }
 
     fn cached(&self, hash: &str) -> Option<Arc<LoadedComponent>> {
-        self.inner
-            .components
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(hash)
-            .cloned()
+        self.inner.components.lock_unpoisoned().get(hash).cloned()
     }
 }
 

@@ -337,7 +337,7 @@ impl Shared {
         let sink = GuestLogSink::new(
             self.config.span.clone(),
             self.limits.log_lines_per_second,
-            self.config.log_file.clone(),
+            self.config.log_writer.clone(),
         );
         let wasi = WasiCtxBuilder::new()
             .preopened_dir(alloc_dir, "/alloc", FsPerms::ReadWrite)
@@ -541,30 +541,24 @@ impl AllocRunner for WasmAllocRunner {
         shared.kill();
         tokio::spawn(async move {
             shared.stopped.latch().wait().await;
-            let mut paths = vec![shared.config.alloc_dir.clone()];
-            if let Some(log_file) = &shared.config.log_file {
-                paths.push(log_file.clone());
-                paths.extend(
-                    (1..=super::logging::LOG_FILES_KEPT)
-                        .map(|n| super::logging::rotated(log_file, n)),
-                );
+            if let Some(log_writer) = &shared.config.log_writer {
+                log_writer.remove().await;
             }
-            for path in paths {
-                let removed = if path.is_dir() {
-                    tokio::fs::remove_dir_all(&path).await
-                } else {
-                    tokio::fs::remove_file(&path).await
-                };
-                match removed {
-                    Ok(()) => {}
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(error) => tracing::warn!(
-                        parent: &shared.config.span,
-                        path = %path.display(),
-                        error = %error,
-                        "cannot remove what the alloc left"
-                    ),
-                }
+            let alloc_dir = &shared.config.alloc_dir;
+            let removed = if alloc_dir.is_dir() {
+                tokio::fs::remove_dir_all(alloc_dir).await
+            } else {
+                tokio::fs::remove_file(alloc_dir).await
+            };
+            match removed {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => tracing::warn!(
+                    parent: &shared.config.span,
+                    path = %alloc_dir.display(),
+                    error = %error,
+                    "cannot remove what the alloc left"
+                ),
             }
             shared.destroyed.set();
         });

@@ -1,34 +1,47 @@
 //! The embedded server: jobs, placement of their allocs onto nodes, job updates and stops,
 //! replacement of failed service allocs, and server-side garbage collection. It implements
-//! the client's [`ServerApi`], so a client in the same process talks to it as it would to a
-//! remote one.
+//! [`crate::rpc::ServerApi`], so a client in the same process talks to it as it would to a
+//! remote one. It must not know the client: the two share only [`crate::rpc`].
 //!
-//! Rules kept from Nomad's scheduler, each for the reason given:
-//! - A job update that changes only the count scales: up adds allocs, down stops the newest
-//!   (the oldest have proven themselves). Any other change replaces every alloc, since their
-//!   runner or config no longer matches the job.
-//! - Stopping a job sets desired status `stop` on its allocs; the client kills them and
-//!   reports them terminal. The server never deletes a non-terminal alloc, so nothing is
-//!   dropped that a client still runs.
-//! - A failed service alloc is replaced by a new one, up to the job's restart limit, so a
-//!   crash-looping runner does not churn for ever.
-//! - Terminal allocs of stopped or finished jobs, and terminal allocs that were stopped or
-//!   replaced (a scale-down, a deploy), are garbage collected after `job_gc_threshold` (or at
-//!   once when forced), so server state does not grow with every deploy; a purged job goes
-//!   when its last alloc does.
+//! Layout, decisions apart from effects:
+//! - [`records`]: what the server holds about each job and alloc, and their saved form.
+//! - [`placement`], [`reconcile`], [`gc`]: the scheduler's decisions, pure functions from
+//!   plain data (jobs, nodes, allocs, and the time when it matters) to what to create, stop,
+//!   replace or forget. Each keeps its own rules, listed at its top; a distributed scheduler
+//!   calls the same functions.
+//! - `persist`: reading the state back at open, and saving what each change touched.
+//! - `api`: the [`crate::rpc::ServerApi`] impl, the clients' side of the server.
+//! - This module: [`EmbeddedServer`], its lock, and applying each decision with its effects
+//!   (alloc ids, indexes, saving, waking clients).
 //!
-//! Every change is saved to the [`StateDb`] the server was opened on (the client's store, in
-//! the agent) before clients are woken to see it, and a client's updates are acknowledged
-//! only once saved; [`EmbeddedServer::open`] reads it all back. Each change writes only the jobs
-//! and allocs it touched (tracked in the state as it mutates), plus the small metadata record.
-//! Placement is a separate function ([`place`]) so more nodes fit without touching the rest.
+//! Invariants of the embedded server, each for the reason given:
+//! - Every change is saved to the [`StateDb`] the server was opened on (the client's store,
+//!   in the agent) before clients are woken to see it, and a client's updates are
+//!   acknowledged only once saved: a client never acts on, or forgets, what a restart would
+//!   undo. [`EmbeddedServer::open`] reads it all back.
+//! - Changes are made and saved under one lock, each with the next index, so saves land in
+//!   index order and a watcher woken at an index sees every change up to it.
+//! - Decisions are taken on the state as the lock holds it, and applied before it is
+//!   released: two registrations of one job never plan against the same allocs.
 
-use crate::jobspec::{JobSpec, JobType};
-use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
-use crate::state::{MemoryStateDb, ServerTable, StateDb, StateError, Write, blocking};
-use crate::structs::{Alloc, AllocState, DesiredStatus};
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod api;
+pub mod gc;
+mod persist;
+pub mod placement;
+pub mod reconcile;
+pub mod records;
+#[cfg(test)]
+mod testkit;
+
+pub use placement::place;
+pub use records::{AllocRecord, JobRecord};
+
+use crate::jobspec::JobSpec;
+use crate::locks::LockUnpoisoned;
+use crate::state::{MemoryStateDb, StateDb, StateError, blocking};
+use crate::structs::{Alloc, DesiredStatus};
+use reconcile::{JobPlan, Plan, Replacement};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -78,121 +91,6 @@ pub struct Registration {
     pub stopped: Vec<String>,
 }
 
-/// A job as the server holds it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobRecord {
-    /// The spec last registered.
-    pub spec: JobSpec,
-    /// Bumped by every change that replaces allocs.
-    pub version: u64,
-    /// True after `stop`.
-    pub stopped: bool,
-    /// True after `stop --purge`: removed with its last alloc.
-    pub purged: bool,
-    /// Failed allocs replaced so far.
-    pub restarts: u32,
-}
-
-/// An alloc as the server holds it.
-#[derive(Debug, Clone)]
-pub struct AllocRecord {
-    /// The alloc as sent to clients.
-    pub alloc: Arc<Alloc>,
-    /// The node it is placed on; `None` until a node registers.
-    pub node_id: Option<String>,
-    /// The state its client last reported.
-    pub client_state: Option<AllocState>,
-    /// The job version it was made for.
-    pub job_version: u64,
-    /// Creation order across the server (orders allocs oldest first, even within one
-    /// registration).
-    pub sequence: u64,
-    /// When its client first reported it terminal.
-    pub terminal_since: Option<Instant>,
-    /// True once a replacement was made for it (a failed service alloc).
-    pub replaced: bool,
-}
-
-impl AllocRecord {
-    fn is_terminal(&self) -> bool {
-        self.client_state
-            .as_ref()
-            .is_some_and(|s| s.client_status.is_terminal())
-    }
-
-    /// Desired to run, not terminal, not replaced: counts toward the job's count.
-    fn is_wanted(&self) -> bool {
-        self.alloc.desired_status == DesiredStatus::Run && !self.is_terminal() && !self.replaced
-    }
-}
-
-/// An [`AllocRecord`] as saved: the time it turned terminal as wall-clock milliseconds, since
-/// an `Instant` means nothing to the next process.
-#[derive(Serialize, Deserialize)]
-struct SavedAllocRecord {
-    alloc: Alloc,
-    node_id: Option<String>,
-    client_state: Option<AllocState>,
-    job_version: u64,
-    sequence: u64,
-    terminal_since_unix_ms: Option<u64>,
-    replaced: bool,
-}
-
-/// The server's counters and node list, saved as one record.
-#[derive(Default, Serialize, Deserialize)]
-struct SavedMeta {
-    index: u64,
-    next_sequence: u64,
-    nodes: BTreeSet<String>,
-}
-
-const META_KEY: &str = "server";
-
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // Plain derived data: serializing to JSON cannot fail.
-    serde_json::to_vec(value).expect("server records serialize to JSON")
-}
-
-fn unix_ms_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-impl SavedAllocRecord {
-    fn from_record(record: &AllocRecord) -> Self {
-        let (now, unix_now) = (Instant::now(), unix_ms_now());
-        SavedAllocRecord {
-            alloc: Alloc::clone(&record.alloc),
-            node_id: record.node_id.clone(),
-            client_state: record.client_state.clone(),
-            job_version: record.job_version,
-            sequence: record.sequence,
-            terminal_since_unix_ms: record
-                .terminal_since
-                .map(|since| unix_now.saturating_sub(now.duration_since(since).as_millis() as u64)),
-            replaced: record.replaced,
-        }
-    }
-
-    fn into_record(self) -> AllocRecord {
-        let (now, unix_now) = (Instant::now(), unix_ms_now());
-        AllocRecord {
-            alloc: Arc::new(self.alloc),
-            node_id: self.node_id,
-            client_state: self.client_state,
-            job_version: self.job_version,
-            sequence: self.sequence,
-            terminal_since: self.terminal_since_unix_ms.map(|since| {
-                let age = Duration::from_millis(unix_now.saturating_sub(since));
-                now.checked_sub(age).unwrap_or(now)
-            }),
-            replaced: self.replaced,
-        }
-    }
-}
-
 #[derive(Default)]
 struct State {
     index: u64,
@@ -213,24 +111,6 @@ pub struct EmbeddedServer {
     db: Arc<dyn StateDb>,
 }
 
-/// Chooses a node for each of `count` new allocs: the least loaded first, ties by name, so
-/// allocs spread evenly. Returns `None`s when there is no node yet.
-pub fn place(load: &BTreeMap<String, usize>, count: usize) -> Vec<Option<String>> {
-    let mut load = load.clone();
-    (0..count)
-        .map(|_| {
-            let node = load
-                .iter()
-                .min_by_key(|(name, n)| (**n, (*name).clone()))
-                .map(|(name, _)| name.clone());
-            if let Some(node) = &node {
-                *load.get_mut(node).expect("chosen from the map") += 1;
-            }
-            node
-        })
-        .collect()
-}
-
 impl EmbeddedServer {
     /// An empty server that keeps its state in memory only.
     pub fn new(config: ServerConfig) -> Arc<Self> {
@@ -245,48 +125,7 @@ impl EmbeddedServer {
     /// A server on `db`, with every job and alloc it saved before. A record that cannot be
     /// read is skipped with a WARN naming it; a store that cannot be read is an error.
     pub fn open(config: ServerConfig, db: Arc<dyn StateDb>) -> Result<Arc<Self>, StateError> {
-        let mut state = State::default();
-        let records = |table| blocking(|| db.server_records(table));
-        for (key, bytes) in records(ServerTable::Meta)? {
-            match serde_json::from_slice::<SavedMeta>(&bytes) {
-                Ok(meta) => {
-                    state.index = meta.index;
-                    state.next_sequence = meta.next_sequence;
-                    state.nodes = meta.nodes;
-                }
-                Err(error) => {
-                    tracing::warn!(key, error = %error, "skipping unreadable server metadata")
-                }
-            }
-        }
-        for (job_id, bytes) in records(ServerTable::Jobs)? {
-            match serde_json::from_slice::<JobRecord>(&bytes) {
-                Ok(job) => {
-                    state.jobs.insert(job_id, job);
-                }
-                Err(error) => {
-                    tracing::warn!(job_id, error = %error, "skipping unreadable saved job")
-                }
-            }
-        }
-        for (alloc_id, bytes) in records(ServerTable::Allocs)? {
-            match serde_json::from_slice::<SavedAllocRecord>(&bytes) {
-                Ok(saved) => {
-                    let record = saved.into_record();
-                    state.index = state.index.max(record.alloc.modify_index);
-                    state.allocs.insert(alloc_id, record);
-                }
-                Err(error) => {
-                    tracing::warn!(alloc_id, error = %error, "skipping unreadable saved allocation")
-                }
-            }
-        }
-        tracing::debug!(
-            jobs = state.jobs.len(),
-            allocs = state.allocs.len(),
-            index = state.index,
-            "server state restored"
-        );
+        let state = State::load(db.as_ref())?;
         let index = state.index;
         Ok(Arc::new(EmbeddedServer {
             config,
@@ -297,7 +136,7 @@ impl EmbeddedServer {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// Runs `change` on the state with the next index, saves what it touched, then wakes
@@ -316,10 +155,7 @@ impl EmbeddedServer {
             let writes = state.dirty_writes();
             let saved = blocking(|| self.db.apply(writes));
             match &saved {
-                Ok(()) => {
-                    state.dirty_jobs.clear();
-                    state.dirty_allocs.clear();
-                }
+                Ok(()) => state.mark_saved(),
                 Err(error) => tracing::error!(error = %error, "cannot save server state"),
             }
             (result, saved, index)
@@ -330,7 +166,7 @@ impl EmbeddedServer {
         (result, saved)
     }
 
-    /// Registers a job, or updates it when the id exists (see the module docs).
+    /// Registers a job, or updates it when the id exists (see [`reconcile`] for the rules).
     pub fn register_job(&self, spec: JobSpec) -> Registration {
         self.change(|state, index| state.register(spec, index)).0
     }
@@ -361,20 +197,17 @@ impl EmbeddedServer {
         }
         Ok(self
             .change(|state, index| {
-                let ids: Vec<String> = state
-                    .job_allocs(job_id)
-                    .filter(|a| a.is_wanted())
-                    .map(|a| a.alloc.id.clone())
-                    .collect();
-                for id in &ids {
-                    state.stop_alloc(id, index);
-                }
+                let plan = reconcile::stop_job(job_id, state.allocs.values());
+                let stopped = plan.stop.clone();
                 if let Some(job) = state.job_mut(job_id) {
                     job.stopped = true;
                     job.purged |= purge;
                 }
+                for id in &plan.stop {
+                    state.stop_alloc(id, index);
+                }
                 state.remove_empty_purged_jobs();
-                ids
+                stopped
             })
             .0)
     }
@@ -393,33 +226,13 @@ impl EmbeddedServer {
     pub fn collect_garbage(&self, force: bool) -> Vec<String> {
         let threshold = self.config.job_gc_threshold;
         self.change(|state, _| {
-            let now = Instant::now();
-            let finished_jobs: BTreeSet<String> = state
-                .jobs
-                .iter()
-                .filter(|(id, job)| {
-                    job.stopped
-                        || (job.spec.job_type == JobType::Batch
-                            && state.job_allocs(id).all(|a| a.is_terminal()))
-                })
-                .map(|(id, _)| id.clone())
-                .collect();
-            let removed: Vec<String> = state
-                .allocs
-                .values()
-                .filter(|a| {
-                    finished_jobs.contains(&a.alloc.job_id)
-                        || a.replaced
-                        || a.alloc.desired_status != DesiredStatus::Run
-                })
-                .filter(|a| a.is_terminal())
-                .filter(|a| {
-                    force
-                        || a.terminal_since
-                            .is_some_and(|since| now.duration_since(since) >= threshold)
-                })
-                .map(|a| a.alloc.id.clone())
-                .collect();
+            let removed = gc::collectable_allocs(
+                &state.jobs,
+                state.allocs.values(),
+                Instant::now(),
+                threshold,
+                force,
+            );
             for id in &removed {
                 state.remove_alloc(id);
             }
@@ -479,127 +292,21 @@ impl EmbeddedServer {
     }
 }
 
-/// True when two specs produce the same allocs, counts aside.
-fn same_allocs(old: &JobSpec, new: &JobSpec) -> bool {
-    JobSpec {
-        count: 0,
-        ..old.clone()
-    } == JobSpec {
-        count: 0,
-        ..new.clone()
-    }
-}
-
+/// Applying decisions: each takes the state as the lock holds it, asks the scheduler's pure
+/// functions what to do, and makes it so (ids, sequence numbers, modify indexes).
 impl State {
-    fn job_mut(&mut self, job_id: &str) -> Option<&mut JobRecord> {
-        self.dirty_jobs.insert(job_id.to_string());
-        self.jobs.get_mut(job_id)
-    }
-
-    fn insert_job(&mut self, job_id: String, job: JobRecord) {
-        self.dirty_jobs.insert(job_id.clone());
-        self.jobs.insert(job_id, job);
-    }
-
-    fn alloc_mut(&mut self, alloc_id: &str) -> Option<&mut AllocRecord> {
-        self.dirty_allocs.insert(alloc_id.to_string());
-        self.allocs.get_mut(alloc_id)
-    }
-
-    fn insert_alloc(&mut self, record: AllocRecord) {
-        self.dirty_allocs.insert(record.alloc.id.clone());
-        self.allocs.insert(record.alloc.id.clone(), record);
-    }
-
-    fn remove_alloc(&mut self, alloc_id: &str) {
-        self.dirty_allocs.insert(alloc_id.to_string());
-        self.allocs.remove(alloc_id);
-    }
-
-    /// The writes that save every dirty job and alloc (deletes for removed ones) and the
-    /// metadata.
-    fn dirty_writes(&self) -> Vec<Write> {
-        let mut writes = Vec::with_capacity(self.dirty_jobs.len() + self.dirty_allocs.len() + 1);
-        for job_id in &self.dirty_jobs {
-            writes.push(match self.jobs.get(job_id) {
-                Some(job) => Write::PutServer {
-                    table: ServerTable::Jobs,
-                    key: job_id.clone(),
-                    value: encode(job),
-                },
-                None => Write::DeleteServer {
-                    table: ServerTable::Jobs,
-                    key: job_id.clone(),
-                },
-            });
-        }
-        for alloc_id in &self.dirty_allocs {
-            writes.push(match self.allocs.get(alloc_id) {
-                Some(record) => Write::PutServer {
-                    table: ServerTable::Allocs,
-                    key: alloc_id.clone(),
-                    value: encode(&SavedAllocRecord::from_record(record)),
-                },
-                None => Write::DeleteServer {
-                    table: ServerTable::Allocs,
-                    key: alloc_id.clone(),
-                },
-            });
-        }
-        writes.push(Write::PutServer {
-            table: ServerTable::Meta,
-            key: META_KEY.into(),
-            value: encode(&SavedMeta {
-                index: self.index,
-                next_sequence: self.next_sequence,
-                nodes: self.nodes.clone(),
-            }),
-        });
-        writes
-    }
-
     fn register(&mut self, spec: JobSpec, index: u64) -> Registration {
-        let existing = self.jobs.get(&spec.id).filter(|job| !job.purged).cloned();
-        let created = existing.is_none();
-        let same_shape = existing
-            .as_ref()
-            .is_some_and(|job| !job.stopped && same_allocs(&job.spec, &spec));
-        let version = match &existing {
-            Some(job) if same_shape => job.version,
-            Some(job) => job.version + 1,
-            None => 1,
-        };
-        let mut stopped = Vec::new();
-        if !same_shape {
-            // Every alloc of an older shape goes; new ones take their place.
-            let old: Vec<String> = self
-                .job_allocs(&spec.id)
-                .filter(|a| a.is_wanted())
-                .map(|a| a.alloc.id.clone())
-                .collect();
-            for id in old {
-                self.stop_alloc(&id, index);
-                stopped.push(id);
-            }
-        }
-        let mut wanted: Vec<(u64, String)> = self
-            .job_allocs(&spec.id)
-            .filter(|a| a.is_wanted())
-            .map(|a| (a.sequence, a.alloc.id.clone()))
-            .collect();
-        let count = spec.count as usize;
-        let mut placed = Vec::new();
-        if wanted.len() > count {
-            // Scale down: the newest go.
-            wanted.sort();
-            for (_, id) in wanted.split_off(count) {
-                self.stop_alloc(&id, index);
-                stopped.push(id);
-            }
-        } else {
-            placed = self.create_allocs(&spec, version, count - wanted.len(), index);
-        }
-        let restarts = existing.as_ref().map_or(0, |job| job.restarts);
+        let existing = self.jobs.get(&spec.id);
+        let JobPlan {
+            created,
+            version,
+            plan,
+        } = reconcile::reconcile_job(existing, &spec, &self.nodes, self.allocs.values());
+        let restarts = existing
+            .filter(|job| !job.purged)
+            .map_or(0, |job| job.restarts);
+        let stopped = plan.stop.clone();
+        let placed = self.apply(plan, &spec, version, index);
         self.insert_job(
             spec.id.clone(),
             JobRecord {
@@ -617,10 +324,21 @@ impl State {
         }
     }
 
-    fn job_allocs<'a>(&'a self, job_id: &'a str) -> impl Iterator<Item = &'a AllocRecord> + 'a {
-        self.allocs
-            .values()
-            .filter(move |a| a.alloc.job_id == job_id)
+    /// Applies `plan` to the allocs of the job `spec` describes at `version`: stops, marks
+    /// replaced, then creates the new allocs. Returns the new allocs' ids.
+    fn apply(&mut self, plan: Plan, spec: &JobSpec, version: u64, index: u64) -> Vec<String> {
+        for id in &plan.stop {
+            self.stop_alloc(id, index);
+        }
+        for id in &plan.replace {
+            if let Some(record) = self.alloc_mut(id) {
+                record.replaced = true;
+            }
+        }
+        plan.place
+            .into_iter()
+            .map(|node_id| self.create_alloc(spec, version, node_id, index))
+            .collect()
     }
 
     fn stop_alloc(&mut self, alloc_id: &str, index: u64) {
@@ -635,62 +353,41 @@ impl State {
         }
     }
 
-    fn node_load(&self) -> BTreeMap<String, usize> {
-        let mut load: BTreeMap<String, usize> = self.nodes.iter().map(|n| (n.clone(), 0)).collect();
-        for record in self.allocs.values().filter(|a| !a.is_terminal()) {
-            if let Some(n) = record.node_id.as_ref().and_then(|node| load.get_mut(node)) {
-                *n += 1;
-            }
-        }
-        load
-    }
-
-    fn create_allocs(
+    fn create_alloc(
         &mut self,
         spec: &JobSpec,
         version: u64,
-        count: usize,
+        node_id: Option<String>,
         index: u64,
-    ) -> Vec<String> {
-        let nodes = place(&self.node_load(), count);
-        let mut ids = Vec::new();
-        for node_id in nodes {
-            let alloc = Alloc {
-                modify_index: index,
-                meta: spec.meta.clone(),
-                limits: spec.limits.clone(),
-                ..Alloc::new(
-                    uuid::Uuid::new_v4().to_string(),
-                    spec.id.clone(),
-                    spec.runner.clone(),
-                    spec.tasks.clone(),
-                )
-            };
-            ids.push(alloc.id.clone());
-            self.next_sequence += 1;
-            let record = AllocRecord {
-                alloc: Arc::new(alloc),
-                node_id,
-                client_state: None,
-                job_version: version,
-                sequence: self.next_sequence,
-                terminal_since: None,
-                replaced: false,
-            };
-            self.insert_alloc(record);
-        }
-        ids
+    ) -> String {
+        let alloc = Alloc {
+            modify_index: index,
+            meta: spec.meta.clone(),
+            limits: spec.limits.clone(),
+            ..Alloc::new(
+                uuid::Uuid::new_v4().to_string(),
+                spec.id.clone(),
+                spec.runner.clone(),
+                spec.tasks.clone(),
+            )
+        };
+        let id = alloc.id.clone();
+        self.next_sequence += 1;
+        self.insert_alloc(AllocRecord {
+            alloc: Arc::new(alloc),
+            node_id,
+            client_state: None,
+            job_version: version,
+            sequence: self.next_sequence,
+            terminal_since: None,
+            replaced: false,
+        });
+        id
     }
 
+    /// Places the allocs that were waiting for a node.
     fn place_unplaced(&mut self, index: u64) {
-        let unplaced: Vec<String> = self
-            .allocs
-            .values()
-            .filter(|a| a.node_id.is_none())
-            .map(|a| a.alloc.id.clone())
-            .collect();
-        let nodes = place(&self.node_load(), unplaced.len());
-        for (id, node) in unplaced.into_iter().zip(nodes) {
+        for (id, node) in placement::place_unplaced(&self.nodes, self.allocs.values()) {
             if let Some(record) = self.alloc_mut(&id) {
                 record.node_id = node;
                 record.alloc = Arc::new(Alloc {
@@ -706,126 +403,43 @@ impl State {
         let Some(record) = self.allocs.get(alloc_id) else {
             return;
         };
-        let failed = record
-            .client_state
-            .as_ref()
-            .is_some_and(|s| s.client_status == crate::structs::ClientStatus::Failed);
-        if !failed || record.replaced || record.alloc.desired_status != DesiredStatus::Run {
-            return;
-        }
-        let Some(job) = self.jobs.get(&record.alloc.job_id) else {
+        let job = self.jobs.get(&record.alloc.job_id);
+        let decision = reconcile::replace_failed(
+            record,
+            job,
+            restart_limit,
+            &self.nodes,
+            self.allocs.values(),
+        );
+        let (Replacement::Replace(plan), Some(job)) = (&decision, job) else {
+            if decision == Replacement::LimitReached {
+                tracing::warn!(job = %record.alloc.job_id, alloc_id, restart_limit, "not replacing failed allocation: restart limit reached");
+            }
             return;
         };
-        if job.stopped || job.spec.job_type != JobType::Service || record.job_version != job.version
-        {
-            return;
-        }
-        if job.restarts >= restart_limit {
-            tracing::warn!(job = %job.spec.id, alloc_id, restart_limit, "not replacing failed allocation: restart limit reached");
-            return;
-        }
-        let (spec, version) = (job.spec.clone(), job.version);
+        let (spec, version, plan) = (job.spec.clone(), job.version, plan.clone());
         if let Some(job) = self.job_mut(&spec.id) {
             job.restarts += 1;
         }
-        if let Some(record) = self.alloc_mut(alloc_id) {
-            record.replaced = true;
-        }
-        let replacement = self.create_allocs(&spec, version, 1, index);
-        tracing::info!(job = %spec.id, alloc_id, replacement = %replacement[0], "replacing failed allocation");
+        let replacement = self.apply(plan, &spec, version, index);
+        let replacement = replacement.first().map_or("", String::as_str);
+        tracing::info!(job = %spec.id, alloc_id, replacement, "replacing failed allocation");
     }
 
     fn remove_empty_purged_jobs(&mut self) {
-        let empty: Vec<String> = self
-            .jobs
-            .iter()
-            .filter(|(id, job)| job.purged && self.job_allocs(id).next().is_none())
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in empty {
-            self.jobs.remove(&id);
-            self.dirty_jobs.insert(id);
+        for job_id in gc::empty_purged_jobs(&self.jobs, self.allocs.values()) {
+            self.remove_job(&job_id);
         }
-    }
-}
-
-#[async_trait::async_trait]
-impl ServerApi for EmbeddedServer {
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
-        let ((), saved) = self.change(|state, index| {
-            state.nodes.insert(node_id.to_string());
-            state.place_unplaced(index);
-        });
-        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))
-    }
-
-    async fn watch_allocs(
-        &self,
-        node_id: &str,
-        min_index: u64,
-        wait: Duration,
-    ) -> Result<NodeAllocs, ServerError> {
-        wait_for_index(&self.index, min_index, wait).await;
-        let state = self.lock();
-        let allocs = state
-            .allocs
-            .values()
-            .filter(|a| a.node_id.as_deref() == Some(node_id))
-            .map(|a| (a.alloc.id.clone(), a.alloc.modify_index))
-            .collect::<HashMap<_, _>>();
-        Ok(NodeAllocs {
-            index: state.index,
-            allocs,
-        })
-    }
-
-    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
-        let state = self.lock();
-        Ok(ids
-            .iter()
-            .filter_map(|id| state.allocs.get(id).map(|a| a.alloc.clone()))
-            .collect())
-    }
-
-    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
-        let restart_limit = self.config.restart_limit;
-        let (accepted, saved) = self.change(|state, index| {
-            let mut accepted = Vec::new();
-            for update in updates {
-                let Some(record) = state.alloc_mut(&update.alloc_id) else {
-                    continue;
-                };
-                if update.state.client_status.is_terminal() && record.terminal_since.is_none() {
-                    record.terminal_since = Some(Instant::now());
-                }
-                record.client_state = Some(update.state.clone());
-                accepted.push(update.alloc_id.clone());
-                state.replace_if_failed(&update.alloc_id, restart_limit, index);
-            }
-            accepted
-        });
-        // Not acknowledged unless on disk: the client keeps them and sends them again.
-        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))?;
-        Ok(accepted)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::{ClientStatus, LimitOverrides, Task};
-
-    fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
-        JobSpec {
-            id: id.into(),
-            job_type,
-            count,
-            runner: "r.wasm".into(),
-            limits: LimitOverrides::default(),
-            tasks: vec![Task::named("main")],
-            meta: vec![],
-        }
-    }
+    use crate::jobspec::JobType;
+    use crate::rpc::{AllocUpdate, ServerApi};
+    use crate::structs::{AllocState, ClientStatus};
+    use testkit::spec;
 
     fn wanted(server: &EmbeddedServer, job: &str) -> usize {
         server
@@ -848,18 +462,6 @@ mod tests {
             }])
             .await
             .unwrap();
-    }
-
-    #[test]
-    fn placement_spreads_allocs_over_the_least_loaded_nodes() {
-        let load = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 0)]);
-        let nodes: Vec<_> = place(&load, 4).into_iter().map(Option::unwrap).collect();
-        assert_eq!(nodes, ["b", "b", "a", "b"]);
-        assert_eq!(
-            place(&BTreeMap::new(), 2),
-            [None, None],
-            "no node yet: unplaced"
-        );
     }
 
     #[tokio::test]

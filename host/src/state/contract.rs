@@ -1,4 +1,5 @@
-//! The [`StateDb`] contract, run against every implementation.
+//! The [`StateDb`] contract, run against every implementation. Test-only: it drives each
+//! store through the trait alone, so an implementation cannot pass by its internals.
 
 use super::*;
 use crate::structs::ClientStatus;

@@ -2,6 +2,7 @@
 //! its own map.
 
 use super::{SavedAlloc, ServerTable, StateDb, StateError, Table, Write};
+use crate::locks::LockUnpoisoned;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -19,7 +20,7 @@ impl MemoryStateDb {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Table, String), Vec<u8>>> {
-        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+        self.rows.lock_unpoisoned()
     }
 
     /// Overwrites one client record with raw bytes, as a bit flip or an older build would:

@@ -2,6 +2,7 @@
 //! directly: allocs placed by hand, client states recorded, failures injectable. It touches
 //! nothing but its own state.
 
+use crate::locks::LockUnpoisoned;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
 use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
@@ -52,7 +53,7 @@ impl InMemoryServer {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ServerState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// Places `alloc` on `node_id`, or replaces it (keep its id, raise its modify index).

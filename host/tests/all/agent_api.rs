@@ -240,6 +240,13 @@ async fn health_nodes_and_metrics_answer() {
             .contains("# TYPE caravan_gc_collected_total counter"),
         "{metrics}"
     );
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("\ncaravan_alloc_log_lines_dropped_total 0\n"),
+        "{metrics}"
+    );
     http(
         agent.addr,
         "POST",

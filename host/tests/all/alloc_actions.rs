@@ -27,7 +27,7 @@ fn empty_runner(alloc: &Arc<Alloc>) -> EmptyAllocRunner {
         alloc_dir: std::env::temp_dir(),
         restored: None,
         last_state: None,
-        log_file: None,
+        log_writer: None,
     })
 }
 

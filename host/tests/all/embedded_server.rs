@@ -3,7 +3,6 @@
 //! client.
 
 use crate::support::*;
-use caravan_host::client::{Client, ClientConfig};
 use caravan_host::jobspec::{JobSpec, JobType};
 use caravan_host::server::{EmbeddedServer, ServerConfig};
 use caravan_host::state::{RedbStateDb, ServerTable, StateDb};
@@ -18,15 +17,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
     // The durable store, as the agent uses it: the whole flow saves through it.
     let db: Arc<dyn StateDb> = Arc::new(RedbStateDb::open(data_dir.path()).unwrap());
     let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
-    let client = Client::with_wasm_runners(
-        ClientConfig {
-            gc: gc_ignoring_this_disk(),
-            ..ClientConfig::new("node-1", data_dir.path())
-        },
-        server.clone(),
-        runtime(),
-        db.clone(),
-    );
+    let client = wasm_client(data_dir.path(), server.clone(), db.clone());
     client.start();
 
     let job = JobSpec {

@@ -16,7 +16,7 @@ fn empty_runner() -> (EmptyAllocRunner, Arc<Recorder>, Arc<Alloc>) {
         alloc_dir: std::env::temp_dir(),
         restored: None,
         last_state: None,
-        log_file: None,
+        log_writer: None,
     });
     (runner, recorder, alloc)
 }

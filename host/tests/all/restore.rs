@@ -3,7 +3,7 @@
 //! through the real binary, `kill -9` included.)
 
 use crate::support::*;
-use caravan_host::client::{Client, ClientConfig};
+use caravan_host::client::Client;
 use caravan_host::jobspec::{JobSpec, JobType};
 use caravan_host::rpc::{AllocUpdate, ServerApi};
 use caravan_host::server::{EmbeddedServer, ServerConfig};
@@ -24,15 +24,7 @@ struct Node {
 
 async fn boot(db: Arc<dyn StateDb>, data_dir: &std::path::Path) -> Node {
     let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
-    let client = Client::with_wasm_runners(
-        ClientConfig {
-            gc: gc_ignoring_this_disk(),
-            ..ClientConfig::new("node-1", data_dir)
-        },
-        server.clone(),
-        runtime(),
-        db,
-    );
+    let client = wasm_client(data_dir, server.clone(), db);
     client.restore().await.expect("the store reads");
     client.start();
     Node { server, client }

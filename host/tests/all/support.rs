@@ -1,6 +1,7 @@
 //! What every test here needs: a shared runtime, log capture that prints itself when a test
 //! fails, a state recorder to await reports, and a way to start a runner of a guest.
 
+use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
@@ -223,7 +224,7 @@ pub fn start_on(runtime: Runtime, alloc: Alloc, restored: Option<Vec<u8>>) -> St
         alloc_dir: data_dir.path().join(&alloc.id),
         restored,
         last_state: None,
-        log_file: Some(data_dir.path().join(format!("{}.log", alloc.id))),
+        log_writer: Some(AllocLogs::under_data_dir(data_dir.path()).writer(&alloc.id)),
     };
     let runner = WasmAllocRunnerFactory::new(runtime)
         .build(config)
@@ -385,6 +386,22 @@ pub fn gc_ignoring_this_disk() -> caravan_host::client::gc::GcConfig {
         inode_usage_threshold: 100.0,
         ..Default::default()
     }
+}
+
+/// Node `node-1`'s client of `server`, built as the agent builds its own: WebAssembly runners
+/// on the shared runtime, state saved to `db`, data under `data_dir`, disk usage read from
+/// the data dir's filesystem, and a GC that ignores this machine's disk. Not started.
+pub fn wasm_client(
+    data_dir: &std::path::Path,
+    server: Arc<dyn caravan_host::rpc::ServerApi>,
+    db: Arc<dyn caravan_host::state::StateDb>,
+) -> caravan_host::client::Client {
+    let config = caravan_host::client::ClientConfig {
+        gc: gc_ignoring_this_disk(),
+        ..caravan_host::client::ClientConfig::new("node-1", data_dir)
+    };
+    let factory = WasmAllocRunnerFactory::new(runtime()).into_factory();
+    caravan_host::client::Client::with_disk_stats(config, server, factory, db)
 }
 
 /// The same, as an agent config file's `[client]` block.

@@ -8,21 +8,10 @@
 
 use super::{ApiError, ApiResult, ApiState, authorize, find_alloc};
 use crate::allocrunner::{NotRunningReason, TaskActionError};
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::{Json, Router};
 use serde::Deserialize;
-
-/// The routes of this module, merged into the API's router.
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/client/allocation/{id}/signal", post(signal_allocation))
-        .route(
-            "/v1/client/allocation/{id}/restart",
-            post(restart_allocation),
-        )
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,7 +28,7 @@ struct RestartRequest {
     task: Option<String>,
 }
 
-async fn signal_allocation(
+pub(super) async fn signal_allocation(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -64,7 +53,7 @@ async fn signal_allocation(
     })))
 }
 
-async fn restart_allocation(
+pub(super) async fn restart_allocation(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,

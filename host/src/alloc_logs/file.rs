@@ -1,0 +1,232 @@
+//! One alloc's log file on disk: the line format, appending in batches, rotation by size.
+//!
+//! Blocking std I/O only; callers hold the alloc's file lock and run off the async workers.
+
+use super::{LOG_FILE_MAX_BYTES, LOG_FILES_KEPT};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// One line of the file: `2026-11-29T20:41:20.816Z  INFO stdout: message\n`.
+pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) -> String {
+    format!("{} {level:>5} {source}: {message}\n", rfc3339_now())
+}
+
+/// `<id>.log` -> `<id>.log.N`.
+pub(super) fn rotated(path: &Path, n: usize) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{n}"));
+    PathBuf::from(name)
+}
+
+/// The current file and every rotated one, newest first.
+pub(super) fn every_file(path: &Path) -> impl Iterator<Item = PathBuf> + '_ {
+    std::iter::once(path.to_path_buf()).chain((1..=LOG_FILES_KEPT).map(|n| rotated(path, n)))
+}
+
+/// One alloc's current log file, opened on the first line and rotated by size: `NAME`,
+/// `NAME.1`, ... After a write fails it stops writing: the agent's log still has every line.
+pub(super) struct LogFile {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    size: u64,
+    failed: bool,
+}
+
+impl LogFile {
+    pub(super) fn new(path: PathBuf) -> Self {
+        LogFile {
+            path,
+            file: None,
+            size: 0,
+            failed: false,
+        }
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `lines` (each ending in a newline), rotating before any line that would take
+    /// the file past [`LOG_FILE_MAX_BYTES`]; one write per file touched. Returns how many
+    /// times it rotated.
+    pub(super) fn append_batch(&mut self, lines: &[String]) -> u64 {
+        let mut rotations = 0;
+        let mut pending = Vec::new();
+        for line in lines {
+            // Opened before the size check, so a file left by an earlier run counts.
+            if self.failed || !self.open() {
+                break;
+            }
+            if self.size + line.len() as u64 > LOG_FILE_MAX_BYTES && self.size > 0 {
+                self.write_out(&mut pending);
+                self.rotate();
+                rotations += 1;
+                if self.failed || !self.open() {
+                    break;
+                }
+            }
+            pending.extend_from_slice(line.as_bytes());
+            self.size += line.len() as u64;
+        }
+        self.write_out(&mut pending);
+        rotations
+    }
+
+    /// Closes the file; the next line reopens it.
+    pub(super) fn close(&mut self) {
+        self.file = None;
+        self.size = 0;
+    }
+
+    fn write_out(&mut self, pending: &mut Vec<u8>) {
+        if !pending.is_empty()
+            && !self.failed
+            && let Some(Err(error)) = self.file.as_mut().map(|file| file.write_all(pending))
+        {
+            self.fail(&error);
+        }
+        pending.clear();
+    }
+
+    fn fail(&mut self, error: &std::io::Error) {
+        // Once: the agent's log still has every line.
+        self.failed = true;
+        tracing::warn!(path = %self.path.display(), error = %error, "cannot write the alloc's log file; lines go to the agent log only");
+    }
+
+    /// Opens the file unless it is open, learning its size; false (reported, and for good)
+    /// when it cannot be opened.
+    fn open(&mut self) -> bool {
+        if self.file.is_some() {
+            return true;
+        }
+        let opened = (|| {
+            if let Some(parent) = self.path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)?;
+            let size = file.metadata()?.len();
+            Ok::<_, std::io::Error>((file, size))
+        })();
+        match opened {
+            Ok((file, size)) => {
+                self.file = Some(file);
+                self.size = size;
+                true
+            }
+            Err(error) => {
+                self.fail(&error);
+                false
+            }
+        }
+    }
+
+    fn rotate(&mut self) {
+        self.file = None;
+        for n in (1..LOG_FILES_KEPT).rev() {
+            let _ = std::fs::rename(rotated(&self.path, n), rotated(&self.path, n + 1));
+        }
+        let _ = std::fs::rename(&self.path, rotated(&self.path, 1));
+        self.size = 0;
+    }
+}
+
+/// The current UTC time as `2026-11-29T20:41:20.816Z`.
+fn rfc3339_now() -> String {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = since_epoch.as_secs();
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60,
+        since_epoch.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_file_rotates_by_size_and_keeps_two_old_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("logs").join("a.log");
+        let mut file = LogFile::new(path.clone());
+        let line = "x".repeat(1000);
+        let mut rotations = 0;
+        for _ in 0..(3 * LOG_FILE_MAX_BYTES as usize / 1000 + 10) {
+            rotations += file.append_batch(&[format_line(tracing::Level::INFO, "test", &line)]);
+        }
+        assert_eq!(rotations, 3);
+        for n in 1..=LOG_FILES_KEPT {
+            assert!(rotated(&path, n).exists(), "{n}");
+        }
+        assert!(
+            !rotated(&path, LOG_FILES_KEPT + 1).exists(),
+            "older files are dropped"
+        );
+        assert!(std::fs::metadata(&path).unwrap().len() <= LOG_FILE_MAX_BYTES);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.lines()
+                .all(|l| l.ends_with(&format!(" INFO test: {line}"))),
+            "{}",
+            &text[..80]
+        );
+    }
+
+    #[test]
+    fn a_batch_rotates_where_a_line_would_not_fit_and_keeps_every_line_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.log");
+        let mut file = LogFile::new(path.clone());
+        let lines: Vec<String> = (0..1500)
+            .map(|n| format!("{n:04} {}\n", "y".repeat(995)))
+            .collect();
+        assert_eq!(file.append_batch(&lines), 1);
+        let old = std::fs::read_to_string(rotated(&path, 1)).unwrap();
+        let new = std::fs::read_to_string(&path).unwrap();
+        assert!(old.len() as u64 <= LOG_FILE_MAX_BYTES);
+        assert!(old.len() as u64 + 1000 > LOG_FILE_MAX_BYTES, "filled first");
+        assert_eq!(old + &new, lines.concat());
+    }
+
+    #[test]
+    fn a_file_left_by_an_earlier_run_is_appended_to_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.log");
+        std::fs::write(&path, "x".repeat(LOG_FILE_MAX_BYTES as usize - 10)).unwrap();
+        let mut file = LogFile::new(path.clone());
+        assert_eq!(file.append_batch(&["short\n".into()]), 0);
+        assert_eq!(file.append_batch(&["longer than ten\n".into()]), 1);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "longer than ten\n");
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let now = rfc3339_now();
+        assert_eq!(now.len(), "2026-11-29T20:41:20.816Z".len(), "{now}");
+        assert!(
+            now.starts_with("20") && now.ends_with('Z') && &now[10..11] == "T",
+            "{now}"
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! One alloc's log as the owner keeps it: the bounded queue, the writer task that drains it,
+//! the file lock, and deletion.
+//!
+//! The writer task runs only while there are lines: the first line queued starts it, and it
+//! ends when it finds the queue empty, so a quiet or finished alloc holds no task. Each batch
+//! is written on tokio's blocking pool, never on an async worker.
+
+use super::file::{self, LogFile};
+use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES, lock};
+use crate::locks::RwLockUnpoisoned;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How often, at most, an alloc whose writer falls behind gets its WARN about dropped lines.
+const DROP_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One alloc's log, shared by its writers, its readers and its writer task.
+pub(super) struct AllocLog {
+    pub(super) alloc_id: String,
+    queue: Mutex<Queue>,
+    /// Every file operation holds this: writers and deletion exclusively, readers shared.
+    pub(super) files: RwLock<Files>,
+    /// Lines taken from the queue and done with: written, failed or discarded. Grows by
+    /// whole batches, after they are in the file.
+    pub(super) done: watch::Sender<u64>,
+    dropped: AtomicU64,
+}
+
+struct Queue {
+    lines: Vec<String>,
+    bytes: usize,
+    /// Lines ever queued; [`AllocLog::settle`] waits for `done` to reach it.
+    accepted: u64,
+    /// A writer task is running (or the writing thread is draining).
+    draining: bool,
+    removed: bool,
+    unreported_drops: u64,
+    reported_at: Option<Instant>,
+}
+
+/// The files' state, under the file lock.
+pub(super) struct Files {
+    pub(super) current: LogFile,
+    /// Rotations since this log was made: a follower's position is a rotation count and an
+    /// offset, so it finds its file again after any number of rotations.
+    pub(super) rotations: i64,
+    pub(super) removed: bool,
+}
+
+impl AllocLog {
+    pub(super) fn new(alloc_id: &str, path: PathBuf) -> Self {
+        AllocLog {
+            alloc_id: alloc_id.to_string(),
+            queue: Mutex::new(Queue {
+                lines: Vec::new(),
+                bytes: 0,
+                accepted: 0,
+                draining: false,
+                removed: false,
+                unreported_drops: 0,
+                reported_at: None,
+            }),
+            files: RwLock::new(Files {
+                current: LogFile::new(path),
+                rotations: 0,
+                removed: false,
+            }),
+            done: watch::Sender::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues `line`, starting the writer if none runs. False when the queue was full and the
+    /// line dropped. After [`AllocLog::remove`] every line is discarded, and that is no drop.
+    pub(super) fn enqueue(self: &Arc<Self>, line: String) -> bool {
+        let mut queue = lock(&self.queue);
+        if queue.removed {
+            return true;
+        }
+        let full = queue.lines.len() >= QUEUE_MAX_LINES
+            || (!queue.lines.is_empty() && queue.bytes + line.len() > QUEUE_MAX_BYTES);
+        if full {
+            queue.unreported_drops += 1;
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        queue.bytes += line.len();
+        queue.lines.push(line);
+        queue.accepted += 1;
+        if !queue.draining {
+            queue.draining = true;
+            drop(queue);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(self.clone().drain());
+                }
+                // No runtime to hand the work to: the writing thread is not a guest's.
+                Err(_) => self.drain_here(),
+            }
+        }
+        true
+    }
+
+    pub(super) fn lines_dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Returns once every line queued before the call is done with.
+    pub(super) async fn settle(&self) {
+        let accepted = lock(&self.queue).accepted;
+        let mut done = self.done.subscribe();
+        // The sender lives in `self`: this never sees it closed.
+        let _ = done.wait_for(|done| *done >= accepted).await;
+    }
+
+    /// The writer task: batches until the queue is empty.
+    async fn drain(self: Arc<Self>) {
+        while let Some(batch) = self.next_batch() {
+            let count = batch.len() as u64;
+            let log = self.clone();
+            // A panic while writing loses that batch only; it still counts as done.
+            let _ = tokio::task::spawn_blocking(move || log.write_batch(&batch)).await;
+            self.done.send_modify(|done| *done += count);
+            self.report_drops(false);
+        }
+    }
+
+    /// [`AllocLog::drain`] on the calling thread.
+    fn drain_here(&self) {
+        while let Some(batch) = self.next_batch() {
+            self.write_batch(&batch);
+            self.done.send_modify(|done| *done += batch.len() as u64);
+        }
+    }
+
+    /// Takes every queued line, or, when there is none, ends the drain (and reports drops
+    /// not yet reported).
+    fn next_batch(&self) -> Option<Vec<String>> {
+        let mut queue = lock(&self.queue);
+        if queue.lines.is_empty() {
+            queue.draining = false;
+            drop(queue);
+            self.report_drops(true);
+            return None;
+        }
+        queue.bytes = 0;
+        Some(std::mem::take(&mut queue.lines))
+    }
+
+    fn write_batch(&self, lines: &[String]) {
+        let mut files = self.files.write_unpoisoned();
+        if !files.removed {
+            files.rotations += files.current.append_batch(lines) as i64;
+        }
+    }
+
+    /// One WARN for the lines dropped since the last one, at most once a
+    /// [`DROP_REPORT_INTERVAL`] unless `now`.
+    fn report_drops(&self, now: bool) {
+        let dropped = {
+            let mut queue = lock(&self.queue);
+            let at = Instant::now();
+            let due = now
+                || queue
+                    .reported_at
+                    .is_none_or(|last| at.saturating_duration_since(last) >= DROP_REPORT_INTERVAL);
+            if queue.unreported_drops == 0 || !due {
+                return;
+            }
+            queue.reported_at = Some(at);
+            std::mem::take(&mut queue.unreported_drops)
+        };
+        tracing::warn!(
+            alloc_id = %self.alloc_id,
+            dropped,
+            "the alloc's log writer fell behind: dropped {dropped} lines from its log file (the agent's log has them)"
+        );
+    }
+
+    /// Discards queued lines, refuses later ones, and deletes every file, one at a time.
+    pub(super) async fn remove(self: Arc<Self>) {
+        let discarded = {
+            let mut queue = lock(&self.queue);
+            queue.removed = true;
+            queue.bytes = 0;
+            std::mem::take(&mut queue.lines).len() as u64
+        };
+        self.done.send_modify(|done| *done += discarded);
+        let log = self.clone();
+        let removed = tokio::task::spawn_blocking(move || log.remove_files()).await;
+        if let Err(error) = removed {
+            tracing::warn!(alloc_id = %self.alloc_id, error = %error, "cannot remove the alloc's log files");
+        }
+    }
+
+    fn remove_files(&self) {
+        let mut files = self.files.write_unpoisoned();
+        files.removed = true;
+        files.current.close();
+        for path in file::every_file(files.current.path()) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => tracing::warn!(
+                    alloc_id = %self.alloc_id,
+                    path = %path.display(),
+                    error = %error,
+                    "cannot remove the alloc's log file"
+                ),
+            }
+        }
+    }
+}

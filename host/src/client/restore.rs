@@ -1,0 +1,154 @@
+//! Restore: at start, before the watch, gives every alloc saved by an earlier run its runner
+//! back. It reads the client's records once and must not touch the server: what the server
+//! wants is learned by the watch that follows.
+//!
+//! Invariants, each kept from the Nomad client for the reason given:
+//! - Non-terminal allocs run again from their last checkpoint, so an agent restart costs a
+//!   guest no more than the work since that checkpoint.
+//! - Terminal ones keep their final state and are never run again: they already reported it,
+//!   and running them twice would redo finished work.
+//! - Collected ones stay collected, still answered for until the server drops them.
+//! - A record that cannot be read fails that alloc alone; an alloc with no usable record is
+//!   dropped with a WARN: one bad record must not keep the node from starting.
+//! - A finished alloc whose runner cannot be rebuilt keeps its final state rather than being
+//!   failed, which would rewrite history (and replace a service alloc).
+//! - A state saved but never acknowledged is queued for the server again.
+
+use super::{Client, ClientInner, check_alloc_id};
+use crate::allocrunner::alloc_span;
+use crate::state::{SavedAlloc, StateError};
+use crate::structs::{AllocState, ClientStatus};
+use std::sync::Arc;
+
+impl Client {
+    /// Gives every alloc saved by an earlier run its runner back (see the module docs) and
+    /// returns how many were restored. Call once, before [`Client::start`]; a store that
+    /// cannot be read at all is an error, a bad record costs only its alloc.
+    pub async fn restore(&self) -> Result<usize, StateError> {
+        let db = self.inner.persister.db().clone();
+        let saved = crate::state::blocking(|| db.client_allocs())?;
+        let count = saved.len();
+        self.inner.restore(saved).await;
+        Ok(count)
+    }
+}
+
+impl ClientInner {
+    /// Restores what an earlier run saved (see [`Client::restore`]).
+    async fn restore(self: &Arc<Self>, saved: Vec<SavedAlloc>) {
+        let mut to_build = Vec::new();
+        for record in saved {
+            let alloc_id = record.alloc_id.clone();
+            let alloc = match record.alloc {
+                Some(Ok(alloc)) if check_alloc_id(&alloc.id).is_ok() && alloc.id == alloc_id => {
+                    Arc::new(alloc)
+                }
+                unusable => {
+                    let why = match unusable {
+                        Some(Err(reason)) => reason,
+                        Some(Ok(_)) => "the saved alloc does not match its key".into(),
+                        None => "no alloc record, only state".into(),
+                    };
+                    tracing::warn!(alloc_id, reason = %why, "dropping saved allocation with no usable record");
+                    self.persister.delete(&alloc_id);
+                    continue;
+                }
+            };
+            let state = match record.state {
+                Some(Err(reason)) => {
+                    self.persister.restored(&alloc_id, None, false);
+                    let span = alloc_span(&alloc);
+                    self.fail_alloc(alloc, &span, format!("cannot restore the alloc: {reason}"));
+                    continue;
+                }
+                Some(Ok(state)) => Some(state),
+                None => None,
+            };
+            let acked = match record.acked {
+                Some(Err(reason)) => {
+                    // Only costs a resend of a state the server may already have.
+                    tracing::warn!(alloc_id, reason = %reason, "ignoring unreadable acknowledged state");
+                    None
+                }
+                Some(Ok(acked)) => Some(acked),
+                None => None,
+            };
+            if let Some(acked) = &acked {
+                self.sync.restore_acknowledged(&alloc_id, acked.clone());
+            }
+            if record.collected {
+                // Nothing left to run or free; still answered for until the server drops it.
+                let final_state = state.unwrap_or_else(|| AllocState {
+                    client_status: ClientStatus::Complete,
+                    description: "alloc was collected".into(),
+                    task_states: Vec::new(),
+                });
+                self.persister
+                    .restored(&alloc_id, Some(final_state.clone()), true);
+                if acked.as_ref() != Some(&final_state) {
+                    self.sync.put(&alloc_id, final_state.clone());
+                }
+                self.runnerless_lock()
+                    .insert(alloc_id, (alloc, final_state));
+                continue;
+            }
+            self.persister.restored(&alloc_id, state.clone(), false);
+            if let Some(state) = &state
+                && acked.as_ref() != Some(state)
+            {
+                // Saved but never acknowledged: the server has yet to hear it.
+                self.sync.put(&alloc_id, state.clone());
+            }
+            to_build.push(self.runner_config(&alloc, record.checkpoint, state));
+        }
+        // One trip to the blocking pool for every runner: the factory compiles a component
+        // once, then each build is cheap. A panic fails its own alloc only.
+        let factory = self.factory.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            to_build
+                .into_iter()
+                .map(|config| {
+                    let (alloc, span) = (config.alloc.clone(), config.span.clone());
+                    let last_state = config.last_state.clone();
+                    let factory = &factory;
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
+                            .unwrap_or_else(|_| {
+                                Err(anyhow::anyhow!("the runner factory panicked"))
+                            });
+                    (alloc, span, last_state, result)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let (mut running, mut finished) = (0usize, 0usize);
+        for (alloc, span, last_state, result) in built {
+            match (result, last_state) {
+                (Ok(runner), _) => {
+                    if runner.alloc_state().client_status.is_terminal() {
+                        finished += 1;
+                    } else {
+                        running += 1;
+                    }
+                    self.start_runner(&alloc.id, runner);
+                }
+                (Err(error), Some(last)) if last.client_status.is_terminal() => {
+                    // Finished already: its runner is not needed to answer for it, and
+                    // failing it now would rewrite history (and replace a service alloc).
+                    tracing::warn!(parent: &span, error = %format!("{error:#}"), "cannot rebuild a finished alloc's runner; keeping its final state");
+                    finished += 1;
+                    self.runnerless_lock()
+                        .insert(alloc.id.clone(), (alloc, last));
+                }
+                (Err(error), _) => self.fail_alloc(alloc, &span, format!("{error:#}")),
+            }
+        }
+        tracing::info!(
+            running,
+            finished,
+            held = self.runnerless_lock().len(),
+            "restored allocations"
+        );
+    }
+}

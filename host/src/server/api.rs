@@ -1,0 +1,75 @@
+//! The clients' side of the embedded server: its [`ServerApi`] impl. It translates calls into
+//! changes of the server's state and must not decide anything itself: placement and
+//! replacement are the scheduler's (see [`super::reconcile`]).
+//!
+//! Invariant, for the reason given: an update is acknowledged only once saved, and a failed
+//! save is [`ServerError::Unavailable`], so the client keeps the update and sends it again.
+
+use super::EmbeddedServer;
+use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
+use crate::structs::Alloc;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[async_trait::async_trait]
+impl ServerApi for EmbeddedServer {
+    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
+        let ((), saved) = self.change(|state, index| {
+            state.nodes.insert(node_id.to_string());
+            state.place_unplaced(index);
+        });
+        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))
+    }
+
+    async fn watch_allocs(
+        &self,
+        node_id: &str,
+        min_index: u64,
+        wait: Duration,
+    ) -> Result<NodeAllocs, ServerError> {
+        wait_for_index(&self.index, min_index, wait).await;
+        let state = self.lock();
+        let allocs = state
+            .allocs
+            .values()
+            .filter(|a| a.node_id.as_deref() == Some(node_id))
+            .map(|a| (a.alloc.id.clone(), a.alloc.modify_index))
+            .collect::<HashMap<_, _>>();
+        Ok(NodeAllocs {
+            index: state.index,
+            allocs,
+        })
+    }
+
+    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
+        let state = self.lock();
+        Ok(ids
+            .iter()
+            .filter_map(|id| state.allocs.get(id).map(|a| a.alloc.clone()))
+            .collect())
+    }
+
+    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
+        let restart_limit = self.config.restart_limit;
+        let (accepted, saved) = self.change(|state, index| {
+            let mut accepted = Vec::new();
+            for update in updates {
+                let Some(record) = state.alloc_mut(&update.alloc_id) else {
+                    continue;
+                };
+                if update.state.client_status.is_terminal() && record.terminal_since.is_none() {
+                    record.terminal_since = Some(Instant::now());
+                }
+                record.client_state = Some(update.state.clone());
+                accepted.push(update.alloc_id.clone());
+                state.replace_if_failed(&update.alloc_id, restart_limit, index);
+            }
+            accepted
+        });
+        // Not acknowledged unless on disk: the client keeps them and sends them again.
+        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))?;
+        Ok(accepted)
+    }
+}

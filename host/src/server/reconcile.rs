@@ -1,0 +1,363 @@
+//! Reconciliation: what a job's registration, a stop, or a failed alloc does to the job's
+//! allocs. Pure functions from plain data (the job, the registered nodes, the current
+//! [`AllocRecord`]s) to a [`Plan`]; the caller applies the plan with its own effects (alloc
+//! ids, indexes, saving, waking clients). The embedded server calls them under its lock, and
+//! a distributed scheduler can call the same functions on what it read from its store. They
+//! must not touch a store, a lock or a clock.
+//!
+//! Rules kept from Nomad's scheduler, each for the reason given:
+//! - A job update that changes only the count scales: up adds allocs, down stops the newest
+//!   (the oldest have proven themselves). Any other change replaces every alloc, since their
+//!   runner or config no longer matches the job, and bumps the job's version.
+//! - Registering a stopped job starts it again with new allocs (a new version): its old ones
+//!   were asked to stop and may be gone.
+//! - Stopping a job sets desired status `stop` on its allocs; the client kills them and
+//!   reports them terminal. Nothing here deletes an alloc, so nothing is dropped that a client
+//!   still runs (deleting terminal ones is [`super::gc`]'s).
+//! - A failed service alloc is replaced by a new one, up to the job's restart limit, so a
+//!   crash-looping runner does not churn for ever. Only an alloc of the job's current version
+//!   that was still wanted is replaced: a deploy or a stop already took care of the others.
+//! - Only wanted allocs (desired to run, not terminal, not replaced) count toward the job's
+//!   count, so a stopping or failed alloc never hides a missing one.
+
+use super::placement::{node_load, place};
+use super::records::{AllocRecord, JobRecord};
+use crate::jobspec::{JobSpec, JobType};
+use crate::structs::{ClientStatus, DesiredStatus};
+use std::collections::BTreeSet;
+
+/// What to do to a job's allocs. Applied in field order: stops, then replacements, then new
+/// allocs.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Allocs to ask to stop (desired status `stop`).
+    pub stop: Vec<String>,
+    /// Failed allocs to mark replaced; each has its new alloc in `place`.
+    pub replace: Vec<String>,
+    /// Allocs to create, one per entry, on that node (`None`: no node yet, placed when one
+    /// registers).
+    pub place: Vec<Option<String>>,
+}
+
+/// What registering a job spec does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobPlan {
+    /// True when the job did not exist (or had been purged).
+    pub created: bool,
+    /// The job's version after this registration: new allocs are made for it.
+    pub version: u64,
+    /// What happens to the job's allocs.
+    pub plan: Plan,
+}
+
+/// What to do about an alloc whose client reported a new state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replacement {
+    /// Nothing: it did not fail, or it is no longer one the job wants replaced.
+    NotNeeded,
+    /// It failed, but the job has used all its restarts: it stays failed.
+    LimitReached,
+    /// Replace it: the plan marks it replaced and places one new alloc of the job's version.
+    Replace(Plan),
+}
+
+/// True when two specs produce the same allocs, counts aside.
+pub fn same_allocs(old: &JobSpec, new: &JobSpec) -> bool {
+    JobSpec {
+        count: 0,
+        ..old.clone()
+    } == JobSpec {
+        count: 0,
+        ..new.clone()
+    }
+}
+
+/// Reconciles `spec` with the job as it is: `existing` is the job's record (if any, purged or
+/// not), `allocs` every alloc the server holds (all jobs: placement needs each node's load),
+/// in a stable order.
+pub fn reconcile_job<'a>(
+    existing: Option<&JobRecord>,
+    spec: &JobSpec,
+    nodes: &BTreeSet<String>,
+    allocs: impl IntoIterator<Item = &'a AllocRecord>,
+) -> JobPlan {
+    let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
+    let existing = existing.filter(|job| !job.purged);
+    let same_shape = existing.is_some_and(|job| !job.stopped && same_allocs(&job.spec, spec));
+    let version = match existing {
+        Some(job) if same_shape => job.version,
+        Some(job) => job.version + 1,
+        None => 1,
+    };
+    let mut wanted: Vec<&AllocRecord> = allocs
+        .iter()
+        .copied()
+        .filter(|a| a.alloc.job_id == spec.id && a.is_wanted())
+        .collect();
+    let mut plan = Plan::default();
+    if !same_shape {
+        // Every alloc of an older shape goes; new ones take their place.
+        plan.stop = wanted.drain(..).map(|a| a.alloc.id.clone()).collect();
+    }
+    let count = spec.count as usize;
+    if wanted.len() > count {
+        // Scale down: the newest go.
+        wanted.sort_by(|a, b| (a.sequence, &a.alloc.id).cmp(&(b.sequence, &b.alloc.id)));
+        plan.stop
+            .extend(wanted.split_off(count).iter().map(|a| a.alloc.id.clone()));
+    } else {
+        plan.place = place(&node_load(nodes, allocs), count - wanted.len());
+    }
+    JobPlan {
+        created: existing.is_none(),
+        version,
+        plan,
+    }
+}
+
+/// Stops job `job_id`: every alloc it still wants is asked to stop.
+pub fn stop_job<'a>(job_id: &str, allocs: impl IntoIterator<Item = &'a AllocRecord>) -> Plan {
+    Plan {
+        stop: allocs
+            .into_iter()
+            .filter(|a| a.alloc.job_id == job_id && a.is_wanted())
+            .map(|a| a.alloc.id.clone())
+            .collect(),
+        ..Plan::default()
+    }
+}
+
+/// Whether `reported`, just updated by its client, is a failed service alloc to replace:
+/// `job` is its job's record (if any), `allocs` every alloc the server holds (placement needs
+/// each node's load).
+pub fn replace_failed<'a>(
+    reported: &AllocRecord,
+    job: Option<&JobRecord>,
+    restart_limit: u32,
+    nodes: &BTreeSet<String>,
+    allocs: impl IntoIterator<Item = &'a AllocRecord>,
+) -> Replacement {
+    let failed = reported
+        .client_state
+        .as_ref()
+        .is_some_and(|s| s.client_status == ClientStatus::Failed);
+    if !failed || reported.replaced || reported.alloc.desired_status != DesiredStatus::Run {
+        return Replacement::NotNeeded;
+    }
+    let Some(job) = job else {
+        return Replacement::NotNeeded;
+    };
+    if job.stopped || job.spec.job_type != JobType::Service || reported.job_version != job.version {
+        return Replacement::NotNeeded;
+    }
+    if job.restarts >= restart_limit {
+        return Replacement::LimitReached;
+    }
+    Replacement::Replace(Plan {
+        replace: vec![reported.alloc.id.clone()],
+        place: place(&node_load(nodes, allocs), 1),
+        ..Plan::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::testkit::{alloc_on, failed, job, spec, stopping, terminal};
+
+    fn ids(allocs: &[AllocRecord], sequences: &[u64]) -> Vec<String> {
+        sequences
+            .iter()
+            .map(|seq| allocs[*seq as usize - 1].alloc.id.clone())
+            .collect()
+    }
+
+    fn one_node() -> BTreeSet<String> {
+        BTreeSet::from(["n1".to_string()])
+    }
+
+    #[test]
+    fn a_new_job_places_its_count_at_version_one() {
+        let plan = reconcile_job(None, &spec("web", JobType::Service, 2), &one_node(), []);
+        assert!(plan.created);
+        assert_eq!(plan.version, 1);
+        assert_eq!(plan.plan.place, [Some("n1".into()), Some("n1".into())]);
+        assert!(plan.plan.stop.is_empty());
+    }
+
+    #[test]
+    fn scaling_up_adds_allocs_and_keeps_the_version() {
+        let current = job(spec("web", JobType::Service, 2), 3);
+        let allocs = [
+            alloc_on("web", 1, Some("n1")),
+            alloc_on("web", 2, Some("n1")),
+        ];
+        let plan = reconcile_job(
+            Some(&current),
+            &spec("web", JobType::Service, 4),
+            &one_node(),
+            &allocs,
+        );
+        assert!(!plan.created);
+        assert_eq!(plan.version, 3);
+        assert_eq!(plan.plan.place.len(), 2);
+        assert!(plan.plan.stop.is_empty());
+    }
+
+    #[test]
+    fn scaling_down_stops_the_newest_and_counts_only_wanted_allocs() {
+        let current = job(spec("web", JobType::Service, 4), 1);
+        // Sequence 2 is already stopping and 3 is terminal: neither counts, neither is stopped
+        // again.
+        let allocs = [
+            alloc_on("web", 1, Some("n1")),
+            stopping(alloc_on("web", 2, Some("n1"))),
+            terminal(alloc_on("web", 3, Some("n1"))),
+            alloc_on("web", 4, Some("n1")),
+            alloc_on("web", 5, Some("n1")),
+            alloc_on("other", 6, Some("n1")),
+        ];
+        let plan = reconcile_job(
+            Some(&current),
+            &spec("web", JobType::Service, 1),
+            &one_node(),
+            &allocs,
+        );
+        assert_eq!(plan.plan.stop, ids(&allocs, &[4, 5]));
+        assert!(plan.plan.place.is_empty());
+        assert_eq!(plan.version, 1);
+    }
+
+    #[test]
+    fn any_other_change_replaces_every_alloc_and_bumps_the_version() {
+        let current = job(spec("web", JobType::Service, 2), 1);
+        let allocs = [
+            alloc_on("web", 1, Some("n1")),
+            alloc_on("web", 2, Some("n1")),
+        ];
+        let changed = JobSpec {
+            runner: "other.wasm".into(),
+            ..spec("web", JobType::Service, 1)
+        };
+        let plan = reconcile_job(Some(&current), &changed, &one_node(), &allocs);
+        assert_eq!(plan.version, 2);
+        assert_eq!(plan.plan.stop, ids(&allocs, &[1, 2]));
+        assert_eq!(plan.plan.place.len(), 1, "the new count, all new");
+    }
+
+    #[test]
+    fn registering_a_stopped_job_starts_it_at_a_new_version() {
+        let mut current = job(spec("web", JobType::Service, 1), 1);
+        current.stopped = true;
+        let allocs = [stopping(alloc_on("web", 1, Some("n1")))];
+        let plan = reconcile_job(
+            Some(&current),
+            &spec("web", JobType::Service, 1),
+            &one_node(),
+            &allocs,
+        );
+        assert!(!plan.created);
+        assert_eq!(plan.version, 2);
+        assert_eq!(plan.plan.place.len(), 1);
+        assert!(plan.plan.stop.is_empty(), "already asked to stop");
+    }
+
+    #[test]
+    fn a_purged_job_is_created_anew() {
+        let mut current = job(spec("web", JobType::Service, 1), 5);
+        current.purged = true;
+        let plan = reconcile_job(
+            Some(&current),
+            &spec("web", JobType::Service, 1),
+            &one_node(),
+            [],
+        );
+        assert!(plan.created);
+        assert_eq!(plan.version, 1);
+    }
+
+    #[test]
+    fn stopping_a_job_asks_every_wanted_alloc_to_stop_and_deletes_nothing() {
+        let allocs = [
+            alloc_on("web", 1, Some("n1")),
+            terminal(alloc_on("web", 2, Some("n1"))),
+            alloc_on("web", 3, None),
+            alloc_on("other", 4, Some("n1")),
+        ];
+        let plan = stop_job("web", &allocs);
+        assert_eq!(plan.stop, ids(&allocs, &[1, 3]));
+        assert!(plan.replace.is_empty() && plan.place.is_empty());
+    }
+
+    #[test]
+    fn a_failed_service_alloc_is_replaced_up_to_the_restart_limit() {
+        let mut current = job(spec("web", JobType::Service, 1), 1);
+        let allocs = [failed(alloc_on("web", 1, Some("n1")))];
+        let decide =
+            |job: &JobRecord| replace_failed(&allocs[0], Some(job), 2, &one_node(), &allocs);
+        assert_eq!(
+            decide(&current),
+            Replacement::Replace(Plan {
+                replace: ids(&allocs, &[1]),
+                place: vec![Some("n1".into())],
+                ..Plan::default()
+            })
+        );
+        current.restarts = 2;
+        assert_eq!(decide(&current), Replacement::LimitReached);
+    }
+
+    #[test]
+    fn only_a_wanted_failed_alloc_of_the_current_service_version_is_replaced() {
+        let service = job(spec("web", JobType::Service, 1), 2);
+        let of_version_2 = |record: AllocRecord| AllocRecord {
+            job_version: 2,
+            ..record
+        };
+        let current = of_version_2(failed(alloc_on("web", 1, Some("n1"))));
+        let stopped_job = JobRecord {
+            stopped: true,
+            ..service.clone()
+        };
+        let batch = job(spec("web", JobType::Batch, 1), 2);
+        let cases = [
+            (
+                "that completed",
+                of_version_2(terminal(alloc_on("web", 1, Some("n1")))),
+                &service,
+            ),
+            (
+                "of an older version",
+                failed(alloc_on("web", 1, Some("n1"))),
+                &service,
+            ),
+            (
+                "already replaced",
+                AllocRecord {
+                    replaced: true,
+                    ..current.clone()
+                },
+                &service,
+            ),
+            ("asked to stop", stopping(current.clone()), &service),
+            ("of a stopped job", current.clone(), &stopped_job),
+            ("of a batch job", current.clone(), &batch),
+        ];
+        for (what, alloc, job) in cases {
+            assert_eq!(
+                replace_failed(&alloc, Some(job), 3, &one_node(), [&alloc]),
+                Replacement::NotNeeded,
+                "an alloc {what} is not replaced"
+            );
+        }
+        assert!(matches!(
+            replace_failed(&current, Some(&service), 3, &one_node(), [&current]),
+            Replacement::Replace(_)
+        ));
+        assert_eq!(
+            replace_failed(&current, None, 3, &one_node(), [&current]),
+            Replacement::NotNeeded,
+            "no job: nothing to replace it with"
+        );
+    }
+}

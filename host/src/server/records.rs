@@ -1,0 +1,136 @@
+//! What the server holds about each job and alloc, and the form those records are saved in.
+//!
+//! The records are plain data, with no store or lock behind them: the scheduler's pure
+//! functions ([`super::placement`], [`super::reconcile`], [`super::gc`]) read them, the
+//! embedded server owns and mutates them, and its `persist` module saves them in the form
+//! defined here. Only that conversion reads the clock.
+//!
+//! Invariant of the saved form, for the reason given:
+//! - A terminal alloc's `terminal_since` is saved as wall-clock milliseconds and read back as
+//!   an [`Instant`] of the same age, since an `Instant` means nothing to the next process
+//!   and the job GC threshold must keep counting across a restart.
+
+use crate::jobspec::JobSpec;
+use crate::structs::{Alloc, AllocState, DesiredStatus};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A job as the server holds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// The spec last registered.
+    pub spec: JobSpec,
+    /// Bumped by every change that replaces allocs.
+    pub version: u64,
+    /// True after `stop`.
+    pub stopped: bool,
+    /// True after `stop --purge`: removed with its last alloc.
+    pub purged: bool,
+    /// Failed allocs replaced so far.
+    pub restarts: u32,
+}
+
+/// An alloc as the server holds it.
+#[derive(Debug, Clone)]
+pub struct AllocRecord {
+    /// The alloc as sent to clients.
+    pub alloc: Arc<Alloc>,
+    /// The node it is placed on; `None` until a node registers.
+    pub node_id: Option<String>,
+    /// The state its client last reported.
+    pub client_state: Option<AllocState>,
+    /// The job version it was made for.
+    pub job_version: u64,
+    /// Creation order across the server (orders allocs oldest first, even within one
+    /// registration).
+    pub sequence: u64,
+    /// When its client first reported it terminal.
+    pub terminal_since: Option<Instant>,
+    /// True once a replacement was made for it (a failed service alloc).
+    pub replaced: bool,
+}
+
+impl AllocRecord {
+    /// Its client reported it complete, failed or lost: it runs no more.
+    pub fn is_terminal(&self) -> bool {
+        self.client_state
+            .as_ref()
+            .is_some_and(|s| s.client_status.is_terminal())
+    }
+
+    /// Desired to run, not terminal, not replaced: counts toward the job's count.
+    pub fn is_wanted(&self) -> bool {
+        self.alloc.desired_status == DesiredStatus::Run && !self.is_terminal() && !self.replaced
+    }
+}
+
+/// An [`AllocRecord`] as saved: the time it turned terminal as wall-clock milliseconds, since
+/// an `Instant` means nothing to the next process.
+#[derive(Serialize, Deserialize)]
+pub(super) struct SavedAllocRecord {
+    alloc: Alloc,
+    node_id: Option<String>,
+    client_state: Option<AllocState>,
+    job_version: u64,
+    sequence: u64,
+    terminal_since_unix_ms: Option<u64>,
+    replaced: bool,
+}
+
+/// The server's counters and node list, saved as one record.
+#[derive(Default, Serialize, Deserialize)]
+pub(super) struct SavedMeta {
+    pub(super) index: u64,
+    pub(super) next_sequence: u64,
+    pub(super) nodes: BTreeSet<String>,
+}
+
+/// The key of the one [`SavedMeta`] record.
+pub(super) const META_KEY: &str = "server";
+
+pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Plain derived data: serializing to JSON cannot fail.
+    serde_json::to_vec(value).expect("server records serialize to JSON")
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl SavedAllocRecord {
+    pub(super) fn from_record(record: &AllocRecord) -> Self {
+        let (now, unix_now) = (Instant::now(), unix_ms_now());
+        SavedAllocRecord {
+            alloc: Alloc::clone(&record.alloc),
+            node_id: record.node_id.clone(),
+            client_state: record.client_state.clone(),
+            job_version: record.job_version,
+            sequence: record.sequence,
+            terminal_since_unix_ms: record
+                .terminal_since
+                .map(|since| unix_now.saturating_sub(now.duration_since(since).as_millis() as u64)),
+            replaced: record.replaced,
+        }
+    }
+
+    pub(super) fn into_record(self) -> AllocRecord {
+        let (now, unix_now) = (Instant::now(), unix_ms_now());
+        AllocRecord {
+            alloc: Arc::new(self.alloc),
+            node_id: self.node_id,
+            client_state: self.client_state,
+            job_version: self.job_version,
+            sequence: self.sequence,
+            terminal_since: self.terminal_since_unix_ms.map(|since| {
+                let age = Duration::from_millis(unix_now.saturating_sub(since));
+                now.checked_sub(age).unwrap_or(now)
+            }),
+            replaced: self.replaced,
+        }
+    }
+}
