@@ -39,10 +39,10 @@ pub trait Runner: Sized {
         Ok(())
     }
 
-    /// A signal for one task (or all, when `request.task` is `None`). Default: a `Signaling`
-    /// event on the task(s), nothing else.
+    /// A signal for one task (or all, when `request.task` is `None`); the host has checked
+    /// that the task is the alloc's and that the signal is a known name, in upper case.
+    /// Default: a `Signaling` event on the task(s), nothing else.
     fn on_signal(&mut self, request: SignalRequest, state: &mut State) -> Result<(), RunnerError> {
-        let message = format!("Task being sent signal {}", request.signal);
         let names: Vec<String> = match request.task {
             Some(task) => vec![task],
             None => state
@@ -53,12 +53,14 @@ pub trait Runner: Sized {
                 .collect(),
         };
         for name in names {
-            state.task_event(&name, "Signaling", &message);
+            state.task_signaled(&name, &request.signal);
         }
         Ok(())
     }
 
-    /// A request to restart task `task`. Default: counts the restart and marks it running.
+    /// A request to restart task `task` (the host sends one per task when the operator names
+    /// none, and only names tasks of the alloc). Default: counts the restart and marks it
+    /// running.
     fn on_restart_task(&mut self, task: String, state: &mut State) -> Result<(), RunnerError> {
         state.task_restarted(&task, "User requested task to restart");
         Ok(())

@@ -104,6 +104,12 @@ impl State {
         });
     }
 
+    /// Records that task `name` was sent `signal`, with Nomad's `Signaling` event.
+    pub fn task_signaled(&mut self, name: &str, signal: &str) {
+        let message = format!("Task being sent signal {signal}");
+        self.update_task(name, |task| push_event(task, event("Signaling", &message)));
+    }
+
     /// Adds an event of your own kind to task `name`.
     pub fn task_event(&mut self, name: &str, kind: &str, message: &str) {
         self.update_task(name, |task| push_event(task, event(kind, message)));

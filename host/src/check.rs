@@ -235,7 +235,8 @@ pub async fn check(
             modify_index: alloc.modify_index + 1,
             ..Alloc::clone(&alloc)
         }));
-        runner.signal(None, "SIGHUP".into());
+        // Refused only when the runner stopped meanwhile, which the wait below reports.
+        let _ = runner.signal(None, "SIGHUP");
         let stopped = runner.wait();
         match tokio::time::timeout(SURVIVE_WINDOW, stopped.wait()).await {
             Err(_) => Ok("still running after an `update` and a `signal`".into()),

@@ -4,8 +4,12 @@
 //! - `run_for`: how long the task runs, such as `500ms`, `5s`, `2m` (default: until killed).
 //! - `exit_code`: the code it exits with; anything but 0 fails the task (default 0).
 //! - `log_every`: log a progress line this often while running (default: never).
+//!
+//! A signal is logged (`received signal SIGUSR1 for task web`) and shown as a `Signaling`
+//! event; it changes nothing else. A restart counts in the task's `restarts`, with Nomad's
+//! `Restart Signaled`, `Restarting` and `Started` events, and starts the task's run over.
 
-use caravan_guest::{Alloc, Runner, RunnerError, State, info, warn};
+use caravan_guest::{Alloc, Runner, RunnerError, SignalRequest, State, info, warn};
 use std::time::{Duration, Instant};
 
 struct Sleeper {
@@ -14,6 +18,7 @@ struct Sleeper {
 
 struct SleepingTask {
     name: String,
+    run_for: Option<Duration>,
     ends_at: Option<Instant>,
     exit_code: i64,
     log_every: Option<Duration>,
@@ -60,6 +65,7 @@ impl Runner for Sleeper {
             state.task_started(&task.name);
             tasks.push(SleepingTask {
                 name: task.name.clone(),
+                run_for,
                 ends_at: run_for.map(|d| now + d),
                 exit_code,
                 log_every,
@@ -100,6 +106,35 @@ impl Runner for Sleeper {
                 task.next_log = Some(next + every);
             }
         }
+        Ok(())
+    }
+
+    fn on_signal(&mut self, request: SignalRequest, state: &mut State) -> Result<(), RunnerError> {
+        let targets = self
+            .tasks
+            .iter()
+            .filter(|t| request.task.as_ref().is_none_or(|name| *name == t.name));
+        for task in targets {
+            info!("received signal {} for task {}", request.signal, task.name);
+            state.task_signaled(&task.name, &request.signal);
+        }
+        Ok(())
+    }
+
+    fn on_restart_task(&mut self, name: String, state: &mut State) -> Result<(), RunnerError> {
+        let Some(task) = self.tasks.iter_mut().find(|t| t.name == name) else {
+            warn!("restart asked for task {name}, which this alloc does not have");
+            return Ok(());
+        };
+        let now = Instant::now();
+        task.ends_at = task.run_for.map(|d| now + d);
+        task.next_log = task.log_every.map(|d| now + d);
+        task.done = false;
+        state.task_event(&name, "Restart Signaled", "User requested task to restart");
+        state.task_restarted(&name, "Task restarting in 0s");
+        state.task_started(&name);
+        let restarts = state.task(&name).map_or(0, |t| t.restarts);
+        info!("task {name} restarted (restart {restarts})");
         Ok(())
     }
 

@@ -7,7 +7,8 @@
 //! PUT, DELETE) needs `Authorization: Bearer`.
 //!
 //! Handlers only translate: the work is the server's, the client's and the alloc logs'
-//! ([`crate::alloc_logs`]); each metric family renders itself next to its counters.
+//! ([`crate::alloc_logs`]); each metric family renders itself next to its counters. The
+//! signal and restart handlers live in `alloc_actions`.
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
@@ -24,6 +25,9 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+mod alloc_actions;
+use alloc_actions::{restart_allocation, signal_allocation};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -52,6 +56,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/allocation/{id}/stop", post(stop_allocation))
         .route("/v1/client/allocation/{id}/gc", post(collect_allocation))
         .route("/v1/client/allocation/{id}/logs", get(allocation_logs))
+        .route("/v1/client/allocation/{id}/signal", post(signal_allocation))
+        .route(
+            "/v1/client/allocation/{id}/restart",
+            post(restart_allocation),
+        )
         .route("/v1/client/gc", post(collect_all))
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))

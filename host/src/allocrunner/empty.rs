@@ -1,6 +1,10 @@
 //! [`EmptyAllocRunner`]: a native runner that does nothing, for tests and simulators.
 
-use super::{AllocRunner, AllocRunnerConfig, Latch, LatchTrigger, StateUpdater};
+use super::{
+    AllocRunner, AllocRunnerConfig, Latch, LatchTrigger, NotRunningReason, StateUpdater,
+    TaskActionError, signal_name, target_tasks,
+};
+use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, ClientStatus};
 use std::sync::{Arc, Mutex};
 
@@ -36,7 +40,7 @@ impl EmptyAllocRunner {
 
     fn set_status(&self, status: ClientStatus, description: &str) {
         let state = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.state.lock_unpoisoned();
             if state.client_status.is_terminal() || state.client_status == status {
                 return;
             }
@@ -52,11 +56,32 @@ impl EmptyAllocRunner {
         self.set_status(ClientStatus::Complete, "alloc was stopped");
         self.stopped.set();
     }
+
+    /// Answers a signal or a restart for `task` as the contract says; an accepted one is
+    /// dropped, as there is no task to deliver it to.
+    fn task_action(&self, task: Option<&str>) -> Result<(), TaskActionError> {
+        let alloc = self.alloc();
+        target_tasks(&alloc, task)?;
+        let status = self.alloc_state().client_status;
+        let reason = if status.is_terminal() {
+            NotRunningReason::Finished(status)
+        } else if self.stopped.latch().is_set() {
+            NotRunningReason::Stopping
+        } else if status == ClientStatus::Pending {
+            NotRunningReason::NotStarted
+        } else {
+            return Ok(());
+        };
+        Err(TaskActionError::NotRunning {
+            alloc_id: alloc.id.clone(),
+            reason,
+        })
+    }
 }
 
 impl AllocRunner for EmptyAllocRunner {
     fn alloc(&self) -> Arc<Alloc> {
-        self.alloc.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.alloc.lock_unpoisoned().clone()
     }
 
     fn run(&self) {
@@ -69,7 +94,7 @@ impl AllocRunner for EmptyAllocRunner {
 
     fn update(&self, alloc: Arc<Alloc>) {
         let stop = {
-            let mut current = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            let mut current = self.alloc.lock_unpoisoned();
             if alloc.modify_index <= current.modify_index {
                 return;
             }
@@ -85,13 +110,22 @@ impl AllocRunner for EmptyAllocRunner {
         self.stopped.set();
     }
 
+    fn signal(&self, task: Option<&str>, signal: &str) -> Result<(), TaskActionError> {
+        signal_name(signal)?;
+        self.task_action(task)
+    }
+
+    fn restart_task(&self, task: Option<&str>) -> Result<(), TaskActionError> {
+        self.task_action(task)
+    }
+
     fn destroy(&self) {
         self.kill();
         self.destroyed.set();
     }
 
     fn alloc_state(&self) -> AllocState {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.state.lock_unpoisoned().clone()
     }
 
     fn is_destroyed(&self) -> bool {

@@ -11,9 +11,13 @@
 
 mod empty;
 mod latch;
+mod task_action;
 
 pub use empty::EmptyAllocRunner;
 pub use latch::{Latch, LatchTrigger};
+pub use task_action::{
+    DEFAULT_SIGNAL, NotRunningReason, SIGNAL_NAMES, TaskActionError, signal_name, target_tasks,
+};
 
 use crate::alloc_logs::AllocLogWriter;
 use crate::structs::{Alloc, AllocState, Limits};
@@ -58,6 +62,24 @@ pub trait AllocRunner: Send + Sync {
     /// The agent is stopping: ask the runner to save a checkpoint and stop without a terminal
     /// state. [`AllocRunner::shutdown_done`] completes when it has stopped.
     fn shutdown(&self);
+
+    /// Asks the runner to deliver `signal` to task `task`, or to every task of the alloc when
+    /// `None`. Returns at once: `Ok` means the request is queued for the runner, in order with
+    /// its other events, not that a task has acted on it (what a signal means is up to the
+    /// runner; the host kills nothing itself, even for `SIGKILL`).
+    ///
+    /// Refused, changing nothing, with (checked in this order)
+    /// [`TaskActionError::UnknownSignal`] when `signal` is not one of [`SIGNAL_NAMES`] (any
+    /// case is accepted and passed on in upper case), [`TaskActionError::UnknownTask`] when
+    /// the alloc has no task `task`, and [`TaskActionError::NotRunning`] before
+    /// [`AllocRunner::run`], once a kill or a shutdown was asked for, and after the runner
+    /// stopped. A request accepted just before the runner finishes by itself may go unseen.
+    fn signal(&self, task: Option<&str>, signal: &str) -> Result<(), TaskActionError>;
+
+    /// Asks the runner to restart task `task`, or every task of the alloc (one restart each,
+    /// in job order) when `None`; the runner counts each in its task state's `restarts`.
+    /// Returns at once; refused as [`AllocRunner::signal`] is, minus the signal check.
+    fn restart_task(&self, task: Option<&str>) -> Result<(), TaskActionError>;
 
     /// Kill the alloc (waiting at most its kill timeout), then free everything it holds,
     /// its alloc directory included. Idempotent. [`AllocRunner::destroyed`] completes after.

@@ -34,7 +34,8 @@ pub use watch::{AllocDiff, diff_allocs};
 
 use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{
-    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, StateUpdater, alloc_span,
+    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, NotRunningReason,
+    StateUpdater, TaskActionError, alloc_span,
 };
 use crate::locks::LockUnpoisoned;
 use crate::rpc::ServerApi;
@@ -232,6 +233,47 @@ impl Client {
     /// The runner of an alloc, if the client holds one.
     pub fn runner(&self, alloc_id: &str) -> Option<Arc<dyn AllocRunner>> {
         self.inner.runners_lock().get(alloc_id).cloned()
+    }
+
+    /// Asks the runner of `alloc_id` to deliver `signal` to `task` (every task when `None`);
+    /// answers as [`AllocRunner::signal`] does, or [`TaskActionError::UnknownAlloc`].
+    pub fn signal_alloc(
+        &self,
+        alloc_id: &str,
+        task: Option<&str>,
+        signal: &str,
+    ) -> Result<(), TaskActionError> {
+        self.runner_for_action(alloc_id, task)?.signal(task, signal)
+    }
+
+    /// Asks the runner of `alloc_id` to restart `task` (every task when `None`); answers as
+    /// [`AllocRunner::restart_task`] does, or [`TaskActionError::UnknownAlloc`].
+    pub fn restart_alloc(&self, alloc_id: &str, task: Option<&str>) -> Result<(), TaskActionError> {
+        self.runner_for_action(alloc_id, task)?.restart_task(task)
+    }
+
+    /// The runner a signal or restart goes to. An alloc held without one (its runner could not
+    /// be built, or it was collected before a restart) has finished: that is the answer, once
+    /// the task is known to be one of its own.
+    fn runner_for_action(
+        &self,
+        alloc_id: &str,
+        task: Option<&str>,
+    ) -> Result<Arc<dyn AllocRunner>, TaskActionError> {
+        if let Some(runner) = self.runner(alloc_id) {
+            return Ok(runner);
+        }
+        let (alloc, state) = self
+            .inner
+            .runnerless_lock()
+            .get(alloc_id)
+            .cloned()
+            .ok_or_else(|| TaskActionError::UnknownAlloc(alloc_id.to_string()))?;
+        crate::allocrunner::target_tasks(&alloc, task)?;
+        Err(TaskActionError::NotRunning {
+            alloc_id: alloc_id.to_string(),
+            reason: NotRunningReason::Finished(state.client_status),
+        })
     }
 
     /// Runners not yet destroyed (running ones included): what `gc_max_allocs` limits.

@@ -9,7 +9,11 @@ use super::host_api::{HostApi, StateCell};
 use super::limits::{CpuMeter, MemoryLimiter};
 use super::logging::{GuestLogSink, GuestLogging, GuestOutput};
 use super::{LoadedComponent, Runtime, StoreData, TokioClock};
-use crate::allocrunner::{AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger};
+use crate::allocrunner::{
+    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger, NotRunningReason,
+    TaskActionError, signal_name, target_tasks,
+};
+use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::units::format_duration;
 use std::path::Path;
@@ -136,16 +140,6 @@ impl WasmAllocRunner {
         }
     }
 
-    /// Asks the guest to deliver `signal` to `task` (every task when `None`).
-    pub fn signal(&self, task: Option<String>, signal: String) {
-        let _ = self.shared.events.send(Event::Signal { task, signal });
-    }
-
-    /// Asks the guest to restart `task`.
-    pub fn restart_task(&self, task: String) {
-        let _ = self.shared.events.send(Event::RestartTask(task));
-    }
-
     /// Sends `kill` and starts the kill timeout; does not free anything.
     pub fn kill(&self) {
         self.shared.kill();
@@ -154,7 +148,7 @@ impl WasmAllocRunner {
 
 impl Shared {
     fn alloc(&self) -> Arc<Alloc> {
-        self.alloc.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.alloc.lock_unpoisoned().clone()
     }
 
     fn kill(self: &Arc<Self>) {
@@ -182,6 +176,27 @@ impl Shared {
         self.abort_after_grace(RunOutcome::KillTimedOut);
     }
 
+    /// `Ok` while the guest may still receive a signal or a restart: started, and neither
+    /// finished nor asked to stop (after that it is only ever given `kill` or `shutdown`).
+    fn check_running(&self) -> Result<(), TaskActionError> {
+        let reason = if self.finished.load(Ordering::SeqCst) {
+            match self.state.get().client_status {
+                status if status.is_terminal() => NotRunningReason::Finished(status),
+                _ => NotRunningReason::Stopping,
+            }
+        } else if self.kill_requested.load(Ordering::SeqCst)
+            || self.shutdown_requested.load(Ordering::SeqCst)
+        {
+            NotRunningReason::Stopping
+        } else if !self.started.load(Ordering::SeqCst) {
+            NotRunningReason::NotStarted
+        } else {
+            return Ok(());
+        };
+        let alloc_id = self.config.alloc.id.clone();
+        Err(TaskActionError::NotRunning { alloc_id, reason })
+    }
+
     fn shutdown(self: &Arc<Self>) {
         if self.shutdown_requested.swap(true, Ordering::SeqCst) {
             return;
@@ -203,12 +218,7 @@ impl Shared {
                 .await
                 .is_err()
             {
-                if let Some(task) = shared
-                    .run_task
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take()
-                {
+                if let Some(task) = shared.run_task.lock_unpoisoned().take() {
                     task.abort();
                 }
                 shared.finish(outcome);
@@ -462,12 +472,7 @@ impl AllocRunner for WasmAllocRunner {
         if shared.started.swap(true, Ordering::SeqCst) {
             return;
         }
-        let Some(events) = shared
-            .receiver
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        else {
+        let Some(events) = shared.receiver.lock_unpoisoned().take() else {
             return;
         };
         let runner = shared.clone();
@@ -479,12 +484,12 @@ impl AllocRunner for WasmAllocRunner {
             }
             .instrument(span),
         );
-        *shared.run_task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+        *shared.run_task.lock_unpoisoned() = Some(task.abort_handle());
     }
 
     fn update(&self, alloc: Arc<Alloc>) {
         let stop = {
-            let mut current = self.shared.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            let mut current = self.shared.alloc.lock_unpoisoned();
             if alloc.modify_index <= current.modify_index {
                 return;
             }
@@ -499,6 +504,24 @@ impl AllocRunner for WasmAllocRunner {
 
     fn shutdown(&self) {
         self.shared.shutdown();
+    }
+
+    fn signal(&self, task: Option<&str>, signal: &str) -> Result<(), TaskActionError> {
+        let signal = signal_name(signal)?.to_string();
+        target_tasks(&self.shared.alloc(), task)?;
+        self.shared.check_running()?;
+        let task = task.map(str::to_string);
+        let _ = self.shared.events.send(Event::Signal { task, signal });
+        Ok(())
+    }
+
+    fn restart_task(&self, task: Option<&str>) -> Result<(), TaskActionError> {
+        let tasks = target_tasks(&self.shared.alloc(), task)?;
+        self.shared.check_running()?;
+        for task in tasks {
+            let _ = self.shared.events.send(Event::RestartTask(task));
+        }
+        Ok(())
     }
 
     fn destroy(&self) {

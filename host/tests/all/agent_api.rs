@@ -445,6 +445,8 @@ async fn every_write_route_needs_the_token() {
         ("POST", "/v1/job/web/scale"),
         ("POST", "/v1/allocation/abc/stop"),
         ("POST", "/v1/client/allocation/abc/gc"),
+        ("POST", "/v1/client/allocation/abc/signal"),
+        ("POST", "/v1/client/allocation/abc/restart"),
         ("POST", "/v1/client/gc"),
         ("PUT", "/v1/system/gc"),
     ] {

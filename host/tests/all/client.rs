@@ -5,7 +5,7 @@
 use crate::support::*;
 use caravan_host::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, EmptyAllocRunner, Latch, LatchTrigger,
-    StateUpdater,
+    NotRunningReason, StateUpdater, TaskActionError,
 };
 use caravan_host::client::gc::{DiskStats, GcConfig, StatsSource};
 use caravan_host::client::{Client, ClientConfig};
@@ -144,6 +144,16 @@ impl AllocRunner for GatedRunner {
     }
     fn update(&self, _alloc: Arc<Alloc>) {}
     fn shutdown(&self) {}
+    fn signal(&self, task: Option<&str>, _signal: &str) -> Result<(), TaskActionError> {
+        self.restart_task(task)
+    }
+    fn restart_task(&self, _task: Option<&str>) -> Result<(), TaskActionError> {
+        let (alloc_id, reason) = (
+            self.alloc.id.clone(),
+            NotRunningReason::Finished(ClientStatus::Complete),
+        );
+        Err(TaskActionError::NotRunning { alloc_id, reason })
+    }
     fn destroy(&self) {
         if self.destroy_started.swap(true, Ordering::SeqCst) {
             return;

@@ -6,6 +6,7 @@ mod support;
 mod agent_api;
 mod agent_cli;
 mod agent_restart;
+mod alloc_actions;
 mod cli;
 mod client;
 mod embedded_server;

@@ -18,6 +18,25 @@ pub enum AllocCommand {
         /// An alloc id or a unique prefix of one.
         id: String,
     },
+    /// Send a signal to the alloc's tasks (what it means is up to the runner).
+    Signal {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+        /// The signal, such as SIGHUP or SIGUSR1 (SIGKILL when not given, as Nomad does).
+        #[arg(short = 's', long, default_value = crate::allocrunner::DEFAULT_SIGNAL)]
+        signal: String,
+        /// Only this task (default: every task of the alloc).
+        #[arg(long)]
+        task: Option<String>,
+    },
+    /// Restart the alloc's tasks in place.
+    Restart {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+        /// Only this task (default: every task of the alloc).
+        #[arg(long)]
+        task: Option<String>,
+    },
     /// Print what the alloc's runner logged (its guest lines, as kept in the alloc's log file).
     Logs {
         /// An alloc id or a unique prefix of one.
@@ -34,6 +53,10 @@ impl AllocCommand {
         match self {
             AllocCommand::Status { id } => status(remote, &id).await,
             AllocCommand::Stop { id } => stop(remote, &id).await,
+            AllocCommand::Signal { id, signal, task } => {
+                send_signal(remote, &id, &signal, task.as_deref()).await
+            }
+            AllocCommand::Restart { id, task } => restart(remote, &id, task.as_deref()).await,
             AllocCommand::Logs { id, follow } => logs(remote, &id, follow).await,
         }
     }
@@ -81,6 +104,47 @@ async fn stop(remote: &Remote, id: &str) -> anyhow::Result<()> {
         println!(
             "alloc {} asked to stop",
             a["alloc_id"].as_str().unwrap_or("?")
+        )
+    });
+    Ok(())
+}
+
+/// Which tasks a request names, for the line printed.
+fn tasks_named(task: Option<&str>) -> String {
+    task.map_or("every task".into(), |task| format!("task {task}"))
+}
+
+/// `alloc signal [-s SIGNAL] [--task T] ID`.
+async fn send_signal(
+    remote: &Remote,
+    id: &str,
+    signal: &str,
+    task: Option<&str>,
+) -> anyhow::Result<()> {
+    let body = serde_json::json!({ "signal": signal, "task": task });
+    let path = format!("/v1/client/allocation/{id}/signal");
+    let answer = remote.api.call("POST", &path, Some(body)).await?;
+    remote.print(&answer, |a| {
+        println!(
+            "alloc {}: sent {} to {}",
+            a["alloc_id"].as_str().unwrap_or("?"),
+            a["signal"].as_str().unwrap_or("?"),
+            tasks_named(task)
+        )
+    });
+    Ok(())
+}
+
+/// `alloc restart [--task T] ID`.
+async fn restart(remote: &Remote, id: &str, task: Option<&str>) -> anyhow::Result<()> {
+    let body = serde_json::json!({ "task": task });
+    let path = format!("/v1/client/allocation/{id}/restart");
+    let answer = remote.api.call("POST", &path, Some(body)).await?;
+    remote.print(&answer, |a| {
+        println!(
+            "alloc {}: asked {} to restart",
+            a["alloc_id"].as_str().unwrap_or("?"),
+            tasks_named(task)
         )
     });
     Ok(())

@@ -1,0 +1,117 @@
+//! Signalling an alloc's tasks and restarting them, as Nomad's client API does:
+//! `POST /v1/client/allocation/{id}/signal` with `{"signal": "SIGUSR1", "task": "web"}` and
+//! `POST /v1/client/allocation/{id}/restart` with `{"task": "web"}` (or no body), the task
+//! being optional (every task of the alloc when absent). Both are writes: they need the token.
+//!
+//! Like every handler these only translate: the checks and the delivery are the client's and
+//! the runner's ([`crate::allocrunner::AllocRunner::signal`]). They never change the server.
+
+use super::{ApiError, ApiResult, ApiState, authorize, find_alloc};
+use crate::allocrunner::{NotRunningReason, TaskActionError};
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignalRequest {
+    signal: String,
+    #[serde(default)]
+    task: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RestartRequest {
+    #[serde(default)]
+    task: Option<String>,
+}
+
+pub(super) async fn signal_allocation(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: String,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let request: SignalRequest = serde_json::from_str(&body).map_err(|e| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message: format!("expected {{\"signal\": \"SIGUSR1\", \"task\": \"web\"}}: {e}"),
+        field: Some("signal".into()),
+    })?;
+    let (alloc_id, known_to_server) = alloc_id(&state, id)?;
+    let task = request.task.as_deref();
+    state
+        .client
+        .signal_alloc(&alloc_id, task, &request.signal)
+        .map_err(|e| action_error(e, known_to_server))?;
+    Ok(Json(serde_json::json!({
+        "alloc_id": alloc_id,
+        "signal": request.signal.to_ascii_uppercase(),
+        "task": task,
+    })))
+}
+
+pub(super) async fn restart_allocation(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: String,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let request: RestartRequest = if body.trim().is_empty() {
+        RestartRequest::default()
+    } else {
+        serde_json::from_str(&body).map_err(|e| ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("expected {{\"task\": \"web\"}} or no body: {e}"),
+            field: Some("task".into()),
+        })?
+    };
+    let (alloc_id, known_to_server) = alloc_id(&state, id)?;
+    let task = request.task.as_deref();
+    state
+        .client
+        .restart_alloc(&alloc_id, task)
+        .map_err(|e| action_error(e, known_to_server))?;
+    Ok(Json(
+        serde_json::json!({ "alloc_id": alloc_id, "task": task }),
+    ))
+}
+
+/// The full id of `id` (an id or a unique prefix) and whether the server knows it. The
+/// server may already have dropped an alloc the client still holds: then the id as given.
+fn alloc_id(state: &ApiState, id: String) -> ApiResult<(String, bool)> {
+    match find_alloc(&state.server, &id) {
+        Ok(record) => Ok((record.alloc.id.clone(), true)),
+        Err(error) if error.status == StatusCode::NOT_FOUND && !id.is_empty() => Ok((id, false)),
+        Err(error) => Err(error),
+    }
+}
+
+/// The answer to a refusal: 404 for an alloc nobody knows, 400 for a bad task or signal, 409
+/// for an alloc that is not running. An alloc the server placed but this client has not
+/// picked up yet has not started.
+fn action_error(error: TaskActionError, known_to_server: bool) -> ApiError {
+    let (status, field) = match &error {
+        TaskActionError::UnknownAlloc(alloc_id) if known_to_server => {
+            let not_started = TaskActionError::NotRunning {
+                alloc_id: alloc_id.clone(),
+                reason: NotRunningReason::NotStarted,
+            };
+            return ApiError::new(StatusCode::CONFLICT, not_started.to_string());
+        }
+        TaskActionError::UnknownAlloc(alloc_id) => {
+            return crate::server::RequestError::AllocNotFound(alloc_id.clone()).into();
+        }
+        TaskActionError::UnknownTask { .. } => (StatusCode::BAD_REQUEST, Some("task")),
+        TaskActionError::UnknownSignal(_) => (StatusCode::BAD_REQUEST, Some("signal")),
+        TaskActionError::NotRunning { .. } => (StatusCode::CONFLICT, None),
+    };
+    ApiError {
+        status,
+        message: error.to_string(),
+        field: field.map(str::to_string),
+    }
+}
