@@ -12,7 +12,8 @@
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
 //! - `limits`: memory limiter and CPU meter.
 //! - [`disk_cache`]: compiled components on disk, checksummed.
-//! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm.
+//! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
+//!   `lifecycle`, the one value that says where a runner is in its life.
 //!
 //! This module may use [`crate::allocrunner`] and [`crate::structs`]; it knows nothing of the
 //! client, the server or the state store. On disk it touches only each alloc's directory and
@@ -22,6 +23,7 @@ mod bindings;
 pub mod disk_cache;
 pub mod histogram;
 mod host_api;
+mod lifecycle;
 mod limits;
 mod logging;
 mod wasm_runner;

@@ -6,6 +6,7 @@
 
 use super::bindings::{self, Event, RunnerError};
 use super::host_api::{HostApi, StateCell};
+use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::limits::{CpuMeter, MemoryLimiter};
 use super::logging::{GuestLogSink, GuestLogging, GuestOutput};
 use super::{LoadedComponent, Runtime, StoreData, TokioClock};
@@ -17,7 +18,6 @@ use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::units::format_duration;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -83,11 +83,7 @@ struct Shared {
     state: Arc<StateCell>,
     events: mpsc::UnboundedSender<Event>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
-    started: AtomicBool,
-    kill_requested: AtomicBool,
-    shutdown_requested: AtomicBool,
-    destroy_requested: AtomicBool,
-    finished: AtomicBool,
+    lifecycle: Mutex<Lifecycle>,
     run_task: Mutex<Option<tokio::task::AbortHandle>>,
     stopped: LatchTrigger,
     destroyed: LatchTrigger,
@@ -128,11 +124,7 @@ impl WasmAllocRunner {
                 state,
                 events,
                 receiver: Mutex::new(Some(receiver)),
-                started: AtomicBool::new(finished),
-                kill_requested: AtomicBool::new(false),
-                shutdown_requested: AtomicBool::new(false),
-                destroy_requested: AtomicBool::new(false),
-                finished: AtomicBool::new(finished),
+                lifecycle: Mutex::new(Lifecycle::new(finished)),
                 run_task: Mutex::new(None),
                 stopped,
                 destroyed: Latch::new().0,
@@ -151,62 +143,64 @@ impl Shared {
         self.alloc.lock_unpoisoned().clone()
     }
 
+    fn lifecycle(&self) -> std::sync::MutexGuard<'_, Lifecycle> {
+        self.lifecycle.lock_unpoisoned()
+    }
+
     fn kill(self: &Arc<Self>) {
-        if self.kill_requested.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        if !self.started.swap(true, Ordering::SeqCst) {
-            self.finish(RunOutcome::NeverStarted);
-            return;
-        }
-        if self.finished.load(Ordering::SeqCst) {
-            // Stopped already (after a shutdown, say) but not terminal: a kill makes it so.
-            let last = self.state.get();
-            if !last.client_status.is_terminal() {
-                self.state.finish(AllocState {
-                    client_status: ClientStatus::Complete,
-                    description: "alloc was stopped".into(),
-                    task_states: last.task_states,
-                });
+        let step = self.lifecycle().ask_kill();
+        match step {
+            StopStep::AlreadyAsked => {}
+            StopStep::NeverStarted => self.record_final(RunOutcome::NeverStarted),
+            StopStep::AlreadyFinished => {
+                // Stopped already (after a shutdown, say) but not terminal: a kill makes it so.
+                let last = self.state.get();
+                if !last.client_status.is_terminal() {
+                    self.state.finish(AllocState {
+                        client_status: ClientStatus::Complete,
+                        description: "alloc was stopped".into(),
+                        task_states: last.task_states,
+                    });
+                }
             }
-            return;
+            StopStep::AskGuest => {
+                tracing::info!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "killing alloc");
+                let _ = self.events.send(Event::Kill);
+                self.abort_after_grace(RunOutcome::KillTimedOut);
+            }
         }
-        tracing::info!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "killing alloc");
-        let _ = self.events.send(Event::Kill);
-        self.abort_after_grace(RunOutcome::KillTimedOut);
     }
 
     /// `Ok` while the guest may still receive a signal or a restart: started, and neither
     /// finished nor asked to stop (after that it is only ever given `kill` or `shutdown`).
     fn check_running(&self) -> Result<(), TaskActionError> {
-        let reason = if self.finished.load(Ordering::SeqCst) {
-            match self.state.get().client_status {
+        let (phase, stop_asked) = {
+            let lifecycle = self.lifecycle();
+            (lifecycle.phase(), lifecycle.stop_asked())
+        };
+        let reason = match phase {
+            Phase::Finished => match self.state.get().client_status {
                 status if status.is_terminal() => NotRunningReason::Finished(status),
                 _ => NotRunningReason::Stopping,
-            }
-        } else if self.kill_requested.load(Ordering::SeqCst)
-            || self.shutdown_requested.load(Ordering::SeqCst)
-        {
-            NotRunningReason::Stopping
-        } else if !self.started.load(Ordering::SeqCst) {
-            NotRunningReason::NotStarted
-        } else {
-            return Ok(());
+            },
+            _ if stop_asked => NotRunningReason::Stopping,
+            Phase::NotStarted => NotRunningReason::NotStarted,
+            Phase::Running => return Ok(()),
         };
         let alloc_id = self.config.alloc.id.clone();
         Err(TaskActionError::NotRunning { alloc_id, reason })
     }
 
     fn shutdown(self: &Arc<Self>) {
-        if self.shutdown_requested.swap(true, Ordering::SeqCst) {
-            return;
+        let step = self.lifecycle().ask_shutdown();
+        match step {
+            StopStep::AlreadyAsked | StopStep::AlreadyFinished => {}
+            StopStep::NeverStarted => self.record_final(RunOutcome::NeverStarted),
+            StopStep::AskGuest => {
+                let _ = self.events.send(Event::Shutdown);
+                self.abort_after_grace(RunOutcome::ShutdownTimedOut);
+            }
         }
-        if !self.started.swap(true, Ordering::SeqCst) {
-            self.finish(RunOutcome::NeverStarted);
-            return;
-        }
-        let _ = self.events.send(Event::Shutdown);
-        self.abort_after_grace(RunOutcome::ShutdownTimedOut);
     }
 
     /// Gives the guest the kill timeout to return, then drops its store.
@@ -226,16 +220,25 @@ impl Shared {
         });
     }
 
-    /// Records the outcome once: sets the final state, then completes `wait`.
+    /// The guest's run ended: records its outcome, once whoever gets here first (the run
+    /// task, or the kill timeout).
     fn finish(&self, outcome: RunOutcome) {
-        if self.finished.swap(true, Ordering::SeqCst) {
-            return;
+        let first = self.lifecycle().finish();
+        if first {
+            self.record_final(outcome);
         }
+    }
+
+    /// Sets the final state, then completes `wait`. Called once, by the caller whose
+    /// lifecycle transition reached `Finished`.
+    fn record_final(&self, outcome: RunOutcome) {
+        let (kill_asked, shut_down_only) = {
+            let lifecycle = self.lifecycle();
+            (lifecycle.kill_asked(), lifecycle.shut_down_only())
+        };
         // A kill sent while a shutdown was pending outranks it.
         let outcome = match outcome {
-            RunOutcome::ShutdownTimedOut if self.kill_requested.load(Ordering::SeqCst) => {
-                RunOutcome::KillTimedOut
-            }
+            RunOutcome::ShutdownTimedOut if kill_asked => RunOutcome::KillTimedOut,
             outcome => outcome,
         };
         let span = &self.config.span;
@@ -250,13 +253,7 @@ impl Shared {
             ),
             _ => {}
         }
-        let final_state = final_state(
-            self.state.get(),
-            outcome,
-            self.shutdown_requested.load(Ordering::SeqCst)
-                && !self.kill_requested.load(Ordering::SeqCst),
-            &self.limits,
-        );
+        let final_state = final_state(self.state.get(), outcome, shut_down_only, &self.limits);
         tracing::info!(
             parent: span,
             client_status = %final_state.client_status,
@@ -469,7 +466,8 @@ impl AllocRunner for WasmAllocRunner {
             shared.kill();
             return;
         }
-        if shared.started.swap(true, Ordering::SeqCst) {
+        let first = shared.lifecycle().start();
+        if !first {
             return;
         }
         let Some(events) = shared.receiver.lock_unpoisoned().take() else {
@@ -526,7 +524,8 @@ impl AllocRunner for WasmAllocRunner {
 
     fn destroy(&self) {
         let shared = self.shared.clone();
-        if shared.destroy_requested.swap(true, Ordering::SeqCst) {
+        let first = shared.lifecycle().ask_destroy();
+        if !first {
             return;
         }
         shared.kill();
