@@ -17,11 +17,15 @@
 //!   all, per alloc at least (a store that cannot batch atomically must make each alloc's
 //!   update atomic and answer only for the ones that landed).
 //! - **Stale index.** [`ServerApi::watch_allocs`] answers with the *whole* set of the node's
-//!   allocs and their modify indexes, never a delta, so an answer older than one already seen
-//!   changes nothing on the client (it diffs by modify index). An index the server does not
-//!   know (ahead of its own, after it restarted or lost its history) is not an error: the
-//!   server answers with its current set and index, at once or after `wait`. The client
-//!   always continues from the index it was last given.
+//!   allocs and their modify indexes, never a delta, and the client takes each answer as the
+//!   truth: an alloc left out of it is removed, which kills and collects it. So an answer
+//!   must be current, never older than one the server already gave the node: a store with
+//!   replicas reads at or after the index it was given (etcd's linearizable reads), never
+//!   from a replica that lags. Within that, a repeated answer changes nothing (the client
+//!   diffs by modify index). An index the server does not know (ahead of its own, after it
+//!   restarted or lost its history) is not an error: the server answers with its current set
+//!   and index, at once or after `wait`. The client always continues from the index it was
+//!   last given.
 //! - **Duplicate update.** Updates carry the alloc's whole client state, latest wins, so the
 //!   server applies a repeated or re-ordered batch idempotently. An update for an alloc the
 //!   server no longer has is dropped, not an error, and left out of the accepted ids.

@@ -165,10 +165,14 @@ pub async fn run(
         last_state: None,
         log_writer: None,
     };
-    let runner = WasmAllocRunnerFactory::new(runtime).build(config)?;
-    if shutdown.is_stopping() {
-        bail!("interrupted before the alloc started");
-    }
+    // Building may compile the component (seconds for Python or JavaScript): on the blocking
+    // pool, so a Ctrl-C meanwhile is heard at once instead of after the compile.
+    let factory = WasmAllocRunnerFactory::new(runtime);
+    let build = tokio::task::spawn_blocking(move || factory.build(config));
+    let runner = tokio::select! {
+        built = build => built.context("building the runner stopped unexpectedly")??,
+        _ = shutdown.stopping() => bail!("interrupted before the alloc started"),
+    };
     runner.run();
 
     let stopped = runner.wait();

@@ -5,7 +5,7 @@
 //! - [`http`]: the HTTP API.
 //!
 //! The agent is the composition root: the only place that knows every layer. It may use all
-//! of them; none of them knows it.
+//! of them; none of them knows it, and only the CLI's `agent` command starts it.
 
 pub mod config;
 pub mod http;

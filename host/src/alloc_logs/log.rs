@@ -6,7 +6,8 @@
 //! is written on tokio's blocking pool, never on an async worker.
 
 use super::file::{self, LogFile};
-use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES, lock};
+use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES};
+use crate::locks::LockUnpoisoned;
 use crate::locks::RwLockUnpoisoned;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,7 +78,7 @@ impl AllocLog {
     /// Queues `line`, starting the writer if none runs. False when the queue was full and the
     /// line dropped. After [`AllocLog::remove`] every line is discarded, and that is no drop.
     pub(super) fn enqueue(self: &Arc<Self>, line: String) -> bool {
-        let mut queue = lock(&self.queue);
+        let mut queue = self.queue.lock_unpoisoned();
         if queue.removed {
             return true;
         }
@@ -111,7 +112,7 @@ impl AllocLog {
 
     /// Returns once every line queued before the call is done with.
     pub(super) async fn settle(&self) {
-        let accepted = lock(&self.queue).accepted;
+        let accepted = self.queue.lock_unpoisoned().accepted;
         let mut done = self.done.subscribe();
         // The sender lives in `self`: this never sees it closed.
         let _ = done.wait_for(|done| *done >= accepted).await;
@@ -140,7 +141,7 @@ impl AllocLog {
     /// Takes every queued line, or, when there is none, ends the drain (and reports drops
     /// not yet reported).
     fn next_batch(&self) -> Option<Vec<String>> {
-        let mut queue = lock(&self.queue);
+        let mut queue = self.queue.lock_unpoisoned();
         if queue.lines.is_empty() {
             queue.draining = false;
             drop(queue);
@@ -162,7 +163,7 @@ impl AllocLog {
     /// [`DROP_REPORT_INTERVAL`] unless `now`.
     fn report_drops(&self, now: bool) {
         let dropped = {
-            let mut queue = lock(&self.queue);
+            let mut queue = self.queue.lock_unpoisoned();
             let at = Instant::now();
             let due = now
                 || queue
@@ -184,7 +185,7 @@ impl AllocLog {
     /// Discards queued lines, refuses later ones, and deletes every file, one at a time.
     pub(super) async fn remove(self: Arc<Self>) {
         let discarded = {
-            let mut queue = lock(&self.queue);
+            let mut queue = self.queue.lock_unpoisoned();
             queue.removed = true;
             queue.bytes = 0;
             std::mem::take(&mut queue.lines).len() as u64

@@ -151,7 +151,10 @@ impl AllocLogs {
     /// [`AllocLogs::settle`] for every alloc with a live writer: the agent calls it when it
     /// stops, after its runners, so nothing they logged is lost with the process.
     pub async fn settle_all(&self) {
-        let logs: Vec<Arc<AllocLog>> = lock(&self.inner.allocs)
+        let logs: Vec<Arc<AllocLog>> = self
+            .inner
+            .allocs
+            .lock_unpoisoned()
             .logs
             .values()
             .filter_map(Weak::upgrade)
@@ -187,7 +190,7 @@ impl AllocLogs {
 
     /// The shared log of `alloc_id`, made if no one holds it.
     fn log(&self, alloc_id: &str) -> Arc<AllocLog> {
-        let mut registry = lock(&self.inner.allocs);
+        let mut registry = self.inner.allocs.lock_unpoisoned();
         if let Some(log) = registry.logs.get(alloc_id).and_then(Weak::upgrade) {
             return log;
         }
@@ -238,7 +241,7 @@ impl Inner {
     /// Forgets `log` (and only it: a newer log of the same alloc stays) and deletes its files.
     async fn remove(&self, log: Arc<AllocLog>) {
         {
-            let mut registry = lock(&self.allocs);
+            let mut registry = self.allocs.lock_unpoisoned();
             let registered = registry.logs.get(&log.alloc_id);
             if registered.is_some_and(|known| std::ptr::eq(known.as_ptr(), Arc::as_ptr(&log))) {
                 registry.logs.remove(&log.alloc_id);
@@ -246,10 +249,4 @@ impl Inner {
         }
         log.remove().await;
     }
-}
-
-/// Locks `mutex`, carrying on after a panic elsewhere: every value kept under these locks is
-/// valid between statements.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock_unpoisoned()
 }

@@ -63,6 +63,17 @@ pub enum TaskActionError {
     /// Not one of [`SIGNAL_NAMES`].
     #[error("{0:?} is not a signal name; expected one such as SIGHUP, SIGINT, SIGTERM, SIGUSR1")]
     UnknownSignal(String),
+    /// The runner has not yet taken the signals and restarts already queued for it (a guest
+    /// busy computing, or a flood of requests): refused so the queue stays bounded.
+    #[error(
+        "alloc {alloc_id} has {queued} signals or restarts waiting for its runner; try again once it has taken them"
+    )]
+    Busy {
+        /// The alloc asked.
+        alloc_id: String,
+        /// How many are waiting.
+        queued: usize,
+    },
     /// The alloc's tasks cannot receive anything now.
     #[error("alloc {alloc_id} is not running: {reason}")]
     NotRunning {

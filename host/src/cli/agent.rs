@@ -9,13 +9,14 @@ use super::GlobalArgs;
 use crate::agent::Agent;
 use crate::agent::config::AgentFlags;
 use crate::shutdown::Shutdown;
+use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// `caravan agent`'s flags.
 #[derive(Debug, clap::Args)]
 pub struct AgentCommand {
-    /// A TOML config file (see the README for its keys).
+    /// A TOML config file (its keys: docs/operating.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Where state and alloc directories live (default ./caravan-data).
@@ -54,8 +55,12 @@ impl AgentCommand {
         let mut stop = shutdown.listener();
         let agent = Agent::start(config).await?;
         stop.stopping().await;
-        tracing::info!("interrupted: stopping the agent");
-        agent.stop().await;
-        Ok(ExitCode::SUCCESS)
+        tracing::info!("interrupted: stopping the agent (press Ctrl-C again to stop waiting)");
+        tokio::select! {
+            _ = agent.stop() => Ok(ExitCode::SUCCESS),
+            _ = stop.abandoning() => {
+                bail!("interrupted again: stopped without waiting for the allocs to stop")
+            }
+        }
     }
 }

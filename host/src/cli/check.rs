@@ -6,7 +6,7 @@
 
 use super::GlobalArgs;
 use crate::shutdown::Shutdown;
-use anyhow::bail;
+use anyhow::{Context, bail};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -51,9 +51,14 @@ impl CheckCommand {
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
         let mut stop = shutdown.listener();
-        let checks = crate::check::check(&self.component, self.kill_timeout, self.cache_dir);
+        // A task of its own, so that a signal is heard while the checks compile the component
+        // (which holds their thread for seconds for Python or JavaScript).
+        let component = self.component.clone();
+        let checks = tokio::spawn(async move {
+            crate::check::check(&component, self.kill_timeout, self.cache_dir).await
+        });
         let results = tokio::select! {
-            results = checks => results?,
+            results = checks => results.context("the checks stopped unexpectedly")??,
             _ = stop.stopping() => bail!("interrupted: the checks did not finish"),
         };
         for result in &results {

@@ -112,7 +112,11 @@ impl Cli {
             }
         };
         let error_exit_code = command.error_exit_code();
-        match runtime.block_on(command.execute(&global)) {
+        let outcome = runtime.block_on(command.execute(&global));
+        // Everything a command must finish it has awaited; what is left is work a Ctrl-C
+        // abandoned (a compile on the blocking pool, say), which must not hold the exit.
+        runtime.shutdown_background();
+        match outcome {
             Ok(code) => code,
             Err(error) => {
                 eprintln!("error: {error:#}");

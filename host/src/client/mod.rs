@@ -243,22 +243,26 @@ impl Client {
         task: Option<&str>,
         signal: &str,
     ) -> Result<(), TaskActionError> {
-        self.runner_for_action(alloc_id, task)?.signal(task, signal)
+        self.runner_for_action(alloc_id, task, Some(signal))?
+            .signal(task, signal)
     }
 
     /// Asks the runner of `alloc_id` to restart `task` (every task when `None`); answers as
     /// [`AllocRunner::restart_task`] does, or [`TaskActionError::UnknownAlloc`].
     pub fn restart_alloc(&self, alloc_id: &str, task: Option<&str>) -> Result<(), TaskActionError> {
-        self.runner_for_action(alloc_id, task)?.restart_task(task)
+        self.runner_for_action(alloc_id, task, None)?
+            .restart_task(task)
     }
 
     /// The runner a signal or restart goes to. An alloc held without one (its runner could not
     /// be built, or it was collected before a restart) has finished: that is the answer, once
-    /// the task is known to be one of its own.
+    /// the task is known to be one of its own and the signal (if any) a signal, so the answer
+    /// is the one a runner would give.
     fn runner_for_action(
         &self,
         alloc_id: &str,
         task: Option<&str>,
+        signal: Option<&str>,
     ) -> Result<Arc<dyn AllocRunner>, TaskActionError> {
         if let Some(runner) = self.runner(alloc_id) {
             return Ok(runner);
@@ -269,6 +273,9 @@ impl Client {
             .get(alloc_id)
             .cloned()
             .ok_or_else(|| TaskActionError::UnknownAlloc(alloc_id.to_string()))?;
+        if let Some(signal) = signal {
+            crate::allocrunner::signal_name(signal)?;
+        }
         crate::allocrunner::target_tasks(&alloc, task)?;
         Err(TaskActionError::NotRunning {
             alloc_id: alloc_id.to_string(),

@@ -13,6 +13,7 @@ use crate::allocrunner::StateUpdater;
 use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -163,6 +164,9 @@ fn check_tasks(alloc: &Alloc, state: &AllocState) -> Result<(), String> {
 pub struct HostApi {
     alloc: Arc<Alloc>,
     events: mpsc::UnboundedReceiver<Event>,
+    /// Signals and task restarts queued and not yet taken: the runner counts them up to its
+    /// bound, this counts them down as the guest takes them.
+    queued_task_actions: Arc<AtomicUsize>,
     /// `kill` or `shutdown`, once delivered: repeated to every later `next-event`.
     final_event: Option<Event>,
     state: Arc<StateCell>,
@@ -176,6 +180,7 @@ impl HostApi {
     pub fn new(
         alloc: Arc<Alloc>,
         events: mpsc::UnboundedReceiver<Event>,
+        queued_task_actions: Arc<AtomicUsize>,
         state: Arc<StateCell>,
         clock: EpochClock,
         span: tracing::Span,
@@ -184,6 +189,7 @@ impl HostApi {
         HostApi {
             alloc,
             events,
+            queued_task_actions,
             final_event: None,
             state,
             clock,
@@ -226,6 +232,9 @@ impl HostImports for HostApi {
         let event = received.unwrap_or(Event::Kill);
         match &event {
             Event::Update(alloc) => self.alloc = alloc.clone(),
+            Event::Signal { .. } | Event::RestartTask(_) => {
+                self.queued_task_actions.fetch_sub(1, Ordering::SeqCst);
+            }
             event if event.is_final() => self.final_event = Some(event.clone()),
             _ => {}
         }

@@ -15,9 +15,10 @@
 //! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
 //!   `lifecycle`, the one value that says where a runner is in its life.
 //!
-//! This module may use [`crate::allocrunner`] and [`crate::structs`]; it knows nothing of the
-//! client, the server or the state store. On disk it touches only each alloc's directory and
-//! log file, and its own cache dir.
+//! This module may use [`crate::allocrunner`], [`crate::alloc_logs`] (a writer handle per
+//! alloc) and the leaves (`structs`, `units`, `locks`); it knows nothing of the client, the
+//! server or the state store. On disk it touches only each alloc's directory and its own cache
+//! dir; alloc log files belong to [`crate::alloc_logs`].
 
 mod bindings;
 pub mod disk_cache;
@@ -30,7 +31,7 @@ mod wasm_runner;
 
 pub use limits::EPOCH_TICK;
 pub use logging::{GUEST_TARGET, MAX_LINE_BYTES};
-pub use wasm_runner::{WasmAllocRunner, WasmAllocRunnerFactory};
+pub use wasm_runner::{MAX_QUEUED_TASK_ACTIONS, WasmAllocRunner, WasmAllocRunnerFactory};
 
 use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};

@@ -18,6 +18,7 @@ use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::units::format_duration;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -69,6 +70,11 @@ enum RunOutcome {
     NeverStarted,
 }
 
+/// How many signals and task restarts may wait for one guest to take them: enough for any
+/// operator, few enough that a guest which never calls `next-event` holds little host memory
+/// however often the API is called.
+pub const MAX_QUEUED_TASK_ACTIONS: usize = 64;
+
 /// Runs one alloc in its own store.
 pub struct WasmAllocRunner {
     shared: Arc<Shared>,
@@ -84,6 +90,8 @@ struct Shared {
     events: mpsc::UnboundedSender<Event>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
     lifecycle: Mutex<Lifecycle>,
+    /// Signals and task restarts sent and not yet taken by the guest (it decrements).
+    queued_task_actions: Arc<AtomicUsize>,
     run_task: Mutex<Option<tokio::task::AbortHandle>>,
     stopped: LatchTrigger,
     destroyed: LatchTrigger,
@@ -125,6 +133,7 @@ impl WasmAllocRunner {
                 events,
                 receiver: Mutex::new(Some(receiver)),
                 lifecycle: Mutex::new(Lifecycle::new(finished)),
+                queued_task_actions: Arc::new(AtomicUsize::new(0)),
                 run_task: Mutex::new(None),
                 stopped,
                 destroyed: Latch::new().0,
@@ -148,7 +157,15 @@ impl Shared {
     }
 
     fn kill(self: &Arc<Self>) {
-        let step = self.lifecycle().ask_kill();
+        let step = {
+            let mut lifecycle = self.lifecycle();
+            let step = lifecycle.ask_kill();
+            if step == StopStep::AskGuest {
+                // Sent under the lifecycle lock, so no signal or restart passes it.
+                let _ = self.events.send(Event::Kill);
+            }
+            step
+        };
         match step {
             StopStep::AlreadyAsked => {}
             StopStep::NeverStarted => self.record_final(RunOutcome::NeverStarted),
@@ -165,41 +182,57 @@ impl Shared {
             }
             StopStep::AskGuest => {
                 tracing::info!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "killing alloc");
-                let _ = self.events.send(Event::Kill);
                 self.abort_after_grace(RunOutcome::KillTimedOut);
             }
         }
     }
 
-    /// `Ok` while the guest may still receive a signal or a restart: started, and neither
-    /// finished nor asked to stop (after that it is only ever given `kill` or `shutdown`).
-    fn check_running(&self) -> Result<(), TaskActionError> {
-        let (phase, stop_asked) = {
-            let lifecycle = self.lifecycle();
-            (lifecycle.phase(), lifecycle.stop_asked())
-        };
-        let reason = match phase {
-            Phase::Finished => match self.state.get().client_status {
-                status if status.is_terminal() => NotRunningReason::Finished(status),
-                _ => NotRunningReason::Stopping,
-            },
-            _ if stop_asked => NotRunningReason::Stopping,
-            Phase::NotStarted => NotRunningReason::NotStarted,
-            Phase::Running => return Ok(()),
-        };
+    /// Queues `events` (signals, task restarts) for the guest while it may still receive
+    /// them: started, and neither finished nor asked to stop (after that it is only ever
+    /// given `kill` or `shutdown`). The check and the sending happen under the lifecycle lock,
+    /// as `kill` and `shutdown` send theirs, so none of these ever follows a stop.
+    fn send_task_actions(&self, events: Vec<Event>) -> Result<(), TaskActionError> {
         let alloc_id = self.config.alloc.id.clone();
+        let known_reason = {
+            let lifecycle = self.lifecycle();
+            match (lifecycle.phase(), lifecycle.stop_asked()) {
+                (Phase::Running, false) => {
+                    let queued = self.queued_task_actions.load(Ordering::SeqCst);
+                    if queued + events.len() > MAX_QUEUED_TASK_ACTIONS {
+                        return Err(TaskActionError::Busy { alloc_id, queued });
+                    }
+                    self.queued_task_actions
+                        .fetch_add(events.len(), Ordering::SeqCst);
+                    for event in events {
+                        let _ = self.events.send(event);
+                    }
+                    return Ok(());
+                }
+                (Phase::Finished, _) => None,
+                (_, true) => Some(NotRunningReason::Stopping),
+                (Phase::NotStarted, false) => Some(NotRunningReason::NotStarted),
+            }
+        };
+        let reason = known_reason.unwrap_or_else(|| match self.state.get().client_status {
+            status if status.is_terminal() => NotRunningReason::Finished(status),
+            _ => NotRunningReason::Stopping,
+        });
         Err(TaskActionError::NotRunning { alloc_id, reason })
     }
 
     fn shutdown(self: &Arc<Self>) {
-        let step = self.lifecycle().ask_shutdown();
+        let step = {
+            let mut lifecycle = self.lifecycle();
+            let step = lifecycle.ask_shutdown();
+            if step == StopStep::AskGuest {
+                let _ = self.events.send(Event::Shutdown);
+            }
+            step
+        };
         match step {
             StopStep::AlreadyAsked | StopStep::AlreadyFinished => {}
             StopStep::NeverStarted => self.record_final(RunOutcome::NeverStarted),
-            StopStep::AskGuest => {
-                let _ = self.events.send(Event::Shutdown);
-                self.abort_after_grace(RunOutcome::ShutdownTimedOut);
-            }
+            StopStep::AskGuest => self.abort_after_grace(RunOutcome::ShutdownTimedOut),
         }
     }
 
@@ -348,6 +381,7 @@ impl Shared {
             host_api: HostApi::new(
                 alloc.clone(),
                 events,
+                self.queued_task_actions.clone(),
                 self.state.clone(),
                 clock.clone(),
                 self.config.span.clone(),
@@ -507,19 +541,15 @@ impl AllocRunner for WasmAllocRunner {
     fn signal(&self, task: Option<&str>, signal: &str) -> Result<(), TaskActionError> {
         let signal = signal_name(signal)?.to_string();
         target_tasks(&self.shared.alloc(), task)?;
-        self.shared.check_running()?;
         let task = task.map(str::to_string);
-        let _ = self.shared.events.send(Event::Signal { task, signal });
-        Ok(())
+        self.shared
+            .send_task_actions(vec![Event::Signal { task, signal }])
     }
 
     fn restart_task(&self, task: Option<&str>) -> Result<(), TaskActionError> {
         let tasks = target_tasks(&self.shared.alloc(), task)?;
-        self.shared.check_running()?;
-        for task in tasks {
-            let _ = self.shared.events.send(Event::RestartTask(task));
-        }
-        Ok(())
+        self.shared
+            .send_task_actions(tasks.into_iter().map(Event::RestartTask).collect())
     }
 
     fn destroy(&self) {

@@ -12,9 +12,10 @@ use caravan_host::allocrunner::{
 };
 use caravan_host::client::gc::StatvfsStats;
 use caravan_host::client::{Client, ClientConfig};
+use caravan_host::runtime::MAX_QUEUED_TASK_ACTIONS;
 use caravan_host::structs::{Alloc, ClientStatus, Limits};
 use caravan_host::testing::InMemoryServer;
-use caravan_test_artifacts::SLEEPER;
+use caravan_test_artifacts::{FIXTURE_SPIN_LOOP, SLEEPER};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -177,6 +178,32 @@ async fn the_sleeper_logs_a_signal_and_counts_a_restart() {
             NotRunningReason::Finished(state.client_status)
         )
     );
+}
+
+#[tokio::test]
+async fn signals_a_guest_never_takes_are_refused_once_the_queue_is_full() {
+    let _logs = LogCapture::start();
+    // Reports running, then computes without ever calling `next-event`, until its CPU budget
+    // ends it.
+    let mut spinning = alloc(FIXTURE_SPIN_LOOP, &["main"], &[]);
+    spinning.limits.cpu = Some(std::time::Duration::from_millis(500));
+    let started = start(spinning, None);
+    started
+        .recorder
+        .wait_for_status(ClientStatus::Running)
+        .await;
+    for _ in 0..MAX_QUEUED_TASK_ACTIONS {
+        started.runner.signal(None, "SIGHUP").unwrap();
+    }
+    assert_eq!(
+        started.runner.signal(None, "SIGHUP"),
+        Err(TaskActionError::Busy {
+            alloc_id: started.alloc.id.clone(),
+            queued: MAX_QUEUED_TASK_ACTIONS,
+        }),
+        "the queue a busy guest never drains must stay bounded"
+    );
+    assert_eq!(started.stopped().await.client_status, ClientStatus::Failed);
 }
 
 /// Runs `check` until it gives a value, every 100 ms for at most a minute: the agent's

@@ -108,6 +108,7 @@ fn action_error(error: TaskActionError, known_to_server: bool) -> ApiError {
         TaskActionError::UnknownTask { .. } => (StatusCode::BAD_REQUEST, Some("task")),
         TaskActionError::UnknownSignal(_) => (StatusCode::BAD_REQUEST, Some("signal")),
         TaskActionError::NotRunning { .. } => (StatusCode::CONFLICT, None),
+        TaskActionError::Busy { .. } => (StatusCode::TOO_MANY_REQUESTS, None),
     };
     ApiError {
         status,
