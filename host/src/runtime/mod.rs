@@ -13,7 +13,8 @@
 //! - `limits`: memory limiter and CPU meter.
 //! - [`disk_cache`]: compiled components on disk, checksummed.
 //! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
-//!   `lifecycle`, the one value that says where a runner is in its life.
+//!   `lifecycle`, the one value that says where a runner is in its life; `outcome`, how a
+//!   run's end becomes the alloc's final state.
 //!
 //! This module may use [`crate::allocrunner`], [`crate::alloc_logs`] (a writer handle per
 //! alloc) and the leaves (`structs`, `units`, `locks`); it knows nothing of the client, the
@@ -27,6 +28,7 @@ mod host_api;
 mod lifecycle;
 mod limits;
 mod logging;
+mod outcome;
 mod wasm_runner;
 
 pub use limits::EPOCH_TICK;
