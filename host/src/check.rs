@@ -111,7 +111,7 @@ impl Observer {
 /// The runtime, data dir and factory the checks share.
 struct Harness {
     factory: WasmAllocRunnerFactory,
-    data_dir: tempfile::TempDir,
+    data_dir: crate::fs_tree::TempTree,
     alloc_logs: AllocLogs,
     runner_path: String,
     runs: usize,
@@ -205,7 +205,7 @@ pub async fn check(
     if !results[0].passed {
         return Ok(results);
     }
-    let data_dir = tempfile::tempdir()?;
+    let data_dir = crate::fs_tree::TempTree::new("caravan-check-")?;
     let mut harness = Harness {
         factory: WasmAllocRunnerFactory::new(runtime),
         alloc_logs: AllocLogs::under_data_dir(data_dir.path()),

@@ -39,6 +39,7 @@ pub mod allocrunner;
 pub mod check;
 pub mod cli;
 pub mod client;
+pub mod fs_tree;
 pub mod jobspec;
 pub mod locks;
 pub mod rpc;
@@ -51,4 +52,5 @@ pub mod structs;
 pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod text;
 pub mod units;

@@ -144,7 +144,10 @@ pub async fn run(
     })?;
     let temporary = match &options.data_dir {
         Some(_) => None,
-        None => Some(tempfile::tempdir().context("cannot create a temporary data dir")?),
+        None => Some(
+            crate::fs_tree::TempTree::new("caravan-run-")
+                .context("cannot create a temporary data dir")?,
+        ),
     };
     let data_dir = options.data_dir.clone().unwrap_or_else(|| {
         temporary

@@ -3,6 +3,24 @@
 
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::field::MakeExt;
+use tracing_subscriber::fmt::format::debug_fn;
+
+/// Text-log fields with control characters escaped (see [`crate::text::escape_controls`]):
+/// a guest's newline cannot start a line that looks like the host's, nor its ESC reach the
+/// operator's terminal, whichever field (message, context, description) carries it.
+fn escaped_text_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFields<'writer> {
+    debug_fn(|writer, field, value| {
+        let rendered = format!("{value:?}");
+        let rendered = crate::text::escape_controls(&rendered);
+        if field.name() == "message" {
+            write!(writer, "{rendered}")
+        } else {
+            write!(writer, "{field}={rendered}")
+        }
+    })
+    .delimited(" ")
+}
 
 /// Installs the global subscriber, writing to stderr.
 ///
@@ -23,7 +41,7 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
             .with_span_list(false)
             .try_init()
     } else {
-        builder.try_init()
+        builder.fmt_fields(escaped_text_fields()).try_init()
     };
     installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
 }

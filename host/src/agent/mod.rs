@@ -38,7 +38,7 @@ pub struct Agent {
     dev: bool,
     alloc_logs: AllocLogs,
     /// Holds a dev agent's temporary data dir; dropping it removes the directory.
-    _dev_data_dir: Option<tempfile::TempDir>,
+    _dev_data_dir: Option<crate::fs_tree::TempTree>,
     http: tokio::task::JoinHandle<()>,
     stop_http: tokio::sync::oneshot::Sender<()>,
 }
@@ -47,9 +47,7 @@ impl Agent {
     /// Starts the server, the client and the HTTP API.
     pub async fn start(mut config: AgentConfig) -> anyhow::Result<Agent> {
         let dev_data_dir = if config.dev {
-            let dir = tempfile::Builder::new()
-                .prefix("caravan-dev-")
-                .tempdir()
+            let dir = crate::fs_tree::TempTree::new("caravan-dev-")
                 .context("cannot create the dev data dir")?;
             config.data_dir = dir.path().to_path_buf();
             Some(dir)

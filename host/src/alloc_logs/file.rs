@@ -6,9 +6,17 @@ use super::{LOG_FILE_MAX_BYTES, LOG_FILES_KEPT};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// One line of the file: `2026-11-29T20:41:20.816Z  INFO stdout: message\n`.
+/// One line of the file: `2026-11-29T20:41:20.816Z  INFO stdout: message\n`. The guest's
+/// source and message have their control characters escaped: one guest line is one file line,
+/// and `alloc logs` never hands a terminal a raw escape.
 pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) -> String {
-    format!("{} {level:>5} {source}: {message}\n", rfc3339_now())
+    use crate::text::escape_controls;
+    format!(
+        "{} {level:>5} {}: {}\n",
+        rfc3339_now(),
+        escape_controls(source),
+        escape_controls(message)
+    )
 }
 
 /// `<id>.log` -> `<id>.log.N`.

@@ -62,7 +62,7 @@ impl CheckCommand {
             _ = stop.stopping() => bail!("interrupted: the checks did not finish"),
         };
         for result in &results {
-            println!("{}", result.line());
+            println!("{}", crate::text::escape_controls(&result.line()));
         }
         let failed = results.iter().filter(|r| r.required && !r.passed).count();
         let component = self.component.display();

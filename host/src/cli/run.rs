@@ -67,7 +67,9 @@ impl RunCommand {
         } else {
             println!(
                 "alloc {} {}: {}",
-                alloc.id, state.client_status, state.description
+                alloc.id,
+                state.client_status,
+                crate::text::escape_controls(&state.description)
             );
         }
         Ok(if state.client_status == ClientStatus::Complete {

@@ -12,6 +12,7 @@ use super::limits::EpochClock;
 use crate::allocrunner::StateUpdater;
 use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
+use crate::text::cut_in_place;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +23,15 @@ use tokio::sync::mpsc;
 pub const MAX_TEXT_BYTES: usize = 1024;
 /// Events kept per task (the newest), as Nomad does.
 pub const MAX_EVENTS_PER_TASK: usize = 10;
+/// Longest task event kind kept, in bytes (kinds are words such as `Started`).
+pub const MAX_EVENT_KIND_BYTES: usize = 64;
 /// Largest checkpoint accepted.
 pub const MAX_CHECKPOINT_BYTES: usize = 1024 * 1024;
+/// Most bytes a guest may hand the host in one call (wasmtime's "hostcall fuel"): a checkpoint
+/// at its limit with room to spare, and far below the 128 MiB wasmtime allows by default, so
+/// that no single report, checkpoint or log line makes the host copy and check more than
+/// this. A call over it traps and fails the alloc, naming this limit.
+pub const MAX_HOSTCALL_BYTES: usize = 4 * 1024 * 1024;
 
 /// The latest state of one alloc, shared by its host import and its runner.
 pub struct StateCell {
@@ -104,26 +112,18 @@ impl StateCell {
     }
 }
 
+/// Cuts every string of a report to its limit (with a marker) and keeps the newest events:
+/// the one place a guest's report is bounded before it is stored, logged or shown.
 fn tidy(state: &mut AllocState) {
-    truncate(&mut state.description);
+    cut_in_place(&mut state.description, MAX_TEXT_BYTES);
     for task in &mut state.task_states {
         if task.events.len() > MAX_EVENTS_PER_TASK {
             task.events.drain(..task.events.len() - MAX_EVENTS_PER_TASK);
         }
         for event in &mut task.events {
-            truncate(&mut event.message);
-            truncate(&mut event.kind);
+            cut_in_place(&mut event.message, MAX_TEXT_BYTES);
+            cut_in_place(&mut event.kind, MAX_EVENT_KIND_BYTES);
         }
-    }
-}
-
-fn truncate(text: &mut String) {
-    if text.len() > MAX_TEXT_BYTES {
-        let mut cut = MAX_TEXT_BYTES;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
     }
 }
 
@@ -347,8 +347,16 @@ mod tests {
                 time_unix_ms: 0,
             })
             .collect();
+        long.task_states[0].events[14].kind = "K".repeat(100);
         tidy(&mut long);
-        assert_eq!(long.description.len(), MAX_TEXT_BYTES);
+        assert_eq!(
+            long.description,
+            format!("{} [truncated 3976 bytes]", "x".repeat(MAX_TEXT_BYTES))
+        );
+        assert_eq!(
+            long.task_states[0].events[9].kind,
+            format!("{} [truncated 36 bytes]", "K".repeat(MAX_EVENT_KIND_BYTES))
+        );
         assert_eq!(long.task_states[0].events.len(), MAX_EVENTS_PER_TASK);
         assert_eq!(
             long.task_states[0].events[0].message, "5",

@@ -25,6 +25,13 @@ pub const GUEST_TARGET: &str = "caravan::guest";
 /// Longest guest line kept, in bytes; longer lines are cut with a marker saying how much.
 pub const MAX_LINE_BYTES: usize = 8 * 1024;
 
+/// Longest `wasi:logging` context kept, in bytes (a context names a module or a component).
+pub const MAX_CONTEXT_BYTES: usize = 256;
+
+/// Guest log bytes per second (messages and contexts), with a burst of the same size: the line
+/// rate alone would let a guest write 8 KiB lines a thousand times a second.
+pub const LOG_BYTES_PER_SECOND: usize = 256 * 1024;
+
 /// How often, at most, a flooding guest gets its `dropped N log lines` event.
 pub const DROP_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -60,18 +67,32 @@ impl GuestLogSink {
         }
     }
 
-    /// Emits one guest line at `level`, unless the rate limit drops it.
+    /// Emits one guest line at `level`, message and context cut to their limits, unless the
+    /// rate limit (lines and bytes per second) drops it.
     pub fn emit(&self, level: tracing::Level, origin: Origin<'_>, message: &str) {
+        let message = truncate_line(message);
+        let context;
+        let origin = match origin {
+            Origin::Logging(full) => {
+                context = crate::text::cut(full, MAX_CONTEXT_BYTES);
+                Origin::Logging(&context)
+            }
+            stream => stream,
+        };
+        let bytes = message.len()
+            + match origin {
+                Origin::Logging(context) => context.len(),
+                Origin::Stream(_) => 0,
+            };
         let (admitted, dropped_report) = {
             let mut limiter = self.limiter.lock_unpoisoned();
-            let admitted = limiter.admit(Instant::now());
+            let admitted = limiter.admit(Instant::now(), bytes);
             (admitted, limiter.take_drop_report(Instant::now(), false))
         };
         if let Some(dropped) = dropped_report {
             self.report_dropped(dropped);
         }
         if admitted {
-            let message = truncate_line(message);
             emit_event(&self.span, level, origin, &message);
             if let Some(log_writer) = &self.log_writer {
                 let source = match origin {
@@ -121,14 +142,7 @@ fn emit_event(span: &tracing::Span, level: tracing::Level, origin: Origin<'_>, m
 
 /// Cuts `line` to [`MAX_LINE_BYTES`] on a character boundary, saying how much was cut.
 fn truncate_line(line: &str) -> std::borrow::Cow<'_, str> {
-    if line.len() <= MAX_LINE_BYTES {
-        return line.into();
-    }
-    let mut cut = MAX_LINE_BYTES;
-    while !line.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{} [truncated {} bytes]", &line[..cut], line.len() - cut).into()
+    crate::text::cut(line, MAX_LINE_BYTES)
 }
 
 /// A token bucket of `lines_per_second` with a burst of the same size, plus the count of
@@ -136,6 +150,8 @@ fn truncate_line(line: &str) -> std::borrow::Cow<'_, str> {
 struct RateLimiter {
     capacity: f64,
     tokens: f64,
+    byte_capacity: f64,
+    byte_tokens: f64,
     refilled_at: Option<Instant>,
     dropped: u64,
     reported_at: Option<Instant>,
@@ -144,23 +160,31 @@ struct RateLimiter {
 impl RateLimiter {
     fn new(lines_per_second: u32) -> Self {
         let capacity = f64::from(lines_per_second.max(1));
+        let byte_capacity = LOG_BYTES_PER_SECOND as f64;
         RateLimiter {
             capacity,
             tokens: capacity,
+            byte_capacity,
+            byte_tokens: byte_capacity,
             refilled_at: None,
             dropped: 0,
             reported_at: None,
         }
     }
 
-    fn admit(&mut self, now: Instant) -> bool {
+    /// Admits one line of `bytes` bytes if both its line and its byte budget allow it.
+    fn admit(&mut self, now: Instant, bytes: usize) -> bool {
         if let Some(refilled_at) = self.refilled_at {
             let elapsed = now.saturating_duration_since(refilled_at).as_secs_f64();
             self.tokens = (self.tokens + elapsed * self.capacity).min(self.capacity);
+            self.byte_tokens =
+                (self.byte_tokens + elapsed * self.byte_capacity).min(self.byte_capacity);
         }
         self.refilled_at = Some(now);
-        if self.tokens >= 1.0 {
+        let bytes = bytes as f64;
+        if self.tokens >= 1.0 && self.byte_tokens >= bytes {
             self.tokens -= 1.0;
+            self.byte_tokens -= bytes;
             true
         } else {
             self.dropped += 1;
@@ -375,10 +399,10 @@ mod tests {
     fn a_burst_over_the_rate_is_dropped_and_reported_once_per_interval() {
         let start = Instant::now();
         let mut limiter = RateLimiter::new(10);
-        let admitted = (0..25).filter(|_| limiter.admit(start)).count();
+        let admitted = (0..25).filter(|_| limiter.admit(start, 1)).count();
         assert_eq!(admitted, 10);
         assert_eq!(limiter.take_drop_report(start, false), Some(15));
-        limiter.admit(start);
+        limiter.admit(start, 1);
         assert_eq!(
             limiter.take_drop_report(start, false),
             None,
@@ -389,7 +413,7 @@ mod tests {
             Some(1)
         );
         // A second later the bucket is full again.
-        assert!(limiter.admit(start + Duration::from_secs(2)));
+        assert!(limiter.admit(start + Duration::from_secs(2), 1));
     }
 
     #[test]

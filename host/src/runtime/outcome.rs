@@ -4,8 +4,10 @@
 
 use super::StoreData;
 use super::bindings::{self, RunnerError};
+use super::host_api::{MAX_HOSTCALL_BYTES, MAX_TEXT_BYTES};
 use crate::structs::{AllocState, ClientStatus, Limits};
-use crate::units::format_duration;
+use crate::text::cut;
+use crate::units::{format_bytes, format_duration};
 
 /// How a run ended, before it is turned into a final state.
 #[derive(Debug)]
@@ -28,6 +30,15 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
     if let Some(limit) = data.memory.failure().or_else(|| data.cpu.failure()) {
         return limit;
     }
+    if error
+        .chain()
+        .any(|cause| cause.to_string().contains(HOSTCALL_FUEL_EXHAUSTED))
+    {
+        return format!(
+            "runner passed more than {} to the host in one call (the host-call limit)",
+            format_bytes(MAX_HOSTCALL_BYTES as u64)
+        );
+    }
     if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
         let location = error
             .downcast_ref::<wasmtime::WasmBacktrace>()
@@ -48,8 +59,21 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
         // `Trap`'s own text starts with "wasm trap: ".
         return format!("{trap}{location}");
     }
-    format!("{context}: {error:#}")
+    // Every cause but the backtrace, which spans many lines and means nothing to an operator
+    // without the guest's sources.
+    // (wasmtime attaches it as a context, so only its text tells it apart.)
+    let causes: Vec<String> = error
+        .chain()
+        .map(ToString::to_string)
+        .filter(|cause| !cause.starts_with("error while executing at wasm backtrace"))
+        .collect();
+    let description = format!("{context}: {}", causes.join(": "));
+    cut(&description, MAX_TEXT_BYTES).into_owned()
 }
+
+/// What wasmtime says when a guest hands one host call more than the store's hostcall fuel
+/// (its type is private, so its text is what can be matched).
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
 
 /// Frames of the language runtime's panic and abort machinery, skipped when naming where a
 /// trap happened.
@@ -83,9 +107,10 @@ pub(super) fn final_state(
     let (status, description) = match outcome {
         RunOutcome::Returned(Ok(())) | RunOutcome::NeverStarted if shut_down => return last,
         RunOutcome::Returned(Ok(())) => (ClientStatus::Complete, "runner finished".to_string()),
+        // The guest's own words, bounded as every description it reports is.
         RunOutcome::Returned(Err(error)) => (
             ClientStatus::Failed,
-            bindings::describe_runner_error(&error),
+            cut(&bindings::describe_runner_error(&error), MAX_TEXT_BYTES).into_owned(),
         ),
         RunOutcome::Failed(description) => (ClientStatus::Failed, description),
         RunOutcome::KillTimedOut => (

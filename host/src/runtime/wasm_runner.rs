@@ -5,7 +5,7 @@
 //! [`final_state`], from the guest's last report and how the run ended.
 
 use super::bindings::{self, Event};
-use super::host_api::{HostApi, StateCell};
+use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::limits::{CpuMeter, MemoryLimiter};
 use super::logging::{GuestLogSink, GuestLogging, GuestOutput};
@@ -377,6 +377,7 @@ impl Shared {
             cpu: CpuMeter::new(clock, self.limits.cpu),
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
+        store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
         store.limiter(|data| &mut data.memory);
         store.epoch_deadline_callback(|mut context| {
             let data = context.data_mut();
@@ -385,6 +386,46 @@ impl Shared {
         });
         store.set_epoch_deadline(1);
         Ok(store)
+    }
+}
+
+/// How often removing an alloc's directory is tried before it is left for the operator.
+const ALLOC_DIR_REMOVAL_ATTEMPTS: u32 = 5;
+
+/// Removes what an alloc left on disk, on the blocking pool and without recursion (a guest
+/// may have nested its directories 20,000 deep; see [`crate::fs_tree`]). A failure is
+/// reported and retried with a growing pause; it is never fatal to the agent, and after the
+/// last attempt what is left is named in the log for the operator.
+async fn remove_alloc_dir(alloc_dir: &Path, span: &tracing::Span) {
+    let mut pause = std::time::Duration::from_secs(1);
+    for attempt in 1..=ALLOC_DIR_REMOVAL_ATTEMPTS {
+        let path = alloc_dir.to_path_buf();
+        let removed = tokio::task::spawn_blocking(move || crate::fs_tree::remove_tree(&path))
+            .await
+            .unwrap_or_else(|join_error| Err(std::io::Error::other(join_error.to_string())));
+        let Err(error) = removed else {
+            return;
+        };
+        if attempt == ALLOC_DIR_REMOVAL_ATTEMPTS {
+            tracing::error!(
+                parent: span,
+                path = %alloc_dir.display(),
+                error = %error,
+                attempts = attempt,
+                "cannot remove what the alloc left; giving up, remove it by hand"
+            );
+            return;
+        }
+        tracing::warn!(
+            parent: span,
+            path = %alloc_dir.display(),
+            error = %error,
+            attempt,
+            retry_in = %format_duration(pause),
+            "cannot remove what the alloc left; will try again"
+        );
+        tokio::time::sleep(pause).await;
+        pause *= 2;
     }
 }
 
@@ -464,22 +505,7 @@ impl AllocRunner for WasmAllocRunner {
             if let Some(log_writer) = &shared.config.log_writer {
                 log_writer.remove().await;
             }
-            let alloc_dir = &shared.config.alloc_dir;
-            let removed = if alloc_dir.is_dir() {
-                tokio::fs::remove_dir_all(alloc_dir).await
-            } else {
-                tokio::fs::remove_file(alloc_dir).await
-            };
-            match removed {
-                Ok(()) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => tracing::warn!(
-                    parent: &shared.config.span,
-                    path = %alloc_dir.display(),
-                    error = %error,
-                    "cannot remove what the alloc left"
-                ),
-            }
+            remove_alloc_dir(&shared.config.alloc_dir, &shared.config.span).await;
             shared.destroyed.set();
         });
     }

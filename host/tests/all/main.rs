@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod embedded_server;
 mod empty_runner;
+mod fixture_hostile;
 mod fixture_log_flood;
 mod fixture_memory_hog;
 mod fixture_spin_loop;

@@ -2,7 +2,7 @@
 //! [`AllocCommand`] and one function here.
 
 use super::Remote;
-use super::table::{print_allocs, print_table};
+use super::table::{print_allocs, print_table, text};
 use serde_json::Value;
 
 /// `caravan alloc`'s subcommands.
@@ -71,11 +71,7 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
     remote.print(&alloc, |a| {
         print_allocs(&Value::Array(vec![a.clone()]));
         for task in a["task_states"].as_array().into_iter().flatten() {
-            println!(
-                "\nTask {} is {}",
-                task["name"].as_str().unwrap_or("?"),
-                task["state"].as_str().unwrap_or("?")
-            );
+            println!("\nTask {} is {}", text(&task["name"]), text(&task["state"]));
             let rows: Vec<Vec<String>> = task["events"]
                 .as_array()
                 .into_iter()

@@ -7,8 +7,16 @@ use serde_json::Value;
 
 /// Prints rows as a table with a header, columns padded to fit.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| crate::text::escape_controls(cell).into_owned())
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (i, cell) in row.iter().enumerate() {
             widths[i] = widths[i].max(cell.len());
         }
@@ -22,15 +30,16 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
         println!("{}", padded.join("  ").trim_end());
     };
     line(header.to_vec());
-    for row in rows {
+    for row in &rows {
         line(row.iter().map(String::as_str).collect());
     }
 }
 
-/// A JSON value as a table cell: strings bare, `null` as `-`.
+/// A JSON value as a table cell: strings bare (control characters escaped: a cell is one
+/// line of inert text whatever a runner reported), `null` as `-`.
 pub fn text(value: &Value) -> String {
     match value {
-        Value::String(s) => s.clone(),
+        Value::String(s) => crate::text::escape_controls(s).into_owned(),
         Value::Null => "-".into(),
         other => other.to_string(),
     }

@@ -1,0 +1,150 @@
+//! Hostile runners (the `hostile` fixture, one attack per test): each is contained to its own
+//! alloc, and what it hands the host is bounded and neutralised before it is stored or shown.
+
+use crate::support::*;
+use caravan_host::alloc_logs::AllocLogs;
+use caravan_host::allocrunner::AllocRunner;
+use caravan_host::structs::ClientStatus;
+use caravan_test_artifacts::FIXTURE_HOSTILE;
+use std::process::Command;
+
+const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
+
+/// What a forged line starts with: a timestamp like the host's own.
+const FORGED_START: &str = "2026-01-01T00:00:00.000000Z";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_bomb_is_removed_without_harm_to_the_agent() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "dir-bomb")]),
+        None,
+    );
+    eventually_async("the bomb to report running", || async {
+        started.runner.alloc_state().client_status == ClientStatus::Running
+    })
+    .await;
+    assert_eq!(
+        started.runner.alloc_state().description,
+        "nested 20000 directories"
+    );
+    assert!(started.alloc_dir().join("d/d/d").is_dir());
+    // The recursive removal this replaced overflowed its thread's stack here, which aborts
+    // the whole process: every alloc on the node with it.
+    started.runner.destroy();
+    within("the destroy", started.runner.destroyed().wait()).await;
+    assert!(
+        !started.alloc_dir().exists(),
+        "the alloc dir must be gone after destroy"
+    );
+}
+
+#[tokio::test]
+async fn a_long_error_from_run_is_cut_before_it_is_stored() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(
+            FIXTURE_HOSTILE,
+            &["main"],
+            &[("attack", "huge-error"), ("bytes", "2097152")],
+        ),
+        None,
+    );
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert!(
+        state.description.len() < 1100,
+        "description of {} bytes",
+        state.description.len()
+    );
+    assert!(
+        state.description.contains(" [truncated ") && state.description.ends_with(" bytes]"),
+        "{}",
+        &state.description[state.description.len().saturating_sub(80)..]
+    );
+}
+
+#[tokio::test]
+async fn an_error_over_the_host_call_limit_fails_the_alloc_naming_that_limit() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "huge-error")]),
+        None,
+    );
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert_eq!(
+        state.description,
+        "runner passed more than 4 MiB to the host in one call (the host-call limit)"
+    );
+}
+
+#[tokio::test]
+async fn forged_log_lines_stay_one_escaped_line_in_the_alloc_log() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "forged-log")]),
+        None,
+    );
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Complete);
+    let log = AllocLogs::under_data_dir(started.data_dir.path())
+        .read(&started.alloc.id)
+        .await
+        .unwrap();
+    let log = String::from_utf8(log).unwrap();
+    assert_eq!(log.lines().count(), 1, "one guest call, one line:\n{log}");
+    assert!(!log.contains('\u{1b}') && !log.contains('\r') && !log.contains('\u{7}'));
+    assert!(log.contains("FORGED-MSG\\n2026-01-01"), "{log}");
+}
+
+#[test]
+fn the_text_log_and_caravan_run_show_a_forging_guest_as_inert_text() {
+    let output = run_caravan(
+        &["run", FIXTURE_HOSTILE, "--config", "attack=forged-log"],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(0));
+    for (stream, bytes) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(
+            text.lines().all(|line| !line.starts_with(FORGED_START)),
+            "a forged line reached {stream}:\n{text}"
+        );
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\r'),
+            "a raw control character reached {stream}"
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("FORGED-MSG\\n2026-01-01"), "{stdout}");
+}
+
+#[test]
+fn caravan_run_leaves_no_temporary_tree_behind_however_deep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = Command::new(CARAVAN)
+        .args([
+            "run",
+            FIXTURE_HOSTILE,
+            "--config",
+            "attack=dir-bomb",
+            "--config",
+            "finish=yes",
+        ])
+        .env("TMPDIR", tmp.path())
+        .env_remove("CARAVAN_CACHE_DIR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("nested 20000 directories"),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind in TMPDIR: {left:?}");
+}
