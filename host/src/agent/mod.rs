@@ -3,11 +3,13 @@
 //! Layout:
 //! - [`config`]: the TOML config file and its knobs.
 //! - [`http`]: the HTTP API.
+//! - [`descriptors`]: the process's open-file limit, raised at start.
 //!
 //! The agent is the composition root: the only place that knows every layer. It may use all
 //! of them; none of them knows it, and only the CLI's `agent` command starts it.
 
 pub mod config;
+pub mod descriptors;
 pub mod http;
 
 use crate::alloc_logs::AllocLogs;
@@ -46,6 +48,7 @@ pub struct Agent {
 impl Agent {
     /// Starts the server, the client and the HTTP API.
     pub async fn start(mut config: AgentConfig) -> anyhow::Result<Agent> {
+        descriptors::raise_open_files_limit();
         let dev_data_dir = if config.dev {
             let dir = crate::fs_tree::TempTree::new("caravan-dev-")
                 .context("cannot create the dev data dir")?;

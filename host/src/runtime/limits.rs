@@ -30,9 +30,26 @@ impl EpochClock {
     }
 }
 
-/// Caps each linear memory of one alloc at `max_bytes`.
+/// Most linear memories one alloc's instance may have. A runner in Rust, C, Python or
+/// JavaScript has one or two; a cap keeps one runner from taking the node's memory slots.
+pub const MAX_MEMORIES_PER_INSTANCE: usize = 8;
+/// Most tables one alloc's instance may have.
+pub const MAX_TABLES_PER_INSTANCE: usize = 16;
+/// Most core instances one alloc's component may create (a Python runner has 14).
+pub const MAX_CORE_INSTANCES_PER_INSTANCE: usize = 32;
+/// Most table elements, all tables of one instance together: tables hold function references,
+/// and a runner needs thousands at most.
+pub const MAX_TABLE_ELEMENTS: usize = 1_000_000;
+
+/// Caps the memory of one alloc's instance: all its linear memories together may hold at most
+/// `max_bytes`, and it may have at most [`MAX_MEMORIES_PER_INSTANCE`] of them (and as many
+/// tables and core instances as the constants above allow).
 pub struct MemoryLimiter {
     max_bytes: u64,
+    /// Bytes of all memories granted so far.
+    total_bytes: u64,
+    /// Elements of all tables granted so far.
+    total_table_elements: usize,
     exceeded: bool,
 }
 
@@ -40,6 +57,8 @@ impl MemoryLimiter {
     pub fn new(max_bytes: u64) -> Self {
         MemoryLimiter {
             max_bytes,
+            total_bytes: 0,
+            total_table_elements: 0,
             exceeded: false,
         }
     }
@@ -54,11 +73,17 @@ impl MemoryLimiter {
 impl wasmtime::ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired as u64 > self.max_bytes {
+        // Called for each memory as it is created (from 0) and as it grows: the sum over all
+        // of them is what the alloc holds. A grant that later fails only overestimates it.
+        let total = self
+            .total_bytes
+            .saturating_sub(current as u64)
+            .saturating_add(desired as u64);
+        if total > self.max_bytes {
             self.exceeded = true;
             // An error (not `Ok(false)`) traps at once: a Rust guest would otherwise abort with
             // a bare `unreachable`, and a C guest would carry on with a NULL pointer.
@@ -67,17 +92,37 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
                 format_bytes(self.max_bytes)
             )));
         }
+        self.total_bytes = total;
         Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        // Tables hold function references; a runner needs thousands at most.
-        Ok(desired <= 1_000_000)
+        let total = self
+            .total_table_elements
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if total > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        self.total_table_elements = total;
+        Ok(true)
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES_PER_INSTANCE
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES_PER_INSTANCE
+    }
+
+    fn instances(&self) -> usize {
+        MAX_CORE_INSTANCES_PER_INSTANCE
     }
 }
 
@@ -173,6 +218,19 @@ mod tests {
             limiter.failure().as_deref(),
             Some("memory limit of 64 MiB exceeded")
         );
+    }
+
+    #[test]
+    fn the_limit_is_for_all_memories_together() {
+        let mut limiter = MemoryLimiter::new(64 << 20);
+        // Three memories of 16 MiB each fit; a fourth of 32 MiB does not.
+        for _ in 0..3 {
+            assert!(limiter.memory_growing(0, 16 << 20, None).unwrap());
+        }
+        // Growing one of them by 8 MiB still fits (56 MiB in all).
+        assert!(limiter.memory_growing(16 << 20, 24 << 20, None).unwrap());
+        assert!(limiter.memory_growing(0, 16 << 20, None).is_err());
+        assert!(limiter.failure().is_some());
     }
 
     #[test]

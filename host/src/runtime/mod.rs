@@ -389,7 +389,11 @@ fn engine_config(pooling_slots: Option<u32>) -> Config {
             .total_memories(slots.saturating_mul(2))
             .total_tables(slots.saturating_mul(4))
             // Every live alloc waits inside an async call, which holds one fiber stack.
-            .total_stacks(slots);
+            .total_stacks(slots)
+            // What one runner may take of the pool, as the store's limiter allows it.
+            .max_memories_per_component(limits::MAX_MEMORIES_PER_INSTANCE as u32)
+            .max_tables_per_component(limits::MAX_TABLES_PER_INSTANCE as u32)
+            .max_core_instances_per_component(limits::MAX_CORE_INSTANCES_PER_INSTANCE as u32);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config

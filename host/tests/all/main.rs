@@ -18,6 +18,7 @@ mod fixture_spin_loop;
 mod fixture_trap;
 mod fixture_wrong_world;
 mod loading;
+mod many_memories;
 mod minimal;
 mod other_languages;
 mod restore;

@@ -1,0 +1,65 @@
+//! The agent's file descriptor limit: raised to the most the system allows, once, at start.
+//!
+//! Every file a guest opens through WASI is a host descriptor, and so is every connection to
+//! the API, every log file and the state DB. Linux's default soft limit (1,024) is far under
+//! what a node with many allocs needs, and the hard limit is there to be used: servers such as
+//! nginx, etcd and Nomad raise their soft limit to it. Touches only this process's limit.
+
+use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+
+/// Raises the soft open-file limit to the hard one and says so; returns the limit in force.
+pub fn raise_open_files_limit() -> Option<u64> {
+    let limit = getrlimit(Resource::Nofile);
+    let (Some(soft), hard) = (limit.current, limit.maximum) else {
+        return None; // Unlimited already.
+    };
+    let Some(hard) = hard else {
+        // No ceiling: pick a generous one rather than ask for infinity, which Linux refuses.
+        return raise_to(soft, 1 << 20);
+    };
+    if soft >= hard {
+        return Some(soft);
+    }
+    raise_to(soft, hard)
+}
+
+fn raise_to(soft: u64, target: u64) -> Option<u64> {
+    let current = getrlimit(Resource::Nofile);
+    let raised = Rlimit {
+        current: Some(target),
+        maximum: current.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => {
+            tracing::info!(
+                from = soft,
+                to = target,
+                "raised the open file descriptor limit to the hard limit"
+            );
+            Some(target)
+        }
+        Err(error) => {
+            tracing::warn!(
+                limit = soft,
+                error = %error,
+                "cannot raise the open file descriptor limit; allocs and the API share {soft} descriptors"
+            );
+            Some(soft)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_limit_ends_at_the_hard_limit() {
+        let raised = raise_open_files_limit();
+        let limit = getrlimit(Resource::Nofile);
+        assert_eq!(raised, limit.current);
+        if let (Some(soft), Some(hard)) = (limit.current, limit.maximum) {
+            assert_eq!(soft, hard);
+        }
+    }
+}
