@@ -37,6 +37,11 @@ pub const MAX_MEMORIES_PER_INSTANCE: usize = 8;
 pub const MAX_TABLES_PER_INSTANCE: usize = 16;
 /// Most core instances one alloc's component may create (a Python runner has 14).
 pub const MAX_CORE_INSTANCES_PER_INSTANCE: usize = 32;
+/// Most handles one alloc's instance may hold at once: every file or directory it has open
+/// is one (a host descriptor behind it), and so is every stream and pollable. Without a cap a
+/// runner took 19,982 of an agent's 20,000 descriptors; a runner needs a few dozen.
+pub const MAX_HANDLES_PER_INSTANCE: usize = 1024;
+
 /// Most table elements, all tables of one instance together: tables hold function references,
 /// and a runner needs thousands at most.
 pub const MAX_TABLE_ELEMENTS: usize = 1_000_000;

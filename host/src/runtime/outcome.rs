@@ -5,6 +5,7 @@
 use super::StoreData;
 use super::bindings::{self, RunnerError};
 use super::host_api::{MAX_HOSTCALL_BYTES, MAX_TEXT_BYTES};
+use super::limits::MAX_HANDLES_PER_INSTANCE;
 use crate::structs::{AllocState, ClientStatus, Limits};
 use crate::text::cut;
 use crate::units::{format_bytes, format_duration};
@@ -30,13 +31,16 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
     if let Some(limit) = data.memory.failure().or_else(|| data.cpu.failure()) {
         return limit;
     }
-    if error
-        .chain()
-        .any(|cause| cause.to_string().contains(HOSTCALL_FUEL_EXHAUSTED))
-    {
+    let caused_by = |text: &str| error.chain().any(|cause| cause.to_string().contains(text));
+    if caused_by(HOSTCALL_FUEL_EXHAUSTED) {
         return format!(
             "runner passed more than {} to the host in one call (the host-call limit)",
             format_bytes(MAX_HOSTCALL_BYTES as u64)
+        );
+    }
+    if caused_by(HANDLE_LIMIT_EXCEEDED) {
+        return format!(
+            "runner held more than {MAX_HANDLES_PER_INSTANCE} handles at once (open files, streams and the like: the handle limit)"
         );
     }
     if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
@@ -70,6 +74,9 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
     let description = format!("{context}: {}", causes.join(": "));
     cut(&description, MAX_TEXT_BYTES).into_owned()
 }
+
+/// What wasmtime says when a store holds more handles than it may.
+const HANDLE_LIMIT_EXCEEDED: &str = "store handle limit exceeded";
 
 /// What wasmtime says when a guest hands one host call more than the store's hostcall fuel
 /// (its type is private, so its text is what can be matched).

@@ -7,7 +7,7 @@
 use super::bindings::{self, Event};
 use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
-use super::limits::{CpuMeter, MemoryLimiter};
+use super::limits::{CpuMeter, MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
 use super::logging::{GuestLogSink, GuestLogging, GuestOutput};
 use super::outcome::{RunOutcome, describe_failure, final_state};
 use super::{LoadedComponent, Runtime, StoreData, TokioClock};
@@ -378,6 +378,7 @@ impl Shared {
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
         store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
+        store.set_max_component_handles(MAX_HANDLES_PER_INSTANCE);
         store.limiter(|data| &mut data.memory);
         store.epoch_deadline_callback(|mut context| {
             let data = context.data_mut();

@@ -40,6 +40,21 @@ async fn a_directory_bomb_is_removed_without_harm_to_the_agent() {
 }
 
 #[tokio::test]
+async fn a_descriptor_bomb_fails_its_alloc_at_the_handle_limit() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "fd-bomb")]),
+        None,
+    );
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert_eq!(
+        state.description,
+        "runner held more than 1024 handles at once (open files, streams and the like: the handle limit)"
+    );
+}
+
+#[tokio::test]
 async fn a_long_error_from_run_is_cut_before_it_is_stored() {
     let _logs = LogCapture::start();
     let started = start(
