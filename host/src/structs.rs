@@ -205,7 +205,7 @@ impl AllocState {
 /// Per-alloc limits as a job states them: unset fields take the agent's [`Limits`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitOverrides {
-    /// Bytes of linear memory, per memory.
+    /// Bytes of linear memory, all memories together.
     pub memory_bytes: Option<u64>,
     /// Time spent computing (not waiting) over the alloc's run.
     pub cpu: Option<Duration>,
@@ -217,11 +217,101 @@ pub struct LimitOverrides {
     pub log_lines_per_second: Option<u32>,
 }
 
+/// The most a job may ask of an agent, per limit (`[client.limit_caps]` in the agent's config).
+/// A job asking for more is refused when it is submitted, naming the key; without caps a job
+/// could ask one node for any memory, CPU budget or kill timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitCaps {
+    /// Default 1 GiB.
+    pub memory_bytes: u64,
+    /// Default 1 hour of computing.
+    pub cpu: Duration,
+    /// Default 30 s, Nomad's `max_kill_timeout`.
+    pub kill_timeout: Duration,
+    /// Default 10,000 lines per second.
+    pub log_lines_per_second: u32,
+}
+
+impl Default for LimitCaps {
+    fn default() -> Self {
+        LimitCaps {
+            memory_bytes: 1024 * 1024 * 1024,
+            cpu: Duration::from_secs(3600),
+            kill_timeout: Duration::from_secs(30),
+            log_lines_per_second: 10_000,
+        }
+    }
+}
+
+/// A limit asked above its cap: which, and by how much.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {asked} is over this agent's cap of {cap} (client.limit_caps.{name})")]
+pub struct OverCap {
+    /// The job file's key, such as `job.limits.memory`.
+    pub key: &'static str,
+    /// The key's name in `[client.limit_caps]`.
+    pub name: &'static str,
+    /// What was asked, for people.
+    pub asked: String,
+    /// The cap, for people.
+    pub cap: String,
+}
+
+impl LimitCaps {
+    /// The first limit of `limits` over its cap, in the order of [`LimitCaps`]' fields.
+    pub fn check(&self, limits: &LimitOverrides) -> Result<(), OverCap> {
+        use crate::units::{format_bytes, format_duration};
+        let over = |name: &'static str, asked: String, cap: String| OverCap {
+            key: match name {
+                "memory" => "job.limits.memory",
+                "cpu" => "job.limits.cpu",
+                "kill_timeout" => "job.limits.kill_timeout",
+                _ => "job.limits.log_rate",
+            },
+            name,
+            asked,
+            cap,
+        };
+        if let Some(asked) = limits.memory_bytes.filter(|&m| m > self.memory_bytes) {
+            return Err(over(
+                "memory",
+                format_bytes(asked),
+                format_bytes(self.memory_bytes),
+            ));
+        }
+        if let Some(asked) = limits.cpu.filter(|&c| c > self.cpu) {
+            return Err(over(
+                "cpu",
+                format_duration(asked),
+                format_duration(self.cpu),
+            ));
+        }
+        if let Some(asked) = limits.kill_timeout.filter(|&k| k > self.kill_timeout) {
+            return Err(over(
+                "kill_timeout",
+                format_duration(asked),
+                format_duration(self.kill_timeout),
+            ));
+        }
+        if let Some(asked) = limits
+            .log_lines_per_second
+            .filter(|&r| r > self.log_lines_per_second)
+        {
+            return Err(over(
+                "log_rate",
+                asked.to_string(),
+                self.log_lines_per_second.to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The limits one alloc runs under, all set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
-    /// Bytes each linear memory may grow to. Default 64 MiB: plenty for a runner that
-    /// supervises tasks rather than doing their work.
+    /// Bytes all linear memories of the instance may hold together. Default 64 MiB: plenty
+    /// for a runner that supervises tasks rather than doing their work.
     pub memory_bytes: u64,
     /// Time spent computing, counted in epoch ticks. Default 60 s: runners mostly wait, and
     /// waiting is free, so only a runner that computes without end runs out.

@@ -19,6 +19,12 @@
 //! log_rate = 1000
 //! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
 //!
+//! [client.limit_caps]             # the most a job may ask for; more is refused at submit
+//! memory = "1GiB"
+//! cpu = "1h"
+//! kill_timeout = "30s"
+//! log_rate = 10000
+//!
 //! [server]
 //! job_gc_threshold = "4h"
 //! restart_limit = 3
@@ -33,7 +39,7 @@
 
 use crate::client::gc::GcConfig;
 use crate::server::ServerConfig;
-use crate::structs::Limits;
+use crate::structs::{LimitCaps, LimitOverrides, Limits};
 use crate::units::{UnitError, parse_bytes, parse_duration};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -178,6 +184,8 @@ pub struct AgentConfig {
     pub gc: GcConfig,
     /// Default limits for every alloc.
     pub limits: Limits,
+    /// The most a job may ask for, per limit.
+    pub limit_caps: LimitCaps,
     /// The embedded server's knobs.
     pub server: ServerConfig,
     /// How many allocs may run at once on this node: sizes the runtime's instance pool.
@@ -195,6 +203,7 @@ impl Default for AgentConfig {
             acl_token: None,
             gc: GcConfig::default(),
             limits: Limits::default(),
+            limit_caps: LimitCaps::default(),
             server: ServerConfig::default(),
             max_live_allocs: 1_000,
         }
@@ -228,7 +237,19 @@ struct ClientSection {
     wall_time: Option<String>,
     kill_timeout: Option<String>,
     log_rate: Option<u32>,
+    #[serde(default)]
+    limit_caps: LimitCapsSection,
     max_live_allocs: Option<u32>,
+}
+
+/// `[client.limit_caps]`: the same keys as a job's `[job.limits]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitCapsSection {
+    memory: Option<String>,
+    cpu: Option<String>,
+    kill_timeout: Option<String>,
+    log_rate: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -341,6 +362,42 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
         }
         config.max_live_allocs = v;
     }
+    let caps = &client.limit_caps;
+    if let Some(v) = &caps.memory {
+        config.limit_caps.memory_bytes =
+            parse_bytes(v).map_err(unit("client.limit_caps.memory"))?;
+    }
+    if let Some(v) = &caps.cpu {
+        config.limit_caps.cpu = duration("client.limit_caps.cpu", v)?;
+    }
+    if let Some(v) = &caps.kill_timeout {
+        config.limit_caps.kill_timeout = duration("client.limit_caps.kill_timeout", v)?;
+    }
+    if let Some(v) = caps.log_rate {
+        config.limit_caps.log_lines_per_second = v;
+    }
+    // The agent's own defaults must be something a job could ask for.
+    let defaults = LimitOverrides {
+        memory_bytes: Some(config.limits.memory_bytes),
+        cpu: Some(config.limits.cpu),
+        wall_time: None,
+        kill_timeout: Some(config.limits.kill_timeout),
+        log_lines_per_second: Some(config.limits.log_lines_per_second),
+    };
+    if let Err(over) = config.limit_caps.check(&defaults) {
+        return Err(out_of_range(
+            match over.name {
+                "memory" => "client.memory",
+                "cpu" => "client.cpu",
+                "kill_timeout" => "client.kill_timeout",
+                _ => "client.log_rate",
+            },
+            format!(
+                "at most client.limit_caps.{} ({}), not {}",
+                over.name, over.cap, over.asked
+            ),
+        ));
+    }
     if let Some(v) = file.server.job_gc_threshold {
         config.server.job_gc_threshold = duration("server.job_gc_threshold", &v)?;
     }
@@ -358,6 +415,31 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr, BindError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limit_caps_are_read_and_the_defaults_must_fit_under_them() {
+        let mut config = AgentConfig::default();
+        apply_file(
+            &mut config,
+            "agent.toml",
+            "[client.limit_caps]\nmemory = \"256MiB\"\nkill_timeout = \"10s\"",
+        )
+        .unwrap();
+        assert_eq!(config.limit_caps.memory_bytes, 256 << 20);
+        assert_eq!(config.limit_caps.kill_timeout, Duration::from_secs(10));
+
+        let mut config = AgentConfig::default();
+        let error = apply_file(
+            &mut config,
+            "agent.toml",
+            "[client]\nmemory = \"2GiB\"\n[client.limit_caps]\nmemory = \"1GiB\"",
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "agent.toml: client.memory: at most client.limit_caps.memory (1 GiB), not 2 GiB"
+        );
+    }
     use std::time::Duration;
 
     #[test]

@@ -42,6 +42,8 @@ pub struct ApiState {
     pub runtime: crate::runtime::Runtime,
     /// The alloc log files.
     pub alloc_logs: AllocLogs,
+    /// The most a job may ask for; a job over a cap is refused with 400.
+    pub limit_caps: crate::structs::LimitCaps,
 }
 
 /// The API's routes.
@@ -251,6 +253,14 @@ async fn register_job(
         message: e.to_string(),
         field: Some(e.field),
     })?;
+    state
+        .limit_caps
+        .check(&spec.limits)
+        .map_err(|over| ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: over.to_string(),
+            field: Some(over.key.to_string()),
+        })?;
     let job_id = spec.id.clone();
     let registration = state.server.register_job(spec);
     Ok(Json(serde_json::json!({

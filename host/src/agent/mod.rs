@@ -98,6 +98,7 @@ impl Agent {
             acl_token: config.acl_token.clone(),
             runtime,
             alloc_logs: alloc_logs.clone(),
+            limit_caps: config.limit_caps,
         });
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {

@@ -127,6 +127,19 @@ async fn bad_job_specs_get_400_naming_the_field_and_change_nothing() {
                 .to_string(),
             "job",
         ),
+        // Over the agent's caps (1 GiB of memory, 30 s to stop by default).
+        (
+            format!(
+                r#"{{"job": {{"id": "a", "type": "service", "count": 1, "runner": {SLEEPER:?}, "limits": {{"memory": "8GiB"}}}}}}"#
+            ),
+            "job.limits.memory",
+        ),
+        (
+            format!(
+                r#"{{"job": {{"id": "a", "type": "service", "count": 1, "runner": {SLEEPER:?}, "limits": {{"kill_timeout": "1h"}}}}}}"#
+            ),
+            "job.limits.kill_timeout",
+        ),
     ];
     for (body, field) in cases {
         let (status, error) = http(agent.addr, "POST", "/v1/jobs", Some(&body), None).await;
