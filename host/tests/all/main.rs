@@ -17,6 +17,7 @@ mod fixture_memory_hog;
 mod fixture_spin_loop;
 mod fixture_trap;
 mod fixture_wrong_world;
+mod fuzz;
 mod loading;
 mod many_memories;
 mod minimal;
