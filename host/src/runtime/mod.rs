@@ -12,17 +12,19 @@
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
 //! - `limits`: memory limiter and CPU meter.
 //! - [`disk_cache`]: compiled components on disk, checksummed.
+//! - [`disk_watch`]: the alloc directory's quota (bytes, entries, depth), checked periodically.
 //! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
 //!   `lifecycle`, the one value that says where a runner is in its life; `outcome`, how a
 //!   run's end becomes the alloc's final state.
 //!
 //! This module may use [`crate::allocrunner`], [`crate::alloc_logs`] (a writer handle per
 //! alloc) and the leaves (`structs`, `units`, `locks`); it knows nothing of the client, the
-//! server or the state store. On disk it touches only each alloc's directory and its own cache
-//! dir; alloc log files belong to [`crate::alloc_logs`].
+//! server or the state store. On disk it touches only each alloc's directory (which it reads
+//! to check its quota) and its own cache dir; alloc log files belong to [`crate::alloc_logs`].
 
 mod bindings;
 pub mod disk_cache;
+pub mod disk_watch;
 pub mod histogram;
 mod host_api;
 mod lifecycle;

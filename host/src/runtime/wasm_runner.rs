@@ -5,6 +5,7 @@
 //! [`final_state`], from the guest's last report and how the run ended.
 
 use super::bindings::{self, Event};
+use super::disk_watch::{self, DiskQuota};
 use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::limits::{CpuMeter, MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
@@ -314,9 +315,16 @@ impl Shared {
             &alloc_wit,
             self.config.restored.as_deref(),
         );
-        let result = match self.limits.wall_time {
-            Some(limit) => match tokio::time::timeout(limit, call).await {
-                Ok(result) => result,
+        // The run, unless the alloc dir goes over its quota first.
+        let watched = async {
+            tokio::select! {
+                result = call => Ok(result),
+                over = disk_watch::over_quota(&self.config.alloc_dir, DiskQuota::default()) => Err(over),
+            }
+        };
+        let watched = match self.limits.wall_time {
+            Some(limit) => match tokio::time::timeout(limit, watched).await {
+                Ok(watched) => watched,
                 Err(_) => {
                     return RunOutcome::Failed(format!(
                         "wall time limit of {} exceeded",
@@ -324,7 +332,14 @@ impl Shared {
                     ));
                 }
             },
-            None => call.await,
+            None => watched.await,
+        };
+        let result = match watched {
+            Ok(result) => result,
+            Err(over_quota) => {
+                store.data().logging.flush();
+                return RunOutcome::Failed(over_quota);
+            }
         };
         store.data().logging.flush();
         match result {

@@ -20,13 +20,12 @@ async fn a_directory_bomb_is_removed_without_harm_to_the_agent() {
         alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "dir-bomb")]),
         None,
     );
-    eventually_async("the bomb to report running", || async {
-        started.runner.alloc_state().client_status == ClientStatus::Running
-    })
-    .await;
+    // The host's look at the alloc dir stops at the depth limit and fails the alloc.
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
     assert_eq!(
-        started.runner.alloc_state().description,
-        "nested 20000 directories"
+        state.description,
+        "disk quota exceeded: directories nest deeper than 64 levels"
     );
     assert!(started.alloc_dir().join("d/d/d").is_dir());
     // The recursive removal this replaced overflowed its thread's stack here, which aborts
@@ -51,6 +50,21 @@ async fn a_descriptor_bomb_fails_its_alloc_at_the_handle_limit() {
     assert_eq!(
         state.description,
         "runner held more than 1024 handles at once (open files, streams and the like: the handle limit)"
+    );
+}
+
+#[tokio::test]
+async fn a_file_flood_fails_its_alloc_at_the_entry_limit() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "file-flood")]),
+        None,
+    );
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert_eq!(
+        state.description,
+        "disk quota exceeded: the alloc directory holds more than 10000 entries"
     );
 }
 
@@ -103,11 +117,14 @@ async fn forged_log_lines_stay_one_escaped_line_in_the_alloc_log() {
     );
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Complete);
-    let log = AllocLogs::under_data_dir(started.data_dir.path())
-        .read(&started.alloc.id)
-        .await
-        .unwrap();
-    let log = String::from_utf8(log).unwrap();
+    // The runner's writer belongs to another `AllocLogs`: wait for its queue to reach the file.
+    let logs = AllocLogs::under_data_dir(started.data_dir.path());
+    let read = || async { String::from_utf8(logs.read(&started.alloc.id).await.unwrap()).unwrap() };
+    eventually_async("the guest's line in the alloc log", || async {
+        !read().await.is_empty()
+    })
+    .await;
+    let log = read().await;
     assert_eq!(log.lines().count(), 1, "one guest call, one line:\n{log}");
     assert!(!log.contains('\u{1b}') && !log.contains('\r') && !log.contains('\u{7}'));
     assert!(log.contains("FORGED-MSG\\n2026-01-01"), "{log}");
@@ -151,11 +168,13 @@ fn caravan_run_leaves_no_temporary_tree_behind_however_deep() {
         .env_remove("CARAVAN_CACHE_DIR")
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // Complete, or failed at the depth limit if the host looked before the runner finished:
+    // either way the tree must be gone.
+    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        String::from_utf8_lossy(&output.stdout).contains("nested 20000 directories"),
-        "{stderr}"
+        stdout.contains("nested 20000 directories") || stdout.contains("nest deeper than 64"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
     );
     let left: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()

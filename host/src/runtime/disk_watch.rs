@@ -1,0 +1,205 @@
+//! The alloc directory's quota, checked the way Nomad checks `ephemeral_disk`: the host looks
+//! at what the directory holds every [`CHECK_INTERVAL`] while the runner runs, and fails the
+//! alloc, naming the limit, once it holds more bytes, more entries or deeper directories than
+//! allowed.
+//!
+//! A periodic look bounds what a runner can take to its quota plus what it writes in one
+//! interval; it does not refuse the write that crosses the line (that needs a WASI
+//! filesystem layer of the host's own, not built yet: see `docs/security.md`). Each look is
+//! bounded too: it stops as soon as a limit is passed, so a guest's million files cost it one
+//! failed check, not a million `stat`s per second. It holds one descriptor per level it is
+//! in, and never goes deeper than the depth limit.
+//!
+//! It only reads the alloc directory; it never changes it.
+
+use crate::units::format_bytes;
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
+use std::ffi::CString;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// How often a running alloc's directory is looked at.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Bytes an alloc directory may hold (as `du` counts them: blocks in use).
+pub const MAX_DISK_BYTES: u64 = 1024 * 1024 * 1024;
+/// Files, directories and links an alloc directory may hold.
+pub const MAX_DISK_ENTRIES: u64 = 10_000;
+/// How deep directories may nest under the alloc directory.
+pub const MAX_DIR_DEPTH: usize = 64;
+
+/// The quota of one alloc directory.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskQuota {
+    /// Bytes in use.
+    pub bytes: u64,
+    /// Entries of any kind.
+    pub entries: u64,
+    /// Nesting of directories.
+    pub depth: usize,
+}
+
+impl Default for DiskQuota {
+    fn default() -> Self {
+        DiskQuota {
+            bytes: MAX_DISK_BYTES,
+            entries: MAX_DISK_ENTRIES,
+            depth: MAX_DIR_DEPTH,
+        }
+    }
+}
+
+/// Waits until `alloc_dir` is over `quota`, looking every [`CHECK_INTERVAL`], and returns
+/// the alloc's description. Never returns while the directory stays within it.
+pub async fn over_quota(alloc_dir: &Path, quota: DiskQuota) -> String {
+    loop {
+        tokio::time::sleep(CHECK_INTERVAL).await;
+        let dir = alloc_dir.to_path_buf();
+        let checked = tokio::task::spawn_blocking(move || check(&dir, quota)).await;
+        if let Ok(Some(description)) = checked {
+            return description;
+        }
+    }
+}
+
+/// What `dir` is over, if anything: the first limit passed, described for the alloc.
+/// Unreadable entries are skipped: the check only ever fails an alloc for what it saw.
+pub fn check(dir: &Path, quota: DiskQuota) -> Option<String> {
+    let root = rustix::fs::openat(
+        CWD,
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    // Directories still to read: their parent (kept open while any child waits), name, depth.
+    let mut pending: Vec<(Rc<OwnedFd>, CString, usize)> = Vec::new();
+    let mut reading = Some((Rc::new(root), 0usize));
+    while let Some((directory, depth)) = reading.take() {
+        let Ok(listing) = list(&directory) else {
+            reading = next_directory(&mut pending);
+            continue;
+        };
+        for (name, file_type) in listing {
+            entries += 1;
+            if entries > quota.entries {
+                return Some(format!(
+                    "disk quota exceeded: the alloc directory holds more than {} entries",
+                    quota.entries
+                ));
+            }
+            let Ok(stat) = rustix::fs::statat(
+                directory.as_fd(),
+                name.as_c_str(),
+                AtFlags::SYMLINK_NOFOLLOW,
+            ) else {
+                continue;
+            };
+            bytes = bytes.saturating_add(u64::try_from(stat.st_blocks).unwrap_or(0) * 512);
+            if bytes > quota.bytes {
+                return Some(format!(
+                    "disk quota of {} exceeded",
+                    format_bytes(quota.bytes)
+                ));
+            }
+            let is_directory = match file_type {
+                FileType::Directory => true,
+                FileType::Unknown => FileType::from_raw_mode(stat.st_mode) == FileType::Directory,
+                _ => false,
+            };
+            if is_directory {
+                if depth + 1 > quota.depth {
+                    return Some(format!(
+                        "disk quota exceeded: directories nest deeper than {} levels",
+                        quota.depth
+                    ));
+                }
+                pending.push((directory.clone(), name, depth + 1));
+            }
+        }
+        drop(directory);
+        reading = next_directory(&mut pending);
+    }
+    None
+}
+
+/// Opens the next pending directory that can still be opened.
+fn next_directory(
+    pending: &mut Vec<(Rc<OwnedFd>, CString, usize)>,
+) -> Option<(Rc<OwnedFd>, usize)> {
+    while let Some((parent, name, depth)) = pending.pop() {
+        let opened = rustix::fs::openat(
+            parent.as_fd(),
+            name.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        if let Ok(directory) = opened {
+            return Some((Rc::new(directory), depth));
+        }
+    }
+    None
+}
+
+fn list(directory: &OwnedFd) -> std::io::Result<Vec<(CString, FileType)>> {
+    let mut reader = rustix::fs::Dir::read_from(directory)?;
+    let mut entries = Vec::new();
+    while let Some(entry) = reader.read() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name != c"." && name != c".." {
+            entries.push((name.to_owned(), entry.file_type()));
+        }
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(bytes: u64, entries: u64, depth: usize) -> DiskQuota {
+        DiskQuota {
+            bytes,
+            entries,
+            depth,
+        }
+    }
+
+    #[test]
+    fn a_directory_within_its_quota_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/file"), vec![1u8; 10_000]).unwrap();
+        assert_eq!(check(dir.path(), DiskQuota::default()), None);
+    }
+
+    #[test]
+    fn bytes_entries_and_depth_are_each_named_when_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("big"), vec![1u8; 1 << 20]).unwrap();
+        assert_eq!(
+            check(dir.path(), quota(512 * 1024, 100, 10)).as_deref(),
+            Some("disk quota of 512 KiB exceeded")
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..20 {
+            std::fs::write(dir.path().join(format!("f{i}")), "").unwrap();
+        }
+        assert_eq!(
+            check(dir.path(), quota(1 << 30, 10, 10)).as_deref(),
+            Some("disk quota exceeded: the alloc directory holds more than 10 entries")
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("1/2/3/4/5")).unwrap();
+        assert_eq!(
+            check(dir.path(), quota(1 << 30, 100, 4)).as_deref(),
+            Some("disk quota exceeded: directories nest deeper than 4 levels")
+        );
+        assert_eq!(check(dir.path(), quota(1 << 30, 100, 5)), None);
+    }
+}
