@@ -160,6 +160,7 @@ struct RuntimeInner {
     /// runner costs at most a `stat` (once per [`PATH_RECHECK`]), not a read and a hash.
     by_path: Mutex<HashMap<PathBuf, PathEntry>>,
     ticker_stop: Arc<AtomicBool>,
+    disk_watcher: disk_watch::DiskWatcher,
 }
 
 /// The largest component file the runtime reads (Python and JavaScript runners are 12-20 MB).
@@ -222,6 +223,7 @@ impl Runtime {
         let clock = EpochClock::default();
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), clock.clone(), ticker_stop.clone())?;
+        let disk_watcher = disk_watch::DiskWatcher::start(ticker_stop.clone())?;
 
         let disk_cache = config
             .cache_dir
@@ -238,6 +240,7 @@ impl Runtime {
                 by_path: Mutex::new(HashMap::new()),
                 instantiations: histogram::Histogram::default(),
                 ticker_stop,
+                disk_watcher,
             }),
         })
     }

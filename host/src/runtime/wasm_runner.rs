@@ -5,7 +5,7 @@
 //! [`final_state`], from the guest's last report and how the run ended.
 
 use super::bindings::{self, Event};
-use super::disk_watch::{self, DiskQuota};
+use super::disk_watch::DiskQuota;
 use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::limits::{CpuMeter, MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
@@ -316,10 +316,12 @@ impl Shared {
             self.config.restored.as_deref(),
         );
         // The run, unless the alloc dir goes over its quota first.
+        let mut disk =
+            (self.runtime.inner.disk_watcher).watch(&self.config.alloc_dir, DiskQuota::default());
         let watched = async {
             tokio::select! {
                 result = call => Ok(result),
-                over = disk_watch::over_quota(&self.config.alloc_dir, DiskQuota::default()) => Err(over),
+                over = disk.over_quota() => Err(over),
             }
         };
         let watched = match self.limits.wall_time {
