@@ -193,6 +193,24 @@ impl Remover {
                 fresh.as_c_str(),
                 RenameFlags::NOREPLACE,
             );
+            // Filesystems without `RENAME_NOREPLACE` (NFS, many FUSE ones) say EINVAL: make
+            // sure the fresh name is free, then rename plainly (only this process names these).
+            let renamed = match renamed {
+                Err(rustix::io::Errno::INVAL) => match rustix::fs::statat(
+                    self.root.as_fd(),
+                    fresh.as_c_str(),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                ) {
+                    Ok(_) => Err(rustix::io::Errno::EXIST),
+                    Err(_) => rustix::fs::renameat(
+                        directory.as_fd(),
+                        name,
+                        self.root.as_fd(),
+                        fresh.as_c_str(),
+                    ),
+                },
+                other => other,
+            };
             match renamed {
                 Ok(()) => return Some(fresh),
                 // A guest's entry already has that name: try the next one.

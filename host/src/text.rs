@@ -8,7 +8,8 @@
 //!   log files, and every CLI table or status. A newline inside a guest's string would start
 //!   a line indistinguishable from the host's own, and ESC, OSC, BEL or CR would drive the
 //!   operator's terminal; escaped, one guest string is one line of inert text. Stored values
-//!   and the JSON log keep the text as it was (JSON escapes control characters itself).
+//!   and the JSON log keep the text as it was (JSON escapes C0 controls itself; DEL and C1
+//!   pass through it raw).
 //!
 //! A leaf: it knows nothing of allocs or guests.
 

@@ -34,7 +34,7 @@ fn raise_to(soft: u64, target: u64) -> Option<u64> {
             tracing::info!(
                 from = soft,
                 to = target,
-                "raised the open file descriptor limit to the hard limit"
+                "raised the open file descriptor limit"
             );
             Some(target)
         }

@@ -142,8 +142,21 @@ impl DiskWatcher {
 
 impl WatcherInner {
     fn run(&self) {
+        let mut round_started = std::time::Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
-            std::thread::sleep(CHECK_INTERVAL);
+            // A round slower than the interval starts the next one at once, and says so: the
+            // quota is then looked at less often than promised.
+            let took = round_started.elapsed();
+            if took > CHECK_INTERVAL {
+                tracing::warn!(
+                    took_ms = took.as_millis() as u64,
+                    watched = self.watched.lock_unpoisoned().len(),
+                    "looking at every alloc dir took longer than the quota check interval"
+                );
+            } else {
+                std::thread::sleep(CHECK_INTERVAL - took);
+            }
+            round_started = std::time::Instant::now();
             let dirs: Vec<(u64, PathBuf, DiskQuota)> = self
                 .watched
                 .lock_unpoisoned()
@@ -183,11 +196,17 @@ pub fn check(dir: &Path, quota: DiskQuota) -> Option<String> {
     let mut pending: Vec<(Rc<OwnedFd>, CString, usize)> = Vec::new();
     let mut reading = Some((Rc::new(root), 0usize));
     while let Some((directory, depth)) = reading.take() {
-        let Ok(listing) = list(&directory) else {
+        // Counted while read, so a directory of a million entries costs one limit's worth.
+        let Ok(mut reader) = rustix::fs::Dir::read_from(&*directory) else {
             reading = next_directory(&mut pending);
             continue;
         };
-        for (name, file_type) in listing {
+        while let Some(Ok(entry)) = reader.read() {
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let (name, file_type) = (name.to_owned(), entry.file_type());
             entries += 1;
             if entries > quota.entries {
                 return Some(format!(
@@ -246,19 +265,6 @@ fn next_directory(
         }
     }
     None
-}
-
-fn list(directory: &OwnedFd) -> std::io::Result<Vec<(CString, FileType)>> {
-    let mut reader = rustix::fs::Dir::read_from(directory)?;
-    let mut entries = Vec::new();
-    while let Some(entry) = reader.read() {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name != c"." && name != c".." {
-            entries.push((name.to_owned(), entry.file_type()));
-        }
-    }
-    Ok(entries)
 }
 
 #[cfg(test)]

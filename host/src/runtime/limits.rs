@@ -55,6 +55,10 @@ pub struct MemoryLimiter {
     total_bytes: u64,
     /// Elements of all tables granted so far.
     total_table_elements: usize,
+    /// What the last grant added, taken back if wasmtime then fails the growth (over the
+    /// memory's own maximum, or out of host memory): a failed grow holds nothing.
+    last_memory_grant: u64,
+    last_table_grant: usize,
     exceeded: bool,
 }
 
@@ -64,6 +68,8 @@ impl MemoryLimiter {
             max_bytes,
             total_bytes: 0,
             total_table_elements: 0,
+            last_memory_grant: 0,
+            last_table_grant: 0,
             exceeded: false,
         }
     }
@@ -83,7 +89,7 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         // Called for each memory as it is created (from 0) and as it grows: the sum over all
-        // of them is what the alloc holds. A grant that later fails only overestimates it.
+        // of them is what the alloc holds.
         let total = self
             .total_bytes
             .saturating_sub(current as u64)
@@ -97,8 +103,23 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
                 format_bytes(self.max_bytes)
             )));
         }
+        self.last_memory_grant = total.saturating_sub(self.total_bytes);
         self.total_bytes = total;
         Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.total_bytes = self.total_bytes.saturating_sub(self.last_memory_grant);
+        self.last_memory_grant = 0;
+        Ok(())
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.total_table_elements = self
+            .total_table_elements
+            .saturating_sub(self.last_table_grant);
+        self.last_table_grant = 0;
+        Ok(())
     }
 
     fn table_growing(
@@ -114,6 +135,7 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         if total > MAX_TABLE_ELEMENTS {
             return Ok(false);
         }
+        self.last_table_grant = total.saturating_sub(self.total_table_elements);
         self.total_table_elements = total;
         Ok(true)
     }
@@ -234,6 +256,12 @@ mod tests {
         }
         // Growing one of them by 8 MiB still fits (56 MiB in all).
         assert!(limiter.memory_growing(16 << 20, 24 << 20, None).unwrap());
+        // A growth wasmtime then fails (over the memory's own maximum) holds nothing.
+        assert!(limiter.memory_growing(24 << 20, 32 << 20, None).unwrap());
+        limiter
+            .memory_grow_failed(wasmtime::Error::msg("over its maximum"))
+            .unwrap();
+        assert!(limiter.memory_growing(0, 8 << 20, None).unwrap());
         assert!(limiter.memory_growing(0, 16 << 20, None).is_err());
         assert!(limiter.failure().is_some());
     }

@@ -60,8 +60,8 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
                 user.map(|name| format!(" in {name}"))
             })
             .unwrap_or_default();
-        // `Trap`'s own text starts with "wasm trap: ".
-        return format!("{trap}{location}");
+        // `Trap`'s own text starts with "wasm trap: "; the function's name is the guest's.
+        return cut(&format!("{trap}{location}"), MAX_TEXT_BYTES).into_owned();
     }
     // Every cause but the backtrace, which spans many lines and means nothing to an operator
     // without the guest's sources.

@@ -14,7 +14,7 @@ const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 const FORGED_START: &str = "2026-01-01T00:00:00.000000Z";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_directory_bomb_is_removed_without_harm_to_the_agent() {
+async fn a_directory_bomb_fails_at_the_depth_limit_and_is_removed_without_harm() {
     let _logs = LogCapture::start();
     let started = start(
         alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "dir-bomb")]),
@@ -28,8 +28,10 @@ async fn a_directory_bomb_is_removed_without_harm_to_the_agent() {
         "disk quota exceeded: directories nest deeper than 64 levels"
     );
     assert!(started.alloc_dir().join("d/d/d").is_dir());
-    // The recursive removal this replaced overflowed its thread's stack here, which aborts
-    // the whole process: every alloc on the node with it.
+    // However deep the runner got before the quota check stopped it (the removal of a tree
+    // 20,000 deep, on a 64 KiB stack, is `fs_tree`'s own test), it is removed without
+    // recursion: the removal this replaced overflowed its thread's stack, which aborts the
+    // whole process and every alloc on the node with it.
     started.runner.destroy();
     within("the destroy", started.runner.destroyed().wait()).await;
     assert!(
@@ -154,7 +156,7 @@ fn the_text_log_and_caravan_run_show_a_forging_guest_as_inert_text() {
 
 #[test]
 fn caravan_run_leaves_no_temporary_tree_behind_however_deep() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = caravan_host::fs_tree::TempTree::new("caravan-test-").unwrap();
     let output = Command::new(CARAVAN)
         .args([
             "run",

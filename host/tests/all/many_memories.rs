@@ -108,7 +108,9 @@ async fn an_instance_may_not_have_more_than_a_few_memories() {
             state.description
         }
     };
-    assert!(description.contains("memories"), "{description}");
+    // Pooling names the per-component limit on memories; on demand, wasmtime says "memory
+    // count too high".
+    assert!(description.contains("memor"), "{description}");
 }
 
 #[tokio::test]

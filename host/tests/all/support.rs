@@ -192,7 +192,8 @@ pub struct Started {
     pub runner: Arc<WasmAllocRunner>,
     pub recorder: Arc<Recorder>,
     pub alloc: Arc<Alloc>,
-    pub data_dir: tempfile::TempDir,
+    /// Removed without recursion: a hostile runner may leave a tree deeper than any stack.
+    pub data_dir: caravan_host::fs_tree::TempTree,
 }
 
 impl Started {
@@ -214,7 +215,7 @@ pub fn start(alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
 /// As [`start`], on a runtime of the test's own.
 pub fn start_on(runtime: Runtime, alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
     let recorder = Recorder::new();
-    let data_dir = tempfile::tempdir().unwrap();
+    let data_dir = caravan_host::fs_tree::TempTree::new("caravan-test-").unwrap();
     let alloc = Arc::new(alloc);
     let config = AllocRunnerConfig {
         alloc: alloc.clone(),
