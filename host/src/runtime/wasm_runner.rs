@@ -316,8 +316,11 @@ impl Shared {
             self.config.restored.as_deref(),
         );
         // The run, unless the alloc dir goes over its quota first.
-        let mut disk =
-            (self.runtime.inner.disk_watcher).watch(&self.config.alloc_dir, DiskQuota::default());
+        let mut disk = self
+            .runtime
+            .inner
+            .disk_watcher
+            .watch(&self.config.alloc_dir, DiskQuota::default());
         let watched = async {
             tokio::select! {
                 result = call => Ok(result),

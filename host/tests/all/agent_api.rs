@@ -2,24 +2,8 @@
 
 use crate::support::*;
 use caravan_host::agent::Agent;
-use caravan_host::agent::config::AgentConfig;
 use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use serde_json::Value;
-
-async fn agent(configure: impl FnOnce(&mut AgentConfig)) -> (Agent, tempfile::TempDir) {
-    let data_dir = tempfile::tempdir().unwrap();
-    let mut config = AgentConfig {
-        data_dir: data_dir.path().to_path_buf(),
-        ..AgentConfig::default()
-    };
-    config.bind = "127.0.0.1:0".parse().unwrap();
-    config.gc = gc_ignoring_this_disk();
-    configure(&mut config);
-    (
-        Agent::start(config).await.expect("the agent starts"),
-        data_dir,
-    )
-}
 
 fn job(id: &str, job_type: &str, count: i64, runner: &str) -> String {
     serde_json::json!({ "job": { "id": id, "type": job_type, "count": count, "runner": runner } })

@@ -9,8 +9,6 @@
 //! `target/fuzz-failures/` and named in the failure. Figures are in `docs/security.md`.
 
 use crate::support::*;
-use caravan_host::agent::Agent;
-use caravan_host::agent::config::AgentConfig;
 use caravan_host::jobspec;
 use caravan_host::rpc::ServerApi;
 use caravan_host::server::{EmbeddedServer, ServerConfig};
@@ -312,14 +310,7 @@ fn fuzz_component_loading() {
 #[tokio::test]
 async fn fuzz_http_bodies_and_queries() {
     let _logs = LogCapture::start();
-    let data_dir = tempfile::tempdir().unwrap();
-    let mut config = AgentConfig {
-        data_dir: data_dir.path().to_path_buf(),
-        ..AgentConfig::default()
-    };
-    config.bind = "127.0.0.1:0".parse().unwrap();
-    config.gc = gc_ignoring_this_disk();
-    let agent = Agent::start(config).await.unwrap();
+    let (agent, _data_dir) = agent(|_| {}).await;
     let bodies = corpus("http-bodies");
     let queries = corpus("http-queries");
     let body_paths = [

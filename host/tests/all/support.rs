@@ -1,6 +1,8 @@
 //! What every test here needs: a shared runtime, log capture that prints itself when a test
 //! fails, a state recorder to await reports, and a way to start a runner of a guest.
 
+use caravan_host::agent::Agent;
+use caravan_host::agent::config::AgentConfig;
 use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
@@ -531,4 +533,21 @@ impl Drop for AgentProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
     }
+}
+
+/// A real agent in process on 127.0.0.1:0 with its own data dir, the GC blind to this disk,
+/// and whatever `configure` changes.
+pub async fn agent(configure: impl FnOnce(&mut AgentConfig)) -> (Agent, tempfile::TempDir) {
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut config = AgentConfig {
+        data_dir: data_dir.path().to_path_buf(),
+        ..AgentConfig::default()
+    };
+    config.bind = "127.0.0.1:0".parse().unwrap();
+    config.gc = gc_ignoring_this_disk();
+    configure(&mut config);
+    (
+        Agent::start(config).await.expect("the agent starts"),
+        data_dir,
+    )
 }
