@@ -13,10 +13,12 @@
 //! ```
 //!
 //! Optional: `[job.limits]` (`memory`, `cpu`, `wall_time`, `kill_timeout`, `log_rate`),
-//! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values).
+//! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values),
+//! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
+use crate::capabilities::{self, Capabilities};
 use crate::structs::{LimitOverrides, Task};
 use crate::units::{parse_bytes, parse_duration};
 use serde::{Deserialize, Serialize};
@@ -49,6 +51,9 @@ pub struct JobSpec {
     pub tasks: Vec<Task>,
     /// Free-form metadata.
     pub meta: Vec<(String, String)>,
+    /// What each alloc may reach beyond its directory; nothing by default.
+    #[serde(default, skip_serializing_if = "Capabilities::is_empty")]
+    pub capabilities: Capabilities,
 }
 
 /// Why a job spec was refused: the field at fault and what is wrong with it.
@@ -89,6 +94,19 @@ struct RawJob {
     tasks: Vec<RawTask>,
     #[serde(default)]
     meta: BTreeMap<String, String>,
+    #[serde(default)]
+    capabilities: RawCapabilities,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCapabilities {
+    #[serde(default)]
+    network: Vec<String>,
+    #[serde(default)]
+    volumes: BTreeMap<String, String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -165,6 +183,9 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         )
     })?;
     let limits = validate_limits(raw.limits)?;
+    let caps = &raw.capabilities;
+    let capabilities = capabilities::parse_job(&caps.network, &caps.volumes, &caps.env)
+        .map_err(|e| error(e.key, e.message))?;
     let mut tasks: Vec<Task> = Vec::new();
     for (i, task) in raw.tasks.into_iter().enumerate() {
         let field = format!("job.tasks[{i}].name");
@@ -199,6 +220,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         limits,
         tasks,
         meta: raw.meta.into_iter().collect(),
+        capabilities,
     })
 }
 
@@ -278,6 +300,39 @@ mod tests {
         assert!(config.contains(&("exit_code".into(), "1".into())));
         assert!(config.contains(&("loud".into(), "true".into())));
         assert_eq!(spec.meta, [("team".to_string(), "infra".to_string())]);
+    }
+
+    #[test]
+    fn capabilities_parse_and_a_bad_one_names_its_key() {
+        let spec = parse_toml(
+            r#"
+            [job]
+            id = "net"
+            type = "service"
+            count = 1
+            runner = "r.wasm"
+            [job.capabilities]
+            network = ["127.0.0.1:8080"]
+            volumes = { "/data" = "shared" }
+            env = { GREETING = "hello" }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(spec.capabilities.network[0].port(), 8080);
+        assert_eq!(spec.capabilities.volumes[0].path, "/data");
+        assert_eq!(spec.capabilities.env[0].1, "hello");
+        let refused = parse_toml(
+            "[job]\nid = \"j\"\ntype = \"batch\"\ncount = 1\nrunner = \"r\"\n\
+             [job.capabilities]\nnetwork = [\"example.com:80\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(refused.field, "job.capabilities.network[0]");
+        let unknown = parse_toml(
+            "[job]\nid = \"j\"\ntype = \"batch\"\ncount = 1\nrunner = \"r\"\n\
+             [job.capabilities]\nsockets = true\n",
+        )
+        .unwrap_err();
+        assert!(unknown.message.contains("sockets"), "{unknown}");
     }
 
     #[test]

@@ -36,6 +36,7 @@
 pub mod agent;
 pub mod alloc_logs;
 pub mod allocrunner;
+pub mod capabilities;
 pub mod check;
 pub mod cli;
 pub mod client;

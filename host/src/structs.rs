@@ -3,6 +3,7 @@
 //! These types know nothing of wasmtime, the client or storage, so every layer can use them.
 //! An [`Alloc`] is immutable once built and shared as `Arc<Alloc>`: an update replaces it whole.
 
+use crate::capabilities::Capabilities;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -59,12 +60,16 @@ pub struct Alloc {
     /// Limits for this alloc; unset fields take the agent's defaults.
     #[serde(default)]
     pub limits: LimitOverrides,
+    /// What the alloc may reach beyond its own directory; nothing by default.
+    #[serde(default, skip_serializing_if = "Capabilities::is_empty")]
+    pub capabilities: Capabilities,
 }
 
 impl Alloc {
     /// A new alloc of `job_id` running `runner` with `tasks`, with the defaults a fresh
     /// placement has: a group named after the job, desired to run, modify index 1, no
-    /// metadata, no limit overrides. Set other fields with struct update syntax.
+    /// metadata, no limit overrides, no capabilities. Set other fields with struct update
+    /// syntax.
     pub fn new(
         id: impl Into<String>,
         job_id: impl Into<String>,
@@ -82,6 +87,7 @@ impl Alloc {
             modify_index: 1,
             meta: Vec::new(),
             limits: LimitOverrides::default(),
+            capabilities: Capabilities::default(),
         }
     }
 }

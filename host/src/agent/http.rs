@@ -44,6 +44,8 @@ pub struct ApiState {
     pub alloc_logs: AllocLogs,
     /// The most a job may ask for; a job over a cap is refused with 400.
     pub limit_caps: crate::structs::LimitCaps,
+    /// What jobs may ask to reach; a job asking for more is refused with 400.
+    pub capabilities: Arc<crate::capabilities::CapabilityPolicy>,
 }
 
 /// The API's routes.
@@ -260,6 +262,14 @@ async fn register_job(
             status: StatusCode::BAD_REQUEST,
             message: over.to_string(),
             field: Some(over.key.to_string()),
+        })?;
+    state
+        .capabilities
+        .check(&spec.capabilities)
+        .map_err(|refused| ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: refused.to_string(),
+            field: Some(refused.key),
         })?;
     let job_id = spec.id.clone();
     let registration = state.server.register_job(spec);

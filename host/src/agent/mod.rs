@@ -78,7 +78,10 @@ impl Agent {
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
         // The agent decides what runs allocs: WebAssembly components, on the shared runtime.
-        let factory = WasmAllocRunnerFactory::new(runtime.clone()).into_factory();
+        let capabilities = Arc::new(config.capabilities.clone());
+        let factory = WasmAllocRunnerFactory::new(runtime.clone())
+            .offering(capabilities.clone())
+            .into_factory();
         let client = Client::with_disk_stats(
             client_config,
             server.clone() as Arc<dyn ServerApi>,
@@ -99,6 +102,7 @@ impl Agent {
             runtime,
             alloc_logs: alloc_logs.clone(),
             limit_caps: config.limit_caps,
+            capabilities,
         });
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {

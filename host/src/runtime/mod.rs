@@ -31,6 +31,7 @@ mod lifecycle;
 mod limits;
 mod logging;
 mod outcome;
+mod wasi_ctx;
 mod wasm_runner;
 
 pub use limits::EPOCH_TICK;
@@ -526,19 +527,4 @@ impl wasmtime::component::HasData for HostApiData {
 struct LoggingData;
 impl wasmtime::component::HasData for LoggingData {
     type Data<'a> = &'a mut logging::GuestLogging;
-}
-
-/// The guest's monotonic clock is tokio's, so paused-time tests move guest time too.
-struct TokioClock {
-    start: tokio::time::Instant,
-}
-
-impl wasmtime_wasi::HostMonotonicClock for TokioClock {
-    fn resolution(&self) -> u64 {
-        1_000_000
-    }
-
-    fn now(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
 }

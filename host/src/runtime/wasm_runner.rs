@@ -9,13 +9,15 @@ use super::disk_watch::DiskQuota;
 use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::limits::{CpuMeter, MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
-use super::logging::{GuestLogSink, GuestLogging, GuestOutput};
+use super::logging::{GuestLogSink, GuestLogging};
 use super::outcome::{RunOutcome, describe_failure, final_state};
-use super::{LoadedComponent, Runtime, StoreData, TokioClock};
+use super::wasi_ctx::sandbox_wasi;
+use super::{LoadedComponent, Runtime, StoreData};
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger, NotRunningReason,
     TaskActionError, signal_name, target_tasks,
 };
+use crate::capabilities::CapabilityPolicy;
 use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::units::format_duration;
@@ -26,19 +28,28 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 use wasmtime::Store;
 use wasmtime::component::ResourceTable;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 /// Builds [`WasmAllocRunner`]s, loading each alloc's `runner` component through the shared
 /// [`Runtime`] (compiled once per distinct component).
 #[derive(Clone)]
 pub struct WasmAllocRunnerFactory {
     runtime: Runtime,
+    offered: Arc<CapabilityPolicy>,
 }
 
 impl WasmAllocRunnerFactory {
-    /// A factory on `runtime`.
+    /// A factory on `runtime` whose allocs get no capability beyond their directory.
     pub fn new(runtime: Runtime) -> Self {
-        WasmAllocRunnerFactory { runtime }
+        WasmAllocRunnerFactory {
+            runtime,
+            offered: Arc::default(),
+        }
+    }
+
+    /// The same factory granting allocs what they ask of `offered` (the agent's
+    /// `[client.capabilities]`). An alloc asking for more fails when it starts, naming what.
+    pub fn offering(self, offered: Arc<CapabilityPolicy>) -> Self {
+        WasmAllocRunnerFactory { offered, ..self }
     }
 
     /// Builds the runner for one alloc; fails when its component cannot be loaded.
@@ -48,6 +59,7 @@ impl WasmAllocRunnerFactory {
             self.runtime.clone(),
             component,
             config,
+            self.offered.clone(),
         )))
     }
 
@@ -70,6 +82,7 @@ pub struct WasmAllocRunner {
 struct Shared {
     runtime: Runtime,
     component: Arc<LoadedComponent>,
+    offered: Arc<CapabilityPolicy>,
     config: AllocRunnerConfig,
     limits: Limits,
     alloc: Mutex<Arc<Alloc>>,
@@ -85,13 +98,14 @@ struct Shared {
 }
 
 impl WasmAllocRunner {
-    /// A runner for `config.alloc` on `component`; nothing runs until [`AllocRunner::run`].
-    /// A restored terminal alloc (see [`AllocRunnerConfig::last_state`]) starts stopped and
-    /// never runs.
+    /// A runner for `config.alloc` on `component`, granted what it asks of `offered`;
+    /// nothing runs until [`AllocRunner::run`]. A restored terminal alloc (see
+    /// [`AllocRunnerConfig::last_state`]) starts stopped and never runs.
     pub fn new(
         runtime: Runtime,
         component: Arc<LoadedComponent>,
         config: AllocRunnerConfig,
+        offered: Arc<CapabilityPolicy>,
     ) -> Self {
         let (events, receiver) = mpsc::unbounded_channel();
         let initial = config
@@ -113,6 +127,7 @@ impl WasmAllocRunner {
             shared: Arc::new(Shared {
                 runtime,
                 component,
+                offered,
                 alloc: Mutex::new(config.alloc.clone()),
                 limits,
                 config,
@@ -358,6 +373,8 @@ impl Shared {
         alloc: &Arc<Alloc>,
         events: mpsc::UnboundedReceiver<Event>,
     ) -> anyhow::Result<Store<StoreData>> {
+        // Checked again here: the agent's offer may have changed since the job was submitted.
+        let grants = self.offered.grant(&alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
         // One mkdir in the common case; the parents only on the first alloc of a data dir.
         std::fs::create_dir(alloc_dir)
@@ -371,15 +388,7 @@ impl Shared {
             self.limits.log_lines_per_second,
             self.config.log_writer.clone(),
         );
-        let wasi = WasiCtxBuilder::new()
-            .preopened_dir(alloc_dir, "/alloc", FsPerms::ReadWrite)
-            .map_err(|e| anyhow::anyhow!("cannot open alloc dir {}: {e}", alloc_dir.display()))?
-            .stdout(GuestOutput::stdout(sink.clone()))
-            .stderr(GuestOutput::stderr(sink.clone()))
-            .monotonic_clock(TokioClock {
-                start: tokio::time::Instant::now(),
-            })
-            .build();
+        let wasi = sandbox_wasi(alloc_dir, &grants, &sink)?;
         let clock = self.runtime.inner.clock.clone();
         let data = StoreData {
             wasi,

@@ -364,6 +364,7 @@ impl State {
             modify_index: index,
             meta: spec.meta.clone(),
             limits: spec.limits.clone(),
+            capabilities: spec.capabilities.clone(),
             ..Alloc::new(
                 uuid::Uuid::new_v4().to_string(),
                 spec.id.clone(),

@@ -2,6 +2,7 @@
 //! Test-only; production code must not use it.
 
 use super::records::{AllocRecord, JobRecord};
+use crate::capabilities::Capabilities;
 use crate::jobspec::{JobSpec, JobType};
 use crate::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Task};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
         limits: LimitOverrides::default(),
         tasks: vec![Task::named("main")],
         meta: vec![],
+        capabilities: Capabilities::default(),
     }
 }
 

@@ -31,6 +31,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
             config: vec![("run_for".into(), "2s".into())],
         }],
         meta: vec![],
+        capabilities: Default::default(),
     };
     let placed = server.register_job(job).placed;
     assert_eq!(placed.len(), 3);

@@ -7,6 +7,7 @@ mod agent_api;
 mod agent_cli;
 mod agent_restart;
 mod alloc_actions;
+mod capabilities;
 mod cli;
 mod client;
 mod embedded_server;

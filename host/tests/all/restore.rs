@@ -81,6 +81,7 @@ fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]
                 .collect(),
         }],
         meta: vec![],
+        capabilities: Default::default(),
     }
 }
 

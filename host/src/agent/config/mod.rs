@@ -25,6 +25,10 @@
 //! kill_timeout = "30s"
 //! log_rate = 10000
 //!
+//! [client.capabilities]           # what jobs may ask for beyond /alloc; nothing by default
+//! network = ["10.0.0.5:5432", "127.0.0.1"]    # IP:PORT, or an IP for all its ports
+//! volumes = { shared = "/srv/caravan/shared" } # mounted read-only where a job asks
+//!
 //! [server]
 //! job_gc_threshold = "4h"
 //! restart_limit = 3
@@ -37,11 +41,13 @@
 //! file's value, and the file's value wins over the default. This module only turns text into
 //! an [`AgentConfig`]; it starts nothing and knows nothing of clap.
 
+use crate::capabilities::{CapabilityError, CapabilityPolicy};
 use crate::client::gc::GcConfig;
 use crate::server::ServerConfig;
 use crate::structs::{LimitCaps, LimitOverrides, Limits};
 use crate::units::{UnitError, parse_bytes, parse_duration};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -97,6 +103,14 @@ pub enum ConfigError {
     /// `--bind` is not an address.
     #[error("--bind: {0}")]
     FlagBind(BindError),
+    /// A `[client.capabilities]` entry is not usable.
+    #[error("{path}: {problem}")]
+    Capability {
+        /// The file.
+        path: String,
+        /// The key and what is wrong with it.
+        problem: CapabilityError,
+    },
 }
 
 /// A listen address that is not `HOST:PORT`.
@@ -186,6 +200,8 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// The most a job may ask for, per limit.
     pub limit_caps: LimitCaps,
+    /// What jobs may ask to reach beyond their alloc directory.
+    pub capabilities: CapabilityPolicy,
     /// The embedded server's knobs.
     pub server: ServerConfig,
     /// How many allocs may run at once on this node: sizes the runtime's instance pool.
@@ -204,6 +220,7 @@ impl Default for AgentConfig {
             gc: GcConfig::default(),
             limits: Limits::default(),
             limit_caps: LimitCaps::default(),
+            capabilities: CapabilityPolicy::default(),
             server: ServerConfig::default(),
             max_live_allocs: 1_000,
         }
@@ -240,6 +257,17 @@ struct ClientSection {
     #[serde(default)]
     limit_caps: LimitCapsSection,
     max_live_allocs: Option<u32>,
+    capabilities: Option<CapabilitiesSection>,
+}
+
+/// `[client.capabilities]`: see [`CapabilityPolicy::parse`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapabilitiesSection {
+    #[serde(default)]
+    network: Vec<String>,
+    #[serde(default)]
+    volumes: BTreeMap<String, PathBuf>,
 }
 
 /// `[client.limit_caps]`: the same keys as a job's `[job.limits]`.
@@ -398,6 +426,15 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
             ),
         ));
     }
+    if let Some(offer) = client.capabilities {
+        config.capabilities =
+            CapabilityPolicy::parse(&offer.network, &offer.volumes).map_err(|problem| {
+                ConfigError::Capability {
+                    path: path.into(),
+                    problem,
+                }
+            })?;
+    }
     if let Some(v) = file.server.job_gc_threshold {
         config.server.job_gc_threshold = duration("server.job_gc_threshold", &v)?;
     }
@@ -413,186 +450,4 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr, BindError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limit_caps_are_read_and_the_defaults_must_fit_under_them() {
-        let mut config = AgentConfig::default();
-        apply_file(
-            &mut config,
-            "agent.toml",
-            "[client.limit_caps]\nmemory = \"256MiB\"\nkill_timeout = \"10s\"",
-        )
-        .unwrap();
-        assert_eq!(config.limit_caps.memory_bytes, 256 << 20);
-        assert_eq!(config.limit_caps.kill_timeout, Duration::from_secs(10));
-
-        let mut config = AgentConfig::default();
-        let error = apply_file(
-            &mut config,
-            "agent.toml",
-            "[client]\nmemory = \"2GiB\"\n[client.limit_caps]\nmemory = \"1GiB\"",
-        )
-        .unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "agent.toml: client.memory: at most client.limit_caps.memory (1 GiB), not 2 GiB"
-        );
-    }
-    use std::time::Duration;
-
-    #[test]
-    fn a_file_sets_nomads_knobs_and_keeps_the_rest() {
-        let mut config = AgentConfig::default();
-        let text = "bind = \"127.0.0.1:0\"\n[client]\ngc_max_allocs = 10\ngc_interval = \"30s\"\nmemory = \"32MiB\"\n[server]\njob_gc_threshold = \"1h\"\n";
-        apply_file(&mut config, "agent.toml", text).unwrap();
-        assert_eq!(config.gc.max_allocs, 10);
-        assert_eq!(config.gc.interval, Duration::from_secs(30));
-        assert_eq!(
-            config.gc.parallel_destroys, 2,
-            "unset keys keep their defaults"
-        );
-        assert_eq!(config.limits.memory_bytes, 32 << 20);
-        assert_eq!(config.server.job_gc_threshold, Duration::from_secs(3600));
-        assert_eq!(config.bind.port(), 0);
-    }
-
-    #[test]
-    fn unknown_keys_and_bad_values_name_the_key() {
-        let error = |text: &str| {
-            apply_file(&mut AgentConfig::default(), "agent.toml", text)
-                .unwrap_err()
-                .to_string()
-        };
-        assert!(error("[client]\ngc_max_alloc = 3\n").contains("gc_max_alloc"));
-        assert!(error("[client]\ngc_interval = \"soon\"\n").contains("client.gc_interval"));
-        assert!(
-            error("[client]\ngc_disk_usage_threshold = 120.0\n")
-                .contains("client.gc_disk_usage_threshold")
-        );
-        assert!(error("bind = \"everywhere\"\n").contains("bind"));
-        assert!(error("[client]\ngc_max_allocs = \"many\"\n").starts_with("agent.toml: "));
-    }
-
-    #[test]
-    fn errors_read_as_they_always_have() {
-        let error = |text: &str| {
-            apply_file(&mut AgentConfig::default(), "agent.toml", text)
-                .unwrap_err()
-                .to_string()
-        };
-        assert_eq!(
-            error("[client]\ngc_interval = \"soon\"\n"),
-            "agent.toml: client.gc_interval: \"soon\" does not start with a whole number"
-        );
-        assert_eq!(
-            error("[client]\ngc_interval = \"0s\"\n"),
-            "agent.toml: client.gc_interval: must be longer than 0"
-        );
-        assert_eq!(
-            error("[client]\ngc_inode_usage_threshold = -1.0\n"),
-            "agent.toml: client.gc_inode_usage_threshold: -1 is not a percentage from 0 to 100"
-        );
-        assert_eq!(
-            error("[client]\nlog_rate = 0\n"),
-            "agent.toml: client.log_rate: must be above 0"
-        );
-        assert_eq!(
-            error("bind = \"everywhere\"\n"),
-            "agent.toml: bind: \"everywhere\" is not an address such as 127.0.0.1:4646"
-        );
-        let missing = AgentFlags {
-            config_file: Some("/nonexistent/agent.toml".into()),
-            ..AgentFlags::default()
-        };
-        assert!(
-            missing
-                .load()
-                .unwrap_err()
-                .to_string()
-                .starts_with("cannot read config file /nonexistent/agent.toml: "),
-        );
-    }
-
-    /// A config file setting every key the flags can also set.
-    fn file_setting_everything() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("agent.toml");
-        std::fs::write(
-            &path,
-            "data_dir = \"/from/file\"\nbind = \"127.0.0.1:1111\"\nlog_level = \"warn\"\nlog_json = true\nacl_token = \"file-token\"\n",
-        )
-        .unwrap();
-        (dir, path)
-    }
-
-    #[test]
-    fn flags_given_win_over_the_file() {
-        let (_dir, path) = file_setting_everything();
-        let config = AgentFlags {
-            config_file: Some(path),
-            data_dir: Some("/from/flag".into()),
-            bind: Some("127.0.0.1:2222".into()),
-            dev: true,
-            acl_token: Some("flag-token".into()),
-            log_level: Some("debug".into()),
-            log_json: false,
-        }
-        .load()
-        .unwrap();
-        assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
-        assert_eq!(config.bind.port(), 2222);
-        assert!(config.dev);
-        assert_eq!(config.acl_token.as_deref(), Some("flag-token"));
-        assert_eq!(config.log_level, "debug");
-        assert!(
-            config.log_json,
-            "--log-json can only turn JSON on, so the file's `true` stays"
-        );
-    }
-
-    #[test]
-    fn flags_left_out_keep_the_file_and_the_file_keeps_the_defaults() {
-        let (_dir, path) = file_setting_everything();
-        let config = AgentFlags {
-            config_file: Some(path),
-            acl_token: Some(String::new()),
-            ..AgentFlags::default()
-        }
-        .load()
-        .unwrap();
-        assert_eq!(config.data_dir, PathBuf::from("/from/file"));
-        assert_eq!(config.bind.port(), 1111);
-        assert_eq!(config.log_level, "warn");
-        assert!(config.log_json);
-        assert_eq!(
-            config.acl_token.as_deref(),
-            Some("file-token"),
-            "an empty --acl-token counts as not given"
-        );
-        assert!(!config.dev);
-        assert_eq!(
-            config.max_live_allocs,
-            AgentConfig::default().max_live_allocs
-        );
-
-        let without_file = AgentFlags::default().load().unwrap();
-        assert_eq!(without_file.data_dir, AgentConfig::default().data_dir);
-        assert_eq!(without_file.bind, AgentConfig::default().bind);
-    }
-
-    #[test]
-    fn a_bad_bind_flag_names_the_flag() {
-        let error = AgentFlags {
-            bind: Some("everywhere".into()),
-            ..AgentFlags::default()
-        }
-        .load()
-        .unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "--bind: \"everywhere\" is not an address such as 127.0.0.1:4646"
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,212 @@
+//! The config file and flags, read as operators write them.
+
+use super::*;
+
+#[test]
+fn limit_caps_are_read_and_the_defaults_must_fit_under_them() {
+    let mut config = AgentConfig::default();
+    apply_file(
+        &mut config,
+        "agent.toml",
+        "[client.limit_caps]\nmemory = \"256MiB\"\nkill_timeout = \"10s\"",
+    )
+    .unwrap();
+    assert_eq!(config.limit_caps.memory_bytes, 256 << 20);
+    assert_eq!(config.limit_caps.kill_timeout, Duration::from_secs(10));
+
+    let mut config = AgentConfig::default();
+    let error = apply_file(
+        &mut config,
+        "agent.toml",
+        "[client]\nmemory = \"2GiB\"\n[client.limit_caps]\nmemory = \"1GiB\"",
+    )
+    .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "agent.toml: client.memory: at most client.limit_caps.memory (1 GiB), not 2 GiB"
+    );
+}
+use std::time::Duration;
+
+#[test]
+fn a_file_sets_nomads_knobs_and_keeps_the_rest() {
+    let mut config = AgentConfig::default();
+    let text = "bind = \"127.0.0.1:0\"\n[client]\ngc_max_allocs = 10\ngc_interval = \"30s\"\nmemory = \"32MiB\"\n[server]\njob_gc_threshold = \"1h\"\n";
+    apply_file(&mut config, "agent.toml", text).unwrap();
+    assert_eq!(config.gc.max_allocs, 10);
+    assert_eq!(config.gc.interval, Duration::from_secs(30));
+    assert_eq!(
+        config.gc.parallel_destroys, 2,
+        "unset keys keep their defaults"
+    );
+    assert_eq!(config.limits.memory_bytes, 32 << 20);
+    assert_eq!(config.server.job_gc_threshold, Duration::from_secs(3600));
+    assert_eq!(config.bind.port(), 0);
+}
+
+#[test]
+fn unknown_keys_and_bad_values_name_the_key() {
+    let error = |text: &str| {
+        apply_file(&mut AgentConfig::default(), "agent.toml", text)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(error("[client]\ngc_max_alloc = 3\n").contains("gc_max_alloc"));
+    assert!(error("[client]\ngc_interval = \"soon\"\n").contains("client.gc_interval"));
+    assert!(
+        error("[client]\ngc_disk_usage_threshold = 120.0\n")
+            .contains("client.gc_disk_usage_threshold")
+    );
+    assert!(error("bind = \"everywhere\"\n").contains("bind"));
+    assert!(error("[client]\ngc_max_allocs = \"many\"\n").starts_with("agent.toml: "));
+}
+
+#[test]
+fn errors_read_as_they_always_have() {
+    let error = |text: &str| {
+        apply_file(&mut AgentConfig::default(), "agent.toml", text)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        error("[client]\ngc_interval = \"soon\"\n"),
+        "agent.toml: client.gc_interval: \"soon\" does not start with a whole number"
+    );
+    assert_eq!(
+        error("[client]\ngc_interval = \"0s\"\n"),
+        "agent.toml: client.gc_interval: must be longer than 0"
+    );
+    assert_eq!(
+        error("[client]\ngc_inode_usage_threshold = -1.0\n"),
+        "agent.toml: client.gc_inode_usage_threshold: -1 is not a percentage from 0 to 100"
+    );
+    assert_eq!(
+        error("[client]\nlog_rate = 0\n"),
+        "agent.toml: client.log_rate: must be above 0"
+    );
+    assert_eq!(
+        error("bind = \"everywhere\"\n"),
+        "agent.toml: bind: \"everywhere\" is not an address such as 127.0.0.1:4646"
+    );
+    let missing = AgentFlags {
+        config_file: Some("/nonexistent/agent.toml".into()),
+        ..AgentFlags::default()
+    };
+    assert!(
+        missing
+            .load()
+            .unwrap_err()
+            .to_string()
+            .starts_with("cannot read config file /nonexistent/agent.toml: "),
+    );
+}
+
+/// A config file setting every key the flags can also set.
+fn file_setting_everything() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.toml");
+    std::fs::write(
+        &path,
+        "data_dir = \"/from/file\"\nbind = \"127.0.0.1:1111\"\nlog_level = \"warn\"\nlog_json = true\nacl_token = \"file-token\"\n",
+    )
+    .unwrap();
+    (dir, path)
+}
+
+#[test]
+fn flags_given_win_over_the_file() {
+    let (_dir, path) = file_setting_everything();
+    let config = AgentFlags {
+        config_file: Some(path),
+        data_dir: Some("/from/flag".into()),
+        bind: Some("127.0.0.1:2222".into()),
+        dev: true,
+        acl_token: Some("flag-token".into()),
+        log_level: Some("debug".into()),
+        log_json: false,
+    }
+    .load()
+    .unwrap();
+    assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
+    assert_eq!(config.bind.port(), 2222);
+    assert!(config.dev);
+    assert_eq!(config.acl_token.as_deref(), Some("flag-token"));
+    assert_eq!(config.log_level, "debug");
+    assert!(
+        config.log_json,
+        "--log-json can only turn JSON on, so the file's `true` stays"
+    );
+}
+
+#[test]
+fn flags_left_out_keep_the_file_and_the_file_keeps_the_defaults() {
+    let (_dir, path) = file_setting_everything();
+    let config = AgentFlags {
+        config_file: Some(path),
+        acl_token: Some(String::new()),
+        ..AgentFlags::default()
+    }
+    .load()
+    .unwrap();
+    assert_eq!(config.data_dir, PathBuf::from("/from/file"));
+    assert_eq!(config.bind.port(), 1111);
+    assert_eq!(config.log_level, "warn");
+    assert!(config.log_json);
+    assert_eq!(
+        config.acl_token.as_deref(),
+        Some("file-token"),
+        "an empty --acl-token counts as not given"
+    );
+    assert!(!config.dev);
+    assert_eq!(
+        config.max_live_allocs,
+        AgentConfig::default().max_live_allocs
+    );
+
+    let without_file = AgentFlags::default().load().unwrap();
+    assert_eq!(without_file.data_dir, AgentConfig::default().data_dir);
+    assert_eq!(without_file.bind, AgentConfig::default().bind);
+}
+
+#[test]
+fn a_bad_bind_flag_names_the_flag() {
+    let error = AgentFlags {
+        bind: Some("everywhere".into()),
+        ..AgentFlags::default()
+    }
+    .load()
+    .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "--bind: \"everywhere\" is not an address such as 127.0.0.1:4646"
+    );
+}
+
+#[test]
+fn the_capabilities_offered_are_read_and_a_bad_entry_names_its_key() {
+    let mut config = AgentConfig::default();
+    assert_eq!(config.capabilities, CapabilityPolicy::default());
+    apply_file(
+        &mut config,
+        "agent.toml",
+        "[client.capabilities]\nnetwork = [\"127.0.0.1\", \"10.0.0.5:5432\"]\n\
+         volumes = { shared = \"/srv/shared\" }\n",
+    )
+    .unwrap();
+    assert_eq!(config.capabilities.network.len(), 2);
+    assert_eq!(
+        config.capabilities.volumes["shared"],
+        PathBuf::from("/srv/shared")
+    );
+    let error = apply_file(
+        &mut AgentConfig::default(),
+        "agent.toml",
+        "[client.capabilities]\nnetwork = [\"db.internal:5432\"]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.starts_with("agent.toml: client.capabilities.network[0]: \"db.internal:5432\""),
+        "{error}"
+    );
+}
