@@ -12,7 +12,7 @@ use super::limits::EpochClock;
 use crate::allocrunner::StateUpdater;
 use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
-use crate::text::cut_in_place;
+use crate::text::{cut, cut_in_place};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +32,10 @@ pub const MAX_CHECKPOINT_BYTES: usize = 1024 * 1024;
 /// that no single report, checkpoint or log line makes the host copy and check more than
 /// this. A call over it traps and fails the alloc, naming this limit.
 pub const MAX_HOSTCALL_BYTES: usize = 4 * 1024 * 1024;
+/// Most of a guest's task name quoted back in a refusal.
+const MAX_QUOTED_NAME_BYTES: usize = 64;
+/// At most one refusal of each alloc is logged per interval (see `HostApi::refuse`).
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The latest state of one alloc, shared by its host import and its runner.
 pub struct StateCell {
@@ -147,13 +151,13 @@ fn check_tasks(alloc: &Alloc, state: &AllocState) -> Result<(), String> {
         if !alloc.tasks.iter().any(|t| t.name == task.name) {
             return Err(format!(
                 "task-state names {:?}, which is not a task of this alloc",
-                task.name
+                cut(&task.name, MAX_QUOTED_NAME_BYTES)
             ));
         }
         if !seen.insert(task.name.as_str()) {
             return Err(format!(
                 "task-state for {:?} appears more than once",
-                task.name
+                cut(&task.name, MAX_QUOTED_NAME_BYTES)
             ));
         }
     }
@@ -174,6 +178,9 @@ pub struct HostApi {
     /// The epoch tick at which the guest last came back from a wait (see `CpuMeter`).
     pub resumed_at_tick: u64,
     span: tracing::Span,
+    last_refusal_logged: Option<tokio::time::Instant>,
+    /// Refusals since the last one logged.
+    unlogged_refusals: u64,
 }
 
 impl HostApi {
@@ -195,11 +202,32 @@ impl HostApi {
             clock,
             resumed_at_tick: now,
             span,
+            last_refusal_logged: None,
+            unlogged_refusals: 0,
         }
     }
 
-    fn refuse(&self, what: &str, reason: &str) {
-        tracing::warn!(parent: &self.span, reason, "runner's {what} was refused");
+    /// Logs a refusal: the first at once, then at most one a second with the count of those
+    /// not logged, so a guest repeating a refused call in a loop cannot flood the agent's log.
+    fn refuse(&mut self, what: &str, reason: &str) {
+        let now = tokio::time::Instant::now();
+        if self
+            .last_refusal_logged
+            .is_some_and(|at| now.duration_since(at) < REFUSAL_LOG_INTERVAL)
+        {
+            self.unlogged_refusals += 1;
+            return;
+        }
+        self.last_refusal_logged = Some(now);
+        match std::mem::take(&mut self.unlogged_refusals) {
+            0 => tracing::warn!(parent: &self.span, reason, "runner's {what} was refused"),
+            unlogged => tracing::warn!(
+                parent: &self.span,
+                reason,
+                unlogged_refusals = unlogged,
+                "runner's {what} was refused"
+            ),
+        }
     }
 }
 

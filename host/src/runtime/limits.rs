@@ -1,14 +1,15 @@
-//! Per-alloc limits enforced inside the store: memory (a [`wasmtime::ResourceLimiter`]) and
-//! the CPU budget (counted in epoch ticks while the guest computes).
+//! Per-alloc limits enforced inside the store: memory (a [`wasmtime::ResourceLimiter`]), the
+//! counts of memories, tables, instances and handles, and the epoch clock the CPU budget
+//! ([`super::cpu_meter`]) is counted on.
 //!
-//! Both record which limit was hit, so the runner can name it in the alloc's description
-//! instead of showing a bare trap. They act on one store only and never reach past it.
+//! The limiter records which limit was hit, so the runner can name it in the alloc's
+//! description instead of showing a bare trap. It acts on one store only and never reaches
+//! past it.
 
-use crate::units::{format_bytes, format_duration};
+use crate::units::format_bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use wasmtime::UpdateDeadline;
 
 /// How often the engine's epoch advances. Every running guest yields to tokio at each tick,
 /// and CPU budgets are counted in ticks.
@@ -153,83 +154,6 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Counts the time one alloc spends computing, in epoch ticks, against its budget.
-///
-/// Called at every epoch deadline while wasm runs. Only ticks since the guest last got the
-/// thread are charged: time spent waiting in `next-event` (the host reports it with
-/// [`CpuMeter::resumed_since`]) and time spent queued behind other tasks after a yield (the
-/// yield itself records when it resumed) belong to nobody's budget. A guest suspended in
-/// another host call (a WASI sleep, file I/O) is charged at most one tick for it.
-pub struct CpuMeter {
-    clock: EpochClock,
-    budget: Duration,
-    budget_ticks: u64,
-    used_ticks: u64,
-    charged_until: u64,
-    resumed_from_yield_at: Arc<AtomicU64>,
-    exhausted: bool,
-}
-
-impl CpuMeter {
-    pub fn new(clock: EpochClock, budget: Duration) -> Self {
-        let budget_ticks = u64::try_from(budget.as_millis() / EPOCH_TICK.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let now = clock.now();
-        CpuMeter {
-            clock,
-            budget,
-            budget_ticks,
-            used_ticks: 0,
-            charged_until: now,
-            resumed_from_yield_at: Arc::new(AtomicU64::new(now)),
-            exhausted: false,
-        }
-    }
-
-    /// The guest came back from a wait at epoch `tick`: ticks before it were not spent
-    /// computing.
-    pub fn resumed_since(&mut self, tick: u64) {
-        self.charged_until = self.charged_until.max(tick);
-    }
-
-    /// The epoch deadline passed while the guest computed: charge it, then yield to tokio or
-    /// stop the guest when the budget is spent.
-    pub fn on_epoch_deadline(&mut self) -> wasmtime::Result<UpdateDeadline> {
-        let now = self.clock.now();
-        let since = self
-            .charged_until
-            .max(self.resumed_from_yield_at.load(Ordering::Relaxed));
-        // At most one tick per deadline: a guest that computes meets a deadline every tick, so
-        // a longer gap was spent suspended in some other host call (a WASI sleep, file I/O).
-        self.used_ticks += now.saturating_sub(since).min(1);
-        self.charged_until = now;
-        if self.used_ticks > self.budget_ticks {
-            self.exhausted = true;
-            return Err(wasmtime::Error::msg("CPU budget exhausted"));
-        }
-        let clock = self.clock.clone();
-        let resumed_at = self.resumed_from_yield_at.clone();
-        Ok(UpdateDeadline::YieldCustom(
-            1,
-            Box::pin(async move {
-                tokio::task::yield_now().await;
-                resumed_at.store(clock.now(), Ordering::Relaxed);
-            }),
-        ))
-    }
-
-    /// The alloc's description when the guest ran out of budget, if it did.
-    pub fn failure(&self) -> Option<String> {
-        self.exhausted.then(|| {
-            format!(
-                "CPU budget exhausted: used {} of computing time",
-                format_duration(self.budget)
-            )
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,28 +188,5 @@ mod tests {
         assert!(limiter.memory_growing(0, 8 << 20, None).unwrap());
         assert!(limiter.memory_growing(0, 16 << 20, None).is_err());
         assert!(limiter.failure().is_some());
-    }
-
-    #[test]
-    fn waiting_is_not_charged_and_computing_is() {
-        let clock = EpochClock::default();
-        let mut meter = CpuMeter::new(clock.clone(), Duration::from_millis(30));
-        // A long wait, then one deadline right after resuming: nothing charged.
-        for _ in 0..1000 {
-            clock.advance();
-        }
-        meter.resumed_since(clock.now());
-        assert!(matches!(
-            meter.on_epoch_deadline(),
-            Ok(UpdateDeadline::YieldCustom(1, _))
-        ));
-        // Three ticks of computing stay within 30 ms; the fourth exhausts it.
-        for _ in 0..3 {
-            clock.advance();
-            assert!(meter.on_epoch_deadline().is_ok());
-        }
-        clock.advance();
-        assert!(meter.on_epoch_deadline().is_err());
-        assert!(meter.failure().unwrap().starts_with("CPU budget exhausted"));
     }
 }

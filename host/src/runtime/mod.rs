@@ -23,12 +23,13 @@
 //! to check its quota) and its own cache dir; alloc log files belong to [`crate::alloc_logs`].
 
 mod bindings;
+pub(crate) mod cpu_meter;
 pub mod disk_cache;
 pub mod disk_watch;
 pub mod histogram;
 mod host_api;
 mod lifecycle;
-mod limits;
+pub(crate) mod limits;
 mod logging;
 mod outcome;
 mod wasi_ctx;
@@ -40,7 +41,8 @@ pub use wasm_runner::{MAX_QUEUED_TASK_ACTIONS, WasmAllocRunner, WasmAllocRunnerF
 
 use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
-use limits::{CpuMeter, EpochClock, MemoryLimiter};
+use cpu_meter::CpuMeter;
+use limits::{EpochClock, MemoryLimiter};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -5,10 +5,11 @@
 //! [`final_state`], from the guest's last report and how the run ended.
 
 use super::bindings::{self, Event};
+use super::cpu_meter::CpuMeter;
 use super::disk_watch::DiskQuota;
 use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
-use super::limits::{CpuMeter, MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
+use super::limits::{MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
 use super::logging::{GuestLogSink, GuestLogging};
 use super::outcome::{RunOutcome, describe_failure, final_state};
 use super::wasi_ctx::sandbox_wasi;
@@ -325,11 +326,22 @@ impl Shared {
             }
         };
         let alloc_wit = bindings::alloc_to_wit(&alloc);
-        let call = instance.caravan_runner_runner().call_run(
+        // From here on the host's work for the guest counts against its CPU budget.
+        store.call_hook(|mut context, hook| {
+            let cpu = &mut context.data_mut().cpu;
+            if hook.entering_host() {
+                cpu.entering_host();
+                Ok(())
+            } else {
+                cpu.leaving_host()
+            }
+        });
+        let polls = store.data().cpu.poll_counter();
+        let call = polls.count(instance.caravan_runner_runner().call_run(
             &mut store,
             &alloc_wit,
             self.config.restored.as_deref(),
-        );
+        ));
         // The run, unless the alloc dir goes over its quota first.
         let mut disk = self
             .runtime

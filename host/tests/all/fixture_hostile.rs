@@ -4,9 +4,10 @@
 use crate::support::*;
 use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::structs::ClientStatus;
+use caravan_host::structs::{Alloc, ClientStatus, LimitOverrides};
 use caravan_test_artifacts::FIXTURE_HOSTILE;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 
@@ -52,6 +53,48 @@ async fn a_descriptor_bomb_fails_its_alloc_at_the_handle_limit() {
     assert_eq!(
         state.description,
         "runner held more than 1024 handles at once (open files, streams and the like: the handle limit)"
+    );
+}
+
+#[tokio::test]
+async fn a_report_flood_spends_its_own_cpu_budget_on_the_host_work_it_causes() {
+    let logs = LogCapture::start();
+    // Each report of 20,000 task states is refused; lifting and checking it is the host's
+    // work, done for this alloc and charged to it. Before it was, the guest's own share
+    // (building each call's arguments) was all its budget saw: the agent used 25.8 s of CPU
+    // in 30 s for a runner whose 2 s budget was never spent.
+    let flood = Alloc {
+        limits: LimitOverrides {
+            cpu: Some(Duration::from_millis(300)),
+            ..LimitOverrides::default()
+        },
+        ..alloc(
+            FIXTURE_HOSTILE,
+            &["main"],
+            &[("attack", "report-flood"), ("count", "20000")],
+        )
+    };
+    let started_at = Instant::now();
+    let state = start(flood, None).stopped().await;
+    let ran_for = started_at.elapsed();
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert!(
+        state
+            .description
+            .starts_with("CPU budget exhausted: used 300ms of computing time (")
+            && state
+                .description
+                .ends_with(" of it host work on the runner's behalf)"),
+        "{}",
+        state.description
+    );
+    // Every report was refused, but the log heard of it at most once a second.
+    let refusals = logs.with_message("runner's state report was refused");
+    assert!(!refusals.is_empty());
+    assert!(
+        refusals.len() as u64 <= ran_for.as_secs() + 1,
+        "{} refusals logged in {ran_for:?}",
+        refusals.len()
     );
 }
 
