@@ -12,7 +12,8 @@
 //! runner = "path/to/runner.wasm"
 //! ```
 //!
-//! Optional: `[job.limits]` (`memory`, `cpu`, `wall_time`, `kill_timeout`, `log_rate`),
+//! Optional: `[job.limits]` (`memory`, `cpu`, `wall_time`, `kill_timeout`, `log_rate`,
+//! `disk`),
 //! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values),
 //! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]).
 //!
@@ -117,6 +118,7 @@ struct RawLimits {
     wall_time: Option<String>,
     kill_timeout: Option<String>,
     log_rate: Option<u32>,
+    disk: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,6 +246,10 @@ fn validate_limits(raw: RawLimits) -> Result<LimitOverrides, SpecError> {
             Some(0) => return Err(error("job.limits.log_rate", "must be above 0")),
             rate => rate,
         },
+        disk_bytes: raw
+            .disk
+            .map(|v| parse_bytes(&v).map_err(|e| error("job.limits.disk", e.to_string())))
+            .transpose()?,
     })
 }
 
@@ -282,6 +288,7 @@ mod tests {
             [job.limits]
             memory = "32MiB"
             kill_timeout = "2s"
+            disk = "100MiB"
             [[job.tasks]]
             name = "main"
             config = { run_for = "5s", exit_code = 1, loud = true }
@@ -291,6 +298,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.limits.memory_bytes, Some(32 << 20));
+        assert_eq!(spec.limits.disk_bytes, Some(100 << 20));
         assert_eq!(
             spec.limits.kill_timeout,
             Some(std::time::Duration::from_secs(2))

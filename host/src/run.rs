@@ -42,7 +42,7 @@ pub struct RunOptions {
 }
 
 /// The limit names `--limit` accepts, with the form each takes.
-pub const LIMIT_NAMES: &str = "memory=SIZE, cpu=DURATION, wall-time=DURATION, kill-timeout=DURATION, log-rate=LINES_PER_SECOND";
+pub const LIMIT_NAMES: &str = "memory=SIZE, cpu=DURATION, wall-time=DURATION, kill-timeout=DURATION, log-rate=LINES_PER_SECOND, disk=SIZE";
 
 /// Builds the alloc `caravan run` runs. Errors name the argument at fault.
 pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
@@ -106,6 +106,7 @@ pub fn parse_limits(limits: &[String]) -> anyhow::Result<LimitOverrides> {
         let bad = |e: UnitError| anyhow::anyhow!("--limit {limit}: {e}");
         match name {
             "memory" => overrides.memory_bytes = Some(parse_bytes(value).map_err(bad)?),
+            "disk" => overrides.disk_bytes = Some(parse_bytes(value).map_err(bad)?),
             "cpu" => overrides.cpu = Some(parse_duration(value).map_err(bad)?),
             "wall-time" => overrides.wall_time = Some(parse_duration(value).map_err(bad)?),
             "kill-timeout" => overrides.kill_timeout = Some(parse_duration(value).map_err(bad)?),
@@ -287,10 +288,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("--limit memory=lots"), "{error}");
-        let error = build_alloc(&options(&[], &[], &["disk=1GiB"]))
+        let error = build_alloc(&options(&[], &[], &["inodes=1000"]))
             .unwrap_err()
             .to_string();
-        assert!(error.contains("unknown limit \"disk\""), "{error}");
+        assert!(error.contains("unknown limit \"inodes\""), "{error}");
         let error = build_alloc(&options(&["a", "a"], &[], &[]))
             .unwrap_err()
             .to_string();

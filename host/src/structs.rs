@@ -221,6 +221,8 @@ pub struct LimitOverrides {
     pub kill_timeout: Option<Duration>,
     /// Guest log lines per second before the excess is dropped.
     pub log_lines_per_second: Option<u32>,
+    /// Bytes the alloc directory may hold.
+    pub disk_bytes: Option<u64>,
 }
 
 /// The most a job may ask of an agent, per limit (`[client.limit_caps]` in the agent's config).
@@ -236,6 +238,8 @@ pub struct LimitCaps {
     pub kill_timeout: Duration,
     /// Default 10,000 lines per second.
     pub log_lines_per_second: u32,
+    /// Default 10 GiB.
+    pub disk_bytes: u64,
 }
 
 impl Default for LimitCaps {
@@ -245,6 +249,7 @@ impl Default for LimitCaps {
             cpu: Duration::from_secs(3600),
             kill_timeout: Duration::from_secs(30),
             log_lines_per_second: 10_000,
+            disk_bytes: 10 * 1024 * 1024 * 1024,
         }
     }
 }
@@ -272,6 +277,7 @@ impl LimitCaps {
                 "memory" => "job.limits.memory",
                 "cpu" => "job.limits.cpu",
                 "kill_timeout" => "job.limits.kill_timeout",
+                "disk" => "job.limits.disk",
                 _ => "job.limits.log_rate",
             },
             name,
@@ -309,6 +315,13 @@ impl LimitCaps {
                 self.log_lines_per_second.to_string(),
             ));
         }
+        if let Some(asked) = limits.disk_bytes.filter(|&d| d > self.disk_bytes) {
+            return Err(over(
+                "disk",
+                format_bytes(asked),
+                format_bytes(self.disk_bytes),
+            ));
+        }
         Ok(())
     }
 }
@@ -329,6 +342,14 @@ pub struct Limits {
     pub kill_timeout: Duration,
     /// Guest log lines per second, with a burst of the same size. Default 1,000.
     pub log_lines_per_second: u32,
+    /// Bytes the alloc directory may hold (as `du` counts them). Default 1 GiB: a write past
+    /// it fails in the guest with "no space", and the alloc fails naming the quota.
+    #[serde(default = "default_disk_bytes")]
+    pub disk_bytes: u64,
+}
+
+fn default_disk_bytes() -> u64 {
+    Limits::default().disk_bytes
 }
 
 impl Default for Limits {
@@ -339,6 +360,7 @@ impl Default for Limits {
             wall_time: None,
             kill_timeout: Duration::from_secs(5),
             log_lines_per_second: 1_000,
+            disk_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -354,6 +376,7 @@ impl Limits {
             log_lines_per_second: overrides
                 .log_lines_per_second
                 .unwrap_or(self.log_lines_per_second),
+            disk_bytes: overrides.disk_bytes.unwrap_or(self.disk_bytes),
         }
     }
 }

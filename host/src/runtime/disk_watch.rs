@@ -1,23 +1,23 @@
-//! The alloc directory's quota, checked the way Nomad checks `ephemeral_disk`: the host looks
-//! at what the directory holds every [`CHECK_INTERVAL`] while the runner runs, and fails the
-//! alloc, naming the limit, once it holds more bytes, more entries or deeper directories than
-//! allowed.
+//! The alloc directory's quota, looked at the way Nomad checks `ephemeral_disk`: the host
+//! looks at what the directory holds every [`CHECK_INTERVAL`] while the runner runs, keeps
+//! the alloc's [`DiskLedger`] up to date with what it found, and fails the alloc, naming the
+//! limit, once it holds more bytes, more entries or deeper directories than allowed.
 //!
 //! One [`DiskWatcher`] thread per runtime looks at every watched directory in turn. A timer
 //! and a blocking-pool task per alloc cost an agent with 1,000 idle allocs 0.85 s of CPU per
 //! 10 s (0.05 s without any check); this thread costs 0.13 s (see `BENCHMARKS.md`).
 //!
-//! A periodic look bounds what a runner can take to its quota plus what it writes in one
-//! interval; it does not refuse the write that crosses the line (that needs a WASI
-//! filesystem layer of the host's own, not built yet: see `docs/security.md`). Each look is
-//! bounded too: it stops as soon as a limit is passed, so a guest's million files cost it one
-//! failed check, not a million `stat`s per second. It holds one descriptor per level it is
-//! in, and never goes deeper than the depth limit.
+//! The look is what corrects the ledger (deletions, overwrites) and what catches depth; the
+//! write that would cross the line is refused by the WASI layer (`runtime/wasi_quota.rs`)
+//! from the ledger's account. Each look is bounded too: it stops as soon as a limit is
+//! passed, so a guest's million files cost it one failed check, not a million `stat`s per
+//! second. It holds one descriptor per level it is in, and never goes deeper than the depth
+//! limit.
 //!
 //! It only reads the alloc directory; it never changes it.
 
+use super::disk_ledger::{DiskLedger, DiskQuota, DiskUse};
 use crate::locks::LockUnpoisoned;
-use crate::units::format_bytes;
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use std::collections::HashMap;
@@ -27,37 +27,9 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// How often a running alloc's directory is looked at.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// Bytes an alloc directory may hold (as `du` counts them: blocks in use).
-pub const MAX_DISK_BYTES: u64 = 1024 * 1024 * 1024;
-/// Files, directories and links an alloc directory may hold.
-pub const MAX_DISK_ENTRIES: u64 = 10_000;
-/// How deep directories may nest under the alloc directory.
-pub const MAX_DIR_DEPTH: usize = 64;
-
-/// The quota of one alloc directory.
-#[derive(Debug, Clone, Copy)]
-pub struct DiskQuota {
-    /// Bytes in use.
-    pub bytes: u64,
-    /// Entries of any kind.
-    pub entries: u64,
-    /// Nesting of directories.
-    pub depth: usize,
-}
-
-impl Default for DiskQuota {
-    fn default() -> Self {
-        DiskQuota {
-            bytes: MAX_DISK_BYTES,
-            entries: MAX_DISK_ENTRIES,
-            depth: MAX_DIR_DEPTH,
-        }
-    }
-}
 
 /// Watches alloc directories from one thread of its own. Cheap to clone.
 #[derive(Clone)]
@@ -73,26 +45,13 @@ struct WatcherInner {
 
 struct Watched {
     dir: PathBuf,
-    quota: DiskQuota,
-    over: Option<oneshot::Sender<String>>,
+    ledger: Arc<DiskLedger>,
 }
 
 /// One directory being watched; dropping it stops the watch.
 pub struct Watch {
     id: u64,
     watcher: DiskWatcher,
-    over: oneshot::Receiver<String>,
-}
-
-impl Watch {
-    /// Completes with the alloc's description once the directory is over its quota; never,
-    /// while it stays within it.
-    pub async fn over_quota(&mut self) -> String {
-        match (&mut self.over).await {
-            Ok(description) => description,
-            Err(_) => std::future::pending().await,
-        }
-    }
 }
 
 impl Drop for Watch {
@@ -122,20 +81,18 @@ impl DiskWatcher {
         Ok(watcher)
     }
 
-    /// Watches `dir` against `quota` until the returned [`Watch`] is dropped.
-    pub fn watch(&self, dir: &Path, quota: DiskQuota) -> Watch {
+    /// Looks at `dir` for `ledger` (against its quota) until the returned [`Watch`] is
+    /// dropped; a limit passed is reported through the ledger.
+    pub fn watch(&self, dir: &Path, ledger: Arc<DiskLedger>) -> Watch {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tell, over) = oneshot::channel();
         let watched = Watched {
             dir: dir.to_path_buf(),
-            quota,
-            over: Some(tell),
+            ledger,
         };
         self.inner.watched.lock_unpoisoned().insert(id, watched);
         Watch {
             id,
             watcher: self.clone(),
-            over,
         }
     }
 }
@@ -157,40 +114,37 @@ impl WatcherInner {
                 std::thread::sleep(CHECK_INTERVAL - took);
             }
             round_started = std::time::Instant::now();
-            let dirs: Vec<(u64, PathBuf, DiskQuota)> = self
+            let dirs: Vec<(PathBuf, Arc<DiskLedger>)> = self
                 .watched
                 .lock_unpoisoned()
-                .iter()
-                .filter(|(_, watched)| watched.over.is_some())
-                .map(|(&id, watched)| (id, watched.dir.clone(), watched.quota))
+                .values()
+                .filter(|watched| !watched.ledger.is_exceeded())
+                .map(|watched| (watched.dir.clone(), watched.ledger.clone()))
                 .collect();
-            for (id, dir, quota) in dirs {
-                let Some(description) = check(&dir, quota) else {
-                    continue;
-                };
-                let tell = self
-                    .watched
-                    .lock_unpoisoned()
-                    .get_mut(&id)
-                    .and_then(|watched| watched.over.take());
-                if let Some(tell) = tell {
-                    let _ = tell.send(description);
+            for (dir, ledger) in dirs {
+                let mark = ledger.look_starting();
+                match check(&dir, ledger.quota()) {
+                    Ok(Some(found)) => ledger.looked(mark, found),
+                    Ok(None) => {}
+                    Err(description) => ledger.exceeded(description),
                 }
             }
         }
     }
 }
 
-/// What `dir` is over, if anything: the first limit passed, described for the alloc.
-/// Unreadable entries are skipped: the check only ever fails an alloc for what it saw.
-pub fn check(dir: &Path, quota: DiskQuota) -> Option<String> {
-    let root = rustix::fs::openat(
+/// What `dir` holds, or the first limit it passes, described for the alloc; `None` when it
+/// cannot be opened. Unreadable entries are skipped: the check only ever fails an alloc for
+/// what it saw.
+pub fn check(dir: &Path, quota: DiskQuota) -> Result<Option<DiskUse>, String> {
+    let Ok(root) = rustix::fs::openat(
         CWD,
         dir,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    )
-    .ok()?;
+    ) else {
+        return Ok(None);
+    };
     let (mut bytes, mut entries) = (0u64, 0u64);
     // Directories still to read: their parent (kept open while any child waits), name, depth.
     let mut pending: Vec<(Rc<OwnedFd>, CString, usize)> = Vec::new();
@@ -209,10 +163,7 @@ pub fn check(dir: &Path, quota: DiskQuota) -> Option<String> {
             let (name, file_type) = (name.to_owned(), entry.file_type());
             entries += 1;
             if entries > quota.entries {
-                return Some(format!(
-                    "disk quota exceeded: the alloc directory holds more than {} entries",
-                    quota.entries
-                ));
+                return Err(quota.entries_exceeded());
             }
             let Ok(stat) = rustix::fs::statat(
                 directory.as_fd(),
@@ -223,10 +174,7 @@ pub fn check(dir: &Path, quota: DiskQuota) -> Option<String> {
             };
             bytes = bytes.saturating_add(u64::try_from(stat.st_blocks).unwrap_or(0) * 512);
             if bytes > quota.bytes {
-                return Some(format!(
-                    "disk quota of {} exceeded",
-                    format_bytes(quota.bytes)
-                ));
+                return Err(quota.bytes_exceeded());
             }
             let is_directory = match file_type {
                 FileType::Directory => true,
@@ -235,7 +183,7 @@ pub fn check(dir: &Path, quota: DiskQuota) -> Option<String> {
             };
             if is_directory {
                 if depth + 1 > quota.depth {
-                    return Some(format!(
+                    return Err(format!(
                         "disk quota exceeded: directories nest deeper than {} levels",
                         quota.depth
                     ));
@@ -246,7 +194,7 @@ pub fn check(dir: &Path, quota: DiskQuota) -> Option<String> {
         drop(directory);
         reading = next_directory(&mut pending);
     }
-    None
+    Ok(Some(DiskUse { bytes, entries }))
 }
 
 /// Opens the next pending directory that can still be opened.
@@ -280,11 +228,16 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_within_its_quota_passes() {
+    fn a_directory_within_its_quota_passes_with_what_it_holds() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
         std::fs::write(dir.path().join("a/b/file"), vec![1u8; 10_000]).unwrap();
-        assert_eq!(check(dir.path(), DiskQuota::default()), None);
+        let found = check(dir.path(), DiskQuota::of_bytes(1 << 30))
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.entries, 3);
+        assert!(found.bytes >= 10_000, "{found:?}");
+        assert_eq!(check(&dir.path().join("missing"), quota(1, 1, 1)), Ok(None));
     }
 
     #[test]
@@ -292,8 +245,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("big"), vec![1u8; 1 << 20]).unwrap();
         assert_eq!(
-            check(dir.path(), quota(512 * 1024, 100, 10)).as_deref(),
-            Some("disk quota of 512 KiB exceeded")
+            check(dir.path(), quota(512 * 1024, 100, 10)),
+            Err("disk quota of 512 KiB exceeded".to_string())
         );
 
         let dir = tempfile::tempdir().unwrap();
@@ -301,16 +254,16 @@ mod tests {
             std::fs::write(dir.path().join(format!("f{i}")), "").unwrap();
         }
         assert_eq!(
-            check(dir.path(), quota(1 << 30, 10, 10)).as_deref(),
-            Some("disk quota exceeded: the alloc directory holds more than 10 entries")
+            check(dir.path(), quota(1 << 30, 10, 10)),
+            Err("disk quota exceeded: the alloc directory holds more than 10 entries".to_string())
         );
 
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("1/2/3/4/5")).unwrap();
         assert_eq!(
-            check(dir.path(), quota(1 << 30, 100, 4)).as_deref(),
-            Some("disk quota exceeded: directories nest deeper than 4 levels")
+            check(dir.path(), quota(1 << 30, 100, 4)),
+            Err("disk quota exceeded: directories nest deeper than 4 levels".to_string())
         );
-        assert_eq!(check(dir.path(), quota(1 << 30, 100, 5)), None);
+        assert!(check(dir.path(), quota(1 << 30, 100, 5)).is_ok());
     }
 }

@@ -10,22 +10,28 @@
 //! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
 //! - `host_api`: the `caravan:runner/host` import.
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
-//! - `limits`: memory limiter and CPU meter.
+//! - `limits`: the memory limiter, instance counts and the epoch clock; `cpu_meter`: the CPU
+//!   budget, the guest's computing and the host's work for it.
 //! - [`disk_cache`]: compiled components on disk, checksummed.
-//! - [`disk_watch`]: the alloc directory's quota (bytes, entries, depth), checked periodically.
+//! - `disk_ledger`: the alloc directory's quota and account; `wasi_quota`, the WASI calls that
+//!   reserve in it before they write; `disk_watch`, the thread that looks at every alloc
+//!   directory about once a second to correct the account and catch depth.
+//! - `wasi_ctx`: what each sandbox's WASI context holds (its directory, its grants).
 //! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
 //!   `lifecycle`, the one value that says where a runner is in its life; `outcome`, how a
 //!   run's end becomes the alloc's final state.
 //!
 //! This module may use [`crate::allocrunner`], [`crate::alloc_logs`] (a writer handle per
 //! alloc) and the leaves (`structs`, `units`, `locks`); it knows nothing of the client, the
-//! server or the state store. On disk it touches only each alloc's directory (which it reads
-//! to check its quota) and its own cache dir; alloc log files belong to [`crate::alloc_logs`].
+//! server or the state store. On disk it touches only each alloc's directory (through the
+//! guest's WASI calls, and read to check its quota), the read-only volumes granted, and its
+//! own cache dir; alloc log files belong to [`crate::alloc_logs`].
 
 mod bindings;
 pub(crate) mod cpu_meter;
 pub mod disk_cache;
-pub mod disk_watch;
+mod disk_ledger;
+mod disk_watch;
 pub mod histogram;
 mod host_api;
 mod lifecycle;
@@ -33,6 +39,7 @@ pub(crate) mod limits;
 mod logging;
 mod outcome;
 mod wasi_ctx;
+mod wasi_quota;
 mod wasm_runner;
 
 pub use limits::EPOCH_TICK;
@@ -217,6 +224,7 @@ impl Runtime {
 
         let mut linker = Linker::<StoreData>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
+        wasi_quota::add_to_linker(&mut linker).map_err(anyhow::Error::from)?;
         bindings::add_host_to_linker::<_, HostApiData>(&mut linker, |data| &mut data.host_api)
             .map_err(anyhow::Error::from)?;
         bindings::add_logging_to_linker::<_, LoggingData>(&mut linker, |data| &mut data.logging)
@@ -508,6 +516,8 @@ pub(crate) struct StoreData {
     logging: logging::GuestLogging,
     memory: MemoryLimiter,
     cpu: CpuMeter,
+    /// The alloc directory's account, which the WASI layer reserves writes in.
+    disk: Arc<disk_ledger::DiskLedger>,
 }
 
 impl WasiView for StoreData {

@@ -6,7 +6,7 @@
 
 use super::bindings::{self, Event};
 use super::cpu_meter::CpuMeter;
-use super::disk_watch::DiskQuota;
+use super::disk_ledger::{DiskLedger, DiskQuota};
 use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::limits::{MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
@@ -302,7 +302,8 @@ impl Shared {
 
     async fn run_guest(self: Arc<Self>, events: mpsc::UnboundedReceiver<Event>) -> RunOutcome {
         let alloc = self.alloc();
-        let mut store = match self.new_store(&alloc, events) {
+        let (disk, mut over_quota) = DiskLedger::new(DiskQuota::of_bytes(self.limits.disk_bytes));
+        let mut store = match self.new_store(&alloc, events, disk.clone()) {
             Ok(store) => store,
             Err(error) => {
                 return RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
@@ -342,16 +343,23 @@ impl Shared {
             &alloc_wit,
             self.config.restored.as_deref(),
         ));
-        // The run, unless the alloc dir goes over its quota first.
-        let mut disk = self
+        // The run, unless the alloc dir goes over its quota first (a look finds it over, or
+        // the WASI layer refuses a write past it).
+        let _watch = self
             .runtime
             .inner
             .disk_watcher
-            .watch(&self.config.alloc_dir, DiskQuota::default());
+            .watch(&self.config.alloc_dir, disk);
         let watched = async {
-            tokio::select! {
-                result = call => Ok(result),
-                over = disk.over_quota() => Err(over),
+            let result = tokio::select! {
+                over = over_quota.description() => return Err(over),
+                result = call => result,
+            };
+            // A guest whose write was refused may end its run on that error within the same
+            // poll: the cause to name is then the quota.
+            match over_quota.already() {
+                Some(over) => Err(over),
+                None => Ok(result),
             }
         };
         let watched = match self.limits.wall_time {
@@ -384,6 +392,7 @@ impl Shared {
         &self,
         alloc: &Arc<Alloc>,
         events: mpsc::UnboundedReceiver<Event>,
+        disk: Arc<DiskLedger>,
     ) -> anyhow::Result<Store<StoreData>> {
         // Checked again here: the agent's offer may have changed since the job was submitted.
         let grants = self.offered.grant(&alloc.capabilities)?;
@@ -416,6 +425,7 @@ impl Shared {
             logging: GuestLogging::new(sink),
             memory: MemoryLimiter::new(self.limits.memory_bytes),
             cpu: CpuMeter::new(clock, self.limits.cpu),
+            disk,
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
         store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);

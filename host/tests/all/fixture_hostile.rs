@@ -15,18 +15,24 @@ const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 const FORGED_START: &str = "2026-01-01T00:00:00.000000Z";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_directory_bomb_fails_at_the_depth_limit_and_is_removed_without_harm() {
+async fn a_directory_bomb_fails_at_a_disk_limit_and_is_removed_without_harm() {
     let _logs = LogCapture::start();
     let started = start(
         alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "dir-bomb")]),
         None,
     );
-    // The host's look at the alloc dir stops at the depth limit and fails the alloc.
+    // Whichever comes first fails the alloc: the host's look at the alloc dir finding it
+    // deeper than the depth limit, or the 10,001st directory refused at the entry limit.
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
-    assert_eq!(
-        state.description,
-        "disk quota exceeded: directories nest deeper than 64 levels"
+    assert!(
+        [
+            "disk quota exceeded: directories nest deeper than 64 levels",
+            "disk quota exceeded: the alloc directory holds more than 10000 entries",
+        ]
+        .contains(&state.description.as_str()),
+        "{}",
+        state.description
     );
     assert!(started.alloc_dir().join("d/d/d").is_dir());
     // However deep the runner got before the quota check stopped it (the removal of a tree
@@ -99,6 +105,28 @@ async fn a_report_flood_spends_its_own_cpu_budget_on_the_host_work_it_causes() {
 }
 
 #[tokio::test]
+async fn a_disk_fill_is_refused_at_its_quota_and_fails_naming_it() {
+    let _logs = LogCapture::start();
+    let fill = Alloc {
+        limits: LimitOverrides {
+            disk_bytes: Some(4 << 20),
+            ..LimitOverrides::default()
+        },
+        ..alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "disk-fill")])
+    };
+    let started = start(fill, None);
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert_eq!(state.description, "disk quota of 4 MiB exceeded");
+    // The write that would have passed the quota was refused in the guest: nothing past it
+    // reached the disk. (A look once a second alone let a runner write 2 GiB before it.)
+    let filled = std::fs::metadata(started.alloc_dir().join("fill"))
+        .unwrap()
+        .len();
+    assert!(filled <= 4 << 20, "{filled} bytes written");
+}
+
+#[tokio::test]
 async fn a_file_flood_fails_its_alloc_at_the_entry_limit() {
     let _logs = LogCapture::start();
     let started = start(
@@ -107,10 +135,21 @@ async fn a_file_flood_fails_its_alloc_at_the_entry_limit() {
     );
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
-    assert_eq!(
-        state.description,
-        "disk quota exceeded: the alloc directory holds more than 10000 entries"
+    // The file past the limit is refused in the guest with "no space". The fixture fails its
+    // run on that error at once, and a guest's own terminal report stands; should the host
+    // end the run first, the description is the host's.
+    assert!(
+        state.description
+            == "disk quota exceeded: the alloc directory holds more than 10000 entries"
+            || (state.description.starts_with("created ")
+                && state
+                    .description
+                    .ends_with("then: No space left on device (os error 51)")),
+        "{}",
+        state.description
     );
+    let made = std::fs::read_dir(started.alloc_dir()).unwrap().count();
+    assert!(made <= 10_000, "{made} files made");
 }
 
 #[tokio::test]

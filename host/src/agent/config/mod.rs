@@ -17,6 +17,7 @@
 //! cpu = "60s"
 //! kill_timeout = "5s"
 //! log_rate = 1000
+//! disk = "1GiB"                   # what an alloc directory may hold
 //! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
 //!
 //! [client.limit_caps]             # the most a job may ask for; more is refused at submit
@@ -24,6 +25,7 @@
 //! cpu = "1h"
 //! kill_timeout = "30s"
 //! log_rate = 10000
+//! disk = "10GiB"
 //!
 //! [client.capabilities]           # what jobs may ask for beyond /alloc; nothing by default
 //! network = ["10.0.0.5:5432", "127.0.0.1"]    # IP:PORT, or an IP for all its ports
@@ -254,6 +256,7 @@ struct ClientSection {
     wall_time: Option<String>,
     kill_timeout: Option<String>,
     log_rate: Option<u32>,
+    disk: Option<String>,
     #[serde(default)]
     limit_caps: LimitCapsSection,
     max_live_allocs: Option<u32>,
@@ -278,6 +281,7 @@ struct LimitCapsSection {
     cpu: Option<String>,
     kill_timeout: Option<String>,
     log_rate: Option<u32>,
+    disk: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -381,6 +385,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
         }
         config.limits.log_lines_per_second = v;
     }
+    if let Some(v) = client.disk {
+        config.limits.disk_bytes = parse_bytes(&v).map_err(unit("client.disk"))?;
+    }
     if let Some(v) = client.max_live_allocs {
         if v == 0 {
             return Err(out_of_range(
@@ -404,6 +411,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     if let Some(v) = caps.log_rate {
         config.limit_caps.log_lines_per_second = v;
     }
+    if let Some(v) = &caps.disk {
+        config.limit_caps.disk_bytes = parse_bytes(v).map_err(unit("client.limit_caps.disk"))?;
+    }
     // The agent's own defaults must be something a job could ask for.
     let defaults = LimitOverrides {
         memory_bytes: Some(config.limits.memory_bytes),
@@ -411,6 +421,7 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
         wall_time: None,
         kill_timeout: Some(config.limits.kill_timeout),
         log_lines_per_second: Some(config.limits.log_lines_per_second),
+        disk_bytes: Some(config.limits.disk_bytes),
     };
     if let Err(over) = config.limit_caps.check(&defaults) {
         return Err(out_of_range(
@@ -418,6 +429,7 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
                 "memory" => "client.memory",
                 "cpu" => "client.cpu",
                 "kill_timeout" => "client.kill_timeout",
+                "disk" => "client.disk",
                 _ => "client.log_rate",
             },
             format!(

@@ -25,6 +25,26 @@ fn limit_caps_are_read_and_the_defaults_must_fit_under_them() {
         error.to_string(),
         "agent.toml: client.memory: at most client.limit_caps.memory (1 GiB), not 2 GiB"
     );
+
+    let mut config = AgentConfig::default();
+    apply_file(
+        &mut config,
+        "agent.toml",
+        "[client]\ndisk = \"256MiB\"\n[client.limit_caps]\ndisk = \"512MiB\"",
+    )
+    .unwrap();
+    assert_eq!(
+        (config.limits.disk_bytes, config.limit_caps.disk_bytes),
+        (256 << 20, 512 << 20)
+    );
+    let asked = LimitOverrides {
+        disk_bytes: Some(1 << 30),
+        ..LimitOverrides::default()
+    };
+    assert_eq!(
+        config.limit_caps.check(&asked).unwrap_err().to_string(),
+        "job.limits.disk: 1 GiB is over this agent's cap of 512 MiB (client.limit_caps.disk)"
+    );
 }
 use std::time::Duration;
 
