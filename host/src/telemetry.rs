@@ -22,6 +22,29 @@ fn escaped_text_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFie
     .delimited(" ")
 }
 
+/// Stderr for JSON log lines, with DEL, C1 and bidirectional controls escaped as JSON
+/// `\uXXXX` (see [`crate::text::escape_json_controls`]). The formatter hands it whole
+/// lines, so no character is split between two calls; bytes that are not UTF-8 pass as they
+/// are.
+struct JsonStderr;
+
+impl std::io::Write for JsonStderr {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(line) {
+            Ok(text) => {
+                let escaped = crate::text::escape_json_controls(text);
+                std::io::stderr().write_all(escaped.as_bytes())?;
+                Ok(line.len())
+            }
+            Err(_) => std::io::stderr().write(line),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 /// Installs the global subscriber, writing to stderr.
 ///
 /// `level` is a level (`info`) or a filter in `RUST_LOG` syntax (`info,caravan::guest=debug`).
@@ -32,16 +55,19 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     let installed = if json {
         builder
+            .with_writer(|| JsonStderr)
             .json()
             .with_current_span(true)
             .with_span_list(false)
             .try_init()
     } else {
-        builder.fmt_fields(escaped_text_fields()).try_init()
+        builder
+            .with_writer(std::io::stderr)
+            .fmt_fields(escaped_text_fields())
+            .try_init()
     };
     installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
 }

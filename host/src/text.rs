@@ -41,13 +41,43 @@ pub fn cut_in_place(text: &mut String, max_bytes: usize) {
 }
 
 /// True for characters that must not reach a terminal as they are: C0 controls but tab, DEL,
-/// and the C1 controls (U+0080 to U+009F; some terminals read U+009B as CSI).
+/// the C1 controls (U+0080 to U+009F; some terminals read U+009B as CSI), and the
+/// bidirectional controls, which reorder what follows them on screen (U+202E makes
+/// `txt.exe` read as `exe.txt`).
 fn is_control(c: char) -> bool {
-    (c.is_control() && c != '\t') || c == '\u{7f}'
+    (c.is_control() && c != '\t') || is_bidi_control(c)
 }
 
-/// `text` with every control character but tab written as an escape: `\n`, `\r`, and
-/// `\u{1b}` for the rest. Backslashes are left as they are: a guest that writes a literal
+/// Unicode's explicit bidirectional formatting characters (UAX #9).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `json`, a JSON text, with the characters [`escape_controls`] escapes that JSON leaves raw
+/// (DEL, the C1 controls, the bidirectional controls) written as `\uXXXX` escapes: any JSON
+/// reader gets the same text back, and a terminal shows it inert. JSON escapes the C0
+/// controls itself, and these characters can only occur inside its strings.
+pub fn escape_json_controls(json: &str) -> Cow<'_, str> {
+    // Not the C0 controls: inside strings JSON has escaped them already, and outside them
+    // they are the document's own whitespace (the newline ending each log line).
+    let left_raw_by_json = |c: char| (c.is_control() && !c.is_ascii_control()) || c == '\u{7f}';
+    let needs_escape = |c: char| left_raw_by_json(c) || is_bidi_control(c);
+    if !json.chars().any(needs_escape) {
+        return Cow::Borrowed(json);
+    }
+    let mut escaped = String::with_capacity(json.len() + 12);
+    for c in json.chars() {
+        if needs_escape(c) {
+            let _ = write!(escaped, "\\u{:04x}", u32::from(c));
+        } else {
+            escaped.push(c);
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+/// `text` with every control character but tab, and every bidirectional control, written as
+/// an escape: `\n`, `\r`, and `\u{1b}` for the rest. Backslashes are left as they are: a guest that writes a literal
 /// `\n` gets the same two characters, which start no line. Plain text comes back borrowed.
 pub fn escape_controls(text: &str) -> Cow<'_, str> {
     if !text.chars().any(is_control) {
@@ -96,5 +126,22 @@ mod tests {
             "\\u{1b}[2J\\u{1b}]0;title\\u{7}\\rover\\u{9b}"
         );
         assert_eq!(escape_controls("\u{7f}"), "\\u{7f}");
+        assert_eq!(escape_controls("cod\u{202e}txt.exe"), "cod\\u{202e}txt.exe");
+    }
+
+    #[test]
+    fn json_keeps_its_text_and_loses_what_a_terminal_would_act_on() {
+        let value = serde_json::json!({ "m": "a\u{7f}\u{9b}2J\u{202e}b\n\u{1b}é" });
+        let json = value.to_string();
+        let escaped = escape_json_controls(&json);
+        assert_eq!(escaped, r#"{"m":"a\u007f\u009b2J\u202eb\n\u001bé"}"#);
+        let back: serde_json::Value = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(back, value, "the same text to a JSON reader");
+        let lines = format!("{json}\n{json}\n");
+        assert_eq!(escape_json_controls(&lines).matches('\n').count(), 2);
+        assert!(matches!(
+            escape_json_controls(r#"{"a":1}"#),
+            Cow::Borrowed(_)
+        ));
     }
 }

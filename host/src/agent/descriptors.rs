@@ -23,6 +23,34 @@ pub fn raise_open_files_limit() -> Option<u64> {
     raise_to(soft, hard)
 }
 
+/// Descriptors kept for the agent itself: the API's connections, log files, the state DB.
+const AGENT_RESERVE: u64 = 1024;
+
+/// Warns when `max_live_allocs`, each holding up to `handles_per_alloc` descriptors, could
+/// take more than `limit` leaves after the agent's own reserve: a node configured so can run
+/// out of descriptors with every alloc within its own limit. Returns whether it warned.
+pub fn warn_if_allocs_can_exhaust(
+    limit: Option<u64>,
+    max_live_allocs: u32,
+    handles_per_alloc: u64,
+) -> bool {
+    let Some(limit) = limit else {
+        return false;
+    };
+    let allocs_may_hold = u64::from(max_live_allocs).saturating_mul(handles_per_alloc);
+    if allocs_may_hold.saturating_add(AGENT_RESERVE) <= limit {
+        return false;
+    }
+    tracing::warn!(
+        limit,
+        max_live_allocs,
+        handles_per_alloc,
+        "live allocs together may hold more file descriptors than this agent may open; \
+         raise the hard limit (ulimit -Hn) or lower client.max_live_allocs"
+    );
+    true
+}
+
 fn raise_to(soft: u64, target: u64) -> Option<u64> {
     let current = getrlimit(Resource::Nofile);
     let raised = Rlimit {
@@ -52,6 +80,13 @@ fn raise_to(soft: u64, target: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_whose_allocs_could_take_every_descriptor_is_warned_about() {
+        assert!(!warn_if_allocs_can_exhaust(Some(1 << 20), 1000, 1024));
+        assert!(warn_if_allocs_can_exhaust(Some(65_536), 1000, 1024));
+        assert!(!warn_if_allocs_can_exhaust(None, u32::MAX, 1024));
+    }
 
     #[test]
     fn the_soft_limit_ends_at_the_hard_limit() {

@@ -48,7 +48,12 @@ pub struct Agent {
 impl Agent {
     /// Starts the server, the client and the HTTP API.
     pub async fn start(mut config: AgentConfig) -> anyhow::Result<Agent> {
-        descriptors::raise_open_files_limit();
+        let descriptor_limit = descriptors::raise_open_files_limit();
+        descriptors::warn_if_allocs_can_exhaust(
+            descriptor_limit,
+            config.max_live_allocs,
+            crate::runtime::MAX_HANDLES_PER_INSTANCE as u64,
+        );
         let dev_data_dir = if config.dev {
             let dir = crate::fs_tree::TempTree::new("caravan-dev-")
                 .context("cannot create the dev data dir")?;

@@ -42,7 +42,7 @@ mod wasi_ctx;
 mod wasi_quota;
 mod wasm_runner;
 
-pub use limits::EPOCH_TICK;
+pub use limits::{EPOCH_TICK, MAX_HANDLES_PER_INSTANCE};
 pub use logging::{GUEST_TARGET, MAX_LINE_BYTES};
 pub use wasm_runner::{MAX_QUEUED_TASK_ACTIONS, WasmAllocRunner, WasmAllocRunnerFactory};
 

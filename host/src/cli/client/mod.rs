@@ -111,7 +111,7 @@ impl Remote {
     /// Prints `value` as JSON with `--json`, else through `human`.
     pub fn print(&self, value: &Value, human: impl FnOnce(&Value)) {
         if self.json {
-            println!("{value}");
+            println!("{}", crate::text::escape_json_controls(&value.to_string()));
         } else {
             human(value);
         }
