@@ -19,6 +19,7 @@ mod fixture_spin_loop;
 mod fixture_trap;
 mod fixture_wrong_world;
 mod fuzz;
+mod hostile_agent;
 mod loading;
 mod many_memories;
 mod minimal;

@@ -461,6 +461,11 @@ impl AgentProcess {
         }
     }
 
+    /// The agent's process id, for reading its `/proc` entries.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The address as a socket address, for [`http`].
     pub fn socket_addr(&self) -> std::net::SocketAddr {
         self.addr.trim_start_matches("http://").parse().unwrap()
