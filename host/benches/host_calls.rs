@@ -5,7 +5,7 @@
 //! store does. Both in the same run, in alternating rounds; the medians and their ratio are
 //! printed. `cargo bench -p caravan-host --bench host_calls` (or `scripts/bench`).
 
-use caravan_host::testing::{CpuMeter, EpochClock};
+use caravan_host::testing::CpuMeter;
 use std::time::{Duration, Instant};
 use wasmtime::{Engine, Linker, Module, Store};
 
@@ -32,14 +32,13 @@ const CALLS_PER_ROUND: i32 = 2_000_000;
 const ROUNDS: usize = 7;
 
 fn round(engine: &Engine, module: &Module, hooked: bool) -> Duration {
-    let meter = CpuMeter::new(EpochClock::default(), Duration::from_secs(3600));
+    let meter = CpuMeter::new(Duration::from_secs(3600));
     let mut store = Store::new(engine, meter);
     if hooked {
         store.call_hook(|mut context, hook| {
             let meter = context.data_mut();
             if hook.entering_host() {
-                meter.entering_host();
-                Ok(())
+                meter.entering_host()
             } else {
                 meter.leaving_host()
             }

@@ -276,6 +276,22 @@ impl CapabilityPolicy {
         })
     }
 
+    /// The first network rule that would let a runner reach the agent's own API listening
+    /// on `api`: its port (or every port) on a loopback address, on the API's own address,
+    /// or anywhere when the API listens on every address. An operator must not offer it:
+    /// whoever reaches the API runs and stops jobs.
+    pub fn rule_reaching(&self, api: SocketAddr) -> Option<usize> {
+        self.network.iter().position(|rule| {
+            let (ip, port) = match *rule {
+                NetworkRule::AnyPort(ip) => (ip, None),
+                NetworkRule::Exact(addr) => (addr.ip(), Some(addr.port())),
+            };
+            let same_port = port.is_none_or(|port| port == api.port());
+            let this_host = ip.is_loopback() || ip == api.ip() || api.ip().is_unspecified();
+            same_port && this_host
+        })
+    }
+
     /// Whether every capability `asked` is offered; the first one that is not is named by
     /// its job file key.
     pub fn check(&self, asked: &Capabilities) -> Result<(), CapabilityError> {
@@ -285,6 +301,15 @@ impl CapabilityPolicy {
     /// What an alloc asking `asked` gets, with each volume resolved to its host directory;
     /// an error names the first capability not offered.
     pub fn grant(&self, asked: &Capabilities) -> Result<Grants, CapabilityError> {
+        // An alloc read back from the state store or sent by a server was never parsed
+        // here: what the job file's parsing checks is checked again.
+        let network: Vec<String> = asked.network.iter().map(|addr| addr.to_string()).collect();
+        let volumes = asked
+            .volumes
+            .iter()
+            .map(|mount| (mount.path.clone(), mount.volume.clone()))
+            .collect();
+        parse_job(&network, &volumes, &asked.env.iter().cloned().collect())?;
         for (i, addr) in asked.network.iter().enumerate() {
             if !self.network.iter().any(|rule| rule.allows(addr)) {
                 return Err(refuse(
@@ -463,6 +488,23 @@ mod tests {
             nothing
                 .check(&job(&["127.0.0.1:80"], &[], &[]).unwrap())
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn a_rule_that_reaches_the_agents_own_api_is_found() {
+        let api: SocketAddr = "127.0.0.1:4646".parse().unwrap();
+        assert_eq!(
+            policy(&["10.0.0.5:5432", "127.0.0.1"], &[]).rule_reaching(api),
+            Some(1)
+        );
+        assert_eq!(policy(&["[::1]:4646"], &[]).rule_reaching(api), Some(0));
+        assert_eq!(policy(&["127.0.0.1:5432"], &[]).rule_reaching(api), None);
+        assert_eq!(policy(&["10.0.0.5"], &[]).rule_reaching(api), None);
+        let everywhere: SocketAddr = "0.0.0.0:4646".parse().unwrap();
+        assert_eq!(
+            policy(&["10.0.0.5:4646"], &[]).rule_reaching(everywhere),
+            Some(0)
         );
     }
 

@@ -246,10 +246,12 @@ fn validate_limits(raw: RawLimits) -> Result<LimitOverrides, SpecError> {
             Some(0) => return Err(error("job.limits.log_rate", "must be above 0")),
             rate => rate,
         },
-        disk_bytes: raw
-            .disk
-            .map(|v| parse_bytes(&v).map_err(|e| error("job.limits.disk", e.to_string())))
-            .transpose()?,
+        disk_bytes: match raw.disk.map(|v| parse_bytes(&v)) {
+            Some(Ok(0)) => return Err(error("job.limits.disk", "must be above 0")),
+            Some(Err(e)) => return Err(error("job.limits.disk", e.to_string())),
+            Some(Ok(bytes)) => Some(bytes),
+            None => None,
+        },
     })
 }
 

@@ -106,7 +106,10 @@ pub fn parse_limits(limits: &[String]) -> anyhow::Result<LimitOverrides> {
         let bad = |e: UnitError| anyhow::anyhow!("--limit {limit}: {e}");
         match name {
             "memory" => overrides.memory_bytes = Some(parse_bytes(value).map_err(bad)?),
-            "disk" => overrides.disk_bytes = Some(parse_bytes(value).map_err(bad)?),
+            "disk" => match parse_bytes(value).map_err(bad)? {
+                0 => bail!("--limit {limit}: the disk quota must be above 0"),
+                bytes => overrides.disk_bytes = Some(bytes),
+            },
             "cpu" => overrides.cpu = Some(parse_duration(value).map_err(bad)?),
             "wall-time" => overrides.wall_time = Some(parse_duration(value).map_err(bad)?),
             "kill-timeout" => overrides.kill_timeout = Some(parse_duration(value).map_err(bad)?),

@@ -48,6 +48,13 @@ pub struct Agent {
 impl Agent {
     /// Starts the server, the client and the HTTP API.
     pub async fn start(mut config: AgentConfig) -> anyhow::Result<Agent> {
+        if let Some(i) = config.capabilities.rule_reaching(config.bind) {
+            anyhow::bail!(
+                "client.capabilities.network[{i}] lets runners reach this agent's own API on {}; \
+                 offer other ports (whoever reaches the API runs and stops jobs)",
+                config.bind
+            );
+        }
         let descriptor_limit = descriptors::raise_open_files_limit();
         descriptors::warn_if_allocs_can_exhaust(
             descriptor_limit,

@@ -22,7 +22,7 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,7 +44,6 @@ struct WatcherInner {
 }
 
 struct Watched {
-    dir: PathBuf,
     ledger: Arc<DiskLedger>,
 }
 
@@ -81,14 +80,11 @@ impl DiskWatcher {
         Ok(watcher)
     }
 
-    /// Looks at `dir` for `ledger` (against its quota) until the returned [`Watch`] is
+    /// Looks at `ledger`'s directory (against its quota) until the returned [`Watch`] is
     /// dropped; a limit passed is reported through the ledger.
-    pub fn watch(&self, dir: &Path, ledger: Arc<DiskLedger>) -> Watch {
+    pub fn watch(&self, ledger: Arc<DiskLedger>) -> Watch {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let watched = Watched {
-            dir: dir.to_path_buf(),
-            ledger,
-        };
+        let watched = Watched { ledger };
         self.inner.watched.lock_unpoisoned().insert(id, watched);
         Watch {
             id,
@@ -114,20 +110,15 @@ impl WatcherInner {
                 std::thread::sleep(CHECK_INTERVAL - took);
             }
             round_started = std::time::Instant::now();
-            let dirs: Vec<(PathBuf, Arc<DiskLedger>)> = self
+            let ledgers: Vec<Arc<DiskLedger>> = self
                 .watched
                 .lock_unpoisoned()
                 .values()
-                .filter(|watched| !watched.ledger.is_exceeded())
-                .map(|watched| (watched.dir.clone(), watched.ledger.clone()))
+                .filter(|watched| !watched.ledger.is_reported())
+                .map(|watched| watched.ledger.clone())
                 .collect();
-            for (dir, ledger) in dirs {
-                let mark = ledger.look_starting();
-                match check(&dir, ledger.quota()) {
-                    Ok(Some(found)) => ledger.looked(mark, found),
-                    Ok(None) => {}
-                    Err(description) => ledger.exceeded(description),
-                }
+            for ledger in ledgers {
+                ledger.look_now();
             }
         }
     }

@@ -8,7 +8,6 @@
 //! runner's `StateUpdater`).
 
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
-use super::limits::EpochClock;
 use crate::allocrunner::StateUpdater;
 use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
@@ -174,9 +173,6 @@ pub struct HostApi {
     /// `kill` or `shutdown`, once delivered: repeated to every later `next-event`.
     final_event: Option<Event>,
     state: Arc<StateCell>,
-    clock: EpochClock,
-    /// The epoch tick at which the guest last came back from a wait (see `CpuMeter`).
-    pub resumed_at_tick: u64,
     span: tracing::Span,
     last_refusal_logged: Option<tokio::time::Instant>,
     /// Refusals since the last one logged.
@@ -189,18 +185,14 @@ impl HostApi {
         events: mpsc::UnboundedReceiver<Event>,
         queued_task_actions: Arc<AtomicUsize>,
         state: Arc<StateCell>,
-        clock: EpochClock,
         span: tracing::Span,
     ) -> Self {
-        let now = clock.now();
         HostApi {
             alloc,
             events,
             queued_task_actions,
             final_event: None,
             state,
-            clock,
-            resumed_at_tick: now,
             span,
             last_refusal_logged: None,
             unlogged_refusals: 0,
@@ -249,13 +241,9 @@ impl HostImports for HostApi {
             match tokio::time::timeout(Duration::from_millis(timeout_ms), self.events.recv()).await
             {
                 Ok(received) => received,
-                Err(_elapsed) => {
-                    self.resumed_at_tick = self.clock.now();
-                    return None;
-                }
+                Err(_elapsed) => return None,
             }
         };
-        self.resumed_at_tick = self.clock.now();
         // The sender lives as long as the runner; if it is gone, nobody wants this alloc.
         let event = received.unwrap_or(Event::Kill);
         match &event {

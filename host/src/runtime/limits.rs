@@ -1,35 +1,17 @@
 //! Per-alloc limits enforced inside the store: memory (a [`wasmtime::ResourceLimiter`]), the
-//! counts of memories, tables, instances and handles, and the epoch clock the CPU budget
-//! ([`super::cpu_meter`]) is counted on.
+//! counts of memories, tables, instances and handles, and the epoch tick at which every
+//! computing guest yields and its CPU budget ([`super::cpu_meter`]) is checked.
 //!
 //! The limiter records which limit was hit, so the runner can name it in the alloc's
 //! description instead of showing a bare trap. It acts on one store only and never reaches
 //! past it.
 
 use crate::units::format_bytes;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// How often the engine's epoch advances. Every running guest yields to tokio at each tick,
-/// and CPU budgets are counted in ticks.
+/// where its CPU budget is checked.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-
-/// A copy of the engine's epoch that the host can read (wasmtime does not expose it).
-/// The runtime's ticker thread advances both together.
-#[derive(Clone, Default)]
-pub struct EpochClock(Arc<AtomicU64>);
-
-impl EpochClock {
-    /// The current tick.
-    pub fn now(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn advance(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// Most linear memories one alloc's instance may have. A runner in Rust, C, Python or
 /// JavaScript has one or two; a cap keeps one runner from taking the node's memory slots.

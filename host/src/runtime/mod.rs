@@ -10,7 +10,7 @@
 //! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
 //! - `host_api`: the `caravan:runner/host` import.
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
-//! - `limits`: the memory limiter, instance counts and the epoch clock; `cpu_meter`: the CPU
+//! - `limits`: the memory limiter, instance counts and the epoch tick; `cpu_meter`: the CPU
 //!   budget, the guest's computing and the host's work for it.
 //! - [`disk_cache`]: compiled components on disk, checksummed.
 //! - `disk_ledger`: the alloc directory's quota and account; `wasi_quota`, the WASI calls that
@@ -49,7 +49,7 @@ pub use wasm_runner::{MAX_QUEUED_TASK_ACTIONS, WasmAllocRunner, WasmAllocRunnerF
 use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
 use cpu_meter::CpuMeter;
-use limits::{EpochClock, MemoryLimiter};
+use limits::MemoryLimiter;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -161,7 +161,6 @@ pub struct Runtime {
 struct RuntimeInner {
     engine: Engine,
     linker: Linker<StoreData>,
-    clock: EpochClock,
     pooling: bool,
     components: Mutex<HashMap<String, Arc<LoadedComponent>>>,
     disk_cache: Option<disk_cache::DiskCache>,
@@ -231,9 +230,8 @@ impl Runtime {
             .map_err(anyhow::Error::from)?;
 
         warn_if_map_count_too_low(config.max_live_allocs);
-        let clock = EpochClock::default();
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        spawn_epoch_ticker(engine.clone(), clock.clone(), ticker_stop.clone())?;
+        spawn_epoch_ticker(engine.clone(), ticker_stop.clone())?;
         let disk_watcher = disk_watch::DiskWatcher::start(ticker_stop.clone())?;
 
         let disk_cache = config
@@ -245,7 +243,6 @@ impl Runtime {
                 disk_cache,
                 engine,
                 linker,
-                clock,
                 pooling,
                 components: Mutex::new(HashMap::new()),
                 by_path: Mutex::new(HashMap::new()),
@@ -441,17 +438,12 @@ fn warn_if_map_count_too_low(max_live_allocs: u32) {
     }
 }
 
-fn spawn_epoch_ticker(
-    engine: Engine,
-    clock: EpochClock,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("caravan-epoch".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(EPOCH_TICK);
-                clock.advance();
                 engine.increment_epoch();
             }
         })?;

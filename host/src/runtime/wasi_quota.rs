@@ -1,20 +1,22 @@
 //! The alloc directory's quota at the write: the host's own layer over wasmtime-wasi's
 //! `wasi:filesystem/types`.
 //!
-//! Every call that can add bytes or entries is shadowed in the linker by one that first
+//! Every call that can add blocks or entries is shadowed in the linker by one that first
 //! reserves them in the alloc's [`DiskLedger`], then hands the call to wasmtime-wasi's own
-//! implementation: `descriptor.write`, `set-size` (the growth), `open-at` with `create`,
-//! `create-directory-at`, `symlink-at` and `link-at`. Streams a guest opens on a file
+//! implementation: `descriptor.write` (every block the write touches), `set-size` (the
+//! growth), `open-at` with `create` (an entry), `create-directory-at` and `symlink-at` (an
+//! entry and a block), `link-at` (an entry). Streams a guest opens on a file
 //! (`write-via-stream`, `append-via-stream`) are wrapped so each write through them reserves
-//! too. A reservation past the quota fails in the guest with `insufficient-space` (`ENOSPC`)
-//! and reports the limit, which ends the run with the alloc described as over its quota; a
-//! call that fails after reserving gives the reservation back.
+//! too. A reservation the ledger cannot fit even after looking at the directory again fails
+//! in the guest with `insufficient-space` (`ENOSPC`) and reports the limit, which ends the
+//! run with the alloc described as over its quota; a call that fails gives its reservation
+//! back.
 //!
 //! Only the accounting is ours: paths, permissions and the writes themselves stay
 //! wasmtime-wasi's. This module touches nothing but the store's WASI state and its ledger.
 
 use super::StoreData;
-use super::disk_ledger::{DiskLedger, DiskUse};
+use super::disk_ledger::{DiskLedger, DiskUse, Reservation};
 use bytes::Bytes;
 use std::sync::Arc;
 use wasmtime::component::{Linker, Resource};
@@ -35,8 +37,19 @@ const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 type WitResult<T> = wasmtime::Result<(Result<T, ErrorCode>,)>;
 
 /// Shadows the calls that add to an alloc directory; call after wasmtime-wasi's
-/// `add_to_linker_async`.
+/// `add_to_linker_async`. Fails when wasmtime-wasi does not define the interface at
+/// [`FILESYSTEM_TYPES`]: a guest would then reach wasmtime-wasi's own calls, unmetered.
 pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
+    let mut types = linker.instance(FILESYSTEM_TYPES)?;
+    if types
+        .func_wrap("[method]descriptor.write", |_, (): ()| Ok(()))
+        .is_ok()
+    {
+        wasmtime::bail!(
+            "{FILESYSTEM_TYPES} is not wasmtime-wasi's: update FILESYSTEM_TYPES in \
+             runtime/wasi_quota.rs to the version it defines"
+        );
+    }
     linker.allow_shadowing(true);
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
     types.func_wrap_async(
@@ -44,18 +57,15 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
         |mut store, (fd, buffer, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
             Box::new(async move {
                 let data = store.data_mut();
-                let bytes = buffer.len() as u64;
-                let reserved = DiskUse { bytes, entries: 0 };
-                if data.disk.reserve_bytes(bytes).is_err() {
-                    return Ok((Err(ErrorCode::InsufficientSpace),));
-                }
-                let ledger = data.disk.clone();
+                let amount = data
+                    .disk
+                    .blocks_for_write(Some(offset), buffer.len() as u64);
+                let Ok(reservation) = data.disk.reserve(amount) else {
+                    return no_space();
+                };
                 let mut view = filesystem(data);
                 let written = HostDescriptor::write(&mut view, fd, buffer, offset).await;
-                if written.is_err() {
-                    ledger.release(reserved);
-                }
-                to_wit(&mut view, written)
+                finish(&mut view, reservation, written)
             })
         },
     )?;
@@ -66,22 +76,16 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
                 let data = store.data_mut();
                 let ledger = data.disk.clone();
                 let mut view = filesystem(data);
-                let current = HostDescriptor::stat(&mut view, borrow(&fd)).await;
-                let growth = match current {
-                    Ok(stat) => size.saturating_sub(stat.size),
+                let current = match HostDescriptor::stat(&mut view, borrow(&fd)).await {
+                    Ok(stat) => stat.size,
                     Err(error) => return to_wit(&mut view, Err(error)),
                 };
-                if ledger.reserve_bytes(growth).is_err() {
-                    return Ok((Err(ErrorCode::InsufficientSpace),));
-                }
+                let amount = ledger.blocks_for_write(Some(current), size.saturating_sub(current));
+                let Ok(reservation) = ledger.reserve(amount) else {
+                    return no_space();
+                };
                 let resized = HostDescriptor::set_size(&mut view, fd, size).await;
-                if resized.is_err() {
-                    ledger.release(DiskUse {
-                        bytes: growth,
-                        entries: 0,
-                    });
-                }
-                to_wit(&mut view, resized)
+                finish(&mut view, reservation, resized)
             })
         },
     )?;
@@ -93,7 +97,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
                 let ledger = data.disk.clone();
                 let mut view = filesystem(data);
                 let stream = match HostDescriptor::write_via_stream(&mut view, fd, offset) {
-                    Ok(stream) => metered(&mut view, stream, ledger),
+                    Ok(stream) => metered(&mut view, stream, ledger, Some(offset)),
                     Err(error) => Err(error),
                 };
                 to_wit(&mut view, stream)
@@ -107,8 +111,13 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
                 let data = store.data_mut();
                 let ledger = data.disk.clone();
                 let mut view = filesystem(data);
+                // Appends start at the end: where that is now, as far as the stream knows.
+                let end = HostDescriptor::stat(&mut view, borrow(&fd))
+                    .await
+                    .ok()
+                    .map(|stat| stat.size);
                 let stream = match HostDescriptor::append_via_stream(&mut view, fd) {
-                    Ok(stream) => metered(&mut view, stream, ledger),
+                    Ok(stream) => metered(&mut view, stream, ledger, end),
                     Err(error) => Err(error),
                 };
                 to_wit(&mut view, stream)
@@ -128,18 +137,15 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
             Box::new(async move {
                 let data = store.data_mut();
                 let creates = open_flags.contains(OpenFlags::CREATE);
-                if creates && data.disk.reserve_entry().is_err() {
-                    return Ok((Err(ErrorCode::InsufficientSpace),));
-                }
-                let ledger = data.disk.clone();
+                let amount = if creates { ENTRY } else { DiskUse::default() };
+                let Ok(reservation) = data.disk.reserve(amount) else {
+                    return no_space();
+                };
                 let mut view = filesystem(data);
                 let opened =
                     HostDescriptor::open_at(&mut view, fd, path_flags, path, open_flags, flags)
                         .await;
-                if creates && opened.is_err() {
-                    ledger.release(ONE_ENTRY);
-                }
-                to_wit(&mut view, opened)
+                finish(&mut view, reservation, opened)
             })
         },
     )?;
@@ -148,16 +154,12 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
         |mut store, (fd, path): (Resource<Descriptor>, String)| {
             Box::new(async move {
                 let data = store.data_mut();
-                if data.disk.reserve_entry().is_err() {
-                    return Ok((Err(ErrorCode::InsufficientSpace),));
-                }
-                let ledger = data.disk.clone();
+                let Ok(reservation) = data.disk.reserve(entry_with_block(&data.disk)) else {
+                    return no_space();
+                };
                 let mut view = filesystem(data);
                 let made = HostDescriptor::create_directory_at(&mut view, fd, path).await;
-                if made.is_err() {
-                    ledger.release(ONE_ENTRY);
-                }
-                to_wit(&mut view, made)
+                finish(&mut view, reservation, made)
             })
         },
     )?;
@@ -166,16 +168,12 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
         |mut store, (fd, old_path, new_path): (Resource<Descriptor>, String, String)| {
             Box::new(async move {
                 let data = store.data_mut();
-                if data.disk.reserve_entry().is_err() {
-                    return Ok((Err(ErrorCode::InsufficientSpace),));
-                }
-                let ledger = data.disk.clone();
+                let Ok(reservation) = data.disk.reserve(entry_with_block(&data.disk)) else {
+                    return no_space();
+                };
                 let mut view = filesystem(data);
                 let made = HostDescriptor::symlink_at(&mut view, fd, old_path, new_path).await;
-                if made.is_err() {
-                    ledger.release(ONE_ENTRY);
-                }
-                to_wit(&mut view, made)
+                finish(&mut view, reservation, made)
             })
         },
     )?;
@@ -191,18 +189,14 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
         )| {
             Box::new(async move {
                 let data = store.data_mut();
-                if data.disk.reserve_entry().is_err() {
-                    return Ok((Err(ErrorCode::InsufficientSpace),));
-                }
-                let ledger = data.disk.clone();
+                let Ok(reservation) = data.disk.reserve(ENTRY) else {
+                    return no_space();
+                };
                 let mut view = filesystem(data);
                 let made =
                     HostDescriptor::link_at(&mut view, fd, old_flags, old_path, new_fd, new_path)
                         .await;
-                if made.is_err() {
-                    ledger.release(ONE_ENTRY);
-                }
-                to_wit(&mut view, made)
+                finish(&mut view, reservation, made)
             })
         },
     )?;
@@ -210,10 +204,19 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
     Ok(())
 }
 
-const ONE_ENTRY: DiskUse = DiskUse {
+/// A file, directory or link more.
+const ENTRY: DiskUse = DiskUse {
     bytes: 0,
     entries: 1,
 };
+
+/// A directory or symbolic link more, with the block it may take.
+fn entry_with_block(ledger: &DiskLedger) -> DiskUse {
+    DiskUse {
+        bytes: ledger.block(),
+        entries: 1,
+    }
+}
 
 fn filesystem(data: &mut StoreData) -> WasiFilesystemCtxView<'_> {
     WasiFilesystemCtxView {
@@ -227,6 +230,24 @@ fn borrow(fd: &Resource<Descriptor>) -> Resource<Descriptor> {
     Resource::new_borrow(fd.rep())
 }
 
+/// What the guest gets when its reservation is refused.
+fn no_space<T>() -> WitResult<T> {
+    Ok((Err(ErrorCode::InsufficientSpace),))
+}
+
+/// Settles `reservation` when the operation succeeded (a failed one reserved nothing it
+/// used: dropping it gives it back), and hands the result to the guest.
+fn finish<T>(
+    view: &mut WasiFilesystemCtxView<'_>,
+    reservation: Reservation,
+    result: FsResult<T>,
+) -> WitResult<T> {
+    if result.is_ok() {
+        reservation.settle();
+    }
+    to_wit(view, result)
+}
+
 /// An `FsResult` as the guest receives it: wasmtime-wasi's error code, or a trap.
 fn to_wit<T>(view: &mut WasiFilesystemCtxView<'_>, result: FsResult<T>) -> WitResult<T> {
     match result {
@@ -236,30 +257,66 @@ fn to_wit<T>(view: &mut WasiFilesystemCtxView<'_>, result: FsResult<T>) -> WitRe
 }
 
 /// Replaces the file stream `stream` in the table with one that reserves each write in
-/// `ledger`.
+/// `ledger`; `position` is where its next write lands, when known.
 fn metered(
     view: &mut WasiFilesystemCtxView<'_>,
     stream: Resource<DynOutputStream>,
     ledger: Arc<DiskLedger>,
+    position: Option<u64>,
 ) -> FsResult<Resource<DynOutputStream>> {
     let inner = view.table.delete(stream)?;
-    let metered: DynOutputStream = Box::new(MeteredStream { inner, ledger });
+    let metered: DynOutputStream = Box::new(MeteredStream {
+        inner,
+        ledger,
+        position,
+        pending: None,
+    });
     Ok(view.table.push(metered)?)
 }
 
 /// A file stream whose writes are reserved in the alloc's ledger first.
+///
+/// A stream's `write` only starts the write; it has completed once the stream is ready for
+/// more (`check-write` grants bytes), is flushed, or is dropped. Until then its reservation
+/// is pending, in flight. A write that fails may have written part of its bytes, so a
+/// stream's reservations are always settled, never given back: the next look corrects them.
 struct MeteredStream {
     inner: DynOutputStream,
     ledger: Arc<DiskLedger>,
+    position: Option<u64>,
+    pending: Option<Reservation>,
 }
 
 impl MeteredStream {
-    fn reserve(&self, bytes: usize) -> StreamResult<()> {
-        self.ledger.reserve_bytes(bytes as u64).map_err(|_| {
+    fn reserve(&mut self, len: usize) -> StreamResult<Reservation> {
+        let len = len as u64;
+        let amount = self.ledger.blocks_for_write(self.position, len);
+        let reservation = self.ledger.reserve(amount).map_err(|_| {
             let no_space =
                 std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
             StreamError::LastOperationFailed(wasmtime::Error::from(no_space))
-        })
+        })?;
+        self.position = self.position.map(|position| position.saturating_add(len));
+        Ok(reservation)
+    }
+
+    fn hold(&mut self, reservation: Reservation) {
+        match &mut self.pending {
+            Some(pending) => pending.merge(reservation),
+            None => self.pending = Some(reservation),
+        }
+    }
+
+    fn settle_pending(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            pending.settle();
+        }
+    }
+}
+
+impl Drop for MeteredStream {
+    fn drop(&mut self) {
+        self.settle_pending();
     }
 }
 
@@ -273,7 +330,8 @@ impl Pollable for MeteredStream {
 #[wasmtime_wasi::async_trait]
 impl OutputStream for MeteredStream {
     fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.reserve(bytes.len())?;
+        let reservation = self.reserve(bytes.len())?;
+        self.hold(reservation);
         self.inner.write(bytes)
     }
 
@@ -282,25 +340,36 @@ impl OutputStream for MeteredStream {
     }
 
     fn check_write(&mut self) -> StreamResult<usize> {
-        self.inner.check_write()
+        let permit = self.inner.check_write();
+        if !matches!(permit, Ok(0)) {
+            self.settle_pending();
+        }
+        permit
     }
 
     async fn blocking_write_and_flush(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.reserve(bytes.len())?;
-        self.inner.blocking_write_and_flush(bytes).await
+        let reservation = self.reserve(bytes.len())?;
+        self.hold(reservation);
+        let written = self.inner.blocking_write_and_flush(bytes).await;
+        self.settle_pending();
+        written
     }
 
     fn write_zeroes(&mut self, count: usize) -> StreamResult<()> {
-        self.reserve(count)?;
+        let reservation = self.reserve(count)?;
+        self.hold(reservation);
         self.inner.write_zeroes(count)
     }
 
     async fn write_ready(&mut self) -> StreamResult<usize> {
-        self.inner.write_ready().await
+        let permit = self.inner.write_ready().await;
+        self.settle_pending();
+        permit
     }
 
     async fn cancel(&mut self) {
-        self.inner.cancel().await
+        self.inner.cancel().await;
+        self.settle_pending();
     }
 }
 
@@ -311,15 +380,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_write_past_the_quota_fails_with_no_space() {
-        let (ledger, _exceeded) = DiskLedger::new(DiskQuota::of_bytes(10));
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, _exceeded) =
+            DiskLedger::new(dir.path().to_path_buf(), DiskQuota::of_bytes(1 << 20));
         let mut stream = MeteredStream {
             inner: Box::new(wasmtime_wasi::p2::pipe::SinkOutputStream),
             ledger,
+            position: Some(0),
+            pending: None,
         };
-        stream.write(Bytes::from_static(b"0123456789")).unwrap();
+        stream.write(Bytes::from(vec![0u8; 1 << 20])).unwrap();
         let Err(StreamError::LastOperationFailed(error)) = stream.write(Bytes::from_static(b"x"))
         else {
-            panic!("the eleventh byte must fail the write");
+            panic!("the byte past the quota must fail the write");
         };
         let io = error
             .downcast_ref::<std::io::Error>()

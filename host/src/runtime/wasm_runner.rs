@@ -302,15 +302,26 @@ impl Shared {
 
     async fn run_guest(self: Arc<Self>, events: mpsc::UnboundedReceiver<Event>) -> RunOutcome {
         let alloc = self.alloc();
-        let (disk, mut over_quota) = DiskLedger::new(DiskQuota::of_bytes(self.limits.disk_bytes));
+        let (disk, mut over_quota) = DiskLedger::new(
+            self.config.alloc_dir.clone(),
+            DiskQuota::of_bytes(self.limits.disk_bytes),
+        );
         let mut store = match self.new_store(&alloc, events, disk.clone()) {
             Ok(store) => store,
             Err(error) => {
                 return RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
             }
         };
+        // What the directory holds already (a restored alloc's files) counts from the start.
+        let looking = disk.clone();
+        let _ = tokio::task::spawn_blocking(move || looking.look_now()).await;
         let instantiating = std::time::Instant::now();
-        let instance = match self.component.pre.instantiate_async(&mut store).await {
+        let polls = store.data().cpu.poll_counter();
+        let instance = match polls
+            .clone()
+            .count(self.component.pre.instantiate_async(&mut store))
+            .await
+        {
             Ok(instance) => {
                 self.runtime
                     .inner
@@ -327,16 +338,6 @@ impl Shared {
             }
         };
         let alloc_wit = bindings::alloc_to_wit(&alloc);
-        // From here on the host's work for the guest counts against its CPU budget.
-        store.call_hook(|mut context, hook| {
-            let cpu = &mut context.data_mut().cpu;
-            if hook.entering_host() {
-                cpu.entering_host();
-                Ok(())
-            } else {
-                cpu.leaving_host()
-            }
-        });
         let polls = store.data().cpu.poll_counter();
         let call = polls.count(instance.caravan_runner_runner().call_run(
             &mut store,
@@ -345,11 +346,7 @@ impl Shared {
         ));
         // The run, unless the alloc dir goes over its quota first (a look finds it over, or
         // the WASI layer refuses a write past it).
-        let _watch = self
-            .runtime
-            .inner
-            .disk_watcher
-            .watch(&self.config.alloc_dir, disk);
+        let _watch = self.runtime.inner.disk_watcher.watch(disk);
         let watched = async {
             let result = tokio::select! {
                 over = over_quota.description() => return Err(over),
@@ -357,7 +354,7 @@ impl Shared {
             };
             // A guest whose write was refused may end its run on that error within the same
             // poll: the cause to name is then the quota.
-            match over_quota.already() {
+            match over_quota.try_description() {
                 Some(over) => Err(over),
                 None => Ok(result),
             }
@@ -410,7 +407,6 @@ impl Shared {
             self.config.log_writer.clone(),
         );
         let wasi = sandbox_wasi(alloc_dir, &grants, &sink)?;
-        let clock = self.runtime.inner.clock.clone();
         let data = StoreData {
             wasi,
             table: ResourceTable::new(),
@@ -419,22 +415,26 @@ impl Shared {
                 events,
                 self.queued_task_actions.clone(),
                 self.state.clone(),
-                clock.clone(),
                 self.config.span.clone(),
             ),
             logging: GuestLogging::new(sink),
             memory: MemoryLimiter::new(self.limits.memory_bytes),
-            cpu: CpuMeter::new(clock, self.limits.cpu),
+            cpu: CpuMeter::new(self.limits.cpu),
             disk,
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
         store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
         store.set_max_component_handles(MAX_HANDLES_PER_INSTANCE);
         store.limiter(|data| &mut data.memory);
-        store.epoch_deadline_callback(|mut context| {
-            let data = context.data_mut();
-            data.cpu.resumed_since(data.host_api.resumed_at_tick);
-            data.cpu.on_epoch_deadline()
+        store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());
+        // Every move between wasm and the host is timed for the CPU budget.
+        store.call_hook(|mut context, hook| {
+            let cpu = &mut context.data_mut().cpu;
+            if hook.entering_host() {
+                cpu.entering_host()
+            } else {
+                cpu.leaving_host()
+            }
         });
         store.set_epoch_deadline(1);
         Ok(store)

@@ -8,6 +8,5 @@
 mod in_memory_server;
 
 pub use crate::runtime::cpu_meter::CpuMeter;
-pub use crate::runtime::limits::EpochClock;
 pub use crate::state::FaultyStateDb;
 pub use in_memory_server::InMemoryServer;

@@ -194,6 +194,20 @@ async fn an_agent_grants_what_it_offers_and_refuses_more_at_submit() {
     assert_eq!(description, format!("connected to {addr}"));
     assert_eq!(accepting.join().unwrap(), b"ping");
 
+    // A grant is for its destination only: the same runner, granted that one, cannot reach
+    // another port of the same host.
+    let elsewhere = probe_job(
+        "net-elsewhere",
+        "connect",
+        json!({ "address": other.to_string() }),
+        json!({ "network": [addr.to_string()] }),
+    );
+    let description = run_to_completion(&agent, "net-elsewhere", &elsewhere).await;
+    assert!(
+        description.starts_with(&format!("cannot connect to {other}")),
+        "{description}"
+    );
+
     let env = probe_job(
         "env",
         "env-probe",
@@ -219,4 +233,24 @@ async fn an_agent_grants_what_it_offers_and_refuses_more_at_submit() {
         "a volume is read-only"
     );
     agent.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_offering_its_own_api_to_runners_refuses_to_start() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut config = caravan_host::agent::config::AgentConfig {
+        data_dir: data_dir.path().to_path_buf(),
+        bind: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    config.capabilities = CapabilityPolicy::parse(&["127.0.0.1".into()], &BTreeMap::new()).unwrap();
+    let Err(error) = Agent::start(config).await else {
+        panic!("the agent must not start");
+    };
+    assert!(
+        error
+            .to_string()
+            .starts_with("client.capabilities.network[0] lets runners reach this agent's own API"),
+        "{error}"
+    );
 }

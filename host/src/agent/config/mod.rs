@@ -28,7 +28,7 @@
 //! disk = "10GiB"
 //!
 //! [client.capabilities]           # what jobs may ask for beyond /alloc; nothing by default
-//! network = ["10.0.0.5:5432", "127.0.0.1"]    # IP:PORT, or an IP for all its ports
+//! network = ["10.0.0.5:5432", "10.0.0.6"]     # IP:PORT, or an IP for all its ports
 //! volumes = { shared = "/srv/caravan/shared" } # mounted read-only where a job asks
 //!
 //! [server]
@@ -387,6 +387,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     if let Some(v) = client.disk {
         config.limits.disk_bytes = parse_bytes(&v).map_err(unit("client.disk"))?;
+        if config.limits.disk_bytes == 0 {
+            return Err(out_of_range("client.disk", "must be above 0".into()));
+        }
     }
     if let Some(v) = client.max_live_allocs {
         if v == 0 {
