@@ -93,6 +93,7 @@ impl Agent {
         let capabilities = Arc::new(config.capabilities.clone());
         let factory = WasmAllocRunnerFactory::new(runtime.clone())
             .offering(capabilities.clone())
+            .capped(config.limit_caps)
             .into_factory();
         let client = Client::with_disk_stats(
             client_config,

@@ -13,11 +13,15 @@
 //! - A finished alloc whose runner cannot be rebuilt keeps its final state rather than being
 //!   failed, which would rewrite history (and replace a service alloc).
 //! - A state saved but never acknowledged is queued for the server again.
+//! - An alloc directory no saved alloc owns (one whose removal failed, or was cut short by a
+//!   crash) is removed: it would otherwise hold the node's disk for ever.
 
 use super::{Client, ClientInner, check_alloc_id};
 use crate::allocrunner::alloc_span;
 use crate::state::{SavedAlloc, StateError};
 use crate::structs::{AllocState, ClientStatus};
+use std::collections::HashSet;
+use std::path::Path;
 use std::sync::Arc;
 
 impl Client {
@@ -37,6 +41,14 @@ impl ClientInner {
     /// Restores what an earlier run saved (see [`Client::restore`]).
     async fn restore(self: &Arc<Self>, saved: Vec<SavedAlloc>) {
         let mut to_build = Vec::new();
+        // The allocs whose directories stay: every saved one not yet collected.
+        let owned: HashSet<String> = saved
+            .iter()
+            .filter(|record| !record.collected)
+            .map(|record| record.alloc_id.clone())
+            .collect();
+        let allocs_dir = self.config.data_dir.join("allocs");
+        let swept = tokio::task::spawn_blocking(move || sweep_orphan_dirs(&allocs_dir, &owned));
         for record in saved {
             let alloc_id = record.alloc_id.clone();
             let alloc = match record.alloc {
@@ -144,11 +156,42 @@ impl ClientInner {
                 (Err(error), _) => self.fail_alloc(alloc, &span, format!("{error:#}")),
             }
         }
+        let swept = swept.await.unwrap_or_default();
         tracing::info!(
             running,
             finished,
             held = self.runnerless_lock().len(),
+            swept,
             "restored allocations"
         );
     }
+}
+
+/// Removes every directory under `allocs_dir` whose name is not in `owned` (without
+/// recursion, however deep: see [`crate::fs_tree`]); returns how many it removed. Each
+/// removal, and each failure, is logged with its path; a failure is left for the next start.
+fn sweep_orphan_dirs(allocs_dir: &Path, owned: &HashSet<String>) -> usize {
+    let Ok(entries) = std::fs::read_dir(allocs_dir) else {
+        return 0; // No alloc has run on this data dir yet.
+    };
+    let mut swept = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_str().is_some_and(|name| owned.contains(name)) {
+            continue;
+        }
+        let path = entry.path();
+        match crate::fs_tree::remove_tree(&path) {
+            Ok(()) => {
+                swept += 1;
+                tracing::info!(path = %path.display(), "removed an alloc directory no alloc owns");
+            }
+            Err(error) => tracing::warn!(
+                path = %path.display(),
+                error = %error,
+                "cannot remove an alloc directory no alloc owns; will try again at the next start"
+            ),
+        }
+    }
+    swept
 }

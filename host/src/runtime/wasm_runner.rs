@@ -20,7 +20,7 @@ use crate::allocrunner::{
 };
 use crate::capabilities::CapabilityPolicy;
 use crate::locks::LockUnpoisoned;
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
+use crate::structs::{Alloc, AllocState, ClientStatus, LimitCaps, Limits};
 use crate::units::format_duration;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +36,7 @@ use wasmtime::component::ResourceTable;
 pub struct WasmAllocRunnerFactory {
     runtime: Runtime,
     offered: Arc<CapabilityPolicy>,
+    caps: Option<LimitCaps>,
 }
 
 impl WasmAllocRunnerFactory {
@@ -44,6 +45,17 @@ impl WasmAllocRunnerFactory {
         WasmAllocRunnerFactory {
             runtime,
             offered: Arc::default(),
+            caps: None,
+        }
+    }
+
+    /// The same factory refusing to start an alloc whose limits are over `caps` (the agent's
+    /// `[client.limit_caps]`): a job is checked when it is submitted, but the caps may have
+    /// been lowered since, and an alloc placed again after a restart must meet today's.
+    pub fn capped(self, caps: LimitCaps) -> Self {
+        WasmAllocRunnerFactory {
+            caps: Some(caps),
+            ..self
         }
     }
 
@@ -60,7 +72,10 @@ impl WasmAllocRunnerFactory {
             self.runtime.clone(),
             component,
             config,
-            self.offered.clone(),
+            Admission {
+                offered: self.offered.clone(),
+                caps: self.caps,
+            },
         )))
     }
 
@@ -68,6 +83,14 @@ impl WasmAllocRunnerFactory {
     pub fn into_factory(self) -> AllocRunnerFactory {
         Arc::new(move |config| Ok(self.build(config)? as Arc<dyn AllocRunner>))
     }
+}
+
+/// What an alloc must meet to start: the capabilities it asks must be offered, and its
+/// limits must be within the caps (when there are any).
+#[derive(Clone, Default)]
+pub(crate) struct Admission {
+    offered: Arc<CapabilityPolicy>,
+    caps: Option<LimitCaps>,
 }
 
 /// How many signals and task restarts may wait for one guest to take them: enough for any
@@ -83,7 +106,7 @@ pub struct WasmAllocRunner {
 struct Shared {
     runtime: Runtime,
     component: Arc<LoadedComponent>,
-    offered: Arc<CapabilityPolicy>,
+    admission: Admission,
     config: AllocRunnerConfig,
     limits: Limits,
     alloc: Mutex<Arc<Alloc>>,
@@ -99,14 +122,14 @@ struct Shared {
 }
 
 impl WasmAllocRunner {
-    /// A runner for `config.alloc` on `component`, granted what it asks of `offered`;
+    /// A runner for `config.alloc` on `component`, started only if it meets `admission`;
     /// nothing runs until [`AllocRunner::run`]. A restored terminal alloc (see
     /// [`AllocRunnerConfig::last_state`]) starts stopped and never runs.
-    pub fn new(
+    pub(crate) fn new(
         runtime: Runtime,
         component: Arc<LoadedComponent>,
         config: AllocRunnerConfig,
-        offered: Arc<CapabilityPolicy>,
+        admission: Admission,
     ) -> Self {
         let (events, receiver) = mpsc::unbounded_channel();
         let initial = config
@@ -128,7 +151,7 @@ impl WasmAllocRunner {
             shared: Arc::new(Shared {
                 runtime,
                 component,
-                offered,
+                admission,
                 alloc: Mutex::new(config.alloc.clone()),
                 limits,
                 config,
@@ -391,8 +414,12 @@ impl Shared {
         events: mpsc::UnboundedReceiver<Event>,
         disk: Arc<DiskLedger>,
     ) -> anyhow::Result<Store<StoreData>> {
-        // Checked again here: the agent's offer may have changed since the job was submitted.
-        let grants = self.offered.grant(&alloc.capabilities)?;
+        // Checked again here: the agent's offer and caps may have changed since the job was
+        // submitted.
+        if let Some(caps) = &self.admission.caps {
+            caps.check(&alloc.limits)?;
+        }
+        let grants = self.admission.offered.grant(&alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
         // One mkdir in the common case; the parents only on the first alloc of a data dir.
         std::fs::create_dir(alloc_dir)
@@ -464,7 +491,7 @@ async fn remove_alloc_dir(alloc_dir: &Path, span: &tracing::Span) {
                 path = %alloc_dir.display(),
                 error = %error,
                 attempts = attempt,
-                "cannot remove what the alloc left; giving up, remove it by hand"
+                "cannot remove what the alloc left; giving up until the agent next starts"
             );
             return;
         }

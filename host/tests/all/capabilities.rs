@@ -1,12 +1,14 @@
-//! Capabilities: a runner reaches no network, host directory or environment variable unless
-//! its job asks and the agent offers; a job asking for more than the agent offers is refused
-//! at submit, and an alloc asking for more when it starts fails alone. The `hostile`
+//! Capabilities and caps: a runner reaches no network, host directory or environment variable
+//! unless its job asks and the agent offers; a job asking for more than the agent offers is
+//! refused at submit, and an alloc asking for more, or for limits over the caps, when it
+//! starts fails alone. The `hostile`
 //! fixture's probes report what they could reach as their description.
 
 use crate::support::*;
 use caravan_host::agent::Agent;
 use caravan_host::capabilities::{Capabilities, CapabilityPolicy, VolumeMount};
-use caravan_host::structs::{Alloc, ClientStatus};
+use caravan_host::runtime::WasmAllocRunnerFactory;
+use caravan_host::structs::{Alloc, ClientStatus, LimitCaps, LimitOverrides};
 use caravan_test_artifacts::FIXTURE_HOSTILE;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -101,6 +103,30 @@ async fn an_alloc_asking_for_what_its_agent_does_not_offer_fails_alone_naming_it
             .contains("volume \"shared\" is not offered by this agent"),
         "{}",
         state.description
+    );
+}
+
+#[tokio::test]
+async fn an_alloc_over_limits_lowered_since_its_job_was_submitted_fails_alone_naming_the_cap() {
+    let _logs = LogCapture::start();
+    let caps = LimitCaps {
+        memory_bytes: 32 << 20,
+        ..LimitCaps::default()
+    };
+    let asking = Alloc {
+        limits: LimitOverrides {
+            memory_bytes: Some(64 << 20),
+            ..LimitOverrides::default()
+        },
+        ..probe("env-probe", &[])
+    };
+    let factory = WasmAllocRunnerFactory::new(runtime()).capped(caps);
+    let state = start_with(factory, asking, None).stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert_eq!(
+        state.description,
+        "cannot set up the sandbox: job.limits.memory: 64 MiB is over this agent's cap of \
+         32 MiB (client.limit_caps.memory)"
     );
 }
 

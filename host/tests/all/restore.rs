@@ -331,6 +331,33 @@ async fn a_restored_alloc_the_server_had_stopped_is_killed_not_run() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_restart_removes_alloc_directories_no_alloc_owns_and_keeps_the_rest() {
+    let _logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
+    let node = boot(db.clone(), data_dir.path()).await;
+    let counters = node.run_counters(1);
+    eventually("the counter running", || {
+        node.status(&counters[0]) == Some(ClientStatus::Running)
+    })
+    .await;
+    node.crash().await;
+    // What a removal cut short by the crash leaves: a deep tree no saved alloc owns.
+    let allocs = data_dir.path().join("allocs");
+    let orphan = allocs.join("0000dead-orphan");
+    std::fs::create_dir_all(orphan.join("d/d/d/d")).unwrap();
+    std::fs::write(orphan.join("d/file"), "left").unwrap();
+
+    let node = boot(db.clone(), data_dir.path()).await;
+    assert!(!orphan.exists(), "the orphan directory is removed at start");
+    assert!(
+        allocs.join(&counters[0]).is_dir(),
+        "a restored alloc keeps its directory"
+    );
+    node.crash().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn saved_records_without_their_alloc_are_dropped_with_a_warning() {
     let logs = LogCapture::start();
     let data_dir = tempfile::tempdir().unwrap();

@@ -216,6 +216,15 @@ pub fn start(alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
 
 /// As [`start`], on a runtime of the test's own.
 pub fn start_on(runtime: Runtime, alloc: Alloc, restored: Option<Vec<u8>>) -> Started {
+    start_with(WasmAllocRunnerFactory::new(runtime), alloc, restored)
+}
+
+/// As [`start`], through `factory`.
+pub fn start_with(
+    factory: WasmAllocRunnerFactory,
+    alloc: Alloc,
+    restored: Option<Vec<u8>>,
+) -> Started {
     let recorder = Recorder::new();
     let data_dir = caravan_host::fs_tree::TempTree::new("caravan-test-").unwrap();
     let alloc = Arc::new(alloc);
@@ -229,7 +238,7 @@ pub fn start_on(runtime: Runtime, alloc: Alloc, restored: Option<Vec<u8>>) -> St
         last_state: None,
         log_writer: Some(AllocLogs::under_data_dir(data_dir.path()).writer(&alloc.id)),
     };
-    let runner = WasmAllocRunnerFactory::new(runtime)
+    let runner = factory
         .build(config)
         .expect("the factory builds the runner");
     runner.run();
