@@ -33,6 +33,13 @@ pub const MAX_CHECKPOINT_BYTES: usize = 1024 * 1024;
 pub const MAX_HOSTCALL_BYTES: usize = 4 * 1024 * 1024;
 /// Most of a guest's task name quoted back in a refusal.
 const MAX_QUOTED_NAME_BYTES: usize = 64;
+/// Checkpoint bytes one alloc may save per second, with a burst of two of its largest
+/// checkpoints: every checkpoint is a commit to the node's state store, and a runner saving
+/// in a loop must not take the store's disk and CPU from its neighbours.
+pub const CHECKPOINT_BYTES_PER_SECOND: u64 = MAX_CHECKPOINT_BYTES as u64;
+/// What the smallest checkpoint counts for: a commit costs the store about this much,
+/// however few bytes it holds.
+const MIN_CHECKPOINT_COST: u64 = 4096;
 /// At most one refusal of each alloc is logged per interval (see `HostApi::refuse`).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -177,6 +184,42 @@ pub struct HostApi {
     last_refusal_logged: Option<tokio::time::Instant>,
     /// Refusals since the last one logged.
     unlogged_refusals: u64,
+    checkpoint_allowance: ByteBucket,
+}
+
+/// A token bucket of bytes, refilled at a steady rate up to its capacity, on tokio's clock.
+struct ByteBucket {
+    available: u64,
+    capacity: u64,
+    per_second: u64,
+    refilled_at: tokio::time::Instant,
+}
+
+impl ByteBucket {
+    fn new(per_second: u64, capacity: u64) -> Self {
+        ByteBucket {
+            available: capacity,
+            capacity,
+            per_second,
+            refilled_at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Takes `bytes` if there are that many; takes nothing otherwise.
+    fn take(&mut self, bytes: u64) -> bool {
+        let now = tokio::time::Instant::now();
+        let elapsed = now.duration_since(self.refilled_at);
+        let refill = (elapsed.as_secs_f64() * self.per_second as f64) as u64;
+        if refill > 0 {
+            self.available = self.available.saturating_add(refill).min(self.capacity);
+            self.refilled_at = now;
+        }
+        if bytes > self.available {
+            return false;
+        }
+        self.available -= bytes;
+        true
+    }
 }
 
 impl HostApi {
@@ -196,6 +239,10 @@ impl HostApi {
             span,
             last_refusal_logged: None,
             unlogged_refusals: 0,
+            checkpoint_allowance: ByteBucket::new(
+                CHECKPOINT_BYTES_PER_SECOND,
+                2 * MAX_CHECKPOINT_BYTES as u64,
+            ),
         }
     }
 
@@ -272,6 +319,16 @@ impl HostImports for HostApi {
             let reason = format!(
                 "checkpoint of {} bytes is over the limit of {MAX_CHECKPOINT_BYTES} bytes",
                 data.len()
+            );
+            self.refuse("checkpoint", &reason);
+            return Err(reason);
+        }
+        let cost = (data.len() as u64).max(MIN_CHECKPOINT_COST);
+        if !self.checkpoint_allowance.take(cost) {
+            let reason = format!(
+                "checkpoint refused: more than {} of checkpoints per second (the checkpoint rate); \
+                 the previous checkpoint is kept",
+                crate::units::format_bytes(CHECKPOINT_BYTES_PER_SECOND)
             );
             self.refuse("checkpoint", &reason);
             return Err(reason);
@@ -378,5 +435,19 @@ mod tests {
             long.task_states[0].events[0].message, "5",
             "the newest events are kept"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_byte_bucket_refills_at_its_rate_up_to_its_capacity() {
+        let mut bucket = ByteBucket::new(1000, 2000);
+        assert!(bucket.take(1500));
+        assert!(!bucket.take(600), "500 left");
+        assert!(bucket.take(500));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(bucket.take(500));
+        assert!(!bucket.take(1));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(bucket.take(2000), "refilled to its capacity");
+        assert!(!bucket.take(1), "and no more");
     }
 }
