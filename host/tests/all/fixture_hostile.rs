@@ -127,6 +127,27 @@ async fn a_disk_fill_is_refused_at_its_quota_and_fails_naming_it() {
 }
 
 #[tokio::test]
+async fn no_path_leads_out_of_the_alloc_directory() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "escape")]),
+        None,
+    );
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Complete);
+    // Each way out is refused; a symbolic link may be made, but never followed out.
+    let parts: Vec<&str> = state.description.split("; ").collect();
+    assert_eq!(parts.len(), 3, "{}", state.description);
+    for part in parts {
+        assert!(
+            part.contains("refused") && !part.contains("read "),
+            "a way out: {}",
+            state.description
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_file_flood_fails_its_alloc_at_the_entry_limit() {
     let _logs = LogCapture::start();
     let started = start(
