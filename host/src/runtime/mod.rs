@@ -17,6 +17,7 @@
 //!   reserve in it before they write; `disk_watch`, the thread that looks at every alloc
 //!   directory about once a second to correct the account and catch depth.
 //! - `wasi_ctx`: what each sandbox's WASI context holds (its directory, its grants).
+//! - `alloc_dir`: each alloc's directory made at start and removed at destroy, iteratively.
 //! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
 //!   `lifecycle`, the one value that says where a runner is in its life; `outcome`, how a
 //!   run's end becomes the alloc's final state.
@@ -27,6 +28,7 @@
 //! guest's WASI calls, and read to check its quota), the read-only volumes granted, and its
 //! own cache dir; alloc log files belong to [`crate::alloc_logs`].
 
+mod alloc_dir;
 mod bindings;
 pub(crate) mod cpu_meter;
 pub mod disk_cache;

@@ -4,6 +4,7 @@
 //! hits a limit, or outlives its kill timeout. The final state is decided in one place,
 //! [`final_state`], from the guest's last report and how the run ended.
 
+use super::alloc_dir::{create_alloc_dir, remove_alloc_dir};
 use super::bindings::{self, Event};
 use super::cpu_meter::CpuMeter;
 use super::disk_ledger::{DiskLedger, DiskQuota};
@@ -421,13 +422,7 @@ impl Shared {
         }
         let grants = self.admission.offered.grant(&alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
-        // One mkdir in the common case; the parents only on the first alloc of a data dir.
-        std::fs::create_dir(alloc_dir)
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => Ok(()),
-                _ => std::fs::create_dir_all(alloc_dir),
-            })
-            .map_err(|e| anyhow::anyhow!("cannot create alloc dir {}: {e}", alloc_dir.display()))?;
+        create_alloc_dir(alloc_dir)?;
         let sink = GuestLogSink::new(
             self.config.span.clone(),
             self.limits.log_lines_per_second,
@@ -465,46 +460,6 @@ impl Shared {
         });
         store.set_epoch_deadline(1);
         Ok(store)
-    }
-}
-
-/// How often removing an alloc's directory is tried before it is left for the operator.
-const ALLOC_DIR_REMOVAL_ATTEMPTS: u32 = 5;
-
-/// Removes what an alloc left on disk, on the blocking pool and without recursion (a guest
-/// may have nested its directories 20,000 deep; see [`crate::fs_tree`]). A failure is
-/// reported and retried with a growing pause; it is never fatal to the agent, and after the
-/// last attempt what is left is named in the log for the operator.
-async fn remove_alloc_dir(alloc_dir: &Path, span: &tracing::Span) {
-    let mut pause = std::time::Duration::from_secs(1);
-    for attempt in 1..=ALLOC_DIR_REMOVAL_ATTEMPTS {
-        let path = alloc_dir.to_path_buf();
-        let removed = tokio::task::spawn_blocking(move || crate::fs_tree::remove_tree(&path))
-            .await
-            .unwrap_or_else(|join_error| Err(std::io::Error::other(join_error.to_string())));
-        let Err(error) = removed else {
-            return;
-        };
-        if attempt == ALLOC_DIR_REMOVAL_ATTEMPTS {
-            tracing::error!(
-                parent: span,
-                path = %alloc_dir.display(),
-                error = %error,
-                attempts = attempt,
-                "cannot remove what the alloc left; giving up until the agent next starts"
-            );
-            return;
-        }
-        tracing::warn!(
-            parent: span,
-            path = %alloc_dir.display(),
-            error = %error,
-            attempt,
-            retry_in = %format_duration(pause),
-            "cannot remove what the alloc left; will try again"
-        );
-        tokio::time::sleep(pause).await;
-        pause *= 2;
     }
 }
 

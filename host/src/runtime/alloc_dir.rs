@@ -1,0 +1,59 @@
+//! An alloc's directory on the host: made when its runner starts, removed when it is
+//! destroyed. Removal must survive whatever a guest left (any depth, odd names, links), so
+//! it goes through [`crate::fs_tree`], never recursion, and a failure is never fatal to the
+//! agent. This module touches that one directory and nothing else.
+
+use crate::units::format_duration;
+use std::path::Path;
+
+/// Makes `alloc_dir`: one `mkdir` in the common case, its parents only on the first alloc of
+/// a data dir. An existing directory (a restored alloc's) is kept as it is.
+pub(super) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir(alloc_dir)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Ok(()),
+            _ => std::fs::create_dir_all(alloc_dir),
+        })
+        .map_err(|e| anyhow::anyhow!("cannot create alloc dir {}: {e}", alloc_dir.display()))
+}
+
+/// How often removing an alloc's directory is tried before it is left for the next start.
+const ALLOC_DIR_REMOVAL_ATTEMPTS: u32 = 5;
+
+/// Removes what an alloc left on disk, on the blocking pool and without recursion (a guest
+/// may have nested its directories 20,000 deep; see [`crate::fs_tree`]). A failure is
+/// reported and retried with a growing pause; it is never fatal to the agent, and after the
+/// last attempt what is left is named in the log, and removed when the agent next starts
+/// (the client sweeps directories no alloc owns).
+pub(super) async fn remove_alloc_dir(alloc_dir: &Path, span: &tracing::Span) {
+    let mut pause = std::time::Duration::from_secs(1);
+    for attempt in 1..=ALLOC_DIR_REMOVAL_ATTEMPTS {
+        let path = alloc_dir.to_path_buf();
+        let removed = tokio::task::spawn_blocking(move || crate::fs_tree::remove_tree(&path))
+            .await
+            .unwrap_or_else(|join_error| Err(std::io::Error::other(join_error.to_string())));
+        let Err(error) = removed else {
+            return;
+        };
+        if attempt == ALLOC_DIR_REMOVAL_ATTEMPTS {
+            tracing::error!(
+                parent: span,
+                path = %alloc_dir.display(),
+                error = %error,
+                attempts = attempt,
+                "cannot remove what the alloc left; giving up until the agent next starts"
+            );
+            return;
+        }
+        tracing::warn!(
+            parent: span,
+            path = %alloc_dir.display(),
+            error = %error,
+            attempt,
+            retry_in = %format_duration(pause),
+            "cannot remove what the alloc left; will try again"
+        );
+        tokio::time::sleep(pause).await;
+        pause *= 2;
+    }
+}
