@@ -127,6 +127,34 @@ async fn a_disk_fill_is_refused_at_its_quota_and_fails_naming_it() {
 }
 
 #[tokio::test]
+async fn a_runner_that_blocks_in_a_wasi_sleep_after_kill_is_torn_down_at_the_kill_timeout() {
+    let _logs = LogCapture::start();
+    let blocking = Alloc {
+        limits: LimitOverrides {
+            kill_timeout: Some(Duration::from_millis(200)),
+            ..LimitOverrides::default()
+        },
+        ..alloc(
+            FIXTURE_HOSTILE,
+            &["main"],
+            &[("attack", "block-after-kill")],
+        )
+    };
+    let started = start(blocking, None);
+    started
+        .recorder
+        .wait_for_status(ClientStatus::Running)
+        .await;
+    started.runner.kill();
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert_eq!(
+        state.description,
+        "runner did not stop within the kill timeout of 200ms"
+    );
+}
+
+#[tokio::test]
 async fn no_path_leads_out_of_the_alloc_directory() {
     let _logs = LogCapture::start();
     let started = start(

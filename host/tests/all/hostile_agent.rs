@@ -60,6 +60,13 @@ fn attacks() -> Vec<Attack> {
             named: |d| d.starts_with("wasm trap: "),
         },
         Attack {
+            name: "stack-overflow",
+            runner: FIXTURE_HOSTILE,
+            config: hostile("stack-overflow", json!({})),
+            limits: json!({}),
+            named: |d| d.starts_with("wasm trap: ") && d.contains("recurse"),
+        },
+        Attack {
             name: "fd-bomb",
             runner: FIXTURE_HOSTILE,
             config: hostile("fd-bomb", json!({})),
