@@ -105,6 +105,14 @@ impl ApiError {
             field: None,
         }
     }
+
+    /// A 400 naming the request's `field` at fault.
+    fn bad_request(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            field: Some(field.into()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, message)
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -250,27 +258,16 @@ async fn register_job(
     body: String,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    let spec = jobspec::parse_json(&body).map_err(|e| ApiError {
-        status: StatusCode::BAD_REQUEST,
-        message: e.to_string(),
-        field: Some(e.field),
-    })?;
+    let spec = jobspec::parse_json(&body)
+        .map_err(|e| ApiError::bad_request(e.field.clone(), e.to_string()))?;
     state
         .limit_caps
         .check(&spec.limits)
-        .map_err(|over| ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: over.to_string(),
-            field: Some(over.key.to_string()),
-        })?;
+        .map_err(|over| ApiError::bad_request(over.key, over.to_string()))?;
     state
         .capabilities
         .check(&spec.capabilities)
-        .map_err(|refused| ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: refused.to_string(),
-            field: Some(refused.key),
-        })?;
+        .map_err(|refused| ApiError::bad_request(refused.key.clone(), refused.to_string()))?;
     let job_id = spec.id.clone();
     let registration = state.server.register_job(spec);
     Ok(Json(serde_json::json!({
@@ -294,11 +291,10 @@ fn flag(query: &HashMap<String, String>, name: &str) -> ApiResult<bool> {
     match query.get(name).map(String::as_str) {
         None | Some("false") => Ok(false),
         Some("true") | Some("") => Ok(true),
-        Some(other) => Err(ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: format!("{name}: expected true or false, got {other:?}"),
-            field: Some(name.into()),
-        }),
+        Some(other) => Err(ApiError::bad_request(
+            name,
+            format!("{name}: expected true or false, got {other:?}"),
+        )),
     }
 }
 
@@ -328,11 +324,7 @@ async fn scale_job(
     body: String,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    let bad = |message: String| ApiError {
-        status: StatusCode::BAD_REQUEST,
-        message,
-        field: Some("count".into()),
-    };
+    let bad = |message: String| ApiError::bad_request("count", message);
     let request: ScaleRequest = serde_json::from_str(&body)
         .map_err(|e| bad(format!("count: expected {{\"count\": N}}: {e}")))?;
     let count = u32::try_from(request.count)

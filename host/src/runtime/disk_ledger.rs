@@ -246,10 +246,13 @@ impl DiskLedger {
     /// refuses, reporting the limit, only if it still would.
     pub fn reserve(self: &Arc<Self>, amount: DiskUse) -> Result<Reservation, QuotaFull> {
         let mut account = self.account.lock_unpoisoned();
-        if self
-            .quota
-            .exceeded_by(account.estimate().plus(amount))
-            .is_some()
+        // Nothing asked (an open that creates nothing) always fits, however full the account.
+        let adds = amount != DiskUse::default();
+        if adds
+            && self
+                .quota
+                .exceeded_by(account.estimate().plus(amount))
+                .is_some()
         {
             let recently = account
                 .rechecked_at

@@ -8,6 +8,7 @@
 //! runner's `StateUpdater`).
 
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
+use super::token_bucket::TokenBucket;
 use crate::allocrunner::StateUpdater;
 use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
@@ -184,42 +185,8 @@ pub struct HostApi {
     last_refusal_logged: Option<tokio::time::Instant>,
     /// Refusals since the last one logged.
     unlogged_refusals: u64,
-    checkpoint_allowance: ByteBucket,
-}
-
-/// A token bucket of bytes, refilled at a steady rate up to its capacity, on tokio's clock.
-struct ByteBucket {
-    available: u64,
-    capacity: u64,
-    per_second: u64,
-    refilled_at: tokio::time::Instant,
-}
-
-impl ByteBucket {
-    fn new(per_second: u64, capacity: u64) -> Self {
-        ByteBucket {
-            available: capacity,
-            capacity,
-            per_second,
-            refilled_at: tokio::time::Instant::now(),
-        }
-    }
-
-    /// Takes `bytes` if there are that many; takes nothing otherwise.
-    fn take(&mut self, bytes: u64) -> bool {
-        let now = tokio::time::Instant::now();
-        let elapsed = now.duration_since(self.refilled_at);
-        let refill = (elapsed.as_secs_f64() * self.per_second as f64) as u64;
-        if refill > 0 {
-            self.available = self.available.saturating_add(refill).min(self.capacity);
-            self.refilled_at = now;
-        }
-        if bytes > self.available {
-            return false;
-        }
-        self.available -= bytes;
-        true
-    }
+    /// Checkpoint bytes this alloc may still save now (see [`CHECKPOINT_BYTES_PER_SECOND`]).
+    checkpoint_allowance: TokenBucket,
 }
 
 impl HostApi {
@@ -239,9 +206,9 @@ impl HostApi {
             span,
             last_refusal_logged: None,
             unlogged_refusals: 0,
-            checkpoint_allowance: ByteBucket::new(
-                CHECKPOINT_BYTES_PER_SECOND,
-                2 * MAX_CHECKPOINT_BYTES as u64,
+            checkpoint_allowance: TokenBucket::new(
+                CHECKPOINT_BYTES_PER_SECOND as f64,
+                2.0 * MAX_CHECKPOINT_BYTES as f64,
             ),
         }
     }
@@ -324,7 +291,10 @@ impl HostImports for HostApi {
             return Err(reason);
         }
         let cost = (data.len() as u64).max(MIN_CHECKPOINT_COST);
-        if !self.checkpoint_allowance.take(cost) {
+        if !self
+            .checkpoint_allowance
+            .take(tokio::time::Instant::now(), cost as f64)
+        {
             let reason = format!(
                 "checkpoint refused: more than {} of checkpoints per second (the checkpoint rate); \
                  the previous checkpoint is kept",
@@ -435,19 +405,5 @@ mod tests {
             long.task_states[0].events[0].message, "5",
             "the newest events are kept"
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_byte_bucket_refills_at_its_rate_up_to_its_capacity() {
-        let mut bucket = ByteBucket::new(1000, 2000);
-        assert!(bucket.take(1500));
-        assert!(!bucket.take(600), "500 left");
-        assert!(bucket.take(500));
-        tokio::time::advance(Duration::from_millis(500)).await;
-        assert!(bucket.take(500));
-        assert!(!bucket.take(1));
-        tokio::time::advance(Duration::from_secs(60)).await;
-        assert!(bucket.take(2000), "refilled to its capacity");
-        assert!(!bucket.take(1), "and no more");
     }
 }

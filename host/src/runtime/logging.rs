@@ -9,6 +9,7 @@
 //! [`crate::alloc_logs`]'s business, never this module's.
 
 use super::bindings::{Level, LoggingImports};
+use super::token_bucket::TokenBucket;
 use crate::alloc_logs::AllocLogWriter;
 use crate::locks::LockUnpoisoned;
 use std::pin::Pin;
@@ -145,28 +146,22 @@ fn truncate_line(line: &str) -> std::borrow::Cow<'_, str> {
     crate::text::cut(line, MAX_LINE_BYTES)
 }
 
-/// A token bucket of `lines_per_second` with a burst of the same size, plus the count of
-/// lines dropped since the last report.
+/// Token buckets of lines and of bytes per second, each with a burst of a second's worth,
+/// plus the count of lines dropped since the last report.
 struct RateLimiter {
-    capacity: f64,
-    tokens: f64,
-    byte_capacity: f64,
-    byte_tokens: f64,
-    refilled_at: Option<Instant>,
+    lines: TokenBucket,
+    bytes: TokenBucket,
     dropped: u64,
     reported_at: Option<Instant>,
 }
 
 impl RateLimiter {
     fn new(lines_per_second: u32) -> Self {
-        let capacity = f64::from(lines_per_second.max(1));
-        let byte_capacity = LOG_BYTES_PER_SECOND as f64;
+        let lines = f64::from(lines_per_second.max(1));
+        let bytes = LOG_BYTES_PER_SECOND as f64;
         RateLimiter {
-            capacity,
-            tokens: capacity,
-            byte_capacity,
-            byte_tokens: byte_capacity,
-            refilled_at: None,
+            lines: TokenBucket::new(lines, lines),
+            bytes: TokenBucket::new(bytes, bytes),
             dropped: 0,
             reported_at: None,
         }
@@ -174,17 +169,12 @@ impl RateLimiter {
 
     /// Admits one line of `bytes` bytes if both its line and its byte budget allow it.
     fn admit(&mut self, now: Instant, bytes: usize) -> bool {
-        if let Some(refilled_at) = self.refilled_at {
-            let elapsed = now.saturating_duration_since(refilled_at).as_secs_f64();
-            self.tokens = (self.tokens + elapsed * self.capacity).min(self.capacity);
-            self.byte_tokens =
-                (self.byte_tokens + elapsed * self.byte_capacity).min(self.byte_capacity);
-        }
-        self.refilled_at = Some(now);
+        self.lines.refill(now);
+        self.bytes.refill(now);
         let bytes = bytes as f64;
-        if self.tokens >= 1.0 && self.byte_tokens >= bytes {
-            self.tokens -= 1.0;
-            self.byte_tokens -= bytes;
+        if self.lines.holds(1.0) && self.bytes.holds(bytes) {
+            self.lines.spend(1.0);
+            self.bytes.spend(bytes);
             true
         } else {
             self.dropped += 1;

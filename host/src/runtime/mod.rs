@@ -17,6 +17,7 @@
 //!   reserve in it before they write; `disk_watch`, the thread that looks at every alloc
 //!   directory about once a second to correct the account and catch depth.
 //! - `wasi_ctx`: what each sandbox's WASI context holds (its directory, its grants).
+//! - `token_bucket`: the rate limits' arithmetic (log lines and bytes, checkpoints).
 //! - `alloc_dir`: each alloc's directory made at start and removed at destroy, iteratively.
 //! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
 //!   `lifecycle`, the one value that says where a runner is in its life; `outcome`, how a
@@ -40,6 +41,7 @@ mod lifecycle;
 pub(crate) mod limits;
 mod logging;
 mod outcome;
+mod token_bucket;
 mod wasi_ctx;
 mod wasi_quota;
 mod wasm_runner;

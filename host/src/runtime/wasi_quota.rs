@@ -60,10 +60,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
                 let amount = data
                     .disk
                     .blocks_for_write(Some(offset), buffer.len() as u64);
-                let Ok(reservation) = data.disk.reserve(amount) else {
+                let Some((reservation, mut view)) = reserve(data, amount) else {
                     return no_space();
                 };
-                let mut view = filesystem(data);
                 let written = HostDescriptor::write(&mut view, fd, buffer, offset).await;
                 finish(&mut view, reservation, written)
             })
@@ -138,10 +137,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
                 let data = store.data_mut();
                 let creates = open_flags.contains(OpenFlags::CREATE);
                 let amount = if creates { ENTRY } else { DiskUse::default() };
-                let Ok(reservation) = data.disk.reserve(amount) else {
+                let Some((reservation, mut view)) = reserve(data, amount) else {
                     return no_space();
                 };
-                let mut view = filesystem(data);
                 let opened =
                     HostDescriptor::open_at(&mut view, fd, path_flags, path, open_flags, flags)
                         .await;
@@ -154,10 +152,10 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
         |mut store, (fd, path): (Resource<Descriptor>, String)| {
             Box::new(async move {
                 let data = store.data_mut();
-                let Ok(reservation) = data.disk.reserve(entry_with_block(&data.disk)) else {
+                let amount = entry_with_block(&data.disk);
+                let Some((reservation, mut view)) = reserve(data, amount) else {
                     return no_space();
                 };
-                let mut view = filesystem(data);
                 let made = HostDescriptor::create_directory_at(&mut view, fd, path).await;
                 finish(&mut view, reservation, made)
             })
@@ -168,10 +166,10 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
         |mut store, (fd, old_path, new_path): (Resource<Descriptor>, String, String)| {
             Box::new(async move {
                 let data = store.data_mut();
-                let Ok(reservation) = data.disk.reserve(entry_with_block(&data.disk)) else {
+                let amount = entry_with_block(&data.disk);
+                let Some((reservation, mut view)) = reserve(data, amount) else {
                     return no_space();
                 };
-                let mut view = filesystem(data);
                 let made = HostDescriptor::symlink_at(&mut view, fd, old_path, new_path).await;
                 finish(&mut view, reservation, made)
             })
@@ -189,10 +187,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
         )| {
             Box::new(async move {
                 let data = store.data_mut();
-                let Ok(reservation) = data.disk.reserve(ENTRY) else {
+                let Some((reservation, mut view)) = reserve(data, ENTRY) else {
                     return no_space();
                 };
-                let mut view = filesystem(data);
                 let made =
                     HostDescriptor::link_at(&mut view, fd, old_flags, old_path, new_fd, new_path)
                         .await;
@@ -223,6 +220,16 @@ fn filesystem(data: &mut StoreData) -> WasiFilesystemCtxView<'_> {
         ctx: data.wasi.filesystem(),
         table: &mut data.table,
     }
+}
+
+/// Reserves `amount` in the store's ledger, and gives the filesystem view to run the call
+/// with; `None` when the quota refuses it.
+fn reserve(
+    data: &mut StoreData,
+    amount: DiskUse,
+) -> Option<(Reservation, WasiFilesystemCtxView<'_>)> {
+    let reservation = data.disk.reserve(amount).ok()?;
+    Some((reservation, filesystem(data)))
 }
 
 /// A second handle to the same descriptor, for a call made before the one that takes it.

@@ -88,7 +88,7 @@ impl WasmAllocRunnerFactory {
 
 /// What an alloc must meet to start: the capabilities it asks must be offered, and its
 /// limits must be within the caps (when there are any).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Admission {
     offered: Arc<CapabilityPolicy>,
     caps: Option<LimitCaps>,

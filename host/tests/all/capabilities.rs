@@ -16,12 +16,6 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 
-fn probe(attack: &str, settings: &[(&str, &str)]) -> Alloc {
-    let mut config = vec![("attack", attack)];
-    config.extend_from_slice(settings);
-    alloc(FIXTURE_HOSTILE, &["main"], &config)
-}
-
 /// A loopback listener no one else uses, and its address.
 fn listener() -> (TcpListener, SocketAddr) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -35,7 +29,7 @@ async fn by_default_a_runner_reaches_no_socket_no_host_directory_and_no_environm
     let (listener, addr) = listener();
     let address = addr.to_string();
 
-    let connect = start(probe("connect", &[("address", &address)]), None);
+    let connect = start(hostile_attack("connect", &[("address", &address)]), None);
     let seen = connect.stopped().await;
     assert_eq!(seen.client_status, ClientStatus::Complete);
     assert!(
@@ -50,13 +44,15 @@ async fn by_default_a_runner_reaches_no_socket_no_host_directory_and_no_environm
         "nothing may have reached the listener"
     );
 
-    let env = start(probe("env-probe", &[]), None).stopped().await;
+    let env = start(hostile_attack("env-probe", &[]), None)
+        .stopped()
+        .await;
     assert_eq!(
         env.description, "env: []",
         "the agent's environment is not passed on"
     );
 
-    let volume = start(probe("volume-write", &[("path", "/data")]), None)
+    let volume = start(hostile_attack("volume-write", &[("path", "/data")]), None)
         .stopped()
         .await;
     assert!(
@@ -77,7 +73,7 @@ async fn an_alloc_asking_for_what_its_agent_does_not_offer_fails_alone_naming_it
             network: vec!["127.0.0.1:9".parse().unwrap()],
             ..Capabilities::default()
         },
-        ..probe("connect", &[("address", "127.0.0.1:9")])
+        ..hostile_attack("connect", &[("address", "127.0.0.1:9")])
     };
     let state = start(asking, None).stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
@@ -94,7 +90,7 @@ async fn an_alloc_asking_for_what_its_agent_does_not_offer_fails_alone_naming_it
             }],
             ..Capabilities::default()
         },
-        ..probe("volume-write", &[])
+        ..hostile_attack("volume-write", &[])
     };
     let state = start(volume, None).stopped().await;
     assert!(
@@ -118,7 +114,7 @@ async fn an_alloc_over_limits_lowered_since_its_job_was_submitted_fails_alone_na
             memory_bytes: Some(64 << 20),
             ..LimitOverrides::default()
         },
-        ..probe("env-probe", &[])
+        ..hostile_attack("env-probe", &[])
     };
     let factory = WasmAllocRunnerFactory::new(runtime()).capped(caps);
     let state = start_with(factory, asking, None).stopped().await;

@@ -17,10 +17,7 @@ const FORGED_START: &str = "2026-01-01T00:00:00.000000Z";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_bomb_fails_at_a_disk_limit_and_is_removed_without_harm() {
     let _logs = LogCapture::start();
-    let started = start(
-        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "dir-bomb")]),
-        None,
-    );
+    let started = start(hostile_attack("dir-bomb", &[]), None);
     // Whichever comes first fails the alloc: the host's look at the alloc dir finding it
     // deeper than the depth limit, or the 10,001st directory refused at the entry limit.
     let state = started.stopped().await;
@@ -50,10 +47,7 @@ async fn a_directory_bomb_fails_at_a_disk_limit_and_is_removed_without_harm() {
 #[tokio::test]
 async fn a_descriptor_bomb_fails_its_alloc_at_the_handle_limit() {
     let _logs = LogCapture::start();
-    let started = start(
-        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "fd-bomb")]),
-        None,
-    );
+    let started = start(hostile_attack("fd-bomb", &[]), None);
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
     assert_eq!(
@@ -74,11 +68,7 @@ async fn a_report_flood_spends_its_own_cpu_budget_on_the_host_work_it_causes() {
             cpu: Some(Duration::from_millis(300)),
             ..LimitOverrides::default()
         },
-        ..alloc(
-            FIXTURE_HOSTILE,
-            &["main"],
-            &[("attack", "report-flood"), ("count", "20000")],
-        )
+        ..hostile_attack("report-flood", &[("count", "20000")])
     };
     let started_at = Instant::now();
     let state = start(flood, None).stopped().await;
@@ -112,7 +102,7 @@ async fn a_disk_fill_is_refused_at_its_quota_and_fails_naming_it() {
             disk_bytes: Some(4 << 20),
             ..LimitOverrides::default()
         },
-        ..alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "disk-fill")])
+        ..hostile_attack("disk-fill", &[])
     };
     let started = start(fill, None);
     let state = started.stopped().await;
@@ -134,11 +124,7 @@ async fn a_runner_that_blocks_in_a_wasi_sleep_after_kill_is_torn_down_at_the_kil
             kill_timeout: Some(Duration::from_millis(200)),
             ..LimitOverrides::default()
         },
-        ..alloc(
-            FIXTURE_HOSTILE,
-            &["main"],
-            &[("attack", "block-after-kill")],
-        )
+        ..hostile_attack("block-after-kill", &[])
     };
     let started = start(blocking, None);
     started
@@ -157,10 +143,7 @@ async fn a_runner_that_blocks_in_a_wasi_sleep_after_kill_is_torn_down_at_the_kil
 #[tokio::test]
 async fn no_path_leads_out_of_the_alloc_directory() {
     let _logs = LogCapture::start();
-    let started = start(
-        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "escape")]),
-        None,
-    );
+    let started = start(hostile_attack("escape", &[]), None);
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Complete);
     // Each way out is refused; a symbolic link may be made, but never followed out.
@@ -178,10 +161,7 @@ async fn no_path_leads_out_of_the_alloc_directory() {
 #[tokio::test]
 async fn a_file_flood_fails_its_alloc_at_the_entry_limit() {
     let _logs = LogCapture::start();
-    let started = start(
-        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "file-flood")]),
-        None,
-    );
+    let started = start(hostile_attack("file-flood", &[]), None);
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
     // The file past the limit is refused in the guest with "no space". The fixture fails its
@@ -204,14 +184,7 @@ async fn a_file_flood_fails_its_alloc_at_the_entry_limit() {
 #[tokio::test]
 async fn a_long_error_from_run_is_cut_before_it_is_stored() {
     let _logs = LogCapture::start();
-    let started = start(
-        alloc(
-            FIXTURE_HOSTILE,
-            &["main"],
-            &[("attack", "huge-error"), ("bytes", "2097152")],
-        ),
-        None,
-    );
+    let started = start(hostile_attack("huge-error", &[("bytes", "2097152")]), None);
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
     assert!(
@@ -229,10 +202,7 @@ async fn a_long_error_from_run_is_cut_before_it_is_stored() {
 #[tokio::test]
 async fn an_error_over_the_host_call_limit_fails_the_alloc_naming_that_limit() {
     let _logs = LogCapture::start();
-    let started = start(
-        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "huge-error")]),
-        None,
-    );
+    let started = start(hostile_attack("huge-error", &[]), None);
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
     assert_eq!(
@@ -244,10 +214,7 @@ async fn an_error_over_the_host_call_limit_fails_the_alloc_naming_that_limit() {
 #[tokio::test]
 async fn forged_log_lines_stay_one_escaped_line_in_the_alloc_log() {
     let _logs = LogCapture::start();
-    let started = start(
-        alloc(FIXTURE_HOSTILE, &["main"], &[("attack", "forged-log")]),
-        None,
-    );
+    let started = start(hostile_attack("forged-log", &[]), None);
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Complete);
     // The runner's writer belongs to another `AllocLogs`: wait for its queue to reach the file.

@@ -183,6 +183,13 @@ pub fn alloc(runner: &str, tasks: &[&str], config: &[(&str, &str)]) -> Alloc {
     )
 }
 
+/// An alloc of the `hostile` fixture, one task, making `attack` with `settings`.
+pub fn hostile_attack(attack: &str, settings: &[(&str, &str)]) -> Alloc {
+    let mut config = vec![("attack", attack)];
+    config.extend_from_slice(settings);
+    alloc(caravan_test_artifacts::FIXTURE_HOSTILE, &["main"], &config)
+}
+
 fn rand_u32() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(1);

@@ -35,10 +35,11 @@ pub(super) async fn signal_allocation(
     body: String,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    let request: SignalRequest = serde_json::from_str(&body).map_err(|e| ApiError {
-        status: StatusCode::BAD_REQUEST,
-        message: format!("expected {{\"signal\": \"SIGUSR1\", \"task\": \"web\"}}: {e}"),
-        field: Some("signal".into()),
+    let request: SignalRequest = serde_json::from_str(&body).map_err(|e| {
+        ApiError::bad_request(
+            "signal",
+            format!("expected {{\"signal\": \"SIGUSR1\", \"task\": \"web\"}}: {e}"),
+        )
     })?;
     let (alloc_id, known_to_server) = alloc_id(&state, id)?;
     let task = request.task.as_deref();
@@ -63,10 +64,11 @@ pub(super) async fn restart_allocation(
     let request: RestartRequest = if body.trim().is_empty() {
         RestartRequest::default()
     } else {
-        serde_json::from_str(&body).map_err(|e| ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: format!("expected {{\"task\": \"web\"}} or no body: {e}"),
-            field: Some("task".into()),
+        serde_json::from_str(&body).map_err(|e| {
+            ApiError::bad_request(
+                "task",
+                format!("expected {{\"task\": \"web\"}} or no body: {e}"),
+            )
         })?
     };
     let (alloc_id, known_to_server) = alloc_id(&state, id)?;
