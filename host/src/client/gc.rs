@@ -324,6 +324,11 @@ impl GarbageCollector {
         self.lock().runners.len()
     }
 
+    /// The allocs being destroyed now: their directories are still theirs to remove.
+    pub(crate) fn destroying_ids(&self) -> Vec<String> {
+        self.destroying_lock().keys().cloned().collect()
+    }
+
     /// How many passes have finished; lets tests wait for one.
     pub fn passes(&self) -> u64 {
         self.passes.load(Ordering::SeqCst)

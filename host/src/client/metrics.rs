@@ -20,6 +20,7 @@ pub struct Metrics {
     runner_build_failures: AtomicU64,
     state_batches_saved: AtomicU64,
     state_writes_saved: AtomicU64,
+    leftover_dirs: AtomicU64,
 }
 
 /// A copy of every counter at one moment.
@@ -46,6 +47,9 @@ pub struct MetricsSnapshot {
     pub state_batches_saved: u64,
     /// Records written by those commits (allocs, states, checkpoints, marks).
     pub state_writes_saved: u64,
+    /// Alloc directories no alloc owns that the last sweep could not remove (each retried at
+    /// the next one, and named in the log).
+    pub leftover_dirs: u64,
 }
 
 impl Metrics {
@@ -86,6 +90,10 @@ impl Metrics {
         self.state_writes_saved.fetch_add(writes, Ordering::Relaxed);
     }
 
+    pub(crate) fn set_leftover_dirs(&self, count: u64) {
+        self.leftover_dirs.store(count, Ordering::Relaxed);
+    }
+
     /// The counters now, with the alloc counts filled in by the caller.
     pub fn snapshot(
         &self,
@@ -108,6 +116,7 @@ impl Metrics {
             runner_build_failures: self.runner_build_failures.load(Ordering::Relaxed),
             state_batches_saved: self.state_batches_saved.load(Ordering::Relaxed),
             state_writes_saved: self.state_writes_saved.load(Ordering::Relaxed),
+            leftover_dirs: self.leftover_dirs.load(Ordering::Relaxed),
         }
     }
 }
@@ -168,6 +177,13 @@ impl MetricsSnapshot {
             "Allocs failed because their runner could not be built.",
             unlabelled(self.runner_build_failures),
         );
+        family(
+            out,
+            "caravan_client_leftover_dirs",
+            "gauge",
+            "Alloc directories no alloc owns that the last sweep could not remove.",
+            unlabelled(self.leftover_dirs),
+        );
     }
 }
 
@@ -213,6 +229,7 @@ mod tests {
             "caravan_sync_batches_total{result=\"sent\"} 7\n\
              caravan_sync_batches_total{result=\"failed\"} 0\n",
             "caravan_runner_build_failures_total 3\n",
+            "# TYPE caravan_client_leftover_dirs gauge\ncaravan_client_leftover_dirs 0\n",
         ] {
             assert!(text.contains(expected), "{expected:?} in\n{text}");
         }

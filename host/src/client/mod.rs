@@ -24,6 +24,7 @@
 //! [`crate::state::StateDb`].
 
 pub mod gc;
+mod leftovers;
 pub mod metrics;
 pub mod persist;
 mod restore;
@@ -207,6 +208,7 @@ impl Client {
             tokio::spawn(watch::watch_loop(Arc::downgrade(inner))).abort_handle(),
             tokio::spawn(inner.sync.clone().run(inner.server.clone())).abort_handle(),
             tokio::spawn(inner.gc.clone().run()).abort_handle(),
+            tokio::spawn(leftovers::sweep_loop(Arc::downgrade(inner))).abort_handle(),
         ];
         inner.tasks.lock_unpoisoned().extend(handles);
     }

@@ -14,14 +14,15 @@
 //!   failed, which would rewrite history (and replace a service alloc).
 //! - A state saved but never acknowledged is queued for the server again.
 //! - An alloc directory no saved alloc owns (one whose removal failed, or was cut short by a
-//!   crash) is removed: it would otherwise hold the node's disk for ever.
+//!   crash) is removed: it would otherwise hold the node's disk for ever (see
+//!   `client/leftovers.rs`, which goes on sweeping while the client runs).
 
+use super::leftovers::{list_alloc_dirs, owned_by, remove_leftovers};
 use super::{Client, ClientInner, check_alloc_id};
 use crate::allocrunner::alloc_span;
 use crate::state::{SavedAlloc, StateError};
 use crate::structs::{AllocState, ClientStatus};
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::Arc;
 
 impl Client {
@@ -48,7 +49,11 @@ impl ClientInner {
             .map(|record| record.alloc_id.clone())
             .collect();
         let allocs_dir = self.config.data_dir.join("allocs");
-        let swept = tokio::task::spawn_blocking(move || sweep_orphan_dirs(&allocs_dir, &owned));
+        let swept = tokio::task::spawn_blocking(move || {
+            let mut unowned = list_alloc_dirs(&allocs_dir);
+            unowned.retain(|name| !owned_by(name, &owned));
+            remove_leftovers(&allocs_dir, &unowned)
+        });
         for record in saved {
             let alloc_id = record.alloc_id.clone();
             let alloc = match record.alloc {
@@ -156,7 +161,8 @@ impl ClientInner {
                 (Err(error), _) => self.fail_alloc(alloc, &span, format!("{error:#}")),
             }
         }
-        let swept = swept.await.unwrap_or_default();
+        let (swept, left_over) = swept.await.unwrap_or_default();
+        self.metrics.set_leftover_dirs(left_over as u64);
         tracing::info!(
             running,
             finished,
@@ -165,33 +171,4 @@ impl ClientInner {
             "restored allocations"
         );
     }
-}
-
-/// Removes every directory under `allocs_dir` whose name is not in `owned` (without
-/// recursion, however deep: see [`crate::fs_tree`]); returns how many it removed. Each
-/// removal, and each failure, is logged with its path; a failure is left for the next start.
-fn sweep_orphan_dirs(allocs_dir: &Path, owned: &HashSet<String>) -> usize {
-    let Ok(entries) = std::fs::read_dir(allocs_dir) else {
-        return 0; // No alloc has run on this data dir yet.
-    };
-    let mut swept = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if name.to_str().is_some_and(|name| owned.contains(name)) {
-            continue;
-        }
-        let path = entry.path();
-        match crate::fs_tree::remove_tree(&path) {
-            Ok(()) => {
-                swept += 1;
-                tracing::info!(path = %path.display(), "removed an alloc directory no alloc owns");
-            }
-            Err(error) => tracing::warn!(
-                path = %path.display(),
-                error = %error,
-                "cannot remove an alloc directory no alloc owns; will try again at the next start"
-            ),
-        }
-    }
-    swept
 }

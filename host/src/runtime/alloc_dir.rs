@@ -7,7 +7,9 @@ use crate::units::format_duration;
 use std::path::Path;
 
 /// Makes `alloc_dir`: one `mkdir` in the common case, its parents only on the first alloc of
-/// a data dir. An existing directory (a restored alloc's) is kept as it is.
+/// a data dir. An existing directory (a restored alloc's) is kept as it is. Called only from
+/// a runner's start, never when it is built: the client's leftover sweep relies on an alloc
+/// being in its map before its directory exists.
 pub(super) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir(alloc_dir)
         .or_else(|e| match e.kind() {
@@ -17,14 +19,15 @@ pub(super) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot create alloc dir {}: {e}", alloc_dir.display()))
 }
 
-/// How often removing an alloc's directory is tried before it is left for the next start.
+/// How often removing an alloc's directory is tried before it is left to the client's
+/// leftover sweep.
 const ALLOC_DIR_REMOVAL_ATTEMPTS: u32 = 5;
 
 /// Removes what an alloc left on disk, on the blocking pool and without recursion (a guest
 /// may have nested its directories 20,000 deep; see [`crate::fs_tree`]). A failure is
 /// reported and retried with a growing pause; it is never fatal to the agent, and after the
-/// last attempt what is left is named in the log, and removed when the agent next starts
-/// (the client sweeps directories no alloc owns).
+/// last attempt what is left is named in the log, and left to the client, which sweeps
+/// directories no alloc owns at every GC interval and at start.
 pub(super) async fn remove_alloc_dir(alloc_dir: &Path, span: &tracing::Span) {
     let mut pause = std::time::Duration::from_secs(1);
     for attempt in 1..=ALLOC_DIR_REMOVAL_ATTEMPTS {
@@ -41,7 +44,7 @@ pub(super) async fn remove_alloc_dir(alloc_dir: &Path, span: &tracing::Span) {
                 path = %alloc_dir.display(),
                 error = %error,
                 attempts = attempt,
-                "cannot remove what the alloc left; giving up until the agent next starts"
+                "cannot remove what the alloc left; leaving it to the GC interval's sweep"
             );
             return;
         }

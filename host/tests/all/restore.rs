@@ -358,6 +358,55 @@ async fn a_restart_removes_alloc_directories_no_alloc_owns_and_keeps_the_rest() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_running_client_sweeps_leftover_alloc_directories_at_the_gc_interval() {
+    let _logs = LogCapture::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
+    let node = boot(db, data_dir.path()).await;
+    let counters = node.run_counters(2);
+    eventually("the counters running", || {
+        counters
+            .iter()
+            .all(|id| node.status(id) == Some(ClientStatus::Running))
+    })
+    .await;
+    // One alloc stopped and collected, its runner still listed (until the server drops it):
+    // what is left of its directory is a leftover too.
+    let allocs = data_dir.path().join("allocs");
+    let collected = &counters[1];
+    node.server.stop_alloc(collected).unwrap();
+    eventually("the second counter stopped", || {
+        node.status(collected).is_some_and(|s| s.is_terminal())
+    })
+    .await;
+    node.client.collect(collected).await.unwrap();
+    assert!(node.client.runner(collected).unwrap().is_destroyed());
+    // What destroys whose removal failed leave, while the agent goes on running: the
+    // collected alloc's directory, and one of an alloc this client never knew.
+    let leftover = allocs.join("0000dead-leftover");
+    for dir in [&leftover, &allocs.join(collected)] {
+        std::fs::create_dir_all(dir.join("d/d/d/d")).unwrap();
+        std::fs::write(dir.join("d/file"), "left").unwrap();
+    }
+
+    // The sweep at the first interval (a minute by default) only notes them: a directory must
+    // be unowned at two sweeps in a row, so an alloc just starting is never swept.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert!(leftover.is_dir(), "kept at the first sweep");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    eventually("the leftovers removed", || {
+        !leftover.exists() && !allocs.join(collected).exists()
+    })
+    .await;
+    assert!(
+        allocs.join(&counters[0]).is_dir(),
+        "a running alloc keeps its directory"
+    );
+    assert_eq!(node.client.metrics().leftover_dirs, 0);
+    node.crash().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn saved_records_without_their_alloc_are_dropped_with_a_warning() {
     let logs = LogCapture::start();
     let data_dir = tempfile::tempdir().unwrap();
