@@ -32,7 +32,7 @@ const CALLS_PER_ROUND: i32 = 2_000_000;
 const ROUNDS: usize = 7;
 
 fn round(engine: &Engine, module: &Module, hooked: bool) -> Duration {
-    let meter = CpuMeter::new(Duration::from_secs(3600));
+    let meter = CpuMeter::new(Duration::from_secs(3600), 100);
     let mut store = Store::new(engine, meter);
     if hooked {
         store.call_hook(|mut context, hook| {

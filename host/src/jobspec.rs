@@ -12,16 +12,15 @@
 //! runner = "path/to/runner.wasm"
 //! ```
 //!
-//! Optional: `[job.limits]` (`memory`, `cpu`, `wall_time`, `kill_timeout`, `log_rate`,
-//! `disk`),
+//! Optional: `[job.limits]` (any key of [`LimitOverrides::KEYS`]: see [`crate::limits`]),
 //! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values),
 //! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
 use crate::capabilities::{self, Capabilities};
-use crate::structs::{LimitOverrides, Task};
-use crate::units::{parse_bytes, parse_duration};
+use crate::limits::{LimitOverrides, RawLimits};
+use crate::structs::Task;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -110,17 +109,6 @@ struct RawCapabilities {
     env: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLimits {
-    memory: Option<String>,
-    cpu: Option<String>,
-    wall_time: Option<String>,
-    kill_timeout: Option<String>,
-    log_rate: Option<u32>,
-    disk: Option<String>,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTask {
@@ -184,7 +172,8 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
             "missing; the path of the runner component (.wasm)",
         )
     })?;
-    let limits = validate_limits(raw.limits)?;
+    let limits = LimitOverrides::from_raw(&raw.limits)
+        .map_err(|e| error(e.field("job.limits"), e.problem()))?;
     let caps = &raw.capabilities;
     let capabilities = capabilities::parse_job(&caps.network, &caps.volumes, &caps.env)
         .map_err(|e| error(e.key, e.message))?;
@@ -223,35 +212,6 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         tasks,
         meta: raw.meta.into_iter().collect(),
         capabilities,
-    })
-}
-
-fn validate_limits(raw: RawLimits) -> Result<LimitOverrides, SpecError> {
-    let duration = |name: &str, value: Option<String>| {
-        value
-            .map(|v| {
-                parse_duration(&v).map_err(|e| error(format!("job.limits.{name}"), e.to_string()))
-            })
-            .transpose()
-    };
-    Ok(LimitOverrides {
-        memory_bytes: raw
-            .memory
-            .map(|v| parse_bytes(&v).map_err(|e| error("job.limits.memory", e.to_string())))
-            .transpose()?,
-        cpu: duration("cpu", raw.cpu)?,
-        wall_time: duration("wall_time", raw.wall_time)?,
-        kill_timeout: duration("kill_timeout", raw.kill_timeout)?,
-        log_lines_per_second: match raw.log_rate {
-            Some(0) => return Err(error("job.limits.log_rate", "must be above 0")),
-            rate => rate,
-        },
-        disk_bytes: match raw.disk.map(|v| parse_bytes(&v)) {
-            Some(Ok(0)) => return Err(error("job.limits.disk", "must be above 0")),
-            Some(Err(e)) => return Err(error("job.limits.disk", e.to_string())),
-            Some(Ok(bytes)) => Some(bytes),
-            None => None,
-        },
     })
 }
 

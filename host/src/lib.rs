@@ -4,7 +4,8 @@
 //! - [`agent`]: `caravan agent`, the composition root: server, client and HTTP API.
 //! - [`alloc_logs`]: alloc log files, their one owner: layout, queued writing, rotation,
 //!   reading, following and deletion.
-//! - [`structs`]: plain data shared by every layer (allocs, alloc state, limits).
+//! - [`structs`]: plain data shared by every layer (allocs, alloc state).
+//! - [`limits`]: every per-alloc limit, its key, default and cap, and their one parser.
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
 //! - [`check`]: the contract checker behind `caravan runner check`, for runner authors.
@@ -42,6 +43,7 @@ pub mod cli;
 pub mod client;
 pub mod fs_tree;
 pub mod jobspec;
+pub mod limits;
 pub mod locks;
 pub mod rpc;
 pub mod run;

@@ -15,7 +15,7 @@ use crate::locks::LockUnpoisoned;
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use crate::shutdown::ShutdownListener;
 use crate::structs::{Alloc, AllocState, ClientStatus, LimitOverrides, Limits, Task};
-use crate::units::{UnitError, format_duration, parse_bytes, parse_duration};
+use crate::units::format_duration;
 use anyhow::{Context, bail};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -41,8 +41,8 @@ pub struct RunOptions {
     pub cache_dir: Option<PathBuf>,
 }
 
-/// The limit names `--limit` accepts, with the form each takes.
-pub const LIMIT_NAMES: &str = "memory=SIZE, cpu=DURATION, wall-time=DURATION, kill-timeout=DURATION, log-rate=LINES_PER_SECOND, disk=SIZE";
+/// What `--limit` accepts, for its help.
+pub const LIMIT_NAMES: &str = "the keys of a job's [job.limits], such as memory=64MiB, cpu=10s, kill-timeout=2s, disk=100MiB, open-files=64";
 
 /// Builds the alloc `caravan run` runs. Errors name the argument at fault.
 pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
@@ -98,30 +98,18 @@ pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
     })
 }
 
-/// Parses `--limit NAME=VALUE` arguments.
+/// Parses `--limit NAME=VALUE` arguments: the keys of `[job.limits]`, `-` or `_` alike.
 pub fn parse_limits(limits: &[String]) -> anyhow::Result<LimitOverrides> {
     let mut overrides = LimitOverrides::default();
     for limit in limits {
         let (name, value) = split_pair(limit, "--limit", "NAME=VALUE")?;
-        let bad = |e: UnitError| anyhow::anyhow!("--limit {limit}: {e}");
-        match name {
-            "memory" => overrides.memory_bytes = Some(parse_bytes(value).map_err(bad)?),
-            "disk" => match parse_bytes(value).map_err(bad)? {
-                0 => bail!("--limit {limit}: the disk quota must be above 0"),
-                bytes => overrides.disk_bytes = Some(bytes),
-            },
-            "cpu" => overrides.cpu = Some(parse_duration(value).map_err(bad)?),
-            "wall-time" => overrides.wall_time = Some(parse_duration(value).map_err(bad)?),
-            "kill-timeout" => overrides.kill_timeout = Some(parse_duration(value).map_err(bad)?),
-            "log-rate" => {
-                let rate = value.parse::<u32>().ok().filter(|r| *r > 0);
-                let Some(rate) = rate else {
-                    bail!("--limit {limit}: expected a whole number of lines per second above 0");
-                };
-                overrides.log_lines_per_second = Some(rate);
-            }
-            _ => bail!("--limit {limit}: unknown limit {name:?}; known limits are {LIMIT_NAMES}"),
-        }
+        // Flags are spelled with dashes; the job file's keys, with underscores.
+        overrides
+            .set(&name.replace('-', "_"), value)
+            .map_err(|e| anyhow::anyhow!("--limit {limit}: {e}"))?;
+    }
+    if let Some(conflict) = Limits::default().with_overrides(&overrides).conflict() {
+        bail!("--limit: {conflict}");
     }
     Ok(overrides)
 }

@@ -1,4 +1,5 @@
-//! The plain data the host passes around: allocs, their state, and per-alloc limits.
+//! The plain data the host passes around: allocs and their state (per-alloc limits live in
+//! [`crate::limits`] and are re-exported here).
 //!
 //! These types know nothing of wasmtime, the client or storage, so every layer can use them.
 //! An [`Alloc`] is immutable once built and shared as `Arc<Alloc>`: an update replaces it whole.
@@ -6,7 +7,8 @@
 use crate::capabilities::Capabilities;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::time::Duration;
+
+pub use crate::limits::{LimitCaps, LimitOverrides, Limits, OverCap};
 
 /// What the scheduler wants for an alloc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,179 +206,6 @@ impl AllocState {
             client_status: ClientStatus::Failed,
             description: description.into(),
             task_states: Vec::new(),
-        }
-    }
-}
-
-/// Per-alloc limits as a job states them: unset fields take the agent's [`Limits`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LimitOverrides {
-    /// Bytes of linear memory, all memories together.
-    pub memory_bytes: Option<u64>,
-    /// Time spent computing (not waiting) over the alloc's run.
-    pub cpu: Option<Duration>,
-    /// Time from start after which the host stops the guest and fails the alloc.
-    pub wall_time: Option<Duration>,
-    /// How long the host waits for `run` to return after `kill`.
-    pub kill_timeout: Option<Duration>,
-    /// Guest log lines per second before the excess is dropped.
-    pub log_lines_per_second: Option<u32>,
-    /// Bytes the alloc directory may hold.
-    pub disk_bytes: Option<u64>,
-}
-
-/// The most a job may ask of an agent, per limit (`[client.limit_caps]` in the agent's config).
-/// A job asking for more is refused when it is submitted, naming the key; without caps a job
-/// could ask one node for any memory, CPU budget or kill timeout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitCaps {
-    /// Default 1 GiB.
-    pub memory_bytes: u64,
-    /// Default 1 hour of computing.
-    pub cpu: Duration,
-    /// Default 30 s, Nomad's `max_kill_timeout`.
-    pub kill_timeout: Duration,
-    /// Default 10,000 lines per second.
-    pub log_lines_per_second: u32,
-    /// Default 10 GiB.
-    pub disk_bytes: u64,
-}
-
-impl Default for LimitCaps {
-    fn default() -> Self {
-        LimitCaps {
-            memory_bytes: 1024 * 1024 * 1024,
-            cpu: Duration::from_secs(3600),
-            kill_timeout: Duration::from_secs(30),
-            log_lines_per_second: 10_000,
-            disk_bytes: 10 * 1024 * 1024 * 1024,
-        }
-    }
-}
-
-/// A limit asked above its cap: which, and by how much.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {asked} is over this agent's cap of {cap} (client.limit_caps.{name})")]
-pub struct OverCap {
-    /// The job file's key, such as `job.limits.memory`.
-    pub key: &'static str,
-    /// The key's name in `[client.limit_caps]`.
-    pub name: &'static str,
-    /// What was asked, for people.
-    pub asked: String,
-    /// The cap, for people.
-    pub cap: String,
-}
-
-impl LimitCaps {
-    /// The first limit of `limits` over its cap, in the order of [`LimitCaps`]' fields.
-    pub fn check(&self, limits: &LimitOverrides) -> Result<(), OverCap> {
-        use crate::units::{format_bytes, format_duration};
-        let over = |name: &'static str, asked: String, cap: String| OverCap {
-            key: match name {
-                "memory" => "job.limits.memory",
-                "cpu" => "job.limits.cpu",
-                "kill_timeout" => "job.limits.kill_timeout",
-                "disk" => "job.limits.disk",
-                _ => "job.limits.log_rate",
-            },
-            name,
-            asked,
-            cap,
-        };
-        if let Some(asked) = limits.memory_bytes.filter(|&m| m > self.memory_bytes) {
-            return Err(over(
-                "memory",
-                format_bytes(asked),
-                format_bytes(self.memory_bytes),
-            ));
-        }
-        if let Some(asked) = limits.cpu.filter(|&c| c > self.cpu) {
-            return Err(over(
-                "cpu",
-                format_duration(asked),
-                format_duration(self.cpu),
-            ));
-        }
-        if let Some(asked) = limits.kill_timeout.filter(|&k| k > self.kill_timeout) {
-            return Err(over(
-                "kill_timeout",
-                format_duration(asked),
-                format_duration(self.kill_timeout),
-            ));
-        }
-        if let Some(asked) = limits
-            .log_lines_per_second
-            .filter(|&r| r > self.log_lines_per_second)
-        {
-            return Err(over(
-                "log_rate",
-                asked.to_string(),
-                self.log_lines_per_second.to_string(),
-            ));
-        }
-        if let Some(asked) = limits.disk_bytes.filter(|&d| d > self.disk_bytes) {
-            return Err(over(
-                "disk",
-                format_bytes(asked),
-                format_bytes(self.disk_bytes),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The limits one alloc runs under, all set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
-    /// Bytes all linear memories of the instance may hold together. Default 64 MiB: plenty
-    /// for a runner that supervises tasks rather than doing their work.
-    pub memory_bytes: u64,
-    /// Time spent computing, counted in epoch ticks. Default 60 s: runners mostly wait, and
-    /// waiting is free, so only a runner that computes without end runs out.
-    pub cpu: Duration,
-    /// Time from start after which the host stops the guest at once and fails the alloc;
-    /// `None` means no limit (the default: services run until stopped).
-    pub wall_time: Option<Duration>,
-    /// How long `kill` may take. Default 5 s, Nomad's default kill timeout.
-    pub kill_timeout: Duration,
-    /// Guest log lines per second, with a burst of the same size. Default 1,000.
-    pub log_lines_per_second: u32,
-    /// Bytes the alloc directory may hold (as `du` counts them). Default 1 GiB: a write past
-    /// it fails in the guest with "no space", and the alloc fails naming the quota.
-    #[serde(default = "default_disk_bytes")]
-    pub disk_bytes: u64,
-}
-
-fn default_disk_bytes() -> u64 {
-    Limits::default().disk_bytes
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            memory_bytes: 64 * 1024 * 1024,
-            cpu: Duration::from_secs(60),
-            wall_time: None,
-            kill_timeout: Duration::from_secs(5),
-            log_lines_per_second: 1_000,
-            disk_bytes: 1024 * 1024 * 1024,
-        }
-    }
-}
-
-impl Limits {
-    /// These limits with the alloc's overrides applied.
-    pub fn with_overrides(self, overrides: &LimitOverrides) -> Limits {
-        Limits {
-            memory_bytes: overrides.memory_bytes.unwrap_or(self.memory_bytes),
-            cpu: overrides.cpu.unwrap_or(self.cpu),
-            wall_time: overrides.wall_time.or(self.wall_time),
-            kill_timeout: overrides.kill_timeout.unwrap_or(self.kill_timeout),
-            log_lines_per_second: overrides
-                .log_lines_per_second
-                .unwrap_or(self.log_lines_per_second),
-            disk_bytes: overrides.disk_bytes.unwrap_or(self.disk_bytes),
         }
     }
 }

@@ -46,7 +46,8 @@ pub fn warn_if_allocs_can_exhaust(
         max_live_allocs,
         handles_per_alloc,
         "live allocs together may hold more file descriptors than this agent may open; \
-         raise the hard limit (ulimit -Hn) or lower client.max_live_allocs"
+         raise the hard limit (ulimit -Hn), or lower client.max_live_allocs or \
+         client.limit_caps.open_files"
     );
     true
 }

@@ -42,6 +42,9 @@ pub struct ApiState {
     pub runtime: crate::runtime::Runtime,
     /// The alloc log files.
     pub alloc_logs: AllocLogs,
+    /// The limits a job's unset keys take: a job whose limits contradict each other once
+    /// merged with them is refused with 400.
+    pub default_limits: crate::structs::Limits,
     /// The most a job may ask for; a job over a cap is refused with 400.
     pub limit_caps: crate::structs::LimitCaps,
     /// What jobs may ask to reach; a job asking for more is refused with 400.
@@ -263,7 +266,13 @@ async fn register_job(
     state
         .limit_caps
         .check(&spec.limits)
-        .map_err(|over| ApiError::bad_request(over.key, over.to_string()))?;
+        .map_err(|over| ApiError::bad_request(over.field(), over.to_string()))?;
+    if let Some(conflict) = state.default_limits.with_overrides(&spec.limits).conflict() {
+        return Err(ApiError::bad_request(
+            "job.limits",
+            format!("job.limits: {conflict}"),
+        ));
+    }
     state
         .capabilities
         .check(&spec.capabilities)

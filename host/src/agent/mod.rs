@@ -59,7 +59,8 @@ impl Agent {
         descriptors::warn_if_allocs_can_exhaust(
             descriptor_limit,
             config.max_live_allocs,
-            crate::runtime::MAX_HANDLES_PER_INSTANCE as u64,
+            // The worst case: every alloc at the most open files a job may ask for.
+            u64::from(config.limit_caps.open_files),
         );
         let dev_data_dir = if config.dev {
             let dir = crate::fs_tree::TempTree::new("caravan-dev-")
@@ -114,6 +115,7 @@ impl Agent {
             acl_token: config.acl_token.clone(),
             runtime,
             alloc_logs: alloc_logs.clone(),
+            default_limits: config.limits,
             limit_caps: config.limit_caps,
             capabilities,
         });

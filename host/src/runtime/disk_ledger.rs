@@ -31,8 +31,6 @@ use tokio::sync::oneshot;
 
 /// How deep directories may nest under the alloc directory.
 pub const MAX_DIR_DEPTH: usize = 64;
-/// Files, directories and links an alloc directory may hold.
-pub const MAX_DISK_ENTRIES: u64 = 10_000;
 /// The least time between two looks a refused reservation makes: a guest at its quota that
 /// keeps writing costs one bounded look per interval, charged to its CPU budget.
 pub const RECHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -49,12 +47,21 @@ pub struct DiskQuota {
 }
 
 impl DiskQuota {
-    /// The quota of an alloc allowed `bytes`, with the fixed entry and depth limits.
+    /// The quota `limits` give an alloc directory (its depth limit is fixed).
+    pub fn of(limits: &crate::structs::Limits) -> Self {
+        DiskQuota {
+            bytes: limits.disk_bytes,
+            entries: u64::from(limits.disk_entries),
+            depth: MAX_DIR_DEPTH,
+        }
+    }
+
+    /// The default quota but for `bytes`.
+    #[cfg(test)]
     pub fn of_bytes(bytes: u64) -> Self {
         DiskQuota {
             bytes,
-            entries: MAX_DISK_ENTRIES,
-            depth: MAX_DIR_DEPTH,
+            ..DiskQuota::of(&crate::structs::Limits::default())
         }
     }
 
@@ -356,7 +363,7 @@ mod tests {
         assert_eq!(exceeded.description().await, "disk quota of 8 KiB exceeded");
         let entries = DiskUse {
             bytes: 0,
-            entries: MAX_DISK_ENTRIES + 1,
+            entries: u64::from(crate::structs::Limits::default().disk_entries) + 1,
         };
         assert_eq!(ledger.reserve(entries).err(), Some(QuotaFull));
     }

@@ -11,7 +11,7 @@ use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::token_bucket::TokenBucket;
 use crate::allocrunner::StateUpdater;
 use crate::locks::LockUnpoisoned;
-use crate::structs::{Alloc, AllocState, TaskLifecycle, TaskState};
+use crate::structs::{Alloc, AllocState, Limits, TaskLifecycle, TaskState};
 use crate::text::{cut, cut_in_place};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,27 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// Longest description or event message kept, in bytes.
-pub const MAX_TEXT_BYTES: usize = 1024;
 /// Events kept per task (the newest), as Nomad does.
 pub const MAX_EVENTS_PER_TASK: usize = 10;
 /// Longest task event kind kept, in bytes (kinds are words such as `Started`).
 pub const MAX_EVENT_KIND_BYTES: usize = 64;
-/// Largest checkpoint accepted.
-pub const MAX_CHECKPOINT_BYTES: usize = 1024 * 1024;
-/// Most bytes a guest may hand the host in one call (wasmtime's "hostcall fuel"): a checkpoint
-/// at its limit with room to spare, and far below the 128 MiB wasmtime allows by default, so
-/// that no single report, checkpoint or log line makes the host copy and check more than
-/// this. A call over it traps and fails the alloc, naming this limit.
-pub const MAX_HOSTCALL_BYTES: usize = 4 * 1024 * 1024;
 /// Most of a guest's task name quoted back in a refusal.
 const MAX_QUOTED_NAME_BYTES: usize = 64;
-/// Checkpoint bytes one alloc may save per second, with a burst of two of its largest
-/// checkpoints: every checkpoint is a commit to the node's state store, and a runner saving
-/// in a loop must not take the store's disk and CPU from its neighbours.
-pub const CHECKPOINT_BYTES_PER_SECOND: u64 = MAX_CHECKPOINT_BYTES as u64;
-/// What the smallest checkpoint counts for: a commit costs the store about this much,
-/// however few bytes it holds.
+/// What the smallest checkpoint counts for against the checkpoint rate: a commit costs the
+/// store about this much, however few bytes it holds.
 const MIN_CHECKPOINT_COST: u64 = 4096;
 /// At most one refusal of each alloc is logged per interval (see `HostApi::refuse`).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
@@ -47,6 +34,8 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 /// The latest state of one alloc, shared by its host import and its runner.
 pub struct StateCell {
     alloc_id: String,
+    /// Longest description or event message kept (the alloc's `description_size`).
+    description_bytes: usize,
     state: Mutex<CellState>,
     updater: Arc<dyn StateUpdater>,
 }
@@ -60,14 +49,21 @@ struct CellState {
 
 impl StateCell {
     /// A cell starting at `initial` (pending for a new alloc, the saved state for a restored
-    /// one). A terminal `initial` closes the cell at once: the alloc has finished.
-    pub fn new(alloc_id: String, updater: Arc<dyn StateUpdater>, initial: AllocState) -> Self {
+    /// one), cutting reported texts to `description_bytes`. A terminal `initial` closes the
+    /// cell at once: the alloc has finished.
+    pub fn new(
+        alloc_id: String,
+        description_bytes: usize,
+        updater: Arc<dyn StateUpdater>,
+        initial: AllocState,
+    ) -> Self {
         let cell = CellState {
             closed: initial.client_status.is_terminal(),
             current: initial,
         };
         StateCell {
             alloc_id,
+            description_bytes,
             state: Mutex::new(cell),
             updater,
         }
@@ -81,7 +77,7 @@ impl StateCell {
     /// lists left-out tasks as pending, skips what changes nothing, and passes the rest to the
     /// updater. The updater is called under the cell's lock, so reports reach it in order.
     pub fn report(&self, alloc: &Alloc, mut new: AllocState) -> Result<(), String> {
-        tidy(&mut new);
+        tidy(&mut new, self.description_bytes);
         check_tasks(alloc, &new)?;
         add_missing_tasks(alloc, &mut new);
         let mut cell = self.lock();
@@ -125,14 +121,14 @@ impl StateCell {
 
 /// Cuts every string of a report to its limit (with a marker) and keeps the newest events:
 /// the one place a guest's report is bounded before it is stored, logged or shown.
-fn tidy(state: &mut AllocState) {
-    cut_in_place(&mut state.description, MAX_TEXT_BYTES);
+fn tidy(state: &mut AllocState, text_bytes: usize) {
+    cut_in_place(&mut state.description, text_bytes);
     for task in &mut state.task_states {
         if task.events.len() > MAX_EVENTS_PER_TASK {
             task.events.drain(..task.events.len() - MAX_EVENTS_PER_TASK);
         }
         for event in &mut task.events {
-            cut_in_place(&mut event.message, MAX_TEXT_BYTES);
+            cut_in_place(&mut event.message, text_bytes);
             cut_in_place(&mut event.kind, MAX_EVENT_KIND_BYTES);
         }
     }
@@ -185,7 +181,14 @@ pub struct HostApi {
     last_refusal_logged: Option<tokio::time::Instant>,
     /// Refusals since the last one logged.
     unlogged_refusals: u64,
-    /// Checkpoint bytes this alloc may still save now (see [`CHECKPOINT_BYTES_PER_SECOND`]).
+    /// Largest checkpoint accepted (the alloc's `checkpoint_size`).
+    checkpoint_bytes: u64,
+    /// Checkpoint bytes per second (the alloc's `checkpoint_rate`): every checkpoint is a
+    /// commit to the node's state store, and a runner saving in a loop must not take the
+    /// store's disk and CPU from its neighbours.
+    checkpoint_rate: u64,
+    /// Checkpoint bytes this alloc may still save now: refilled at the checkpoint rate, with
+    /// a burst of two of its largest checkpoints.
     checkpoint_allowance: TokenBucket,
 }
 
@@ -196,6 +199,7 @@ impl HostApi {
         queued_task_actions: Arc<AtomicUsize>,
         state: Arc<StateCell>,
         span: tracing::Span,
+        limits: &Limits,
     ) -> Self {
         HostApi {
             alloc,
@@ -206,9 +210,11 @@ impl HostApi {
             span,
             last_refusal_logged: None,
             unlogged_refusals: 0,
+            checkpoint_bytes: limits.checkpoint_bytes,
+            checkpoint_rate: limits.checkpoint_bytes_per_second,
             checkpoint_allowance: TokenBucket::new(
-                CHECKPOINT_BYTES_PER_SECOND as f64,
-                2.0 * MAX_CHECKPOINT_BYTES as f64,
+                limits.checkpoint_bytes_per_second as f64,
+                2.0 * limits.checkpoint_bytes as f64,
             ),
         }
     }
@@ -282,10 +288,11 @@ impl HostImports for HostApi {
     }
 
     async fn checkpoint(&mut self, data: Vec<u8>) -> Result<(), String> {
-        if data.len() > MAX_CHECKPOINT_BYTES {
+        if data.len() as u64 > self.checkpoint_bytes {
             let reason = format!(
-                "checkpoint of {} bytes is over the limit of {MAX_CHECKPOINT_BYTES} bytes",
-                data.len()
+                "checkpoint of {} bytes is over the limit of {} bytes (checkpoint_size)",
+                data.len(),
+                self.checkpoint_bytes
             );
             self.refuse("checkpoint", &reason);
             return Err(reason);
@@ -296,9 +303,9 @@ impl HostImports for HostApi {
             .take(tokio::time::Instant::now(), cost as f64)
         {
             let reason = format!(
-                "checkpoint refused: more than {} of checkpoints per second (the checkpoint rate); \
+                "checkpoint refused: more than {} of checkpoints per second (checkpoint_rate); \
                  the previous checkpoint is kept",
-                crate::units::format_bytes(CHECKPOINT_BYTES_PER_SECOND)
+                crate::units::format_bytes(self.checkpoint_rate)
             );
             self.refuse("checkpoint", &reason);
             return Err(reason);
@@ -349,7 +356,7 @@ mod tests {
     #[test]
     fn reports_are_checked_deduplicated_and_final_once_terminal() {
         let recorder = Arc::new(Recorder::default());
-        let cell = StateCell::new("a1".into(), recorder.clone(), AllocState::pending());
+        let cell = StateCell::new("a1".into(), 1024, recorder.clone(), AllocState::pending());
         let alloc = alloc();
         cell.report(&alloc, state(ClientStatus::Running, &["web"]))
             .unwrap();
@@ -391,10 +398,10 @@ mod tests {
             })
             .collect();
         long.task_states[0].events[14].kind = "K".repeat(100);
-        tidy(&mut long);
+        tidy(&mut long, 1000);
         assert_eq!(
             long.description,
-            format!("{} [truncated 3976 bytes]", "x".repeat(MAX_TEXT_BYTES))
+            format!("{} [truncated 4000 bytes]", "x".repeat(1000))
         );
         assert_eq!(
             long.task_states[0].events[9].kind,

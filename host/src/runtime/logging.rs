@@ -12,6 +12,7 @@ use super::bindings::{Level, LoggingImports};
 use super::token_bucket::TokenBucket;
 use crate::alloc_logs::AllocLogWriter;
 use crate::locks::LockUnpoisoned;
+use crate::structs::Limits;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -23,15 +24,28 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 /// The target of every guest line, so operators can filter guest output (`caravan::guest=warn`).
 pub const GUEST_TARGET: &str = "caravan::guest";
 
-/// Longest guest line kept, in bytes; longer lines are cut with a marker saying how much.
-pub const MAX_LINE_BYTES: usize = 8 * 1024;
+/// What one alloc's guest output may be, from its [`Limits`]: lines and bytes per second
+/// (each with a burst of a second's worth), and the longest line and `wasi:logging` context.
+#[derive(Debug, Clone, Copy)]
+pub struct LogLimits {
+    lines_per_second: u32,
+    bytes_per_second: u64,
+    line_bytes: usize,
+    context_bytes: usize,
+}
 
-/// Longest `wasi:logging` context kept, in bytes (a context names a module or a component).
-pub const MAX_CONTEXT_BYTES: usize = 256;
-
-/// Guest log bytes per second (messages and contexts), with a burst of the same size: the line
-/// rate alone would let a guest write 8 KiB lines a thousand times a second.
-pub const LOG_BYTES_PER_SECOND: usize = 256 * 1024;
+impl LogLimits {
+    /// The log limits within `limits`.
+    pub fn of(limits: &Limits) -> Self {
+        let size = |bytes: u64| usize::try_from(bytes).unwrap_or(usize::MAX);
+        LogLimits {
+            lines_per_second: limits.log_lines_per_second,
+            bytes_per_second: limits.log_bytes_per_second,
+            line_bytes: size(limits.log_line_bytes),
+            context_bytes: size(limits.log_field_bytes),
+        }
+    }
+}
 
 /// How often, at most, a flooding guest gets its `dropped N log lines` event.
 pub const DROP_REPORT_INTERVAL: Duration = Duration::from_secs(1);
@@ -49,6 +63,7 @@ pub enum Origin<'a> {
 #[derive(Clone)]
 pub struct GuestLogSink {
     span: tracing::Span,
+    limits: LogLimits,
     limiter: Arc<Mutex<RateLimiter>>,
     log_writer: Option<AllocLogWriter>,
 }
@@ -56,14 +71,11 @@ pub struct GuestLogSink {
 impl GuestLogSink {
     /// A sink logging into `span`, and into the alloc's log file through `log_writer` when
     /// given.
-    pub fn new(
-        span: tracing::Span,
-        lines_per_second: u32,
-        log_writer: Option<AllocLogWriter>,
-    ) -> Self {
+    pub fn new(span: tracing::Span, limits: LogLimits, log_writer: Option<AllocLogWriter>) -> Self {
         GuestLogSink {
             span,
-            limiter: Arc::new(Mutex::new(RateLimiter::new(lines_per_second))),
+            limits,
+            limiter: Arc::new(Mutex::new(RateLimiter::new(&limits))),
             log_writer,
         }
     }
@@ -71,11 +83,11 @@ impl GuestLogSink {
     /// Emits one guest line at `level`, message and context cut to their limits, unless the
     /// rate limit (lines and bytes per second) drops it.
     pub fn emit(&self, level: tracing::Level, origin: Origin<'_>, message: &str) {
-        let message = truncate_line(message);
+        let message = crate::text::cut(message, self.limits.line_bytes);
         let context;
         let origin = match origin {
             Origin::Logging(full) => {
-                context = crate::text::cut(full, MAX_CONTEXT_BYTES);
+                context = crate::text::cut(full, self.limits.context_bytes);
                 Origin::Logging(&context)
             }
             stream => stream,
@@ -141,11 +153,6 @@ fn emit_event(span: &tracing::Span, level: tracing::Level, origin: Origin<'_>, m
     }
 }
 
-/// Cuts `line` to [`MAX_LINE_BYTES`] on a character boundary, saying how much was cut.
-fn truncate_line(line: &str) -> std::borrow::Cow<'_, str> {
-    crate::text::cut(line, MAX_LINE_BYTES)
-}
-
 /// Token buckets of lines and of bytes per second, each with a burst of a second's worth,
 /// plus the count of lines dropped since the last report.
 struct RateLimiter {
@@ -156,9 +163,9 @@ struct RateLimiter {
 }
 
 impl RateLimiter {
-    fn new(lines_per_second: u32) -> Self {
-        let lines = f64::from(lines_per_second.max(1));
-        let bytes = LOG_BYTES_PER_SECOND as f64;
+    fn new(limits: &LogLimits) -> Self {
+        let lines = f64::from(limits.lines_per_second.max(1));
+        let bytes = limits.bytes_per_second as f64;
         RateLimiter {
             lines: TokenBucket::new(lines, lines),
             bytes: TokenBucket::new(bytes, bytes),
@@ -279,7 +286,7 @@ impl StdoutStream for GuestOutput {
     }
 }
 
-/// Buffers one partial line; never holds more than [`MAX_LINE_BYTES`].
+/// Buffers one partial line; never holds more than the alloc's longest line.
 struct LineWriter {
     output: GuestOutput,
     line: Vec<u8>,
@@ -305,7 +312,8 @@ impl LineWriter {
     }
 
     fn keep(&mut self, bytes: &[u8]) {
-        let room = MAX_LINE_BYTES.saturating_sub(self.line.len());
+        let longest = self.output.sink.limits.line_bytes;
+        let room = longest.saturating_sub(self.line.len());
         let kept = bytes.len().min(room);
         self.line.extend_from_slice(&bytes[..kept]);
         self.overflow += bytes.len() - kept;
@@ -388,7 +396,11 @@ mod tests {
     #[test]
     fn a_burst_over_the_rate_is_dropped_and_reported_once_per_interval() {
         let start = Instant::now();
-        let mut limiter = RateLimiter::new(10);
+        let limits = Limits {
+            log_lines_per_second: 10,
+            ..Limits::default()
+        };
+        let mut limiter = RateLimiter::new(&LogLimits::of(&limits));
         let admitted = (0..25).filter(|_| limiter.admit(start, 1)).count();
         assert_eq!(admitted, 10);
         assert_eq!(limiter.take_drop_report(start, false), Some(15));
@@ -404,13 +416,5 @@ mod tests {
         );
         // A second later the bucket is full again.
         assert!(limiter.admit(start + Duration::from_secs(2), 1));
-    }
-
-    #[test]
-    fn long_lines_are_cut_on_a_character_boundary_with_a_marker() {
-        let line = "é".repeat(MAX_LINE_BYTES);
-        let cut = truncate_line(&line);
-        assert!(cut.len() < MAX_LINE_BYTES + 40);
-        assert!(cut.ends_with(&format!("[truncated {} bytes]", MAX_LINE_BYTES)));
     }
 }

@@ -10,7 +10,7 @@
 //! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
 //! - `host_api`: the `caravan:runner/host` import.
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
-//! - `limits`: the memory limiter, instance counts and the epoch tick; `cpu_meter`: the CPU
+//! - `store_limits`: the memory limiter, instance counts and the epoch tick; `cpu_meter`: the CPU
 //!   budget, the guest's computing and the host's work for it.
 //! - [`disk_cache`]: compiled components on disk, checksummed.
 //! - `disk_ledger`: the alloc directory's quota and account; `wasi_quota`, the WASI calls that
@@ -38,27 +38,27 @@ mod disk_watch;
 pub mod histogram;
 mod host_api;
 mod lifecycle;
-pub(crate) mod limits;
 mod logging;
 mod outcome;
+pub(crate) mod store_limits;
 mod token_bucket;
 mod wasi_ctx;
 mod wasi_quota;
 mod wasm_runner;
 
-pub use limits::{EPOCH_TICK, MAX_HANDLES_PER_INSTANCE};
-pub use logging::{GUEST_TARGET, MAX_LINE_BYTES};
+pub use logging::GUEST_TARGET;
+pub use store_limits::EPOCH_TICK;
 pub use wasm_runner::{MAX_QUEUED_TASK_ACTIONS, WasmAllocRunner, WasmAllocRunnerFactory};
 
 use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
 use cpu_meter::CpuMeter;
-use limits::MemoryLimiter;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use store_limits::MemoryLimiter;
 use wasmtime::component::{Component, Linker, ResourceTable, types::ComponentItem};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -400,17 +400,20 @@ fn engine_config(pooling_slots: Option<u32>) -> Config {
     config.epoch_interruption(true);
     if let Some(slots) = pooling_slots {
         let mut pool = PoolingAllocationConfig::new();
+        // Each live alloc's share of the pool is the most one instance may hold, so no runner
+        // can take another's slots: `max_live_allocs` allocs of any runners always fit.
+        let memories = store_limits::MAX_MEMORIES_PER_INSTANCE as u32;
+        let tables = store_limits::MAX_TABLES_PER_INSTANCE as u32;
+        let core_instances = store_limits::MAX_CORE_INSTANCES_PER_INSTANCE as u32;
         pool.total_component_instances(slots)
-            // A Rust runner has 3 core instances, a Python one 14; leave room for both.
-            .total_core_instances(slots.saturating_mul(16))
-            .total_memories(slots.saturating_mul(2))
-            .total_tables(slots.saturating_mul(4))
+            .total_core_instances(slots.saturating_mul(core_instances))
+            .total_memories(slots.saturating_mul(memories))
+            .total_tables(slots.saturating_mul(tables))
             // Every live alloc waits inside an async call, which holds one fiber stack.
             .total_stacks(slots)
-            // What one runner may take of the pool, as the store's limiter allows it.
-            .max_memories_per_component(limits::MAX_MEMORIES_PER_INSTANCE as u32)
-            .max_tables_per_component(limits::MAX_TABLES_PER_INSTANCE as u32)
-            .max_core_instances_per_component(limits::MAX_CORE_INSTANCES_PER_INSTANCE as u32);
+            .max_memories_per_component(memories)
+            .max_tables_per_component(tables)
+            .max_core_instances_per_component(core_instances);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config
@@ -512,6 +515,8 @@ pub(crate) struct StoreData {
     logging: logging::GuestLogging,
     memory: MemoryLimiter,
     cpu: CpuMeter,
+    /// The limits the alloc runs under, for naming the one it hit.
+    limits: crate::structs::Limits,
     /// The alloc directory's account, which the WASI layer reserves writes in.
     disk: Arc<disk_ledger::DiskLedger>,
 }

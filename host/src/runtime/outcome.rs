@@ -4,8 +4,6 @@
 
 use super::StoreData;
 use super::bindings::{self, RunnerError};
-use super::host_api::{MAX_HOSTCALL_BYTES, MAX_TEXT_BYTES};
-use super::limits::MAX_HANDLES_PER_INSTANCE;
 use crate::structs::{AllocState, ClientStatus, Limits};
 use crate::text::cut;
 use crate::units::{format_bytes, format_duration};
@@ -31,16 +29,19 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
     if let Some(limit) = data.memory.failure().or_else(|| data.cpu.failure()) {
         return limit;
     }
+    let limits = &data.limits;
+    let text_bytes = description_bytes(limits);
     let caused_by = |text: &str| error.chain().any(|cause| cause.to_string().contains(text));
     if caused_by(HOSTCALL_FUEL_EXHAUSTED) {
         return format!(
-            "runner passed more than {} to the host in one call (the host-call limit)",
-            format_bytes(MAX_HOSTCALL_BYTES as u64)
+            "runner passed more than {} to the host in one call (the host-call limit, hostcall_size)",
+            format_bytes(limits.hostcall_bytes)
         );
     }
     if caused_by(HANDLE_LIMIT_EXCEEDED) {
         return format!(
-            "runner held more than {MAX_HANDLES_PER_INSTANCE} handles at once (open files, streams and the like: the handle limit)"
+            "runner held more than {} handles at once (open files, streams and the like: the handle limit, open_files)",
+            limits.open_files
         );
     }
     if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
@@ -61,7 +62,7 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
             })
             .unwrap_or_default();
         // `Trap`'s own text starts with "wasm trap: "; the function's name is the guest's.
-        return cut(&format!("{trap}{location}"), MAX_TEXT_BYTES).into_owned();
+        return cut(&format!("{trap}{location}"), text_bytes).into_owned();
     }
     // Every cause but the backtrace, which spans many lines and means nothing to an operator
     // without the guest's sources.
@@ -72,7 +73,12 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
         .filter(|cause| !cause.starts_with("error while executing at wasm backtrace"))
         .collect();
     let description = format!("{context}: {}", causes.join(": "));
-    cut(&description, MAX_TEXT_BYTES).into_owned()
+    cut(&description, text_bytes).into_owned()
+}
+
+/// The longest description `limits` allow, as a length.
+pub(super) fn description_bytes(limits: &Limits) -> usize {
+    usize::try_from(limits.description_bytes).unwrap_or(usize::MAX)
 }
 
 /// What wasmtime says when a store holds more handles than it may.
@@ -117,7 +123,11 @@ pub(super) fn final_state(
         // The guest's own words, bounded as every description it reports is.
         RunOutcome::Returned(Err(error)) => (
             ClientStatus::Failed,
-            cut(&bindings::describe_runner_error(&error), MAX_TEXT_BYTES).into_owned(),
+            cut(
+                &bindings::describe_runner_error(&error),
+                description_bytes(limits),
+            )
+            .into_owned(),
         ),
         RunOutcome::Failed(description) => (ClientStatus::Failed, description),
         RunOutcome::KillTimedOut => (

@@ -1,5 +1,5 @@
 //! Per-alloc limits enforced inside the store: memory (a [`wasmtime::ResourceLimiter`]), the
-//! counts of memories, tables, instances and handles, and the epoch tick at which every
+//! counts of memories, tables and instances, and the epoch tick at which every
 //! computing guest yields and its CPU budget ([`super::cpu_meter`]) is checked.
 //!
 //! The limiter records which limit was hit, so the runner can name it in the alloc's
@@ -13,18 +13,16 @@ use std::time::Duration;
 /// where its CPU budget is checked.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
-/// Most linear memories one alloc's instance may have. A runner in Rust, C, Python or
-/// JavaScript has one or two; a cap keeps one runner from taking the node's memory slots.
-pub const MAX_MEMORIES_PER_INSTANCE: usize = 8;
-/// Most tables one alloc's instance may have.
-pub const MAX_TABLES_PER_INSTANCE: usize = 16;
-/// Most core instances one alloc's component may create (a Python runner has 14).
-pub const MAX_CORE_INSTANCES_PER_INSTANCE: usize = 32;
-/// Most handles one alloc's instance may hold at once: every file or directory it has open
-/// is one (a host descriptor behind it), and so is every stream and pollable. Without a cap a
-/// runner took 19,982 of an agent's 20,000 descriptors; a runner needs a few dozen.
-pub const MAX_HANDLES_PER_INSTANCE: usize = 1024;
-
+/// Most linear memories one alloc's instance may have. Also its share of the instance pool,
+/// which holds this many per live alloc: a runner can then never take another's slots. Every
+/// runner the Rust, C, Python and JavaScript toolchains make has one; two leaves room for a
+/// runner composed of two components.
+pub const MAX_MEMORIES_PER_INSTANCE: usize = 2;
+/// Most tables one alloc's instance may have, and its share of the pool (runners have two).
+pub const MAX_TABLES_PER_INSTANCE: usize = 4;
+/// Most core instances one alloc's component may create, and its share of the pool (a Rust or
+/// C runner has 3, a JavaScript one 4, a Python one 14).
+pub const MAX_CORE_INSTANCES_PER_INSTANCE: usize = 16;
 /// Most table elements, all tables of one instance together: tables hold function references,
 /// and a runner needs thousands at most.
 pub const MAX_TABLE_ELEMENTS: usize = 1_000_000;
@@ -156,7 +154,8 @@ mod tests {
     #[test]
     fn the_limit_is_for_all_memories_together() {
         let mut limiter = MemoryLimiter::new(64 << 20);
-        // Three memories of 16 MiB each fit; a fourth of 32 MiB does not.
+        // The sizes of all memories add up (how many there may be is `memories()`'s business):
+        // three of 16 MiB fit in 64 MiB.
         for _ in 0..3 {
             assert!(limiter.memory_growing(0, 16 << 20, None).unwrap());
         }

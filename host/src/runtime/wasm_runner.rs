@@ -8,11 +8,11 @@ use super::alloc_dir::{create_alloc_dir, remove_alloc_dir};
 use super::bindings::{self, Event};
 use super::cpu_meter::CpuMeter;
 use super::disk_ledger::{DiskLedger, DiskQuota};
-use super::host_api::{HostApi, MAX_HOSTCALL_BYTES, StateCell};
+use super::host_api::{HostApi, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
-use super::limits::{MAX_HANDLES_PER_INSTANCE, MemoryLimiter};
-use super::logging::{GuestLogSink, GuestLogging};
+use super::logging::{GuestLogSink, GuestLogging, LogLimits};
 use super::outcome::{RunOutcome, describe_failure, final_state};
+use super::store_limits::MemoryLimiter;
 use super::wasi_ctx::sandbox_wasi;
 use super::{LoadedComponent, Runtime, StoreData};
 use crate::allocrunner::{
@@ -138,12 +138,13 @@ impl WasmAllocRunner {
             .clone()
             .unwrap_or_else(AllocState::pending);
         let finished = initial.client_status.is_terminal();
+        let limits = config.limits.with_overrides(&config.alloc.limits);
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
+            super::outcome::description_bytes(&limits),
             config.state_updater.clone(),
             initial,
         ));
-        let limits = config.limits.with_overrides(&config.alloc.limits);
         let stopped = Latch::new().0;
         if finished {
             stopped.set();
@@ -326,10 +327,8 @@ impl Shared {
 
     async fn run_guest(self: Arc<Self>, events: mpsc::UnboundedReceiver<Event>) -> RunOutcome {
         let alloc = self.alloc();
-        let (disk, mut over_quota) = DiskLedger::new(
-            self.config.alloc_dir.clone(),
-            DiskQuota::of_bytes(self.limits.disk_bytes),
-        );
+        let (disk, mut over_quota) =
+            DiskLedger::new(self.config.alloc_dir.clone(), DiskQuota::of(&self.limits));
         let mut store = match self.new_store(&alloc, events, disk.clone()) {
             Ok(store) => store,
             Err(error) => {
@@ -417,15 +416,22 @@ impl Shared {
     ) -> anyhow::Result<Store<StoreData>> {
         // Checked again here: the agent's offer and caps may have changed since the job was
         // submitted.
+        alloc
+            .limits
+            .check_values()
+            .map_err(|e| anyhow::anyhow!("job.limits.{e}"))?;
         if let Some(caps) = &self.admission.caps {
             caps.check(&alloc.limits)?;
+        }
+        if let Some(conflict) = self.limits.conflict() {
+            anyhow::bail!("job.limits: {conflict}");
         }
         let grants = self.admission.offered.grant(&alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
         create_alloc_dir(alloc_dir)?;
         let sink = GuestLogSink::new(
             self.config.span.clone(),
-            self.limits.log_lines_per_second,
+            LogLimits::of(&self.limits),
             self.config.log_writer.clone(),
         );
         let wasi = sandbox_wasi(alloc_dir, &grants, &sink)?;
@@ -438,15 +444,17 @@ impl Shared {
                 self.queued_task_actions.clone(),
                 self.state.clone(),
                 self.config.span.clone(),
+                &self.limits,
             ),
             logging: GuestLogging::new(sink),
             memory: MemoryLimiter::new(self.limits.memory_bytes),
-            cpu: CpuMeter::new(self.limits.cpu),
+            cpu: CpuMeter::new(self.limits.cpu, self.limits.cpu_share),
+            limits: self.limits,
             disk,
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
-        store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
-        store.set_max_component_handles(MAX_HANDLES_PER_INSTANCE);
+        store.set_hostcall_fuel(usize::try_from(self.limits.hostcall_bytes).unwrap_or(usize::MAX));
+        store.set_max_component_handles(self.limits.open_files as usize);
         store.limiter(|data| &mut data.memory);
         store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());
         // Every move between wasm and the host is timed for the CPU budget.

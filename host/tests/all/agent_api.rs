@@ -124,6 +124,25 @@ async fn bad_job_specs_get_400_naming_the_field_and_change_nothing() {
             ),
             "job.limits.kill_timeout",
         ),
+        (
+            format!(
+                r#"{{"job": {{"id": "a", "type": "service", "count": 1, "runner": {SLEEPER:?}, "limits": {{"open_files": 100000}}}}}}"#
+            ),
+            "job.limits.open_files",
+        ),
+        (
+            format!(
+                r#"{{"job": {{"id": "a", "type": "service", "count": 1, "runner": {SLEEPER:?}, "limits": {{"cpu_share": 0}}}}}}"#
+            ),
+            "job.limits.cpu_share",
+        ),
+        // Each under its cap, but a checkpoint of 8 MiB cannot pass a host call of 4 MiB.
+        (
+            format!(
+                r#"{{"job": {{"id": "a", "type": "service", "count": 1, "runner": {SLEEPER:?}, "limits": {{"checkpoint_size": "8MiB"}}}}}}"#
+            ),
+            "job.limits",
+        ),
     ];
     for (body, field) in cases {
         let (status, error) = http(agent.addr, "POST", "/v1/jobs", Some(&body), None).await;

@@ -52,7 +52,24 @@ async fn a_descriptor_bomb_fails_its_alloc_at_the_handle_limit() {
     assert_eq!(state.client_status, ClientStatus::Failed);
     assert_eq!(
         state.description,
-        "runner held more than 1024 handles at once (open files, streams and the like: the handle limit)"
+        "runner held more than 1024 handles at once \
+         (open files, streams and the like: the handle limit, open_files)"
+    );
+    // A job may hold its runner to fewer.
+    let few = Alloc {
+        limits: LimitOverrides {
+            open_files: Some(64),
+            ..LimitOverrides::default()
+        },
+        ..hostile_attack("fd-bomb", &[])
+    };
+    let state = start(few, None).stopped().await;
+    assert!(
+        state
+            .description
+            .starts_with("runner held more than 64 handles"),
+        "{}",
+        state.description
     );
 }
 
@@ -207,7 +224,7 @@ async fn an_error_over_the_host_call_limit_fails_the_alloc_naming_that_limit() {
     assert_eq!(state.client_status, ClientStatus::Failed);
     assert_eq!(
         state.description,
-        "runner passed more than 4 MiB to the host in one call (the host-call limit)"
+        "runner passed more than 4 MiB to the host in one call (the host-call limit, hostcall_size)"
     );
 }
 

@@ -1,8 +1,7 @@
 //! A guest that floods the log: the excess is dropped and counted, long lines are cut.
 
 use crate::support::*;
-use caravan_host::runtime::MAX_LINE_BYTES;
-use caravan_host::structs::ClientStatus;
+use caravan_host::structs::{ClientStatus, Limits};
 use caravan_test_artifacts::FIXTURE_LOG_FLOOD;
 
 #[tokio::test(start_paused = true)]
@@ -53,10 +52,11 @@ async fn a_line_over_the_cap_is_cut_with_a_marker() {
         started.stopped().await.client_status,
         ClientStatus::Complete
     );
-    let cut = logs.with_message(&format!("[truncated {} bytes]", 100_000 - MAX_LINE_BYTES));
+    let longest = Limits::default().log_line_bytes as usize;
+    let cut = logs.with_message(&format!("[truncated {} bytes]", 100_000 - longest));
     assert_eq!(cut.len(), 1);
     assert_eq!(
         message(&cut[0]).len(),
-        MAX_LINE_BYTES + " [truncated 91808 bytes]".len()
+        longest + " [truncated 91808 bytes]".len()
     );
 }

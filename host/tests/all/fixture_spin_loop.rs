@@ -52,6 +52,28 @@ async fn a_spinning_guest_exhausts_its_cpu_budget_while_its_neighbours_carry_on(
 }
 
 #[tokio::test]
+async fn a_guest_over_its_cpu_share_is_paused_not_failed_until_its_budget_is_spent() {
+    let _logs = LogCapture::start();
+    // A tenth of a core: past its first 100 ms of credit, every 10 ms of computing costs
+    // 100 ms of pause, so its 150 ms budget lasts about half a second of wall time.
+    let mut spinning = alloc(FIXTURE_SPIN_LOOP, &["main"], &[]);
+    spinning.limits.cpu = Some(Duration::from_millis(150));
+    spinning.limits.cpu_share = Some(10);
+    let state = start(spinning, None).stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert!(
+        state
+            .description
+            .starts_with("CPU budget exhausted: used 150ms of computing time; paused ")
+            && state
+                .description
+                .ends_with(" to keep it to its CPU share of 10%"),
+        "{}",
+        state.description
+    );
+}
+
+#[tokio::test]
 async fn a_guest_that_ignores_kill_is_torn_down_after_the_kill_timeout() {
     let _logs = LogCapture::start();
     let mut spinning = alloc(FIXTURE_SPIN_LOOP, &["main"], &[]);

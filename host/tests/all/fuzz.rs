@@ -13,6 +13,7 @@ use caravan_host::jobspec;
 use caravan_host::rpc::ServerApi;
 use caravan_host::server::{EmbeddedServer, ServerConfig};
 use caravan_host::state::{MemoryStateDb, ServerTable, StateDb, Write};
+use caravan_host::structs::{Alloc, AllocState, ClientStatus};
 use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -275,6 +276,79 @@ async fn fuzz_saved_server_records() {
         });
     }
     println!("server-records: {total} inputs, {opened} opened, no panic");
+}
+
+/// The client's own records (an alloc with limits and capabilities, its state, its
+/// acknowledged state), one mutated in turn, then restored by a real client with the wasm
+/// runtime beside an intact alloc: the mutant is refused or runs, the intact one runs, and
+/// nothing panics, in the restore or in a runner it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fuzz_saved_client_records() {
+    let _logs = LogCapture::start();
+    let mut alloc = alloc(MINIMAL, &["main", "side"], &[("log_every", "1s")]);
+    alloc.limits.memory_bytes = Some(32 << 20);
+    alloc.limits.cpu_share = Some(50);
+    alloc.limits.kill_timeout = Some(std::time::Duration::from_secs(1));
+    let intact = Alloc {
+        id: "intact".into(),
+        ..alloc.clone()
+    };
+    let mut state = AllocState::failed("a description");
+    state.client_status = ClientStatus::Running;
+    let seeds: Vec<(&str, Vec<u8>)> = vec![
+        ("alloc", serde_json::to_vec(&alloc).unwrap()),
+        ("state", serde_json::to_vec(&state).unwrap()),
+        ("acked", serde_json::to_vec(&state).unwrap()),
+    ];
+    let others: Vec<Vec<u8>> = seeds.iter().map(|(_, bytes)| bytes.clone()).collect();
+    let server = caravan_host::testing::InMemoryServer::new();
+    let mut rng = Rng::new("client-records");
+    let (mut restored, total) = (0, runs(400));
+    for run in 0..total {
+        let (record, seed) = &seeds[rng.below(seeds.len())];
+        let input = mutate(&mut rng, seed, &others);
+        let db = Arc::new(MemoryStateDb::new());
+        let mut writes = Vec::new();
+        for alloc in [&alloc, &intact] {
+            writes.push(Write::PutAlloc(Arc::new(alloc.clone())));
+            for acked in [false, true] {
+                writes.push(match acked {
+                    false => Write::PutAllocState {
+                        alloc_id: alloc.id.clone(),
+                        state: state.clone(),
+                    },
+                    true => Write::PutAckedState {
+                        alloc_id: alloc.id.clone(),
+                        state: state.clone(),
+                    },
+                });
+            }
+        }
+        db.apply(writes).unwrap();
+        db.garble_client_record(&alloc.id, record, &input);
+        let data_dir = tempfile::tempdir().unwrap();
+        let client = wasm_client(data_dir.path(), server.clone(), db);
+        // Restored in a task of its own, so a panic is caught as the task's, with its input.
+        let restoring = client.clone();
+        let restore = tokio::spawn(async move { restoring.restore().await });
+        let outcome = restore.await;
+        guarded("client-records", run, &input, || {
+            assert!(outcome.expect("the restore panicked").is_ok());
+        });
+        let runners: Vec<_> = client
+            .alloc_ids()
+            .iter()
+            .filter_map(|id| client.runner(id))
+            .collect();
+        assert!(client.runner("intact").is_some(), "the intact alloc runs");
+        restored += usize::from(runners.len() == 2);
+        // A runner task that panicked would never stop.
+        for runner in runners {
+            runner.shutdown();
+            within("a restored runner to stop", runner.wait().wait()).await;
+        }
+    }
+    println!("client-records: {total} inputs, {restored} restored both allocs, no panic");
 }
 
 /// Mutated bytes of a real component, then arbitrary bytes: refused or loaded, never a panic.

@@ -10,7 +10,8 @@
 
 use crate::support::*;
 use caravan_test_artifacts::{
-    FIXTURE_HOSTILE, FIXTURE_MEMORY_HOG, FIXTURE_SPIN_LOOP, FIXTURE_TRAP, SLEEPER,
+    FIXTURE_HOSTILE, FIXTURE_MEMORY_HOG, FIXTURE_SPIN_LOOP, FIXTURE_TRAP, FIXTURE_UNKNOWN_IMPORT,
+    SLEEPER,
 };
 use serde_json::{Value, json};
 use std::path::Path;
@@ -70,8 +71,8 @@ fn attacks() -> Vec<Attack> {
             name: "fd-bomb",
             runner: FIXTURE_HOSTILE,
             config: hostile("fd-bomb", json!({})),
-            limits: json!({}),
-            named: |d| d.starts_with("runner held more than 1024 handles"),
+            limits: json!({ "open_files": 256 }),
+            named: |d| d.starts_with("runner held more than 256 handles"),
         },
         Attack {
             name: "file-flood",
@@ -106,7 +107,7 @@ fn attacks() -> Vec<Attack> {
             runner: FIXTURE_HOSTILE,
             config: hostile("checkpoint-flood", json!({})),
             limits: json!({}),
-            named: |d| d.contains("(the checkpoint rate)"),
+            named: |d| d.contains("of checkpoints per second (checkpoint_rate)"),
         },
         Attack {
             name: "report-flood",
@@ -114,6 +115,13 @@ fn attacks() -> Vec<Attack> {
             config: hostile("report-flood", json!({ "count": "20000" })),
             limits: json!({ "cpu": "300ms" }),
             named: |d| d.starts_with("CPU budget exhausted") && d.contains("host work"),
+        },
+        Attack {
+            name: "unknown-import",
+            runner: FIXTURE_UNKNOWN_IMPORT,
+            config: json!({}),
+            limits: json!({}),
+            named: |d| d.contains("fixture:elsewhere/secrets"),
         },
     ]
 }
@@ -227,8 +235,10 @@ fn each_attack_fails_only_itself_under_a_real_agent_beside_a_healthy_neighbour()
             "{}: {neighbour_state}",
             attack.name
         );
+        // A runner that cannot be built (the unknown import) never starts, so never stops.
         read_until("the attacker's end", &|line| {
-            message(line) == "runner stopped" && line["span"]["job"] == attack.name
+            ["runner stopped", "failed to build the alloc's runner"].contains(&message(line))
+                && line["span"]["job"] == attack.name
         });
         read_until("a tick of the neighbour after the attack", &|line| {
             tick_time(line).is_some()

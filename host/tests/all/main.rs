@@ -17,6 +17,7 @@ mod fixture_log_flood;
 mod fixture_memory_hog;
 mod fixture_spin_loop;
 mod fixture_trap;
+mod fixture_unknown_import;
 mod fixture_wrong_world;
 mod fuzz;
 mod hostile_agent;

@@ -1,5 +1,6 @@
 //! A runner with many linear memories: the memory limit counts all of them together, and one
-//! instance may have only a few, so no runner takes the node's memory or its pool's slots.
+//! instance may have only two (its share of the pool), so no runner takes the node's memory
+//! or another alloc's pool slots.
 //!
 //! The runners are the `minimal` component with extra core instances appended, each of a
 //! module that only declares a memory: component sections may come in any order, and each
@@ -74,6 +75,11 @@ fn count_core_module_sections(component: &[u8]) -> u32 {
     count
 }
 
+/// `minimal` with `extra` memories of `pages` pages each, written into `dir`.
+fn runner_with(dir: &tempfile::TempDir, extra: u32, pages: u32) -> String {
+    write_runner(dir, &minimal_with_memories(extra, pages))
+}
+
 fn write_runner(dir: &tempfile::TempDir, bytes: &[u8]) -> String {
     let path = dir.path().join("many-memories.wasm");
     std::fs::write(&path, bytes).unwrap();
@@ -84,19 +90,20 @@ fn write_runner(dir: &tempfile::TempDir, bytes: &[u8]) -> String {
 async fn the_memory_limit_counts_every_memory_of_the_instance() {
     let _logs = LogCapture::start();
     let dir = tempfile::tempdir().unwrap();
-    // Six extra memories of 16 MiB: each is under the 64 MiB limit, together they are not.
-    let runner = write_runner(&dir, &minimal_with_memories(6, 256));
-    let started = start(alloc(&runner, &["main"], &[]), None);
-    let state = started.stopped().await;
+    // An extra memory of 7.5 MiB is under an 8 MiB limit, and so is the runner's own (about
+    // 1 MiB); together they are not.
+    let mut over = alloc(&runner_with(&dir, 1, 120), &["main"], &[]);
+    over.limits.memory_bytes = Some(8 << 20);
+    let state = start(over, None).stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
-    assert_eq!(state.description, "memory limit of 64 MiB exceeded");
+    assert_eq!(state.description, "memory limit of 8 MiB exceeded");
 }
 
 #[tokio::test]
-async fn an_instance_may_not_have_more_than_a_few_memories() {
+async fn an_instance_may_not_have_more_than_two_memories() {
     let _logs = LogCapture::start();
     let dir = tempfile::tempdir().unwrap();
-    let runner = write_runner(&dir, &minimal_with_memories(20, 1));
+    let runner = runner_with(&dir, 2, 1);
     // The pooling allocator refuses such a component when it is loaded; allocating on demand,
     // the store's limiter refuses it when it is instantiated.
     let description = match runtime().load_file(std::path::Path::new(&runner)) {
@@ -114,10 +121,10 @@ async fn an_instance_may_not_have_more_than_a_few_memories() {
 }
 
 #[tokio::test]
-async fn a_few_small_extra_memories_are_fine() {
+async fn a_second_small_memory_is_fine() {
     let _logs = LogCapture::start();
     let dir = tempfile::tempdir().unwrap();
-    let runner = write_runner(&dir, &minimal_with_memories(2, 1));
+    let runner = runner_with(&dir, 1, 1);
     let started = start(alloc(&runner, &["main"], &[]), None);
     eventually_async("the runner to report running", || async {
         started.runner.alloc_state().client_status == ClientStatus::Running

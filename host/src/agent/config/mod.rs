@@ -13,18 +13,18 @@
 //! gc_parallel_destroys = 2
 //! gc_disk_usage_threshold = 80
 //! gc_inode_usage_threshold = 70
-//! memory = "64MiB"                # runner limit defaults
+//! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
+//!
+//! [client.limits]                 # every alloc's limits unless its job sets them: the keys
+//! memory = "64MiB"                # of [job.limits] (crate::limits has them all)
 //! cpu = "60s"
 //! kill_timeout = "5s"
-//! log_rate = 1000
 //! disk = "1GiB"                   # what an alloc directory may hold
-//! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
 //!
 //! [client.limit_caps]             # the most a job may ask for; more is refused at submit
 //! memory = "1GiB"
 //! cpu = "1h"
 //! kill_timeout = "30s"
-//! log_rate = 10000
 //! disk = "10GiB"
 //!
 //! [client.capabilities]           # what jobs may ask for beyond /alloc; nothing by default
@@ -45,10 +45,11 @@
 
 use crate::capabilities::{CapabilityError, CapabilityPolicy};
 use crate::client::gc::GcConfig;
+use crate::limits::{LimitCaps, LimitError, LimitOverrides, Limits, RawLimits};
 use crate::server::ServerConfig;
-use crate::structs::{LimitCaps, LimitOverrides, Limits};
-use crate::units::{UnitError, parse_bytes, parse_duration};
+use crate::units::{UnitError, parse_duration};
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -101,6 +102,16 @@ pub enum ConfigError {
         path: String,
         /// What was wrong with the value.
         problem: BindError,
+    },
+    /// A `[client.limits]` or `[client.limit_caps]` entry is not usable.
+    #[error("{path}: {field}: {problem}")]
+    Limit {
+        /// The file.
+        path: String,
+        /// The key, with its section: `client.limits.memory`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
     },
     /// `--bind` is not an address.
     #[error("--bind: {0}")]
@@ -251,16 +262,38 @@ struct ClientSection {
     gc_parallel_destroys: Option<i64>,
     gc_disk_usage_threshold: Option<f64>,
     gc_inode_usage_threshold: Option<f64>,
-    memory: Option<String>,
-    cpu: Option<String>,
-    wall_time: Option<String>,
-    kill_timeout: Option<String>,
-    log_rate: Option<u32>,
-    disk: Option<String>,
+    /// `[client.limits]`: the defaults for every alloc, the keys of `[job.limits]`.
     #[serde(default)]
-    limit_caps: LimitCapsSection,
+    limits: RawLimits,
+    // Where the limit defaults were before `[client.limits]`: read only to say where they went,
+    // so an operator's old file gets that line rather than "unknown field".
+    memory: Option<IgnoredAny>,
+    cpu: Option<IgnoredAny>,
+    wall_time: Option<IgnoredAny>,
+    kill_timeout: Option<IgnoredAny>,
+    log_rate: Option<IgnoredAny>,
+    disk: Option<IgnoredAny>,
+    /// `[client.limit_caps]`: the most a job may ask, the same keys.
+    #[serde(default)]
+    limit_caps: RawLimits,
     max_live_allocs: Option<u32>,
     capabilities: Option<CapabilitiesSection>,
+}
+
+impl ClientSection {
+    /// The first limit key set where it was before `[client.limits]`, if any.
+    fn moved_limit_key(&self) -> Option<&'static str> {
+        [
+            ("memory", &self.memory),
+            ("cpu", &self.cpu),
+            ("wall_time", &self.wall_time),
+            ("kill_timeout", &self.kill_timeout),
+            ("log_rate", &self.log_rate),
+            ("disk", &self.disk),
+        ]
+        .into_iter()
+        .find_map(|(key, value)| value.is_some().then_some(key))
+    }
 }
 
 /// `[client.capabilities]`: see [`CapabilityPolicy::parse`].
@@ -271,17 +304,6 @@ struct CapabilitiesSection {
     network: Vec<String>,
     #[serde(default)]
     volumes: BTreeMap<String, PathBuf>,
-}
-
-/// `[client.limit_caps]`: the same keys as a job's `[job.limits]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LimitCapsSection {
-    memory: Option<String>,
-    cpu: Option<String>,
-    kill_timeout: Option<String>,
-    log_rate: Option<u32>,
-    disk: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -330,6 +352,15 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
         config.acl_token = Some(token);
     }
     let client = file.client;
+    if let Some(key) = client.moved_limit_key() {
+        return Err(ConfigError::Limit {
+            path: path.into(),
+            field: format!("client.{key}"),
+            problem: format!(
+                "moved to [client.limits] (the keys of [job.limits]): write {key} there"
+            ),
+        });
+    }
     if let Some(v) = client.gc_interval {
         config.gc.interval = duration("client.gc_interval", &v)?;
         if config.gc.interval.is_zero() {
@@ -367,30 +398,6 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
             *target = percent;
         }
     }
-    if let Some(v) = client.memory {
-        config.limits.memory_bytes = parse_bytes(&v).map_err(unit("client.memory"))?;
-    }
-    if let Some(v) = client.cpu {
-        config.limits.cpu = duration("client.cpu", &v)?;
-    }
-    if let Some(v) = client.wall_time {
-        config.limits.wall_time = Some(duration("client.wall_time", &v)?);
-    }
-    if let Some(v) = client.kill_timeout {
-        config.limits.kill_timeout = duration("client.kill_timeout", &v)?;
-    }
-    if let Some(v) = client.log_rate {
-        if v == 0 {
-            return Err(out_of_range("client.log_rate", "must be above 0".into()));
-        }
-        config.limits.log_lines_per_second = v;
-    }
-    if let Some(v) = client.disk {
-        config.limits.disk_bytes = parse_bytes(&v).map_err(unit("client.disk"))?;
-        if config.limits.disk_bytes == 0 {
-            return Err(out_of_range("client.disk", "must be above 0".into()));
-        }
-    }
     if let Some(v) = client.max_live_allocs {
         if v == 0 {
             return Err(out_of_range(
@@ -400,46 +407,41 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
         }
         config.max_live_allocs = v;
     }
-    let caps = &client.limit_caps;
-    if let Some(v) = &caps.memory {
-        config.limit_caps.memory_bytes =
-            parse_bytes(v).map_err(unit("client.limit_caps.memory"))?;
-    }
-    if let Some(v) = &caps.cpu {
-        config.limit_caps.cpu = duration("client.limit_caps.cpu", v)?;
-    }
-    if let Some(v) = &caps.kill_timeout {
-        config.limit_caps.kill_timeout = duration("client.limit_caps.kill_timeout", v)?;
-    }
-    if let Some(v) = caps.log_rate {
-        config.limit_caps.log_lines_per_second = v;
-    }
-    if let Some(v) = &caps.disk {
-        config.limit_caps.disk_bytes = parse_bytes(v).map_err(unit("client.limit_caps.disk"))?;
-    }
-    // The agent's own defaults must be something a job could ask for.
-    let defaults = LimitOverrides {
-        memory_bytes: Some(config.limits.memory_bytes),
-        cpu: Some(config.limits.cpu),
-        wall_time: None,
-        kill_timeout: Some(config.limits.kill_timeout),
-        log_lines_per_second: Some(config.limits.log_lines_per_second),
-        disk_bytes: Some(config.limits.disk_bytes),
+    let section = |key: &'static str| {
+        move |e: LimitError| ConfigError::Limit {
+            path: path.into(),
+            field: e.field(key),
+            problem: e.problem(),
+        }
     };
-    if let Err(over) = config.limit_caps.check(&defaults) {
+    let defaults = LimitOverrides::from_raw(&client.limits).map_err(section("client.limits"))?;
+    config.limits = config.limits.with_overrides(&defaults);
+    let caps =
+        LimitOverrides::from_raw(&client.limit_caps).map_err(section("client.limit_caps"))?;
+    if caps.wall_time.is_some() {
         return Err(out_of_range(
-            match over.name {
-                "memory" => "client.memory",
-                "cpu" => "client.cpu",
-                "kill_timeout" => "client.kill_timeout",
-                "disk" => "client.disk",
-                _ => "client.log_rate",
-            },
-            format!(
-                "at most client.limit_caps.{} ({}), not {}",
-                over.name, over.cap, over.asked
-            ),
+            "client.limit_caps.wall_time",
+            "wall_time has no cap (a runner that waits costs no CPU)".into(),
         ));
+    }
+    config.limit_caps = config.limit_caps.with_overrides(&caps);
+    // The agent's own defaults must be something a job could ask for, and must agree.
+    if let Err(over) = config.limit_caps.check(&config.limits.as_overrides()) {
+        return Err(ConfigError::Limit {
+            path: path.into(),
+            field: format!("client.limits.{}", over.key),
+            problem: format!(
+                "at most client.limit_caps.{} ({}), not {}",
+                over.key, over.cap, over.asked
+            ),
+        });
+    }
+    if let Some(conflict) = config.limits.conflict() {
+        return Err(ConfigError::Limit {
+            path: path.into(),
+            field: "client.limits".into(),
+            problem: conflict,
+        });
     }
     if let Some(offer) = client.capabilities {
         config.capabilities =

@@ -18,25 +18,26 @@ fn limit_caps_are_read_and_the_defaults_must_fit_under_them() {
     let error = apply_file(
         &mut config,
         "agent.toml",
-        "[client]\nmemory = \"2GiB\"\n[client.limit_caps]\nmemory = \"1GiB\"",
+        "[client.limits]\nmemory = \"2GiB\"\n[client.limit_caps]\nmemory = \"1GiB\"",
     )
     .unwrap_err();
     assert_eq!(
         error.to_string(),
-        "agent.toml: client.memory: at most client.limit_caps.memory (1 GiB), not 2 GiB"
+        "agent.toml: client.limits.memory: at most client.limit_caps.memory (1 GiB), not 2 GiB"
     );
 
     let mut config = AgentConfig::default();
     apply_file(
         &mut config,
         "agent.toml",
-        "[client]\ndisk = \"256MiB\"\n[client.limit_caps]\ndisk = \"512MiB\"",
+        "[client.limits]\ndisk = \"256MiB\"\nopen_files = 64\n[client.limit_caps]\ndisk = \"512MiB\"",
     )
     .unwrap();
     assert_eq!(
         (config.limits.disk_bytes, config.limit_caps.disk_bytes),
         (256 << 20, 512 << 20)
     );
+    assert_eq!(config.limits.open_files, 64);
     let asked = LimitOverrides {
         disk_bytes: Some(1 << 30),
         ..LimitOverrides::default()
@@ -51,7 +52,7 @@ use std::time::Duration;
 #[test]
 fn a_file_sets_nomads_knobs_and_keeps_the_rest() {
     let mut config = AgentConfig::default();
-    let text = "bind = \"127.0.0.1:0\"\n[client]\ngc_max_allocs = 10\ngc_interval = \"30s\"\nmemory = \"32MiB\"\n[server]\njob_gc_threshold = \"1h\"\n";
+    let text = "bind = \"127.0.0.1:0\"\n[client]\ngc_max_allocs = 10\ngc_interval = \"30s\"\n[client.limits]\nmemory = \"32MiB\"\n[server]\njob_gc_threshold = \"1h\"\n";
     apply_file(&mut config, "agent.toml", text).unwrap();
     assert_eq!(config.gc.max_allocs, 10);
     assert_eq!(config.gc.interval, Duration::from_secs(30));
@@ -101,8 +102,24 @@ fn errors_read_as_they_always_have() {
         "agent.toml: client.gc_inode_usage_threshold: -1 is not a percentage from 0 to 100"
     );
     assert_eq!(
-        error("[client]\nlog_rate = 0\n"),
-        "agent.toml: client.log_rate: must be above 0"
+        error("[client]\nmemory = \"64MiB\"\n"),
+        "agent.toml: client.memory: moved to [client.limits] (the keys of [job.limits]): write memory there"
+    );
+    assert_eq!(
+        error("[client.limits]\nlog_rate = 0\n"),
+        "agent.toml: client.limits.log_rate: expected a whole number above 0, not \"0\""
+    );
+    assert_eq!(
+        error("[client.limits]\nlog_rat = 10\n"),
+        format!(
+            "agent.toml: client.limits: unknown limit \"log_rat\"; known limits are {}",
+            LimitOverrides::KEYS.join(", ")
+        )
+    );
+    assert_eq!(
+        error("[client.limits]\ncheckpoint_size = \"8MiB\"\n"),
+        "agent.toml: client.limits: checkpoint_size (8 MiB) is over hostcall_size (4 MiB): \
+         a checkpoint is one host call"
     );
     assert_eq!(
         error("bind = \"everywhere\"\n"),
