@@ -118,6 +118,15 @@ pub enum LoadError {
         /// What was found instead.
         reason: String,
     },
+    /// The component failed validation or compilation, or needs more than one instance may
+    /// hold (memories, tables, core instances: the sandbox's per-instance limits).
+    #[error("{path} cannot be compiled for this host: {reason}")]
+    Uncompilable {
+        /// The path given.
+        path: PathBuf,
+        /// wasmtime's account of why.
+        reason: String,
+    },
     /// The component does not export the runner interface.
     #[error(
         "{path} does not export `{RUNNER_EXPORT}`, so it is not a Caravan runner; it exports: {exports}"
@@ -349,7 +358,7 @@ impl Runtime {
             Some(component) => (component, Origin::DiskCache),
             None => {
                 let component = Component::new(&self.inner.engine, bytes).map_err(|error| {
-                    LoadError::NotAComponent {
+                    LoadError::Uncompilable {
                         path: path.to_path_buf(),
                         reason: format!("{error:#}"),
                     }

@@ -12,7 +12,7 @@ use caravan_host::structs::ClientStatus;
 use caravan_test_artifacts::MINIMAL;
 
 /// `minimal` plus `extra` core instances, each with one memory of `pages` 64 KiB pages.
-fn minimal_with_memories(extra: u32, pages: u32) -> Vec<u8> {
+pub(crate) fn minimal_with_memories(extra: u32, pages: u32) -> Vec<u8> {
     let mut component = std::fs::read(MINIMAL).unwrap();
     let modules_before = count_core_module_sections(&component);
     let mut memory_section = vec![0x01, 0x00];
