@@ -5,15 +5,20 @@
 //! stretches between them. A stretch of wasm is the guest computing: wasm cannot wait, only
 //! call the host, so all of it is charged. A stretch of host code is work done for the guest
 //! (lifting its arguments, checking its reports, formatting its log lines, the synchronous
-//! WASI calls) when the thread never left it, and a wait when it did: `next-event`, a WASI
-//! sleep or poll, the epoch yield, a checkpoint waiting for its commit, and the WASI calls
-//! wasmtime-wasi hands to tokio's blocking pool (file reads and writes) all suspend, and are
-//! not charged at all.
+//! WASI calls) while the guest's thread runs it, and a wait while the thread is elsewhere:
+//! `next-event`, a WASI sleep or poll, the epoch yield, a checkpoint waiting for its commit,
+//! and the WASI calls wasmtime-wasi hands to tokio's blocking pool all suspend.
 //!
-//! Telling a wait from work: a host stretch that ends within the poll of the future that
-//! drives the guest ([`PollCounted`]) it began in never gave the thread back. The budget is
-//! checked at every move and at every epoch deadline, where a computing guest also yields to
-//! tokio.
+//! Telling a wait from work: the future that drives the guest is wrapped ([`PollCounted`]),
+//! and the time inside each of its polls is measured. A host stretch is charged the time of
+//! the polls it spans (from its start to the end of the poll it began in, every poll after,
+//! and the current poll up to its end), never the time between polls: so a call that lifts a
+//! 4 MiB argument and then waits pays for the lifting, and a `next-event` that waits an hour
+//! pays for nothing but its own few microseconds. Work done off the guest's thread (the
+//! blocking pool's file reads and writes, the state store's commits, the alloc log writer) is
+//! not timed here: the disk quota, the checkpoint rate and the log rates bound it. The budget
+//! is checked at every move and at every epoch deadline, where a computing guest also yields
+//! to tokio.
 //!
 //! A CPU share under 100% is kept at the epoch deadlines too: the time charged is taken from
 //! a credit that refills at the share (a second's worth at most, which is also where it
@@ -34,7 +39,7 @@ pub struct CpuMeter {
     budget: Duration,
     guest_time: Duration,
     host_work: Duration,
-    polls: Arc<AtomicU64>,
+    polls: Arc<PollClock>,
     stretch: Option<Stretch>,
     exhausted: bool,
     /// The share of a core the guest may use, when under a whole one.
@@ -83,10 +88,82 @@ impl ShareCredit {
     }
 }
 
-/// The code running now, since when, and (for the host) in which poll it began.
+/// The code running now, since when, and (for the host) where the polls stood then.
 enum Stretch {
     Wasm { since: Instant },
-    Host { since: Instant, poll: u64 },
+    Host { since: Instant, polls: PollMark },
+}
+
+/// The polls of the future that runs one guest: how many have begun, when the one running
+/// now began, and how long all the finished ones took (times in nanoseconds from `origin`).
+/// Written by [`PollCounted`] and read by the meter, both on the guest's own thread.
+struct PollClock {
+    origin: Instant,
+    begun: AtomicU64,
+    current_start: AtomicU64,
+    finished: AtomicU64,
+}
+
+/// Where a [`PollClock`] stood at one moment.
+#[derive(Clone, Copy)]
+struct PollMark {
+    begun: u64,
+    current_start: u64,
+    finished: u64,
+}
+
+impl PollClock {
+    fn new() -> Self {
+        PollClock {
+            origin: Instant::now(),
+            begun: AtomicU64::new(0),
+            current_start: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+        }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn poll_begins(&self, now: Instant) {
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        self.current_start.store(self.nanos(now), Ordering::Relaxed);
+    }
+
+    fn poll_ends(&self, now: Instant) {
+        let took = self
+            .nanos(now)
+            .saturating_sub(self.current_start.load(Ordering::Relaxed));
+        self.finished.fetch_add(took, Ordering::Relaxed);
+    }
+
+    fn mark(&self) -> PollMark {
+        PollMark {
+            begun: self.begun.load(Ordering::Relaxed),
+            current_start: self.current_start.load(Ordering::Relaxed),
+            finished: self.finished.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The time the guest's thread spent in polls between `since` (inside the poll `entry`
+    /// was taken in) and `now` (inside the poll running now).
+    fn busy_between(&self, since: Instant, entry: PollMark, now: Instant) -> Duration {
+        let current = self.mark();
+        if current.begun == entry.begun {
+            return now.saturating_duration_since(since);
+        }
+        // Every poll that finished since, the one `since` fell in whole...
+        let finished = current.finished.saturating_sub(entry.finished);
+        // ...less its part before `since`, plus the current poll so far.
+        let before_since = self.nanos(since).saturating_sub(entry.current_start);
+        let current_so_far = self.nanos(now).saturating_sub(current.current_start);
+        Duration::from_nanos(
+            finished
+                .saturating_sub(before_since)
+                .saturating_add(current_so_far),
+        )
+    }
 }
 
 impl CpuMeter {
@@ -107,7 +184,7 @@ impl CpuMeter {
             budget,
             guest_time: Duration::ZERO,
             host_work: Duration::ZERO,
-            polls: Arc::new(AtomicU64::new(0)),
+            polls: Arc::new(PollClock::new()),
             stretch: None,
             exhausted: false,
             share,
@@ -124,21 +201,30 @@ impl CpuMeter {
     /// the epoch deadline), or a call the host made into wasm returned. Charges the wasm
     /// stretch that ends here.
     pub fn entering_host(&mut self) -> wasmtime::Result<()> {
-        let now = Instant::now();
-        let poll = self.polls.load(Ordering::Relaxed);
-        match self.stretch.replace(Stretch::Host { since: now, poll }) {
-            Some(Stretch::Wasm { since }) => self.charge_guest(now - since),
+        self.entering_host_at(Instant::now())
+    }
+
+    fn entering_host_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+        let polls = self.polls.mark();
+        match self.stretch.replace(Stretch::Host { since: now, polls }) {
+            Some(Stretch::Wasm { since }) => {
+                self.charge_guest(now.saturating_duration_since(since))
+            }
             _ => Ok(()),
         }
     }
 
-    /// The thread leaves host code for wasm. Charges the host stretch that ends here when it
-    /// never suspended.
+    /// The thread leaves host code for wasm. Charges the host stretch that ends here: the
+    /// time of the polls it spans, not the waits between them.
     pub fn leaving_host(&mut self) -> wasmtime::Result<()> {
-        let now = Instant::now();
+        self.leaving_host_at(Instant::now())
+    }
+
+    fn leaving_host_at(&mut self, now: Instant) -> wasmtime::Result<()> {
         match self.stretch.replace(Stretch::Wasm { since: now }) {
-            Some(Stretch::Host { since, poll }) if self.polls.load(Ordering::Relaxed) == poll => {
-                self.charge_host(now - since)
+            Some(Stretch::Host { since, polls }) => {
+                let work = self.polls.busy_between(since, polls, now);
+                self.charge_host(work)
             }
             _ => Ok(()),
         }
@@ -206,12 +292,12 @@ impl CpuMeter {
     }
 }
 
-/// Counts the polls of the future that runs one guest (see [`CpuMeter::poll_counter`]).
+/// Times the polls of the future that runs one guest (see [`CpuMeter::poll_counter`]).
 #[derive(Clone)]
-pub struct PollCounter(Arc<AtomicU64>);
+pub struct PollCounter(Arc<PollClock>);
 
 impl PollCounter {
-    /// `future`, its polls counted.
+    /// `future`, its polls counted and timed.
     pub fn count<F: Future>(self, future: F) -> PollCounted<F> {
         PollCounted {
             inner: Box::pin(future),
@@ -220,18 +306,20 @@ impl PollCounter {
     }
 }
 
-/// A future whose polls are counted (see [`PollCounter::count`]).
+/// A future whose polls are counted and timed (see [`PollCounter::count`]).
 pub struct PollCounted<F> {
     inner: Pin<Box<F>>,
-    polls: Arc<AtomicU64>,
+    polls: Arc<PollClock>,
 }
 
 impl<F: Future> Future for PollCounted<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<F::Output> {
-        self.polls.fetch_add(1, Ordering::Relaxed);
-        self.inner.as_mut().poll(context)
+        self.polls.poll_begins(Instant::now());
+        let polled = self.inner.as_mut().poll(context);
+        self.polls.poll_ends(Instant::now());
+        polled
     }
 }
 
@@ -264,27 +352,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn host_code_that_suspends_is_a_wait_and_the_rest_is_charged() {
-        let mut meter = CpuMeter::new(Duration::from_secs(60), 100);
-        // The counter counts the polls of what it wraps: a yield makes two.
+    async fn the_counter_times_the_polls_of_what_it_wraps() {
+        let meter = CpuMeter::new(Duration::from_secs(60), 100);
+        // A yield is polled twice.
         meter.poll_counter().count(tokio::task::yield_now()).await;
-        assert_eq!(meter.polls.load(Ordering::Relaxed), 2);
-        // The host calls into wasm (nothing to charge yet), wasm computes, calls the host.
-        meter.leaving_host().unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-        meter.entering_host().unwrap();
-        assert!(meter.guest_time >= Duration::from_millis(1));
-        // Host code that ends within the poll it began in is work.
-        std::thread::sleep(Duration::from_millis(1));
-        meter.leaving_host().unwrap();
-        let worked = meter.host_work;
-        assert!(worked >= Duration::from_millis(1));
-        // Host code during which the guest's future was polled again waited.
-        meter.entering_host().unwrap();
-        meter.polls.fetch_add(1, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(1));
-        meter.leaving_host().unwrap();
-        assert_eq!(meter.host_work, worked);
+        assert_eq!(meter.polls.mark().begun, 2);
+    }
+
+    #[test]
+    fn host_code_is_charged_for_the_polls_it_spans_and_not_the_waits_between() {
+        let mut meter = CpuMeter::new(Duration::from_secs(60), 100);
+        let clock = meter.polls.clone();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Poll 1: the host calls into wasm, which computes 1 ms and calls the host.
+        clock.poll_begins(at(0));
+        meter.leaving_host_at(at(0)).unwrap();
+        meter.entering_host_at(at(1)).unwrap();
+        assert_eq!(meter.guest_time, Duration::from_millis(1));
+        // Host code that returns within its poll: 2 ms of work.
+        meter.leaving_host_at(at(3)).unwrap();
+        assert_eq!(meter.host_work, Duration::from_millis(2));
+        // A call that works 4 ms (lifting its argument), then waits 1,000 ms, then works 1 ms
+        // in a later poll before returning to wasm: 5 ms of work, the wait free.
+        meter.entering_host_at(at(3)).unwrap();
+        clock.poll_ends(at(7));
+        clock.poll_begins(at(1_007));
+        meter.leaving_host_at(at(1_008)).unwrap();
+        assert_eq!(meter.host_work, Duration::from_millis(7));
+        // The same, across a poll that only checked and went back to waiting (0.5 ms).
+        meter.entering_host_at(at(1_010)).unwrap();
+        clock.poll_ends(at(1_011));
+        clock.poll_begins(at(2_000));
+        clock.poll_ends(at(2_000) + Duration::from_micros(500));
+        clock.poll_begins(at(3_000));
+        meter.leaving_host_at(at(3_002)).unwrap();
+        assert_eq!(
+            meter.host_work,
+            Duration::from_millis(7 + 1 + 2) + Duration::from_micros(500)
+        );
     }
 
     #[tokio::test(start_paused = true)]
