@@ -41,6 +41,7 @@ pub mod capabilities;
 pub mod check;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod fs_tree;
 pub mod jobspec;
 pub mod limits;

@@ -1,6 +1,7 @@
 //! Integration tests of the host: real guests (built by `caravan-test-artifacts`) driven
 //! through the factory, the seam's contract, and the real `caravan` binary.
 
+mod etcd;
 mod support;
 
 mod agent_api;
@@ -10,6 +11,7 @@ mod alloc_actions;
 mod capabilities;
 mod cli;
 mod client;
+mod cluster_store;
 mod embedded_server;
 mod empty_runner;
 mod fixture_hostile;

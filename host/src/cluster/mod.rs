@@ -1,0 +1,28 @@
+//! Cluster mode's store: etcd, reached through [`EtcdStore`], under one versioned key prefix.
+//!
+//! This is the foundation issue 12 builds on, and so far all of it: a connection that always
+//! names every member and requires a leader for watches, the schema check an agent is to
+//! make before it touches anything, writes that are safe to retry (each guarded by a compare
+//! or idempotent), and [`PrefixWatch`], a watch of one key prefix that survives a member's
+//! death and a compaction without missing or repeating an event. The client-server seam on
+//! etcd, node liveness, the elected scheduler and fencing come next, on top of these; the
+//! key layout they will use is in `docs/cluster.md`.
+//!
+//! This module knows etcd and plain bytes; it knows nothing of allocs, jobs, runners or the
+//! embedded server.
+
+mod store;
+mod watch;
+
+pub use store::{EtcdStore, KeyValue, StoreError};
+pub use watch::{Change, PrefixWatch};
+
+/// Every key Caravan writes starts with this, the schema version in it: a layout change
+/// moves to `/caravan/v2/` and leaves the old keys readable.
+pub const KEY_PREFIX: &str = "/caravan/v1/";
+
+/// The key naming the newest schema any agent of the cluster has written with.
+pub const SCHEMA_KEY: &str = "/caravan/schema";
+
+/// The schema this build reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;

@@ -1,0 +1,248 @@
+//! The connection to etcd and the few operations cluster mode needs: a consistent read of a
+//! prefix, a create-if-absent, and the schema check. Every call is retried while etcd is
+//! between leaders or one member is gone, and only when a retry cannot apply it twice.
+
+use super::{SCHEMA_KEY, SCHEMA_VERSION};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, WatchClient,
+};
+use std::time::Duration;
+
+/// How long one call to etcd may take before it is retried, and how long all retries of one
+/// operation may take: an etcd leader election takes about 2 s, a member's death 0.4 s.
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+const RETRY_FOR: Duration = Duration::from_secs(15);
+
+/// The largest response decoded: a watch catching up sends up to a thousand revisions in one
+/// response, far past the crate's default of 4 MiB, and a response over the limit would fail
+/// the same way at every re-open. Values are small (etcd refuses requests over 1.5 MiB).
+const MAX_RESPONSE_BYTES: usize = 256 << 20;
+
+/// Why an etcd operation failed, after its retries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// No member answered in time.
+    #[error("etcd is unreachable at {endpoints}: {reason}")]
+    Unreachable {
+        /// Every endpoint, comma-separated.
+        endpoints: String,
+        /// The last error seen.
+        reason: String,
+    },
+    /// The cluster holds keys of a newer schema than this build knows.
+    #[error(
+        "etcd at {endpoints} holds Caravan's cluster schema {found}; this build knows up to \
+         {SCHEMA_VERSION}: upgrade this agent"
+    )]
+    NewerSchema {
+        /// Every endpoint, comma-separated.
+        endpoints: String,
+        /// The version found.
+        found: String,
+    },
+    /// etcd canceled a watch for a reason other than compaction, again and again.
+    #[error("etcd at {endpoints} keeps canceling the watch of {prefix}: {reason}")]
+    WatchCanceled {
+        /// Every endpoint, comma-separated.
+        endpoints: String,
+        /// The prefix watched.
+        prefix: String,
+        /// etcd's reason.
+        reason: String,
+    },
+}
+
+/// One key and its value, with the revision that last changed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    /// The key, as text (Caravan writes only text keys).
+    pub key: String,
+    /// The value.
+    pub value: Vec<u8>,
+    /// The revision of its last change.
+    pub mod_revision: i64,
+}
+
+impl KeyValue {
+    pub(super) fn from_etcd(kv: &etcd_client::KeyValue) -> Self {
+        KeyValue {
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            value: kv.value().to_vec(),
+            mod_revision: kv.mod_revision(),
+        }
+    }
+}
+
+/// A connection to an etcd cluster, every member named. Cheap to clone.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    endpoints: Vec<String>,
+}
+
+impl EtcdStore {
+    /// Connects to the cluster at `endpoints` (every member: a client given one endpoint is
+    /// down while that member is) and checks that a member answers.
+    pub async fn connect(endpoints: &[String]) -> Result<EtcdStore, StoreError> {
+        // Watches fail when their member loses the cluster's leader, rather than staying open
+        // and silent for ever; no timeout on the client itself, which would end every watch.
+        // HTTP/2 keep-alive pings find a member that froze or was cut off, which could
+        // otherwise never tell a watch it lost its leader.
+        let options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(CALL_TIMEOUT)
+            .with_keep_alive(CALL_TIMEOUT, CALL_TIMEOUT)
+            .with_keep_alive_while_idle(true);
+        let unreachable = |reason: String| StoreError::Unreachable {
+            endpoints: endpoints.join(","),
+            reason,
+        };
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let store = EtcdStore {
+            client,
+            endpoints: endpoints.to_vec(),
+        };
+        store.revision().await?;
+        Ok(store)
+    }
+
+    /// The endpoints, comma-separated, for messages.
+    pub fn endpoints(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    /// A watch client that decodes responses up to [`MAX_RESPONSE_BYTES`].
+    pub(super) fn watch_client(&self) -> WatchClient {
+        self.client
+            .watch_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    fn kv(&self) -> KvClient {
+        self.client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    /// Runs `call` until it succeeds, retrying every error for [`RETRY_FOR`]: callers pass
+    /// only calls that a retry cannot apply twice (reads, and writes guarded by a compare).
+    async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, StoreError>
+    where
+        F: FnMut(KvClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let error = match tokio::time::timeout(CALL_TIMEOUT, call(self.kv())).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!("{what} took longer than {CALL_TIMEOUT:?}"),
+            };
+            if started.elapsed() >= RETRY_FOR {
+                return Err(StoreError::Unreachable {
+                    endpoints: self.endpoints(),
+                    reason: format!("{what}: {error}"),
+                });
+            }
+            tracing::debug!(what, error, "etcd call failed; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// The cluster's current revision (a linearizable read).
+    pub async fn revision(&self) -> Result<i64, StoreError> {
+        self.retrying("reading the revision", |mut client| async move {
+            let response = client
+                .get(SCHEMA_KEY, Some(GetOptions::new().with_count_only()))
+                .await?;
+            Ok(response.header().map_or(0, |h| h.revision()))
+        })
+        .await
+    }
+
+    /// Every key under `prefix`, and the revision the read was made at: a watch from the
+    /// revision after it sees every later change, and nothing twice.
+    pub async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        self.retrying("listing a prefix", |mut client| async move {
+            let response = client
+                .get(prefix, Some(GetOptions::new().with_prefix()))
+                .await?;
+            let revision = response.header().map_or(0, |h| h.revision());
+            Ok((
+                response.kvs().iter().map(KeyValue::from_etcd).collect(),
+                revision,
+            ))
+        })
+        .await
+    }
+
+    /// Writes `key` if it does not exist. Returns true when the key now holds `value`: made
+    /// by this call, or by an earlier attempt of it that landed though its answer was lost
+    /// (so two writers that must be told apart put a token of their own in the value), and
+    /// false when it holds another value. Safe to retry: a retry finds the key and changes
+    /// nothing.
+    pub async fn create(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+        self.retrying("creating a key", |mut client| async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key, value, None)])
+                .or_else([TxnOp::get(key, None)]);
+            let response = client.txn(txn).await?;
+            if response.succeeded() {
+                return Ok(true);
+            }
+            let held = response.op_responses().into_iter().find_map(|op| match op {
+                etcd_client::TxnOpResponse::Get(get) => {
+                    get.kvs().first().map(|kv| kv.value().to_vec())
+                }
+                _ => None,
+            });
+            Ok(held.as_deref() == Some(value))
+        })
+        .await
+    }
+
+    /// Checks the cluster's schema: records this build's when there is none, and refuses
+    /// another (an agent must never rewrite keys of a layout it does not know). Meant for
+    /// an agent's start, before it touches anything else.
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let ours = SCHEMA_VERSION.to_string();
+        let found = self
+            .retrying("checking the schema", |mut client| {
+                let ours = ours.clone();
+                async move {
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(SCHEMA_KEY, CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(SCHEMA_KEY, ours.as_str(), None)])
+                        .or_else([TxnOp::get(SCHEMA_KEY, None)]);
+                    let response = client.txn(txn).await?;
+                    if response.succeeded() {
+                        return Ok(ours.into_bytes());
+                    }
+                    Ok(response
+                        .op_responses()
+                        .into_iter()
+                        .find_map(|op| match op {
+                            etcd_client::TxnOpResponse::Get(get) => {
+                                get.kvs().first().map(|kv| kv.value().to_vec())
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default())
+                }
+            })
+            .await?;
+        let found = String::from_utf8_lossy(&found).into_owned();
+        match found.trim().parse::<u32>() {
+            Ok(version) if version <= SCHEMA_VERSION => Ok(()),
+            _ => Err(StoreError::NewerSchema {
+                endpoints: self.endpoints(),
+                found: crate::text::cut(&found, 64).into_owned(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Cluster mode's store against a real three-member etcd: watches that survive members'
+//! deaths and compactions without missing or repeating a change, retried writes that cannot
+//! apply twice, the schema check, and unreachable endpoints named.
+
+use crate::etcd::EtcdCluster;
+use crate::support::within;
+use caravan_host::cluster::{Change, EtcdStore, PrefixWatch, SCHEMA_KEY, SCHEMA_VERSION};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_survives_member_deaths_without_missing_or_repeating_a_change() {
+    let mut cluster = EtcdCluster::start().await;
+    let store = cluster.store().await;
+    let (existing, mut watch) = PrefixWatch::start(&store, "/t/").await.unwrap();
+    assert!(existing.is_empty());
+
+    // One writer creates keys 0..300 in order, each a create-if-absent retried until it is
+    // known to have landed; meanwhile members die and come back, one at a time.
+    const KEYS: usize = 300;
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for i in 0..KEYS {
+                store
+                    .create(&format!("/t/{i:04}"), i.to_string().as_bytes())
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let mut seen: Vec<usize> = Vec::new();
+    let mut next_fault = 50;
+    let mut faults = 0;
+    while seen.len() < KEYS {
+        let changes = tokio::time::timeout(Duration::from_secs(60), watch.next())
+            .await
+            .expect("a change within a minute")
+            .unwrap();
+        for change in changes {
+            let Change::Put(kv) = change else {
+                panic!("only puts expected: {change:?}");
+            };
+            seen.push(String::from_utf8(kv.value).unwrap().parse().unwrap());
+        }
+        if seen.len() >= next_fault && faults < 3 {
+            // Each member in turn, the next only once this one serves again: a cluster of
+            // three keeps its quorum through one death at a time.
+            if faults > 0 {
+                cluster.wait_for_member(faults - 1).await;
+            }
+            cluster.restart(faults);
+            faults += 1;
+            next_fault += 80;
+        }
+    }
+    writer.await.unwrap();
+    assert_eq!(
+        seen,
+        (0..KEYS).collect::<Vec<_>>(),
+        "every change, once, in order"
+    );
+}
+
+#[tokio::test]
+async fn after_a_compaction_a_watch_relists_and_carries_on() {
+    let cluster = EtcdCluster::start().await;
+    let store = cluster.store().await;
+    assert!(store.create("/c/a", b"1").await.unwrap());
+    let from = store.revision().await.unwrap();
+    assert!(store.create("/c/b", b"2").await.unwrap());
+    let now = store.revision().await.unwrap();
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    client.compact(now, None).await.unwrap();
+
+    // A watch resuming from before the compaction cannot be served its history: it re-lists.
+    let mut watch = PrefixWatch::from_revision(&store, "/c/", from);
+    let changes = within("the re-list", watch.next()).await.unwrap();
+    let [Change::Relisted { entries, revision }] = changes.as_slice() else {
+        panic!("a re-list expected: {changes:?}");
+    };
+    assert_eq!(*revision, now);
+    let keys: Vec<&str> = entries.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(keys, ["/c/a", "/c/b"]);
+    // And carries on from there.
+    assert!(store.create("/c/c", b"3").await.unwrap());
+    let changes = within("the change after the re-list", watch.next())
+        .await
+        .unwrap();
+    assert!(
+        matches!(changes.as_slice(), [Change::Put(kv)] if kv.key == "/c/c"),
+        "{changes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_create_is_applied_once_however_often_it_is_retried_and_a_second_writer_loses() {
+    let cluster = EtcdCluster::start().await;
+    let store = cluster.store().await;
+    assert!(store.create("/once", b"first").await.unwrap());
+    // A retry of the same create (its first answer lost) finds its own value: true again.
+    assert!(store.create("/once", b"first").await.unwrap());
+    assert!(!store.create("/once", b"second").await.unwrap());
+    let (entries, _) = store.list("/once").await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].value, b"first");
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused_and_the_first_agent_records_its_own() {
+    let cluster = EtcdCluster::start().await;
+    let store = cluster.store().await;
+    store.check_schema().await.unwrap();
+    let (entries, _) = store.list(SCHEMA_KEY).await.unwrap();
+    assert_eq!(entries[0].value, SCHEMA_VERSION.to_string().as_bytes());
+    store.check_schema().await.unwrap();
+
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    client.put(SCHEMA_KEY, "99", None).await.unwrap();
+    assert_eq!(
+        store.check_schema().await.unwrap_err().to_string(),
+        format!(
+            "etcd at {} holds Caravan's cluster schema 99; this build knows up to \
+             {SCHEMA_VERSION}: upgrade this agent",
+            cluster.endpoints().join(",")
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_endpoints_are_named_in_one_line() {
+    let endpoints = vec![
+        "http://127.0.0.1:1".to_string(),
+        "http://127.0.0.1:2".to_string(),
+    ];
+    let error = EtcdStore::connect(&endpoints)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        error.starts_with("etcd is unreachable at http://127.0.0.1:1,http://127.0.0.1:2: ")
+            && !error.contains('\n'),
+        "{error}"
+    );
+}

@@ -1,0 +1,197 @@
+//! Real etcd clusters for tests: three members on free loopback ports, each with its own data
+//! dir, started and killed by the test (`etcd` is Debian's `etcd-server`, which
+//! `scripts/setup` installs). Everything a cluster started is killed when it is dropped.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+const ETCD: &str = "/usr/bin/etcd";
+
+/// One member's ports, files and process.
+struct Member {
+    name: String,
+    client_url: String,
+    peer_url: String,
+    data_dir: PathBuf,
+    log: PathBuf,
+    process: Option<Child>,
+}
+
+/// A three-member etcd cluster on loopback.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    initial_cluster: String,
+    _dir: tempfile::TempDir,
+}
+
+/// A port nothing listens on now, below the ephemeral range (32768 and up on Linux), where
+/// outgoing connections (etcd's own, other tests') take theirs: each test process starts at
+/// its own offset, and no port is handed out twice by one process.
+fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 100) as u16 * 120;
+    loop {
+        let port = start + NEXT.fetch_add(1, Ordering::Relaxed) % 12_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until the cluster answers.
+    pub async fn start() -> EtcdCluster {
+        assert!(
+            std::path::Path::new(ETCD).exists(),
+            "{ETCD} is missing: run scripts/setup (it installs Debian's etcd-server)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let members: Vec<Member> = (1..=3)
+            .map(|n| Member {
+                name: format!("m{n}"),
+                client_url: format!("http://127.0.0.1:{}", free_port()),
+                peer_url: format!("http://127.0.0.1:{}", free_port()),
+                data_dir: dir.path().join(format!("m{n}")),
+                log: dir.path().join(format!("m{n}.log")),
+                process: None,
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = EtcdCluster {
+            members,
+            initial_cluster,
+            _dir: dir,
+        };
+        for i in 0..3 {
+            cluster.launch(i);
+        }
+        cluster.wait_until_serving().await;
+        cluster
+    }
+
+    /// Waits until every member serves a linearizable read, for at most 30 s; a member that
+    /// exits meanwhile fails the test with its log.
+    async fn wait_until_serving(&mut self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        for i in 0..self.members.len() {
+            loop {
+                self.check_alive(i);
+                if self.serves(i).await {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "etcd member {} did not serve within 30 s; its log:\n{}",
+                    self.members[i].name,
+                    std::fs::read_to_string(&self.members[i].log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    async fn serves(&self, i: usize) -> bool {
+        let endpoint = [self.members[i].client_url.as_str()];
+        let read = async {
+            let mut client = etcd_client::Client::connect(endpoint, None).await?;
+            client.get("/", None).await
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), read).await,
+            Ok(Ok(_))
+        )
+    }
+
+    fn check_alive(&mut self, i: usize) {
+        let member = &mut self.members[i];
+        if let Some(process) = member.process.as_mut()
+            && let Ok(Some(status)) = process.try_wait()
+        {
+            panic!(
+                "etcd member {} exited ({status}); its log:\n{}",
+                member.name,
+                std::fs::read_to_string(&member.log).unwrap_or_default()
+            );
+        }
+    }
+
+    fn launch(&mut self, i: usize) {
+        let member = &self.members[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&member.log)
+            .unwrap();
+        let process = Command::new(ETCD)
+            .args(["--name", &member.name])
+            .arg("--data-dir")
+            .arg(&member.data_dir)
+            .args(["--listen-client-urls", &member.client_url])
+            .args(["--advertise-client-urls", &member.client_url])
+            .args(["--listen-peer-urls", &member.peer_url])
+            .args(["--initial-advertise-peer-urls", &member.peer_url])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "caravan-test"])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("etcd starts");
+        self.members[i].process = Some(process);
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// A store connected to every member.
+    pub async fn store(&self) -> caravan_host::cluster::EtcdStore {
+        caravan_host::cluster::EtcdStore::connect(&self.endpoints())
+            .await
+            .expect("the cluster serves")
+    }
+
+    /// Kills member `i` as a crash would.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut process) = self.members[i].process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data dir and its ports.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.launch(i);
+    }
+
+    /// Waits until member `i` serves again.
+    pub async fn wait_for_member(&mut self, i: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.serves(i).await {
+            self.check_alive(i);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "etcd member {i} did not serve again within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
