@@ -86,7 +86,7 @@ impl PrefixWatch {
 
     /// The next changes, in revision order; waits until there is at least one. A broken
     /// watch is re-opened for as long as it takes, so this fails only when a re-list after a
-    /// compaction cannot read etcd, or when etcd cancels the watch [`MAX_CANCELS`] times in
+    /// compaction cannot read etcd, or when etcd cancels the watch three times in
     /// a row for another reason. Cancel-safe: dropping the future loses no change.
     pub async fn next(&mut self) -> Result<Vec<Change>, StoreError> {
         loop {
