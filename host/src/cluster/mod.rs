@@ -4,17 +4,20 @@
 //! names every member and requires a leader for watches, the schema check an agent is to
 //! make before it touches anything, writes that are safe to retry (each guarded by a compare
 //! or idempotent), and [`PrefixWatch`], a watch of one key prefix that survives a member's
-//! death and a compaction without missing or repeating an event. The client-server seam on
-//! etcd, node liveness, the elected scheduler and fencing come next, on top of these; the
-//! key layout they will use is in `docs/cluster.md`.
+//! death and a compaction without missing or repeating an event; and [`EtcdServerApi`], the
+//! client-server seam on etcd, through which a client core learns its node's allocs and
+//! reports their states. Node liveness, the elected scheduler and fencing come next, on top
+//! of these; the key layout is in `docs/cluster.md`.
 //!
 //! This module knows etcd and plain bytes; it knows nothing of allocs, jobs, runners or the
 //! embedded server.
 
+mod node_api;
 mod store;
 mod watch;
 
-pub use store::{EtcdStore, KeyValue, StoreError};
+pub use node_api::{EtcdServerApi, alloc_key, node_key, status_key};
+pub use store::{EtcdStore, GuardedPut, KeyValue, StoreError};
 pub use watch::{Change, PrefixWatch};
 
 /// Every key Caravan writes starts with this, the schema version in it: a layout change

@@ -63,6 +63,19 @@ pub struct KeyValue {
     pub mod_revision: i64,
 }
 
+/// One transaction making every put of `writes` if every guard exists, and none otherwise.
+fn guarded_txn(writes: &[GuardedPut]) -> Txn {
+    let guards: Vec<Compare> = writes
+        .iter()
+        .map(|w| Compare::create_revision(w.guard.as_str(), CompareOp::Greater, 0))
+        .collect();
+    let puts: Vec<TxnOp> = writes
+        .iter()
+        .map(|w| TxnOp::put(w.key.as_str(), w.value.as_slice(), None))
+        .collect();
+    Txn::new().when(guards).and_then(puts)
+}
+
 impl KeyValue {
     pub(super) fn from_etcd(kv: &etcd_client::KeyValue) -> Self {
         KeyValue {
@@ -71,6 +84,17 @@ impl KeyValue {
             mod_revision: kv.mod_revision(),
         }
     }
+}
+
+/// A put that lands only while another key (its guard) exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardedPut {
+    /// The key that must exist.
+    pub guard: String,
+    /// The key written.
+    pub key: String,
+    /// The value written.
+    pub value: Vec<u8>,
 }
 
 /// A connection to an etcd cluster, every member named. Cheap to clone.
@@ -204,6 +228,72 @@ impl EtcdStore {
             Ok(held.as_deref() == Some(value))
         })
         .await
+    }
+
+    /// Writes `value` at `key`, whatever was there: retried, so callers pass only writes
+    /// whose repeat changes nothing (the same value again).
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.retrying("writing a key", |mut client| async move {
+            client.put(key, value, None).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The keys of `keys` that exist, with their values, in one consistent read (at most
+    /// 128 keys: one transaction).
+    pub async fn get_many(&self, keys: &[String]) -> Result<Vec<KeyValue>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.retrying("reading keys", |mut client| async move {
+            let gets: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
+            let response = client.txn(Txn::new().and_then(gets)).await?;
+            Ok(response
+                .op_responses()
+                .into_iter()
+                .filter_map(|op| match op {
+                    etcd_client::TxnOpResponse::Get(get) => {
+                        get.kvs().first().map(KeyValue::from_etcd)
+                    }
+                    _ => None,
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// Makes each put of `writes` (at most 64: two keys each in one transaction) whose guard
+    /// exists, and returns the keys written. All at once when every guard exists; one by one
+    /// otherwise. Safe to retry: each put is guarded, and writes the same value again.
+    pub async fn put_where_present(
+        &self,
+        writes: &[GuardedPut],
+    ) -> Result<Vec<String>, StoreError> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all = self
+            .retrying("writing guarded keys", |mut client| async move {
+                Ok(client.txn(guarded_txn(writes)).await?.succeeded())
+            })
+            .await?;
+        if all {
+            return Ok(writes.iter().map(|w| w.key.clone()).collect());
+        }
+        let mut landed = Vec::new();
+        for write in writes {
+            let one = std::slice::from_ref(write);
+            let put = self
+                .retrying("writing a guarded key", |mut client| async move {
+                    Ok(client.txn(guarded_txn(one)).await?.succeeded())
+                })
+                .await?;
+            if put {
+                landed.push(write.key.clone());
+            }
+        }
+        Ok(landed)
     }
 
     /// Checks the cluster's schema: records this build's when there is none, and refuses

@@ -4,7 +4,9 @@
 
 use crate::etcd::EtcdCluster;
 use crate::support::within;
-use caravan_host::cluster::{Change, EtcdStore, PrefixWatch, SCHEMA_KEY, SCHEMA_VERSION};
+use caravan_host::cluster::{
+    Change, EtcdStore, GuardedPut, PrefixWatch, SCHEMA_KEY, SCHEMA_VERSION,
+};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,6 +107,20 @@ async fn a_create_is_applied_once_however_often_it_is_retried_and_a_second_write
     let (entries, _) = store.list("/once").await.unwrap();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].value, b"first");
+
+    // A guarded put lands only while its guard exists, each on its own when some are gone.
+    let put = |guard: &str, key: &str| GuardedPut {
+        guard: guard.into(),
+        key: key.into(),
+        value: b"state".to_vec(),
+    };
+    let writes = [put("/once", "/status/a"), put("/gone", "/status/b")];
+    assert_eq!(
+        store.put_where_present(&writes).await.unwrap(),
+        ["/status/a"]
+    );
+    let (written, _) = store.list("/status/").await.unwrap();
+    assert_eq!(written.len(), 1);
 }
 
 #[tokio::test]
@@ -146,4 +162,99 @@ async fn unreachable_endpoints_are_named_in_one_line() {
             && !error.contains('\n'),
         "{error}"
     );
+}
+
+/// A client core on the seam over etcd: the scheduler's writes are made by hand here (the
+/// elected scheduler does not exist yet), and the client runs what appears under its node,
+/// reports states beside it, survives a member's death, and drops what is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states() {
+    use caravan_host::cluster::{EtcdServerApi, alloc_key, status_key};
+    use caravan_host::state::MemoryStateDb;
+    use caravan_host::structs::{AllocState, ClientStatus};
+    use caravan_test_artifacts::MINIMAL;
+    use std::sync::Arc;
+
+    let _logs = crate::support::LogCapture::start();
+    let mut cluster = EtcdCluster::start().await;
+    let store = cluster.store().await;
+    let data_dir = tempfile::tempdir().unwrap();
+    let api = EtcdServerApi::new(store.clone());
+    let client =
+        crate::support::wasm_client(data_dir.path(), api.clone(), Arc::new(MemoryStateDb::new()));
+    client.restore().await.unwrap();
+    client.start();
+    let place = |alloc: &caravan_host::structs::Alloc| {
+        let store = store.clone();
+        let (key, value) = (
+            alloc_key("node-1", &alloc.id),
+            serde_json::to_vec(alloc).unwrap(),
+        );
+        async move { store.put(&key, &value).await.unwrap() }
+    };
+    let reported = |alloc_id: String| {
+        let store = store.clone();
+        async move {
+            let (entries, _) = store.list(&status_key(&alloc_id)).await.unwrap();
+            entries
+                .first()
+                .map(|kv| serde_json::from_slice::<AllocState>(&kv.value).unwrap())
+                .map(|state| (state.client_status, kv_revision(&entries)))
+        }
+    };
+
+    let first = crate::support::alloc(MINIMAL, &["main"], &[]);
+    place(&first).await;
+    crate::support::eventually_async("the first alloc reported running", || {
+        let reported = reported(first.id.clone());
+        async move { matches!(reported.await, Some((ClientStatus::Running, _))) }
+    })
+    .await;
+
+    // A member dies and comes back; the client's watch carries on through it.
+    cluster.restart(0);
+    let second = crate::support::alloc(MINIMAL, &["main"], &[]);
+    place(&second).await;
+    crate::support::eventually_async("the second alloc reported running", || {
+        let reported = reported(second.id.clone());
+        async move { matches!(reported.await, Some((ClientStatus::Running, _))) }
+    })
+    .await;
+
+    // The scheduler removes the first: the client kills and drops it, and a state sent for it
+    // after the delete (as a client would in a race with it) is refused: its alloc key is
+    // gone, so no status is written for it again.
+    let mut raw = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let deleted_at = raw
+        .delete(alloc_key("node-1", &first.id), None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    crate::support::eventually("the first alloc dropped by the client", || {
+        !client.alloc_ids().contains(&first.id)
+    })
+    .await;
+    let late = caravan_host::rpc::AllocUpdate {
+        alloc_id: first.id.clone(),
+        state: AllocState::failed("too late"),
+    };
+    use caravan_host::rpc::ServerApi;
+    assert_eq!(
+        api.update_allocs(&[late]).await.unwrap(),
+        Vec::<String>::new()
+    );
+    let (status, last_write) = reported(first.id.clone()).await.unwrap();
+    assert!(
+        last_write < deleted_at && status != ClientStatus::Failed,
+        "a state was written for a removed alloc"
+    );
+    assert!(client.alloc_ids().contains(&second.id));
+}
+
+fn kv_revision(entries: &[caravan_host::cluster::KeyValue]) -> i64 {
+    entries.first().map_or(0, |kv| kv.mod_revision)
 }

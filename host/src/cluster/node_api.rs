@@ -1,0 +1,288 @@
+//! The client-server seam ([`ServerApi`]) on etcd, for the nodes of one agent: what a client
+//! core calls to register, to learn its allocs and to report their states, when the state of
+//! the cluster lives in etcd rather than in an embedded server.
+//!
+//! Keys (see `docs/cluster.md`): a node's desired allocs are `allocs/<node>/<alloc>`, written
+//! by the scheduler; their client states are `status/<alloc>`, written here; the node's own
+//! record is `nodes/<node>`. A node's allocs are known through one [`PrefixWatch`] per node,
+//! kept by a task that mirrors them (id and revision) in memory: a `watch_allocs` answer is
+//! that mirror, whole, at the revision of its last change, so answers never go back in time
+//! and a restarted agent's first answer is at least as new as any it gave before (etcd's
+//! revisions only grow). An alloc's modify index is its key's modify revision.
+//!
+//! It touches only those keys, and knows nothing of the client's runners or of scheduling.
+
+use super::store::{EtcdStore, GuardedPut, StoreError};
+use super::{KEY_PREFIX, PrefixWatch, watch::Change};
+use crate::locks::LockUnpoisoned;
+use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
+use crate::structs::Alloc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Most keys one transaction names: etcd refuses more than 128 operations, and an update
+/// names two keys (its compare and its put).
+const MAX_KEYS_PER_TXN: usize = 64;
+
+/// The key of `alloc_id`'s desired state on `node_id`.
+pub fn alloc_key(node_id: &str, alloc_id: &str) -> String {
+    format!("{KEY_PREFIX}allocs/{node_id}/{alloc_id}")
+}
+
+/// The key of `alloc_id`'s client state.
+pub fn status_key(alloc_id: &str) -> String {
+    format!("{KEY_PREFIX}status/{alloc_id}")
+}
+
+/// The key of `node_id`'s record.
+pub fn node_key(node_id: &str) -> String {
+    format!("{KEY_PREFIX}nodes/{node_id}")
+}
+
+/// One node's allocs as the mirror holds them: revision of the last change, and each alloc's
+/// modify revision.
+#[derive(Debug, Clone, Default)]
+struct Mirror {
+    revision: u64,
+    allocs: HashMap<String, u64>,
+}
+
+/// [`ServerApi`] on etcd. Cheap to share (`Arc`); mirror tasks end when it is dropped.
+pub struct EtcdServerApi {
+    store: EtcdStore,
+    mirrors: Mutex<HashMap<String, watch::Receiver<Mirror>>>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl EtcdServerApi {
+    /// The seam on `store`.
+    pub fn new(store: EtcdStore) -> Arc<EtcdServerApi> {
+        Arc::new(EtcdServerApi {
+            store,
+            mirrors: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The mirror of `node_id`'s allocs, started at its first use.
+    fn mirror(&self, node_id: &str) -> watch::Receiver<Mirror> {
+        let mut mirrors = self.mirrors.lock_unpoisoned();
+        if let Some(mirror) = mirrors.get(node_id) {
+            return mirror.clone();
+        }
+        let (sender, receiver) = watch::channel(Mirror::default());
+        let task = tokio::spawn(keep_mirror(
+            self.store.clone(),
+            format!("{KEY_PREFIX}allocs/{node_id}/"),
+            sender,
+        ));
+        self.tasks.lock_unpoisoned().push(task.abort_handle());
+        mirrors.insert(node_id.to_string(), receiver.clone());
+        receiver
+    }
+}
+
+impl Drop for EtcdServerApi {
+    fn drop(&mut self) {
+        for task in self.tasks.lock_unpoisoned().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// Keeps `mirror` equal to the allocs under `prefix`, for as long as anyone holds it.
+async fn keep_mirror(store: EtcdStore, prefix: String, mirror: watch::Sender<Mirror>) {
+    loop {
+        let (entries, mut watch) = match PrefixWatch::start(&store, &prefix).await {
+            Ok(started) => started,
+            Err(error) => {
+                tracing::warn!(%prefix, %error, "cannot list a node's allocs in etcd; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let listed_at = (watch.next_revision() - 1).max(0) as u64;
+        replace(&mirror, &prefix, entries, listed_at);
+        loop {
+            let changes = match watch.next().await {
+                Ok(changes) => changes,
+                Err(error) => {
+                    tracing::warn!(%prefix, %error, "a node's alloc watch failed; re-listing");
+                    break;
+                }
+            };
+            for change in changes {
+                match change {
+                    Change::Put(kv) => {
+                        let Some(id) = kv.key.strip_prefix(&prefix) else {
+                            continue;
+                        };
+                        let revision = kv.mod_revision.max(0) as u64;
+                        mirror.send_modify(|m| {
+                            m.allocs.insert(id.to_string(), revision);
+                            m.revision = m.revision.max(revision);
+                        });
+                    }
+                    Change::Delete { key, mod_revision } => {
+                        let Some(id) = key.strip_prefix(&prefix) else {
+                            continue;
+                        };
+                        let revision = mod_revision.max(0) as u64;
+                        mirror.send_modify(|m| {
+                            m.allocs.remove(id);
+                            m.revision = m.revision.max(revision);
+                        });
+                    }
+                    Change::Relisted { entries, revision } => {
+                        replace(&mirror, &prefix, entries, revision.max(0) as u64);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn replace(
+    mirror: &watch::Sender<Mirror>,
+    prefix: &str,
+    entries: Vec<super::KeyValue>,
+    revision: u64,
+) {
+    let allocs = entries
+        .into_iter()
+        .filter_map(|kv| {
+            let id = kv.key.strip_prefix(prefix)?.to_string();
+            Some((id, kv.mod_revision.max(0) as u64))
+        })
+        .collect();
+    mirror.send_modify(|m| {
+        m.allocs = allocs;
+        m.revision = m.revision.max(revision);
+    });
+}
+
+fn unavailable(error: StoreError) -> ServerError {
+    ServerError::Unavailable(error.to_string())
+}
+
+#[async_trait::async_trait]
+impl ServerApi for EtcdServerApi {
+    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
+        let record = serde_json::json!({ "id": node_id }).to_string();
+        self.store
+            .put(&node_key(node_id), record.as_bytes())
+            .await
+            .map_err(unavailable)?;
+        self.mirror(node_id);
+        Ok(())
+    }
+
+    async fn watch_allocs(
+        &self,
+        node_id: &str,
+        min_index: u64,
+        wait: Duration,
+    ) -> Result<NodeAllocs, ServerError> {
+        let mut mirror = self.mirror(node_id);
+        // The first answer waits for the first list (revision 0 is "not listed yet").
+        let _ = tokio::time::timeout(
+            wait,
+            mirror.wait_for(|m| m.revision > 0 && m.revision > min_index),
+        )
+        .await;
+        let current = mirror.borrow().clone();
+        if current.revision == 0 {
+            return Err(ServerError::Unavailable(format!(
+                "the allocs of node {node_id} could not be listed from etcd yet"
+            )));
+        }
+        Ok(NodeAllocs {
+            index: current.revision,
+            allocs: current.allocs,
+        })
+    }
+
+    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
+        // The ids are this agent's nodes' allocs: look each up under every node mirrored.
+        let nodes: Vec<String> = self.mirrors.lock_unpoisoned().keys().cloned().collect();
+        let keys: Vec<String> = nodes
+            .iter()
+            .flat_map(|node| ids.iter().map(move |id| alloc_key(node, id)))
+            .collect();
+        let mut allocs = Vec::new();
+        for chunk in keys.chunks(MAX_KEYS_PER_TXN) {
+            for kv in self.store.get_many(chunk).await.map_err(unavailable)? {
+                match serde_json::from_slice::<Alloc>(&kv.value) {
+                    Ok(mut alloc) => {
+                        alloc.modify_index = kv.mod_revision.max(0) as u64;
+                        allocs.push(Arc::new(alloc));
+                    }
+                    Err(error) => {
+                        tracing::warn!(key = %kv.key, %error, "an alloc in etcd cannot be read; skipped")
+                    }
+                }
+            }
+        }
+        Ok(allocs)
+    }
+
+    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
+        // Each alloc's owner, from the mirrors: an alloc no mirror holds is gone, and its
+        // state is dropped (the contract's "an update for an alloc the server no longer has").
+        let owners: HashMap<String, String> = {
+            let mirrors = self.mirrors.lock_unpoisoned();
+            updates
+                .iter()
+                .filter_map(|update| {
+                    let (node, _) = mirrors
+                        .iter()
+                        .find(|(_, m)| m.borrow().allocs.contains_key(&update.alloc_id))?;
+                    Some((update.alloc_id.clone(), node.clone()))
+                })
+                .collect()
+        };
+        // One put per alloc (its latest state): a transaction may not name a key twice.
+        let mut latest: Vec<&AllocUpdate> = Vec::with_capacity(updates.len());
+        let mut position: HashMap<&str, usize> = HashMap::with_capacity(updates.len());
+        for update in updates {
+            match position.get(update.alloc_id.as_str()) {
+                Some(&at) => latest[at] = update,
+                None => {
+                    position.insert(&update.alloc_id, latest.len());
+                    latest.push(update);
+                }
+            }
+        }
+        let mut accepted = Vec::new();
+        for chunk in latest.chunks(MAX_KEYS_PER_TXN / 2) {
+            // A state is stored only while its alloc exists: each put is guarded by its alloc
+            // key's presence, so a retry, or a state for an alloc the scheduler removed since,
+            // can never bring a removed alloc back.
+            let writes: Vec<GuardedPut> = chunk
+                .iter()
+                .filter_map(|update| {
+                    let node = owners.get(&update.alloc_id)?;
+                    Some(GuardedPut {
+                        guard: alloc_key(node, &update.alloc_id),
+                        key: status_key(&update.alloc_id),
+                        value: serde_json::to_vec(&update.state).ok()?,
+                    })
+                })
+                .collect();
+            let landed = self
+                .store
+                .put_where_present(&writes)
+                .await
+                .map_err(unavailable)?;
+            accepted.extend(
+                chunk
+                    .iter()
+                    .filter(|u| landed.contains(&status_key(&u.alloc_id)))
+                    .map(|u| u.alloc_id.clone()),
+            );
+        }
+        Ok(accepted)
+    }
+}
