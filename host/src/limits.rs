@@ -22,13 +22,14 @@ pub trait LimitKind {
     const EXPECTED: &'static str;
     /// Reads a value as typed, without checking it is [`LimitKind::valid`].
     fn read(text: &str) -> Option<Self::Value>;
-    /// Whether `value` may be a limit of this kind (no limit may be 0).
+    /// Whether `value` may be a limit of this kind: 0 only where it means something (a
+    /// timeout's "at once"), never where it would fail every alloc.
     fn valid(value: Self::Value) -> bool;
     /// Reads a value as typed; `None` when it is not one, or not valid.
     fn parse(text: &str) -> Option<Self::Value> {
         Self::read(text).filter(|&value| Self::valid(value))
     }
-    /// Shows a value the way [`LimitKind::parse`] reads it.
+    /// Shows a value for people, in messages.
     fn show(value: Self::Value) -> String;
 }
 
