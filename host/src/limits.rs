@@ -240,6 +240,11 @@ impl LimitOverrides {
     }
 }
 
+/// A byte limit as a length in memory (a limit past the address space is no limit).
+pub fn as_len(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
 impl Limits {
     /// Where limits contradict each other, a message naming them: a checkpoint is one host
     /// call, so it must fit in the host-call allowance to get its own error when over; and a

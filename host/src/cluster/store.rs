@@ -63,6 +63,18 @@ pub struct KeyValue {
     pub mod_revision: i64,
 }
 
+/// What the single-key gets of a transaction found, in order (keys that do not exist left out).
+fn read_in(response: etcd_client::TxnResponse) -> Vec<KeyValue> {
+    response
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(KeyValue::from_etcd),
+            _ => None,
+        })
+        .collect()
+}
+
 /// One transaction making every put of `writes` if every guard exists, and none otherwise.
 fn guarded_txn(writes: &[GuardedPut]) -> Txn {
     let guards: Vec<Compare> = writes
@@ -210,22 +222,32 @@ impl EtcdStore {
     /// false when it holds another value. Safe to retry: a retry finds the key and changes
     /// nothing.
     pub async fn create(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
-        self.retrying("creating a key", |mut client| async move {
+        let held = self.create_or_read("creating a key", key, value).await?;
+        Ok(held == value)
+    }
+
+    /// Writes `value` at `key` if the key does not exist, else reads it, in one transaction;
+    /// returns what the key holds afterwards.
+    async fn create_or_read(
+        &self,
+        what: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
+        self.retrying(what, |mut client| async move {
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key, value, None)])
                 .or_else([TxnOp::get(key, None)]);
             let response = client.txn(txn).await?;
             if response.succeeded() {
-                return Ok(true);
+                return Ok(value.to_vec());
             }
-            let held = response.op_responses().into_iter().find_map(|op| match op {
-                etcd_client::TxnOpResponse::Get(get) => {
-                    get.kvs().first().map(|kv| kv.value().to_vec())
-                }
-                _ => None,
-            });
-            Ok(held.as_deref() == Some(value))
+            Ok(read_in(response)
+                .into_iter()
+                .next()
+                .map(|kv| kv.value)
+                .unwrap_or_default())
         })
         .await
     }
@@ -248,17 +270,7 @@ impl EtcdStore {
         }
         self.retrying("reading keys", |mut client| async move {
             let gets: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
-            let response = client.txn(Txn::new().and_then(gets)).await?;
-            Ok(response
-                .op_responses()
-                .into_iter()
-                .filter_map(|op| match op {
-                    etcd_client::TxnOpResponse::Get(get) => {
-                        get.kvs().first().map(KeyValue::from_etcd)
-                    }
-                    _ => None,
-                })
-                .collect())
+            Ok(read_in(client.txn(Txn::new().and_then(gets)).await?))
         })
         .await
     }
@@ -302,29 +314,7 @@ impl EtcdStore {
     pub async fn check_schema(&self) -> Result<(), StoreError> {
         let ours = SCHEMA_VERSION.to_string();
         let found = self
-            .retrying("checking the schema", |mut client| {
-                let ours = ours.clone();
-                async move {
-                    let txn = Txn::new()
-                        .when([Compare::create_revision(SCHEMA_KEY, CompareOp::Equal, 0)])
-                        .and_then([TxnOp::put(SCHEMA_KEY, ours.as_str(), None)])
-                        .or_else([TxnOp::get(SCHEMA_KEY, None)]);
-                    let response = client.txn(txn).await?;
-                    if response.succeeded() {
-                        return Ok(ours.into_bytes());
-                    }
-                    Ok(response
-                        .op_responses()
-                        .into_iter()
-                        .find_map(|op| match op {
-                            etcd_client::TxnOpResponse::Get(get) => {
-                                get.kvs().first().map(|kv| kv.value().to_vec())
-                            }
-                            _ => None,
-                        })
-                        .unwrap_or_default())
-                }
-            })
+            .create_or_read("checking the schema", SCHEMA_KEY, ours.as_bytes())
             .await?;
         let found = String::from_utf8_lossy(&found).into_owned();
         match found.trim().parse::<u32>() {

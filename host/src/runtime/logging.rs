@@ -37,12 +37,11 @@ pub struct LogLimits {
 impl LogLimits {
     /// The log limits within `limits`.
     pub fn of(limits: &Limits) -> Self {
-        let size = |bytes: u64| usize::try_from(bytes).unwrap_or(usize::MAX);
         LogLimits {
             lines_per_second: limits.log_lines_per_second,
             bytes_per_second: limits.log_bytes_per_second,
-            line_bytes: size(limits.log_line_bytes),
-            context_bytes: size(limits.log_field_bytes),
+            line_bytes: crate::limits::as_len(limits.log_line_bytes),
+            context_bytes: crate::limits::as_len(limits.log_field_bytes),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::StoreData;
 use super::bindings::{self, RunnerError};
+use crate::limits::as_len;
 use crate::structs::{AllocState, ClientStatus, Limits};
 use crate::text::cut;
 use crate::units::{format_bytes, format_duration};
@@ -30,7 +31,7 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
         return limit;
     }
     let limits = &data.limits;
-    let text_bytes = description_bytes(limits);
+    let text_bytes = as_len(limits.description_bytes);
     let caused_by = |text: &str| error.chain().any(|cause| cause.to_string().contains(text));
     if caused_by(HOSTCALL_FUEL_EXHAUSTED) {
         return format!(
@@ -74,11 +75,6 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
         .collect();
     let description = format!("{context}: {}", causes.join(": "));
     cut(&description, text_bytes).into_owned()
-}
-
-/// The longest description `limits` allow, as a length.
-pub(super) fn description_bytes(limits: &Limits) -> usize {
-    usize::try_from(limits.description_bytes).unwrap_or(usize::MAX)
 }
 
 /// What wasmtime says when a store holds more handles than it may.
@@ -125,7 +121,7 @@ pub(super) fn final_state(
             ClientStatus::Failed,
             cut(
                 &bindings::describe_runner_error(&error),
-                description_bytes(limits),
+                as_len(limits.description_bytes),
             )
             .into_owned(),
         ),

@@ -141,7 +141,7 @@ impl WasmAllocRunner {
         let limits = config.limits.with_overrides(&config.alloc.limits);
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
-            super::outcome::description_bytes(&limits),
+            crate::limits::as_len(limits.description_bytes),
             config.state_updater.clone(),
             initial,
         ));
@@ -453,7 +453,7 @@ impl Shared {
             disk,
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
-        store.set_hostcall_fuel(usize::try_from(self.limits.hostcall_bytes).unwrap_or(usize::MAX));
+        store.set_hostcall_fuel(crate::limits::as_len(self.limits.hostcall_bytes));
         store.set_max_component_handles(self.limits.open_files as usize);
         store.limiter(|data| &mut data.memory);
         store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());
