@@ -116,12 +116,18 @@ pub enum ClientStatus {
     Complete,
     /// Terminal: something went wrong.
     Failed,
+    /// Terminal: its node stopped answering (cluster mode), so the scheduler gave up on it.
+    /// Set by the scheduler, never by a client.
+    Lost,
 }
 
 impl ClientStatus {
-    /// `complete` and `failed` are final.
+    /// `complete`, `failed` and `lost` are final.
     pub fn is_terminal(self) -> bool {
-        matches!(self, ClientStatus::Complete | ClientStatus::Failed)
+        matches!(
+            self,
+            ClientStatus::Complete | ClientStatus::Failed | ClientStatus::Lost
+        )
     }
 
     /// The lowercase name operators see.
@@ -131,6 +137,7 @@ impl ClientStatus {
             ClientStatus::Running => "running",
             ClientStatus::Complete => "complete",
             ClientStatus::Failed => "failed",
+            ClientStatus::Lost => "lost",
         }
     }
 }

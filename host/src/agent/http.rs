@@ -27,13 +27,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 mod alloc_actions;
+pub mod forward;
 use alloc_actions::{restart_allocation, signal_allocation};
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct ApiState {
-    /// The embedded server.
-    pub server: Arc<EmbeddedServer>,
+    /// The server that answers for the cluster here: always the embedded server in the
+    /// single-node mode; in cluster mode, the scheduler's while this agent leads, else none
+    /// (requests for it are forwarded to the leader, see `forward`).
+    pub servers: tokio::sync::watch::Receiver<Option<Arc<EmbeddedServer>>>,
+    /// In cluster mode, who leads, for forwarding.
+    pub forwarding: Option<Arc<forward::Forwarding>>,
     /// This node's client.
     pub client: Client,
     /// The token writes need, if any.
@@ -72,10 +77,27 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/agent/health", get(health))
+        .route("/v1/status/leader", get(leader))
         .route("/v1/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_leader,
+        ))
         .with_state(state)
+}
+
+impl ApiState {
+    /// The server answering here, or 503 while none does (an election in progress).
+    fn server(&self) -> ApiResult<Arc<EmbeddedServer>> {
+        self.servers.borrow().clone().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no agent leads the cluster yet; retry in a few seconds",
+            )
+        })
+    }
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
@@ -133,6 +155,7 @@ impl From<RequestError> for ApiError {
         let status = match error {
             RequestError::JobNotFound(_) | RequestError::AllocNotFound(_) => StatusCode::NOT_FOUND,
             RequestError::JobStopped(_) => StatusCode::CONFLICT,
+            RequestError::NotSaved(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError::new(status, error.to_string())
     }
@@ -246,13 +269,15 @@ fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
     }
 }
 
-async fn list_jobs(State(state): State<ApiState>) -> Json<Vec<JobView>> {
-    let jobs = state.server.jobs();
-    Json(
-        jobs.iter()
-            .map(|job| job_view(job, &state.server.job_allocs(&job.spec.id)))
+async fn list_jobs(State(state): State<ApiState>) -> ApiResult<Json<Vec<JobView>>> {
+    let server = state.server()?;
+    Ok(Json(
+        server
+            .jobs()
+            .iter()
+            .map(|job| job_view(job, &server.job_allocs(&job.spec.id)))
             .collect(),
-    )
+    ))
 }
 
 async fn register_job(
@@ -278,7 +303,7 @@ async fn register_job(
         .check(&spec.capabilities)
         .map_err(|refused| ApiError::bad_request(refused.key.clone(), refused.to_string()))?;
     let job_id = spec.id.clone();
-    let registration = state.server.register_job(spec);
+    let registration = state.server()?.register_job(spec)?;
     Ok(Json(serde_json::json!({
         "job_id": job_id,
         "created": registration.created,
@@ -291,8 +316,9 @@ async fn get_job(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    let job = state.server.job(&id)?;
-    Ok(Json(job_view(&job, &state.server.job_allocs(&id))))
+    let server = state.server()?;
+    let job = server.job(&id)?;
+    Ok(Json(job_view(&job, &server.job_allocs(&id))))
 }
 
 /// Reads a boolean query parameter (`true` or `false`; absent is false), as JSON errors.
@@ -315,7 +341,7 @@ async fn stop_job(
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
     let purge = flag(&query, "purge")?;
-    let stopped = state.server.stop_job(&id, purge)?;
+    let stopped = state.server()?.stop_job(&id, purge)?;
     Ok(Json(
         serde_json::json!({ "job_id": id, "stopped": stopped, "purged": purge }),
     ))
@@ -345,7 +371,7 @@ async fn scale_job(
                 request.count
             ))
         })?;
-    let registration = state.server.scale_job(&id, count)?;
+    let registration = state.server()?.scale_job(&id, count)?;
     Ok(Json(
         serde_json::json!({ "job_id": id, "placed": registration.placed, "stopped": registration.stopped }),
     ))
@@ -355,23 +381,22 @@ async fn job_allocations(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<AllocView>>> {
-    state.server.job(&id)?;
+    let server = state.server()?;
+    server.job(&id)?;
     Ok(Json(
-        state
-            .server
-            .job_allocs(&id)
-            .iter()
-            .map(alloc_view)
-            .collect(),
+        server.job_allocs(&id).iter().map(alloc_view).collect(),
     ))
 }
 
-async fn list_allocations(State(state): State<ApiState>) -> Json<Vec<AllocView>> {
-    Json(state.server.allocs().iter().map(alloc_view).collect())
+async fn list_allocations(State(state): State<ApiState>) -> ApiResult<Json<Vec<AllocView>>> {
+    Ok(Json(
+        state.server()?.allocs().iter().map(alloc_view).collect(),
+    ))
 }
 
 /// Finds an alloc by id or unique id prefix, as Nomad's CLI allows.
-fn find_alloc(server: &EmbeddedServer, id_or_prefix: &str) -> ApiResult<AllocRecord> {
+fn find_alloc(state: &ApiState, id_or_prefix: &str) -> ApiResult<AllocRecord> {
+    let server = state.server()?;
     if let Ok(record) = server.alloc(id_or_prefix) {
         return Ok(record);
     }
@@ -394,7 +419,7 @@ async fn get_allocation(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<AllocView>> {
-    Ok(Json(alloc_view(&find_alloc(&state.server, &id)?)))
+    Ok(Json(alloc_view(&find_alloc(&state, &id)?)))
 }
 
 async fn stop_allocation(
@@ -403,8 +428,8 @@ async fn stop_allocation(
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    let record = find_alloc(&state.server, &id)?;
-    state.server.stop_alloc(&record.alloc.id)?;
+    let record = find_alloc(&state, &id)?;
+    state.server()?.stop_alloc(&record.alloc.id)?;
     Ok(Json(serde_json::json!({ "alloc_id": record.alloc.id })))
 }
 
@@ -414,12 +439,7 @@ async fn collect_allocation(
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    // The server may already have dropped an alloc the client still holds: try the id as given.
-    let alloc_id = match find_alloc(&state.server, &id) {
-        Ok(record) => record.alloc.id.clone(),
-        Err(error) if error.status == StatusCode::NOT_FOUND => id,
-        Err(error) => return Err(error),
-    };
+    let (alloc_id, _) = local_alloc_id(&state, id)?;
     match state.client.collect(&alloc_id).await {
         Ok(()) => Ok(Json(
             serde_json::json!({ "alloc_id": alloc_id, "collected": true }),
@@ -439,7 +459,10 @@ async fn allocation_logs(
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
     let follow = flag(&query, "follow")?;
-    let alloc_id = find_alloc(&state.server, &id)?.alloc.id.clone();
+    let (alloc_id, known) = local_alloc_id(&state, id)?;
+    if !known && state.client.runner(&alloc_id).is_none() {
+        return Err(RequestError::AllocNotFound(alloc_id).into());
+    }
     let content_type = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
     if !follow {
         let text = state.alloc_logs.read(&alloc_id).await.map_err(|error| {
@@ -452,7 +475,7 @@ async fn allocation_logs(
     }
     // Everything kept, then whatever is appended, until the alloc has stopped.
     let stopped = AllocStopped {
-        server: state.server.clone(),
+        server: state.servers.borrow().clone(),
         client: state.client.clone(),
         alloc_id: alloc_id.clone(),
     };
@@ -466,7 +489,7 @@ async fn allocation_logs(
 
 /// Whether a followed alloc has stopped, as the server and this client know it.
 struct AllocStopped {
-    server: Arc<EmbeddedServer>,
+    server: Option<Arc<EmbeddedServer>>,
     client: Client,
     alloc_id: String,
 }
@@ -478,7 +501,10 @@ impl AllocStopped {
         if let Some(runner) = self.client.runner(&self.alloc_id) {
             return runner.wait().is_set();
         }
-        match self.server.alloc(&self.alloc_id) {
+        let Some(server) = &self.server else {
+            return true;
+        };
+        match server.alloc(&self.alloc_id) {
             Err(_) => true,
             Ok(record) => record
                 .client_state
@@ -501,31 +527,71 @@ async fn system_gc(
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
-    let removed = state.server.collect_garbage(true);
+    let removed = state.server()?.collect_garbage(true)?;
     Ok(Json(serde_json::json!({ "removed": removed })))
 }
 
-async fn list_nodes(State(state): State<ApiState>) -> Json<Vec<serde_json::Value>> {
-    let allocs = state.server.allocs();
-    Json(
-        state
-            .server
-            .nodes()
+/// Every node: those allocs are placed on (`ready`), and those that hold allocs but went
+/// down (`down`, cluster mode), with how many allocs each runs.
+async fn list_nodes(State(state): State<ApiState>) -> ApiResult<Json<Vec<serde_json::Value>>> {
+    let server = state.server()?;
+    let allocs = server.allocs();
+    let ready: std::collections::BTreeSet<String> = server.nodes().into_iter().collect();
+    let mut nodes: BTreeMap<String, (bool, usize)> =
+        ready.iter().map(|n| (n.clone(), (true, 0))).collect();
+    for alloc in &allocs {
+        if let Some(node) = &alloc.node_id {
+            let entry = nodes
+                .entry(node.clone())
+                .or_insert((ready.contains(node), 0));
+            entry.1 += usize::from(!alloc.is_terminal());
+        }
+    }
+    Ok(Json(
+        nodes
             .into_iter()
-            .map(|node| {
-                let running = allocs
-                    .iter()
-                    .filter(|a| a.node_id.as_deref() == Some(node.as_str()))
-                    .filter(|a| {
-                        !a.client_state
-                            .as_ref()
-                            .is_some_and(|s| s.client_status.is_terminal())
-                    })
-                    .count();
-                serde_json::json!({ "id": node, "status": "ready", "allocs": running })
+            .map(|(node, (ready, running))| {
+                let status = if ready { "ready" } else { "down" };
+                serde_json::json!({ "id": node, "status": status, "allocs": running })
             })
             .collect(),
-    )
+    ))
+}
+
+/// The full id of `id` (an id or a unique prefix) for this node's client routes, and
+/// whether the server knows it. The server may already have dropped an alloc the client
+/// still holds, and in cluster mode an agent that does not lead has no server: then the id
+/// as given.
+fn local_alloc_id(state: &ApiState, id: String) -> ApiResult<(String, bool)> {
+    match find_alloc(state, &id) {
+        Ok(record) => Ok((record.alloc.id.clone(), true)),
+        Err(error)
+            if matches!(
+                error.status,
+                StatusCode::NOT_FOUND | StatusCode::SERVICE_UNAVAILABLE
+            ) && !id.is_empty() =>
+        {
+            Ok((id, false))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Who leads the cluster, as this agent last saw it (answered here, never forwarded).
+async fn leader(State(state): State<ApiState>) -> Json<serde_json::Value> {
+    match &state.forwarding {
+        None => Json(
+            serde_json::json!({ "mode": "embedded", "leader": null, "this_agent_leads": true }),
+        ),
+        Some(forwarding) => {
+            let view = forwarding.view();
+            Json(serde_json::json!({
+                "mode": "etcd",
+                "leader": view.leader,
+                "this_agent_leads": view.leading.is_some(),
+            }))
+        }
+    }
 }
 
 async fn health() -> Json<serde_json::Value> {

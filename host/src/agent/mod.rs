@@ -1,13 +1,17 @@
-//! `caravan agent`: the embedded server, one client node and the HTTP API in one process.
+//! `caravan agent`: the embedded server, one client node and the HTTP API in one process;
+//! or, in cluster mode, one node of a cluster whose state lives in etcd, which schedules
+//! for the whole cluster while it holds the leadership (see [`crate::cluster`]).
 //!
 //! Layout:
-//! - [`config`]: the TOML config file and its knobs.
+//! - [`config`]: the TOML config file and its knobs; [`cluster_config`], its `[cluster]`.
 //! - [`http`]: the HTTP API.
 //! - [`descriptors`]: the process's open-file limit, raised at start.
 //!
 //! The agent is the composition root: the only place that knows every layer. It may use all
 //! of them; none of them knows it, and only the CLI's `agent` command starts it.
 
+pub mod cluster_config;
+mod cluster_mode;
 pub mod config;
 pub mod descriptors;
 pub mod http;
@@ -33,10 +37,13 @@ pub const LOCAL_NODE: &str = "local";
 pub struct Agent {
     /// Where the HTTP API listens (the real port when `bind` asked for port 0).
     pub addr: SocketAddr,
-    /// The embedded server.
-    pub server: Arc<EmbeddedServer>,
+    /// The server answering here: the embedded one, or in cluster mode the scheduler's while
+    /// this agent leads.
+    pub servers: tokio::sync::watch::Receiver<Option<Arc<EmbeddedServer>>>,
     /// The agent's client.
     pub client: Client,
+    /// In cluster mode, the agent's membership and its scheduler.
+    cluster: Option<cluster_mode::ClusterMode>,
     dev: bool,
     alloc_logs: AllocLogs,
     /// Holds a dev agent's temporary data dir; dropping it removes the directory.
@@ -83,10 +90,35 @@ impl Agent {
             cache_dir: Some(config.data_dir.join("cache")),
             ..RuntimeConfig::default()
         })?;
-        let server = EmbeddedServer::open(config.server.clone(), db.clone())?;
         // One owner of the alloc log files, shared by the runners and the HTTP API.
         let alloc_logs = AllocLogs::under_data_dir(&config.data_dir);
-        let mut client_config = ClientConfig::new(LOCAL_NODE, &config.data_dir);
+        let listener = tokio::net::TcpListener::bind(config.bind)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.bind))?;
+        let addr = listener.local_addr()?;
+        // The server side: the embedded server on this agent's state file, or etcd.
+        let (server_api, node_id, servers, cluster) = match &config.cluster {
+            None => {
+                let server = EmbeddedServer::open(config.server.clone(), db.clone())?;
+                let servers = tokio::sync::watch::channel(Some(server.clone())).1;
+                (
+                    server as Arc<dyn ServerApi>,
+                    LOCAL_NODE.to_string(),
+                    servers,
+                    None,
+                )
+            }
+            Some(cluster) => {
+                let mode = cluster_mode::ClusterMode::join(cluster, &config.server, addr).await?;
+                (
+                    mode.server_api.clone(),
+                    cluster.node_name.clone(),
+                    mode.servers(),
+                    Some(mode),
+                )
+            }
+        };
+        let mut client_config = ClientConfig::new(&node_id, &config.data_dir);
         client_config.alloc_logs = alloc_logs.clone();
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
@@ -96,21 +128,13 @@ impl Agent {
             .offering(capabilities.clone())
             .capped(config.limit_caps)
             .into_factory();
-        let client = Client::with_disk_stats(
-            client_config,
-            server.clone() as Arc<dyn ServerApi>,
-            factory,
-            db,
-        );
+        let client = Client::with_disk_stats(client_config, server_api, factory, db);
         let restored = client.restore().await?;
         client.start();
 
-        let listener = tokio::net::TcpListener::bind(config.bind)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.bind))?;
-        let addr = listener.local_addr()?;
         let api = http::router(http::ApiState {
-            server: server.clone(),
+            servers: servers.clone(),
+            forwarding: cluster.as_ref().map(|c| c.forwarding()),
             client: client.clone(),
             acl_token: config.acl_token.clone(),
             runtime,
@@ -137,8 +161,9 @@ impl Agent {
         );
         Ok(Agent {
             addr,
-            server,
+            servers,
             client,
+            cluster,
             dev: config.dev,
             alloc_logs,
             _dev_data_dir: dev_data_dir,
@@ -154,6 +179,11 @@ impl Agent {
         // Stop taking requests, stop the runners (which ends followed log streams), then
         // give open connections a moment to finish.
         let _ = self.stop_http.send(());
+        // Leadership and liveness go first: another agent takes over at once rather than
+        // after a TTL, and this node is down (its allocs replaced) as it stops.
+        if let Some(cluster) = self.cluster {
+            cluster.leave().await;
+        }
         if self.dev {
             self.client.destroy_all().await;
         } else {

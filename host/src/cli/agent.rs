@@ -31,6 +31,16 @@ pub struct AgentCommand {
     /// Require this bearer token for every write request.
     #[arg(long, env = "CARAVAN_ACL_TOKEN", value_name = "TOKEN")]
     acl_token: Option<String>,
+    /// `etcd` to join a cluster whose state lives in etcd; `embedded` (the default) runs
+    /// one node with its own server (docs/cluster.md).
+    #[arg(long, value_name = "MODE")]
+    cluster: Option<String>,
+    /// Every etcd member's client URL, comma-separated (cluster mode).
+    #[arg(long, value_name = "URL,URL,...")]
+    etcd_endpoints: Option<String>,
+    /// This node's name in the cluster (default: the host's name).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
 }
 
 impl AgentCommand {
@@ -43,6 +53,9 @@ impl AgentCommand {
             bind: self.bind,
             dev: self.dev,
             acl_token: self.acl_token,
+            cluster: self.cluster,
+            etcd_endpoints: self.etcd_endpoints,
+            node_name: self.node_name,
             log_level: global.log_level.clone(),
             log_json: global.log_json,
         }

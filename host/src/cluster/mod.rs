@@ -12,11 +12,21 @@
 //! This module knows etcd and plain bytes; it knows nothing of allocs, jobs, runners or the
 //! embedded server.
 
+pub mod keys;
+mod lease;
+mod member;
 mod node_api;
+mod scheduler;
+mod scheduler_db;
 mod store;
 mod watch;
 
-pub use node_api::{EtcdServerApi, alloc_key, node_key, status_key};
+pub use keys::{alloc_key, node_key, status_key};
+pub use lease::{Fence, FencedOp, LeaseState};
+pub use member::{Member, MemberRecord, MemberView};
+pub use node_api::EtcdServerApi;
+pub use scheduler::{SchedulerConfig, ServerSlot, lead};
+pub use scheduler_db::{EtcdSchedulerDb, Snapshot};
 pub use store::{EtcdStore, GuardedPut, KeyValue, StoreError};
 pub use watch::{Change, PrefixWatch};
 

@@ -12,8 +12,9 @@
 //!
 //! It touches only those keys, and knows nothing of the client's runners or of scheduling.
 
+use super::keys::{self, alloc_key, node_key, status_key};
 use super::store::{EtcdStore, GuardedPut, StoreError};
-use super::{KEY_PREFIX, PrefixWatch, watch::Change};
+use super::{PrefixWatch, watch::Change};
 use crate::locks::LockUnpoisoned;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use crate::structs::Alloc;
@@ -26,19 +27,11 @@ use tokio::sync::watch;
 /// names two keys (its compare and its put).
 const MAX_KEYS_PER_TXN: usize = 64;
 
-/// The key of `alloc_id`'s desired state on `node_id`.
-pub fn alloc_key(node_id: &str, alloc_id: &str) -> String {
-    format!("{KEY_PREFIX}allocs/{node_id}/{alloc_id}")
-}
-
-/// The key of `alloc_id`'s client state.
-pub fn status_key(alloc_id: &str) -> String {
-    format!("{KEY_PREFIX}status/{alloc_id}")
-}
-
-/// The key of `node_id`'s record.
-pub fn node_key(node_id: &str) -> String {
-    format!("{KEY_PREFIX}nodes/{node_id}")
+/// What a node reads of an alloc key's value: the alloc. The scheduler keeps its own
+/// bookkeeping next to it (its placement, sequence and version), which nodes ignore.
+#[derive(serde::Deserialize)]
+struct AllocEntry {
+    alloc: Alloc,
 }
 
 /// One node's allocs as the mirror holds them: revision of the last change, and each alloc's
@@ -75,7 +68,7 @@ impl EtcdServerApi {
         let (sender, receiver) = watch::channel(Mirror::default());
         let task = tokio::spawn(keep_mirror(
             self.store.clone(),
-            format!("{KEY_PREFIX}allocs/{node_id}/"),
+            keys::node_allocs_prefix(node_id),
             sender,
         ));
         self.tasks.lock_unpoisoned().push(task.abort_handle());
@@ -214,8 +207,8 @@ impl ServerApi for EtcdServerApi {
         let mut allocs = Vec::new();
         for chunk in keys.chunks(MAX_KEYS_PER_TXN) {
             for kv in self.store.get_many(chunk).await.map_err(unavailable)? {
-                match serde_json::from_slice::<Alloc>(&kv.value) {
-                    Ok(mut alloc) => {
+                match serde_json::from_slice::<AllocEntry>(&kv.value) {
+                    Ok(AllocEntry { mut alloc }) => {
                         alloc.modify_index = kv.mod_revision.max(0) as u64;
                         allocs.push(Arc::new(alloc));
                     }

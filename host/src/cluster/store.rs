@@ -61,10 +61,14 @@ pub struct KeyValue {
     pub value: Vec<u8>,
     /// The revision of its last change.
     pub mod_revision: i64,
+    /// The revision that created it (since its last deletion).
+    pub create_revision: i64,
+    /// The lease it is attached to (0: none).
+    pub lease: i64,
 }
 
 /// What the single-key gets of a transaction found, in order (keys that do not exist left out).
-fn read_in(response: etcd_client::TxnResponse) -> Vec<KeyValue> {
+pub(super) fn read_in(response: etcd_client::TxnResponse) -> Vec<KeyValue> {
     response
         .op_responses()
         .into_iter()
@@ -94,6 +98,8 @@ impl KeyValue {
             key: String::from_utf8_lossy(kv.key()).into_owned(),
             value: kv.value().to_vec(),
             mod_revision: kv.mod_revision(),
+            create_revision: kv.create_revision(),
+            lease: kv.lease(),
         }
     }
 }
@@ -112,7 +118,7 @@ pub struct GuardedPut {
 /// A connection to an etcd cluster, every member named. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    pub(super) client: Client,
     endpoints: Vec<String>,
 }
 
@@ -164,7 +170,7 @@ impl EtcdStore {
 
     /// Runs `call` until it succeeds, retrying every error for [`RETRY_FOR`]: callers pass
     /// only calls that a retry cannot apply twice (reads, and writes guarded by a compare).
-    async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, StoreError>
+    pub(super) async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, StoreError>
     where
         F: FnMut(KvClient) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,

@@ -7,7 +7,7 @@
 
 use super::EmbeddedServer;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
-use crate::structs::Alloc;
+use crate::structs::{Alloc, ClientStatus};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +59,15 @@ impl ServerApi for EmbeddedServer {
                 let Some(record) = state.alloc_mut(&update.alloc_id) else {
                     continue;
                 };
+                // A lost alloc stays lost until its node, back, reports how it ended.
+                let lost = record
+                    .client_state
+                    .as_ref()
+                    .is_some_and(|s| s.client_status == ClientStatus::Lost);
+                if lost && !update.state.client_status.is_terminal() {
+                    accepted.push(update.alloc_id.clone());
+                    continue;
+                }
                 if update.state.client_status.is_terminal() && record.terminal_since.is_none() {
                     record.terminal_since = Some(Instant::now());
                 }

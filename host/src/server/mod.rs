@@ -25,6 +25,7 @@
 //!   released: two registrations of one job never plan against the same allocs.
 
 mod api;
+mod apply;
 pub mod gc;
 mod persist;
 pub mod placement;
@@ -39,8 +40,6 @@ pub use records::{AllocRecord, JobRecord};
 use crate::jobspec::JobSpec;
 use crate::locks::LockUnpoisoned;
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking};
-use crate::structs::{Alloc, DesiredStatus};
-use reconcile::{JobPlan, Plan, Replacement};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,6 +77,10 @@ pub enum RequestError {
     /// No alloc with that id.
     #[error("allocation {0:?} not found")]
     AllocNotFound(String),
+    /// The change could not be saved (in cluster mode: this agent no longer leads, or etcd
+    /// is unreachable); retry.
+    #[error("the change could not be saved: {0}")]
+    NotSaved(String),
 }
 
 /// What registering a job did.
@@ -166,15 +169,23 @@ impl EmbeddedServer {
         (result, saved)
     }
 
+    /// [`Self::change`], for a request: a change that could not be saved is
+    /// [`RequestError::NotSaved`], for the caller to retry.
+    fn request<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> Result<T, RequestError> {
+        let (result, saved) = self.change(change);
+        saved.map_err(|e| RequestError::NotSaved(e.to_string()))?;
+        Ok(result)
+    }
+
     /// Registers a job, or updates it when the id exists (see [`reconcile`] for the rules).
-    pub fn register_job(&self, spec: JobSpec) -> Registration {
-        self.change(|state, index| state.register(spec, index)).0
+    pub fn register_job(&self, spec: JobSpec) -> Result<Registration, RequestError> {
+        self.request(|state, index| state.register(spec, index))
     }
 
     /// Changes a job's count, as registering it again with that count would.
     /// A stopped job is not scaled (409): registering it again starts it.
     pub fn scale_job(&self, job_id: &str, count: u32) -> Result<Registration, RequestError> {
-        self.change(|state, index| {
+        self.request(|state, index| {
             let job = state.jobs.get(job_id).filter(|job| !job.purged);
             let job = job.ok_or_else(|| RequestError::JobNotFound(job_id.to_string()))?;
             if job.stopped {
@@ -185,8 +196,7 @@ impl EmbeddedServer {
                 ..job.spec.clone()
             };
             Ok(state.register(spec, index))
-        })
-        .0
+        })?
     }
 
     /// Stops a job: every alloc is asked to stop. With `purge`, the job is also removed once
@@ -195,21 +205,19 @@ impl EmbeddedServer {
         if self.lock().jobs.get(job_id).is_none_or(|job| job.purged) {
             return Err(RequestError::JobNotFound(job_id.to_string()));
         }
-        Ok(self
-            .change(|state, index| {
-                let plan = reconcile::stop_job(job_id, state.allocs.values());
-                let stopped = plan.stop.clone();
-                if let Some(job) = state.job_mut(job_id) {
-                    job.stopped = true;
-                    job.purged |= purge;
-                }
-                for id in &plan.stop {
-                    state.stop_alloc(id, index);
-                }
-                state.remove_empty_purged_jobs();
-                stopped
-            })
-            .0)
+        self.request(|state, index| {
+            let plan = reconcile::stop_job(job_id, state.allocs.values());
+            let stopped = plan.stop.clone();
+            if let Some(job) = state.job_mut(job_id) {
+                job.stopped = true;
+                job.purged |= purge;
+            }
+            for id in &plan.stop {
+                state.stop_alloc(id, index);
+            }
+            state.remove_empty_purged_jobs();
+            stopped
+        })
     }
 
     /// Stops one alloc (desired status stop); a service job does not replace it.
@@ -217,15 +225,14 @@ impl EmbeddedServer {
         if !self.lock().allocs.contains_key(alloc_id) {
             return Err(RequestError::AllocNotFound(alloc_id.to_string()));
         }
-        let _ = self.change(|state, index| state.stop_alloc(alloc_id, index));
-        Ok(())
+        self.request(|state, index| state.stop_alloc(alloc_id, index))
     }
 
     /// Removes terminal allocs of stopped or finished jobs: those terminal for longer than
     /// `job_gc_threshold`, or all of them when `force`. Returns the ids removed.
-    pub fn collect_garbage(&self, force: bool) -> Vec<String> {
+    pub fn collect_garbage(&self, force: bool) -> Result<Vec<String>, RequestError> {
         let threshold = self.config.job_gc_threshold;
-        self.change(|state, _| {
+        self.request(|state, _| {
             let removed = gc::collectable_allocs(
                 &state.jobs,
                 state.allocs.values(),
@@ -239,7 +246,6 @@ impl EmbeddedServer {
             state.remove_empty_purged_jobs();
             removed
         })
-        .0
     }
 
     /// Every job, by id.
@@ -290,147 +296,14 @@ impl EmbeddedServer {
     pub fn nodes(&self) -> Vec<String> {
         self.lock().nodes.iter().cloned().collect()
     }
-}
 
-/// Applying decisions: each takes the state as the lock holds it, asks the scheduler's pure
-/// functions what to do, and makes it so (ids, sequence numbers, modify indexes).
-impl State {
-    fn register(&mut self, spec: JobSpec, index: u64) -> Registration {
-        let existing = self.jobs.get(&spec.id);
-        let JobPlan {
-            created,
-            version,
-            plan,
-        } = reconcile::reconcile_job(existing, &spec, &self.nodes, self.allocs.values());
-        let restarts = existing
-            .filter(|job| !job.purged)
-            .map_or(0, |job| job.restarts);
-        let stopped = plan.stop.clone();
-        let placed = self.apply(plan, &spec, version, index);
-        self.insert_job(
-            spec.id.clone(),
-            JobRecord {
-                spec,
-                version,
-                stopped: false,
-                purged: false,
-                restarts,
-            },
-        );
-        Registration {
-            created,
-            placed,
-            stopped,
-        }
-    }
-
-    /// Applies `plan` to the allocs of the job `spec` describes at `version`: stops, marks
-    /// replaced, then creates the new allocs. Returns the new allocs' ids.
-    fn apply(&mut self, plan: Plan, spec: &JobSpec, version: u64, index: u64) -> Vec<String> {
-        for id in &plan.stop {
-            self.stop_alloc(id, index);
-        }
-        for id in &plan.replace {
-            if let Some(record) = self.alloc_mut(id) {
-                record.replaced = true;
-            }
-        }
-        plan.place
-            .into_iter()
-            .map(|node_id| self.create_alloc(spec, version, node_id, index))
-            .collect()
-    }
-
-    fn stop_alloc(&mut self, alloc_id: &str, index: u64) {
-        if let Some(record) = self.alloc_mut(alloc_id)
-            && record.alloc.desired_status == DesiredStatus::Run
-        {
-            record.alloc = Arc::new(Alloc {
-                desired_status: DesiredStatus::Stop,
-                modify_index: index,
-                ..Alloc::clone(&record.alloc)
-            });
-        }
-    }
-
-    fn create_alloc(
-        &mut self,
-        spec: &JobSpec,
-        version: u64,
-        node_id: Option<String>,
-        index: u64,
-    ) -> String {
-        let alloc = Alloc {
-            modify_index: index,
-            meta: spec.meta.clone(),
-            limits: spec.limits.clone(),
-            capabilities: spec.capabilities.clone(),
-            ..Alloc::new(
-                uuid::Uuid::new_v4().to_string(),
-                spec.id.clone(),
-                spec.runner.clone(),
-                spec.tasks.clone(),
-            )
-        };
-        let id = alloc.id.clone();
-        self.next_sequence += 1;
-        self.insert_alloc(AllocRecord {
-            alloc: Arc::new(alloc),
-            node_id,
-            client_state: None,
-            job_version: version,
-            sequence: self.next_sequence,
-            terminal_since: None,
-            replaced: false,
-        });
-        id
-    }
-
-    /// Places the allocs that were waiting for a node.
-    fn place_unplaced(&mut self, index: u64) {
-        for (id, node) in placement::place_unplaced(&self.nodes, self.allocs.values()) {
-            if let Some(record) = self.alloc_mut(&id) {
-                record.node_id = node;
-                record.alloc = Arc::new(Alloc {
-                    modify_index: index,
-                    ..Alloc::clone(&record.alloc)
-                });
-            }
-        }
-    }
-
-    /// Replaces a failed service alloc, within the job's restart limit.
-    fn replace_if_failed(&mut self, alloc_id: &str, restart_limit: u32, index: u64) {
-        let Some(record) = self.allocs.get(alloc_id) else {
-            return;
-        };
-        let job = self.jobs.get(&record.alloc.job_id);
-        let decision = reconcile::replace_failed(
-            record,
-            job,
-            restart_limit,
-            &self.nodes,
-            self.allocs.values(),
-        );
-        let (Replacement::Replace(plan), Some(job)) = (&decision, job) else {
-            if decision == Replacement::LimitReached {
-                tracing::warn!(job = %record.alloc.job_id, alloc_id, restart_limit, "not replacing failed allocation: restart limit reached");
-            }
-            return;
-        };
-        let (spec, version, plan) = (job.spec.clone(), job.version, plan.clone());
-        if let Some(job) = self.job_mut(&spec.id) {
-            job.restarts += 1;
-        }
-        let replacement = self.apply(plan, &spec, version, index);
-        let replacement = replacement.first().map_or("", String::as_str);
-        tracing::info!(job = %spec.id, alloc_id, replacement, "replacing failed allocation");
-    }
-
-    fn remove_empty_purged_jobs(&mut self) {
-        for job_id in gc::empty_purged_jobs(&self.jobs, self.allocs.values()) {
-            self.remove_job(&job_id);
-        }
+    /// Takes a node that stopped answering out of placement (cluster mode): its allocs that
+    /// were not terminal become `lost` and are asked to stop, and those their jobs still
+    /// want are replaced on the other nodes. Returns the ids lost; an error when the change
+    /// could not be saved (it stays in memory, as for every change).
+    pub fn node_down(&self, node_id: &str) -> Result<Vec<String>, StateError> {
+        let (lost, saved) = self.change(|state, index| state.node_down(node_id, index));
+        saved.map(|()| lost)
     }
 }
 
@@ -439,7 +312,7 @@ mod tests {
     use super::*;
     use crate::jobspec::JobType;
     use crate::rpc::{AllocUpdate, ServerApi};
-    use crate::structs::{AllocState, ClientStatus};
+    use crate::structs::{AllocState, ClientStatus, DesiredStatus};
     use testkit::spec;
 
     fn wanted(server: &EmbeddedServer, job: &str) -> usize {
@@ -468,7 +341,9 @@ mod tests {
     #[tokio::test]
     async fn allocs_wait_for_a_node_then_are_placed_on_it() {
         let server = EmbeddedServer::new(ServerConfig::default());
-        server.register_job(spec("web", JobType::Service, 2));
+        server
+            .register_job(spec("web", JobType::Service, 2))
+            .unwrap();
         assert!(server.allocs().iter().all(|a| a.node_id.is_none()));
         server.register_node("n1").await.unwrap();
         let seen = server.watch_allocs("n1", 0, Duration::ZERO).await.unwrap();
@@ -479,14 +354,20 @@ mod tests {
     async fn scaling_up_adds_allocs_and_down_stops_the_newest() {
         let server = EmbeddedServer::new(ServerConfig::default());
         server.register_node("n1").await.unwrap();
-        let first = server.register_job(spec("web", JobType::Service, 2));
+        let first = server
+            .register_job(spec("web", JobType::Service, 2))
+            .unwrap();
         assert!(first.created);
-        let up = server.register_job(spec("web", JobType::Service, 4));
+        let up = server
+            .register_job(spec("web", JobType::Service, 4))
+            .unwrap();
         assert_eq!(
             (up.created, up.placed.len(), up.stopped.len()),
             (false, 2, 0)
         );
-        let down = server.register_job(spec("web", JobType::Service, 1));
+        let down = server
+            .register_job(spec("web", JobType::Service, 1))
+            .unwrap();
         assert_eq!(down.stopped.len(), 3);
         assert!(
             down.stopped
@@ -501,11 +382,15 @@ mod tests {
     async fn a_changed_runner_replaces_every_alloc() {
         let server = EmbeddedServer::new(ServerConfig::default());
         server.register_node("n1").await.unwrap();
-        let first = server.register_job(spec("web", JobType::Service, 2));
-        let changed = server.register_job(JobSpec {
-            runner: "other.wasm".into(),
-            ..spec("web", JobType::Service, 2)
-        });
+        let first = server
+            .register_job(spec("web", JobType::Service, 2))
+            .unwrap();
+        let changed = server
+            .register_job(JobSpec {
+                runner: "other.wasm".into(),
+                ..spec("web", JobType::Service, 2)
+            })
+            .unwrap();
         assert_eq!(changed.stopped.len(), 2);
         assert_eq!(changed.placed.len(), 2);
         assert!(
@@ -524,7 +409,11 @@ mod tests {
             ..ServerConfig::default()
         });
         server.register_node("n1").await.unwrap();
-        let first = server.register_job(spec("web", JobType::Service, 1)).placed[0].clone();
+        let first = server
+            .register_job(spec("web", JobType::Service, 1))
+            .unwrap()
+            .placed[0]
+            .clone();
         report(&server, &first, ClientStatus::Failed).await;
         assert_eq!(server.job_allocs("web").len(), 2, "one replacement");
         let second = server
@@ -547,15 +436,18 @@ mod tests {
     async fn stop_and_gc_remove_only_terminal_allocs_and_purge_removes_the_job_last() {
         let server = EmbeddedServer::new(ServerConfig::default());
         server.register_node("n1").await.unwrap();
-        let ids = server.register_job(spec("web", JobType::Service, 2)).placed;
+        let ids = server
+            .register_job(spec("web", JobType::Service, 2))
+            .unwrap()
+            .placed;
         assert_eq!(server.stop_job("web", true).unwrap().len(), 2);
         report(&server, &ids[0], ClientStatus::Complete).await;
         assert!(
-            server.collect_garbage(false).is_empty(),
+            server.collect_garbage(false).unwrap().is_empty(),
             "within job_gc_threshold: kept"
         );
         assert_eq!(
-            server.collect_garbage(true),
+            server.collect_garbage(true).unwrap(),
             [ids[0].clone()],
             "forced: the terminal one goes"
         );
@@ -568,7 +460,7 @@ mod tests {
             "a purged job is gone from listings at once"
         );
         report(&server, &ids[1], ClientStatus::Complete).await;
-        server.collect_garbage(true);
+        server.collect_garbage(true).unwrap();
         assert!(server.allocs().is_empty());
         assert!(matches!(
             server.stop_job("nope", false),
@@ -583,10 +475,14 @@ mod tests {
             ..ServerConfig::default()
         });
         server.register_node("n1").await.unwrap();
-        let id = server.register_job(spec("once", JobType::Batch, 1)).placed[0].clone();
+        let id = server
+            .register_job(spec("once", JobType::Batch, 1))
+            .unwrap()
+            .placed[0]
+            .clone();
         report(&server, &id, ClientStatus::Complete).await;
-        assert!(server.collect_garbage(false).is_empty());
+        assert!(server.collect_garbage(false).unwrap().is_empty());
         tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(server.collect_garbage(false), [id]);
+        assert_eq!(server.collect_garbage(false).unwrap(), [id]);
     }
 }

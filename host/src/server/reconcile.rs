@@ -19,12 +19,16 @@
 //!   that was still wanted is replaced: a deploy or a stop already took care of the others.
 //! - Only wanted allocs (desired to run, not terminal, not replaced) count toward the job's
 //!   count, so a stopping or failed alloc never hides a missing one.
+//! - When a node goes down (cluster mode), every alloc on it that is not terminal is lost and
+//!   asked to stop, so that its node kills it if it comes back; each one its job still wanted
+//!   is replaced on a live node, batch or service, without using a restart (its runner did
+//!   not fail). A batch alloc that completed stays complete.
 
 use super::placement::{node_load, place};
 use super::records::{AllocRecord, JobRecord};
 use crate::jobspec::{JobSpec, JobType};
 use crate::structs::{ClientStatus, DesiredStatus};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What to do to a job's allocs. Applied in field order: stops, then replacements, then new
 /// allocs.
@@ -158,6 +162,64 @@ pub fn replace_failed<'a>(
         place: place(&node_load(nodes, allocs), 1),
         ..Plan::default()
     })
+}
+
+/// What a node's death does to the allocs it held.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NodeLoss {
+    /// Allocs that were not terminal on the node: now lost, and asked to stop.
+    pub lost: Vec<String>,
+    /// Per job, the lost allocs to mark replaced (`replace`) and their new allocs (`place`).
+    pub replacements: Vec<(String, Plan)>,
+}
+
+/// Decides what `node_id` going down does: `jobs` by id, `live_nodes` the nodes still up
+/// (replacements go there), `allocs` every alloc in a stable order.
+pub fn lose_node<'a>(
+    node_id: &str,
+    jobs: &BTreeMap<String, JobRecord>,
+    live_nodes: &BTreeSet<String>,
+    allocs: impl IntoIterator<Item = &'a AllocRecord>,
+) -> NodeLoss {
+    let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
+    let on_node: Vec<&AllocRecord> = allocs
+        .iter()
+        .copied()
+        .filter(|a| a.node_id.as_deref() == Some(node_id) && !a.is_terminal())
+        .collect();
+    let mut to_replace: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for alloc in on_node.iter().filter(|a| a.is_wanted()) {
+        let current = jobs
+            .get(&alloc.alloc.job_id)
+            .is_some_and(|job| !job.purged && !job.stopped && job.version == alloc.job_version);
+        if current {
+            to_replace
+                .entry(&alloc.alloc.job_id)
+                .or_default()
+                .push(alloc.alloc.id.clone());
+        }
+    }
+    // Each job's new allocs count toward the load the next job's are placed by.
+    let mut load = node_load(live_nodes, allocs.iter().copied());
+    let mut replacements = Vec::new();
+    for (job_id, replace) in to_replace {
+        let place = place(&load, replace.len());
+        for node in place.iter().flatten() {
+            *load.entry(node.clone()).or_default() += 1;
+        }
+        replacements.push((
+            job_id.to_string(),
+            Plan {
+                replace,
+                place,
+                ..Plan::default()
+            },
+        ));
+    }
+    NodeLoss {
+        lost: on_node.iter().map(|a| a.alloc.id.clone()).collect(),
+        replacements,
+    }
 }
 
 #[cfg(test)]
@@ -359,5 +421,63 @@ mod tests {
             Replacement::NotNeeded,
             "no job: nothing to replace it with"
         );
+    }
+
+    #[test]
+    fn a_lost_node_loses_its_live_allocs_and_they_are_replaced_on_live_nodes() {
+        let jobs = BTreeMap::from([
+            ("web".to_string(), job(spec("web", JobType::Service, 2), 1)),
+            ("once".to_string(), job(spec("once", JobType::Batch, 2), 1)),
+        ]);
+        let allocs = [
+            alloc_on("web", 1, Some("dead")),
+            alloc_on("web", 2, Some("n1")),
+            terminal(alloc_on("once", 3, Some("dead"))),
+            alloc_on("once", 4, Some("dead")),
+            stopping(alloc_on("web", 5, Some("dead"))),
+        ];
+        let loss = lose_node("dead", &jobs, &one_node(), &allocs);
+        assert_eq!(
+            loss.lost,
+            ids(&allocs, &[1, 4, 5]),
+            "the complete batch alloc stays complete"
+        );
+        assert_eq!(
+            loss.replacements,
+            [
+                (
+                    "once".to_string(),
+                    Plan {
+                        replace: ids(&allocs, &[4]),
+                        place: vec![Some("n1".into())],
+                        ..Plan::default()
+                    }
+                ),
+                (
+                    "web".to_string(),
+                    Plan {
+                        replace: ids(&allocs, &[1]),
+                        place: vec![Some("n1".into())],
+                        ..Plan::default()
+                    }
+                ),
+            ],
+            "the stopping alloc is lost but not replaced"
+        );
+    }
+
+    #[test]
+    fn lost_allocs_of_a_stopped_job_or_an_older_version_are_not_replaced() {
+        let mut stopped = job(spec("web", JobType::Service, 1), 1);
+        stopped.stopped = true;
+        let newer = job(spec("api", JobType::Service, 1), 2);
+        let jobs = BTreeMap::from([("web".to_string(), stopped), ("api".to_string(), newer)]);
+        let allocs = [
+            alloc_on("web", 1, Some("dead")),
+            alloc_on("api", 2, Some("dead")),
+        ];
+        let loss = lose_node("dead", &jobs, &one_node(), &allocs);
+        assert_eq!(loss.lost.len(), 2);
+        assert!(loss.replacements.is_empty());
     }
 }

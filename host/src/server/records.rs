@@ -69,11 +69,12 @@ impl AllocRecord {
 
 /// An [`AllocRecord`] as saved: the time it turned terminal as wall-clock milliseconds, since
 /// an `Instant` means nothing to the next process.
-#[derive(Serialize, Deserialize)]
-pub(super) struct SavedAllocRecord {
-    alloc: Alloc,
-    node_id: Option<String>,
-    client_state: Option<AllocState>,
+/// Cluster mode stores it too, as the value of the alloc's key (see `crate::cluster`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct SavedAllocRecord {
+    pub(crate) alloc: Alloc,
+    pub(crate) node_id: Option<String>,
+    pub(crate) client_state: Option<AllocState>,
     job_version: u64,
     sequence: u64,
     terminal_since_unix_ms: Option<u64>,
@@ -82,16 +83,16 @@ pub(super) struct SavedAllocRecord {
 
 /// The server's counters and node list, saved as one record.
 #[derive(Default, Serialize, Deserialize)]
-pub(super) struct SavedMeta {
-    pub(super) index: u64,
-    pub(super) next_sequence: u64,
-    pub(super) nodes: BTreeSet<String>,
+pub(crate) struct SavedMeta {
+    pub(crate) index: u64,
+    pub(crate) next_sequence: u64,
+    pub(crate) nodes: BTreeSet<String>,
 }
 
 /// The key of the one [`SavedMeta`] record.
-pub(super) const META_KEY: &str = "server";
+pub(crate) const META_KEY: &str = "server";
 
-pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Plain derived data: serializing to JSON cannot fail.
     serde_json::to_vec(value).expect("server records serialize to JSON")
 }

@@ -188,7 +188,7 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
         let store = store.clone();
         let (key, value) = (
             alloc_key("node-1", &alloc.id),
-            serde_json::to_vec(alloc).unwrap(),
+            serde_json::to_vec(&serde_json::json!({ "alloc": alloc })).unwrap(),
         );
         async move { store.put(&key, &value).await.unwrap() }
     };

@@ -33,7 +33,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
         meta: vec![],
         capabilities: Default::default(),
     };
-    let placed = server.register_job(job).placed;
+    let placed = server.register_job(job).unwrap().placed;
     assert_eq!(placed.len(), 3);
     let complete_on_server = |id: &String| {
         server
@@ -56,7 +56,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
             .all(|id| data_dir.path().join("allocs").join(id).is_dir())
     );
 
-    let removed = server.collect_garbage(true);
+    let removed = server.collect_garbage(true).unwrap();
     assert_eq!(removed.len(), 3);
     eventually("pruned from the client", || client.alloc_ids().is_empty()).await;
     eventually("alloc dirs removed", || {

@@ -160,6 +160,38 @@ impl EtcdCluster {
             .expect("the cluster serves")
     }
 
+    /// The index of the member that leads the etcd cluster now.
+    pub async fn leader(&self) -> usize {
+        for (i, member) in self.members.iter().enumerate() {
+            let status = async {
+                let mut client =
+                    etcd_client::Client::connect([member.client_url.as_str()], None).await?;
+                client.status().await
+            };
+            if let Ok(Ok(status)) = tokio::time::timeout(Duration::from_secs(2), status).await
+                && status.header().map(|h| h.member_id()) == Some(status.leader())
+            {
+                return i;
+            }
+        }
+        panic!("no etcd member says it leads")
+    }
+
+    /// Compacts etcd's history up to its current revision, as an operator's retention would.
+    pub async fn compact(&self) {
+        let mut client = etcd_client::Client::connect(self.endpoints(), None)
+            .await
+            .unwrap();
+        let revision = client
+            .get("/", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        client.compact(revision, None).await.unwrap();
+    }
+
     /// Kills member `i` as a crash would.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut process) = self.members[i].process.take() {

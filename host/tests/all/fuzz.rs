@@ -227,7 +227,7 @@ async fn fuzz_saved_server_records() {
     for seed in corpus("jobspec-toml") {
         if let Ok(mut spec) = jobspec::parse_toml(&String::from_utf8_lossy(&seed)) {
             spec.runner = SLEEPER.into();
-            server.register_job(spec);
+            let _ = server.register_job(spec);
         }
     }
     let tables = [ServerTable::Jobs, ServerTable::Allocs, ServerTable::Meta];

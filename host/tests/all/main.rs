@@ -11,6 +11,7 @@ mod alloc_actions;
 mod capabilities;
 mod cli;
 mod client;
+mod cluster;
 mod cluster_store;
 mod embedded_server;
 mod empty_runner;

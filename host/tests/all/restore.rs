@@ -58,6 +58,7 @@ impl Node {
                 count,
                 &[("tick_every", "100")],
             ))
+            .unwrap()
             .placed
     }
 
@@ -111,6 +112,7 @@ async fn a_restart_resumes_running_allocs_from_their_checkpoints_and_never_rerun
             2,
             &[("tick_every", "10"), ("stop_after", "2")],
         ))
+        .unwrap()
         .placed;
     eventually("the batch allocs to finish", || {
         batch
@@ -220,6 +222,7 @@ async fn a_record_that_cannot_be_read_fails_that_alloc_and_the_rest_restore() {
             runner: SLEEPER.into(),
             ..stateful_job("sleepy", JobType::Service, 2, &[])
         })
+        .unwrap()
         .placed;
     eventually("both running", || {
         ids.iter()
@@ -436,6 +439,7 @@ async fn the_server_acknowledges_an_update_only_once_it_is_saved() {
     server.register_node("node-1").await.unwrap();
     let id = server
         .register_job(stateful_job("counter", JobType::Service, 1, &[]))
+        .unwrap()
         .placed[0]
         .clone();
     let update = AllocUpdate {

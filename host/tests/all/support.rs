@@ -450,8 +450,18 @@ impl AgentProcess {
     }
 
     fn start_with(args: &[&str]) -> Self {
+        Self::start_configured(args, "")
+    }
+
+    /// `caravan agent ARGS` with `config` added to its config file (after a `[client]`
+    /// block that makes the GC blind to this disk).
+    pub fn start_configured(args: &[&str], config_text: &str) -> Self {
         let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(config.path(), AGENT_CONFIG_IGNORING_THIS_DISK).unwrap();
+        std::fs::write(
+            config.path(),
+            format!("{AGENT_CONFIG_IGNORING_THIS_DISK}{config_text}"),
+        )
+        .unwrap();
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"))
             .arg("agent")
             .args(args)
@@ -514,6 +524,18 @@ impl AgentProcess {
     pub fn stop(self) -> (Option<i32>, Vec<String>) {
         self.signal("-INT");
         self.finish()
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`) and leaves the agent running.
+    pub fn send_signal(&self, signal: &str) {
+        self.signal(signal);
+    }
+
+    /// Every line the agent logged and nobody read yet, without waiting.
+    pub fn unread_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.early.borrow_mut().drain(..).collect();
+        lines.extend(self.lines.try_iter());
+        lines
     }
 
     /// Kills the agent with SIGKILL, as a crash or an OOM kill would, and returns every log

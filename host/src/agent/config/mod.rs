@@ -34,6 +34,12 @@
 //! [server]
 //! job_gc_threshold = "4h"
 //! restart_limit = 3
+//!
+//! [cluster]                       # optional: many agents, one cluster (docs/cluster.md)
+//! mode = "etcd"                   # "embedded" (the default) or "etcd"
+//! etcd_endpoints = ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]  # every member
+//! node_name = "node-1"            # default: the host's name
+//! node_ttl = "10s"                # a node silent this long is down (at least 2s)
 //! ```
 //!
 //! An unknown key or a bad value is an error naming the key and the form expected.
@@ -116,6 +122,10 @@ pub enum ConfigError {
     /// `--bind` is not an address.
     #[error("--bind: {0}")]
     FlagBind(BindError),
+    /// The cluster settings (`[cluster]` or the cluster flags) are not usable: the whole
+    /// line, naming the key or flag.
+    #[error("{0}")]
+    Cluster(String),
     /// A `[client.capabilities]` entry is not usable.
     #[error("{path}: {problem}")]
     Capability {
@@ -152,6 +162,12 @@ pub struct AgentFlags {
     pub log_level: Option<String>,
     /// `--log-json`: can turn JSON lines on, never off.
     pub log_json: bool,
+    /// `--cluster`: `embedded` or `etcd`.
+    pub cluster: Option<String>,
+    /// `--etcd-endpoints`, comma-separated.
+    pub etcd_endpoints: Option<String>,
+    /// `--node-name`.
+    pub node_name: Option<String>,
 }
 
 impl AgentFlags {
@@ -168,6 +184,7 @@ impl AgentFlags {
             apply_file(&mut config, &name, &text)?;
         }
         self.apply(&mut config)?;
+        config.cluster = config.cluster_settings.resolve()?;
         Ok(config)
     }
 
@@ -188,6 +205,19 @@ impl AgentFlags {
             config.log_level = level;
         }
         config.log_json |= self.log_json;
+        let cluster = &mut config.cluster_settings;
+        if let Some(mode) = self.cluster {
+            cluster.mode = Some((mode, "--cluster".into()));
+        }
+        if let Some(endpoints) = self.etcd_endpoints {
+            cluster.etcd_endpoints = Some((
+                endpoints.split(',').map(|e| e.trim().to_string()).collect(),
+                "--etcd-endpoints".into(),
+            ));
+        }
+        if let Some(name) = self.node_name {
+            cluster.node_name = Some((name, "--node-name".into()));
+        }
         Ok(())
     }
 }
@@ -219,6 +249,10 @@ pub struct AgentConfig {
     pub server: ServerConfig,
     /// How many allocs may run at once on this node: sizes the runtime's instance pool.
     pub max_live_allocs: u32,
+    /// Cluster mode on etcd; `None` for the single-node embedded mode.
+    pub cluster: Option<super::cluster_config::ClusterConfig>,
+    /// The cluster settings as given, file then flags, each with where it came from.
+    pub cluster_settings: super::cluster_config::ClusterSettings,
 }
 
 impl Default for AgentConfig {
@@ -236,6 +270,8 @@ impl Default for AgentConfig {
             capabilities: CapabilityPolicy::default(),
             server: ServerConfig::default(),
             max_live_allocs: 1_000,
+            cluster: None,
+            cluster_settings: Default::default(),
         }
     }
 }
@@ -252,6 +288,7 @@ struct FileConfig {
     client: ClientSection,
     #[serde(default)]
     server: ServerSection,
+    cluster: Option<super::cluster_config::ClusterSection>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -457,6 +494,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     if let Some(v) = file.server.restart_limit {
         config.server.restart_limit = v;
+    }
+    if let Some(cluster) = file.cluster {
+        config.cluster_settings.read_file(path, cluster)?;
     }
     Ok(())
 }

@@ -161,6 +161,7 @@ fn flags_given_win_over_the_file() {
         acl_token: Some("flag-token".into()),
         log_level: Some("debug".into()),
         log_json: false,
+        ..AgentFlags::default()
     }
     .load()
     .unwrap();
@@ -246,4 +247,101 @@ fn the_capabilities_offered_are_read_and_a_bad_entry_names_its_key() {
         error.starts_with("agent.toml: client.capabilities.network[0]: \"db.internal:5432\""),
         "{error}"
     );
+}
+
+fn cluster_of(file: &str, flags: AgentFlags) -> Result<AgentConfig, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.toml");
+    std::fs::write(&path, file).unwrap();
+    AgentFlags {
+        config_file: Some(path),
+        ..flags
+    }
+    .load()
+    .map_err(|e| {
+        e.to_string()
+            .replace(&dir.path().display().to_string(), "DIR")
+    })
+}
+
+#[test]
+fn cluster_mode_comes_from_the_file_or_the_flags_and_flags_win() {
+    let file = "[cluster]\nmode = \"etcd\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\nnode_name = \"from-file\"\nnode_ttl = \"4s\"\n";
+    let config = cluster_of(file, AgentFlags::default()).unwrap();
+    let cluster = config.cluster.expect("cluster mode");
+    assert_eq!(cluster.node_name, "from-file");
+    assert_eq!(cluster.node_ttl, std::time::Duration::from_secs(4));
+    let flags = AgentFlags {
+        etcd_endpoints: Some("http://10.0.0.1:2379, http://10.0.0.2:2379".into()),
+        node_name: Some("from-flag".into()),
+        ..AgentFlags::default()
+    };
+    let cluster = cluster_of(file, flags).unwrap().cluster.unwrap();
+    assert_eq!(cluster.node_name, "from-flag");
+    assert_eq!(
+        cluster.etcd_endpoints,
+        ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+    );
+    let embedded = AgentFlags {
+        cluster: Some("embedded".into()),
+        ..AgentFlags::default()
+    };
+    assert!(cluster_of(file, embedded).unwrap().cluster.is_none());
+    assert!(
+        cluster_of("", AgentFlags::default())
+            .unwrap()
+            .cluster
+            .is_none()
+    );
+}
+
+#[test]
+fn bad_cluster_settings_name_the_key_or_flag_at_fault() {
+    let etcd = |endpoints: &str, name: &str| AgentFlags {
+        cluster: Some("etcd".into()),
+        etcd_endpoints: Some(endpoints.into()),
+        node_name: Some(name.into()),
+        ..AgentFlags::default()
+    };
+    let cases = [
+        (
+            "",
+            etcd("localhost:2379", "n1"),
+            "--etcd-endpoints: \"localhost:2379\" is not an etcd client URL such as http://127.0.0.1:2379",
+        ),
+        (
+            "",
+            etcd("http://127.0.0.1:2379", "a/b"),
+            "--node-name: node name \"a/b\" may hold only letters, digits, '-', '_' and '.', not '/'",
+        ),
+        (
+            "",
+            AgentFlags {
+                cluster: Some("raft".into()),
+                ..AgentFlags::default()
+            },
+            "--cluster: \"raft\" is not a mode: \"embedded\" or \"etcd\"",
+        ),
+        (
+            "",
+            AgentFlags {
+                cluster: Some("etcd".into()),
+                ..AgentFlags::default()
+            },
+            "cluster mode etcd needs every etcd member's URL: --etcd-endpoints http://HOST:PORT,... (or cluster.etcd_endpoints)",
+        ),
+        (
+            "[cluster]\nnode_ttl = \"1s\"\n",
+            AgentFlags::default(),
+            "DIR/agent.toml: cluster.node_ttl: at least 2s (etcd's shortest lease), not 1s",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n",
+            AgentFlags::default(),
+            "DIR/agent.toml: cluster.etcd_endpoints: needs cluster mode etcd (--cluster etcd)",
+        ),
+    ];
+    for (file, flags, expected) in cases {
+        assert_eq!(cluster_of(file, flags).unwrap_err(), expected);
+    }
 }

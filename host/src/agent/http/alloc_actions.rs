@@ -6,7 +6,7 @@
 //! Like every handler these only translate: the checks and the delivery are the client's and
 //! the runner's ([`crate::allocrunner::AllocRunner::signal`]). They never change the server.
 
-use super::{ApiError, ApiResult, ApiState, authorize, find_alloc};
+use super::{ApiError, ApiResult, ApiState, authorize};
 use crate::allocrunner::{NotRunningReason, TaskActionError};
 use axum::Json;
 use axum::extract::{Path, State};
@@ -41,7 +41,7 @@ pub(super) async fn signal_allocation(
             format!("expected {{\"signal\": \"SIGUSR1\", \"task\": \"web\"}}: {e}"),
         )
     })?;
-    let (alloc_id, known_to_server) = alloc_id(&state, id)?;
+    let (alloc_id, known_to_server) = super::local_alloc_id(&state, id)?;
     let task = request.task.as_deref();
     state
         .client
@@ -71,7 +71,7 @@ pub(super) async fn restart_allocation(
             )
         })?
     };
-    let (alloc_id, known_to_server) = alloc_id(&state, id)?;
+    let (alloc_id, known_to_server) = super::local_alloc_id(&state, id)?;
     let task = request.task.as_deref();
     state
         .client
@@ -80,16 +80,6 @@ pub(super) async fn restart_allocation(
     Ok(Json(
         serde_json::json!({ "alloc_id": alloc_id, "task": task }),
     ))
-}
-
-/// The full id of `id` (an id or a unique prefix) and whether the server knows it. The
-/// server may already have dropped an alloc the client still holds: then the id as given.
-fn alloc_id(state: &ApiState, id: String) -> ApiResult<(String, bool)> {
-    match find_alloc(&state.server, &id) {
-        Ok(record) => Ok((record.alloc.id.clone(), true)),
-        Err(error) if error.status == StatusCode::NOT_FOUND && !id.is_empty() => Ok((id, false)),
-        Err(error) => Err(error),
-    }
 }
 
 /// The answer to a refusal: 404 for an alloc nobody knows, 400 for a bad task or signal, 409

@@ -1,4 +1,5 @@
-//! The client commands: `caravan job ...`, `alloc ...`, `node status`, `system gc`. Each is
+//! The client commands: `caravan job ...`, `alloc ...`, `node status`, `server members`,
+//! `system gc`. Each is
 //! one HTTP request (or a few) to the agent at `CARAVAN_ADDR`, printed as a table or, with
 //! `--json`, as the API's JSON.
 //!
@@ -12,6 +13,7 @@ pub mod alloc;
 pub mod api;
 pub mod job;
 pub mod node;
+pub mod server;
 pub mod system;
 pub mod table;
 
@@ -51,6 +53,15 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+    /// The agents of the cluster the agent at CARAVAN_ADDR belongs to, and which leads.
+    Server {
+        /// What to do.
+        #[command(subcommand)]
+        command: server::ServerCommand,
+        /// Where the agent is.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Cluster-wide operations on the agent at CARAVAN_ADDR.
     System {
         /// What to do.
@@ -70,6 +81,7 @@ impl ClientCommand {
             ClientCommand::Job { command, remote } => command.execute(&remote.connect()).await,
             ClientCommand::Alloc { command, remote } => command.execute(&remote.connect()).await,
             ClientCommand::Node { command, remote } => command.execute(&remote.connect()).await,
+            ClientCommand::Server { command, remote } => command.execute(&remote.connect()).await,
             ClientCommand::System { command, remote } => command.execute(&remote.connect()).await,
         }
     }

@@ -1,0 +1,156 @@
+//! What holds only while its holder does: leases (a key that etcd deletes when its agent
+//! stops renewing), and fenced writes (a transaction that lands only while the writer still
+//! holds the key it was elected with).
+//!
+//! Retry rules, as for the rest of the store: a lease grant is retried (a lost answer leaves
+//! an orphan lease, which expires on its own), a leased put writes the same value again, a
+//! create-or-read is guarded, and a fenced transaction is retried whole: only the fence's
+//! holder writes its keys, one transaction at a time, so a repeat writes the same values.
+
+use super::store::{EtcdStore, KeyValue, StoreError, read_in};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use std::time::Duration;
+
+/// Most operations one fenced transaction carries: etcd refuses more than 128, and the
+/// fence's compare does not count, but a margin costs nothing.
+pub const MAX_FENCED_OPS: usize = 120;
+
+/// What a keep-alive found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Renewed for another TTL.
+    Alive,
+    /// Expired: every key attached to it is gone. Grant a new one.
+    Expired,
+}
+
+/// The key an elected writer holds, and the revision that created it: its writes compare
+/// the key's create revision with this one, so none lands once the key was lost (deleted
+/// when the holder's lease expired, and maybe created again by another).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The held key.
+    pub key: String,
+    /// Its create revision when it was won.
+    pub create_revision: i64,
+}
+
+/// One write of a fenced transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FencedOp {
+    /// Writes `value` at `key`.
+    Put {
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Deletes `key` (nothing when it does not exist).
+    Delete {
+        /// The key.
+        key: String,
+    },
+}
+
+impl FencedOp {
+    fn to_txn_op(&self) -> TxnOp {
+        match self {
+            FencedOp::Put { key, value } => TxnOp::put(key.as_str(), value.as_slice(), None),
+            FencedOp::Delete { key } => TxnOp::delete(key.as_str(), None),
+        }
+    }
+}
+
+impl EtcdStore {
+    /// A new lease of `ttl` (etcd's floor is 2 s). Returns its id.
+    pub async fn grant_lease(&self, ttl: Duration) -> Result<i64, StoreError> {
+        let ttl = ttl.as_secs().max(2) as i64;
+        let client = self.client.clone();
+        self.retrying("granting a lease", |_| {
+            let mut client = client.clone();
+            async move { Ok(client.lease_grant(ttl, None).await?.id()) }
+        })
+        .await
+    }
+
+    /// Renews `lease` once. [`LeaseState::Expired`] when etcd no longer has it; an error when
+    /// no member answered (the lease may still be alive: try again before its TTL is out).
+    pub async fn keep_lease_alive(&self, lease: i64) -> Result<LeaseState, StoreError> {
+        let client = self.client.clone();
+        self.retrying("renewing a lease", |_| {
+            let mut client = client.clone();
+            async move {
+                match client.lease_keep_alive(lease).await {
+                    Ok(_) => Ok(LeaseState::Alive),
+                    Err(etcd_client::Error::LeaseKeepAliveError(reason))
+                        if reason.contains("lease not found") =>
+                    {
+                        Ok(LeaseState::Expired)
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Writes `value` at `key`, attached to `lease`. Retried: callers write the same value
+    /// again.
+    pub async fn put_leased(&self, key: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
+        self.retrying("writing a leased key", |mut client| async move {
+            let options = PutOptions::new().with_lease(lease);
+            client.put(key, value, Some(options)).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Creates `key` attached to `lease` if it does not exist; either way returns the key as
+    /// it is afterwards (the caller holds it when its lease is `lease`).
+    pub async fn create_leased(
+        &self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<KeyValue, StoreError> {
+        self.retrying("creating a leased key", |mut client| async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
+                    TxnOp::get(key, None),
+                ])
+                .or_else([TxnOp::get(key, None)]);
+            let found = read_in(client.txn(txn).await?).into_iter().next();
+            // The key was just created or read in the same transaction: it exists, unless
+            // its lease expired in between, which the caller sees as not holding it.
+            Ok(found.unwrap_or(KeyValue {
+                key: key.to_string(),
+                value: Vec::new(),
+                mod_revision: 0,
+                create_revision: 0,
+                lease: 0,
+            }))
+        })
+        .await
+    }
+
+    /// Makes every write of `ops` (at most [`MAX_FENCED_OPS`], no key twice) if `fence`
+    /// still holds, and none otherwise. Returns false when the fence no longer holds.
+    pub async fn write_fenced(&self, fence: &Fence, ops: &[FencedOp]) -> Result<bool, StoreError> {
+        self.retrying(
+            "writing under the leader's fence",
+            |mut client| async move {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        fence.key.as_str(),
+                        CompareOp::Equal,
+                        fence.create_revision,
+                    )])
+                    .and_then(ops.iter().map(FencedOp::to_txn_op).collect::<Vec<_>>());
+                Ok(client.txn(txn).await?.succeeded())
+            },
+        )
+        .await
+    }
+}

@@ -1,0 +1,190 @@
+//! An agent's membership of the cluster: one etcd lease, kept alive, under which the agent
+//! says its node is live (`live/<node>`) and campaigns for the leader key.
+//!
+//! Lifecycle, for the reason given:
+//! - The lease is renewed three times per TTL, so one lost renewal does not expire it.
+//! - When etcd says the lease expired (the agent was paused or cut off past its TTL), its
+//!   keys are gone and another agent may lead and may have replaced this node's allocs: the
+//!   agent stops leading at once, grants a new lease and says it is live again under it (the
+//!   node's client meanwhile learns from its allocs' keys which of them to stop).
+//! - The campaign is a create-if-absent of the leader key under the lease: whoever created
+//!   it leads until its lease ends, and its create revision fences its writes. Every agent
+//!   tries again whenever the key changes (a watch) and at every renewal, so a dead leader is
+//!   replaced about one TTL after its last renewal.
+//! - [`Member::leave`] deletes the leader key when this agent holds it: a clean stop hands
+//!   leadership over at once rather than after a TTL.
+//!
+//! It knows etcd and its own keys only; what leading means is the caller's.
+
+use super::keys;
+use super::lease::{Fence, FencedOp, LeaseState};
+use super::store::EtcdStore;
+use super::watch::PrefixWatch;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Who an agent is, as the leader and live keys say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// Its node's name.
+    pub node: String,
+    /// Its HTTP API, `http://host:port`.
+    pub api: String,
+}
+
+/// What an agent currently is in the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberView {
+    /// Its lease, once granted.
+    pub lease: Option<i64>,
+    /// The agent that leads, as last seen.
+    pub leader: Option<MemberRecord>,
+    /// Set while this agent leads: the fence its writes carry.
+    pub leading: Option<Fence>,
+}
+
+/// A running membership. Dropping it stops the renewals (the lease then expires).
+pub struct Member {
+    view: watch::Receiver<MemberView>,
+    store: EtcdStore,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Member {
+    /// Joins the cluster as `record`, with leases of `ttl`.
+    pub fn join(store: EtcdStore, record: MemberRecord, ttl: Duration) -> Member {
+        let (sender, view) = watch::channel(MemberView::default());
+        let task = tokio::spawn(keep_membership(store.clone(), record, ttl, sender));
+        Member { view, store, task }
+    }
+
+    /// What this agent is now, and its changes.
+    pub fn view(&self) -> watch::Receiver<MemberView> {
+        self.view.clone()
+    }
+
+    /// Leaves: stops renewing, and hands leadership over at once when this agent leads.
+    /// The node's live key stays until its lease expires, as after a crash: an agent that
+    /// restarts within the TTL (an upgrade) keeps its allocs.
+    pub async fn leave(self) {
+        self.task.abort();
+        let leading = self.view.borrow().leading.clone();
+        if let Some(fence) = leading {
+            let resign = [FencedOp::Delete {
+                key: fence.key.clone(),
+            }];
+            if let Err(error) = self.store.write_fenced(&fence, &resign).await {
+                tracing::warn!(%error, "cannot hand the leadership over; it passes when this agent's lease expires");
+            }
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn keep_membership(
+    store: EtcdStore,
+    record: MemberRecord,
+    ttl: Duration,
+    view: watch::Sender<MemberView>,
+) {
+    let value = serde_json::to_vec(&record).unwrap_or_default();
+    let renew_every = ttl / 3;
+    let leader_changed = watch_leader_key(store.clone());
+    loop {
+        let lease = match store.grant_lease(ttl).await {
+            Ok(lease) => lease,
+            Err(error) => {
+                tracing::warn!(%error, "cannot join the cluster yet; retrying");
+                tokio::time::sleep(renew_every).await;
+                continue;
+            }
+        };
+        if let Err(error) = store
+            .put_leased(&keys::live_key(&record.node), &value, lease)
+            .await
+        {
+            tracing::warn!(%error, "cannot say this node is live; retrying");
+            continue;
+        }
+        view.send_modify(|v| v.lease = Some(lease));
+        tracing::info!(node = %record.node, lease, "node is live in the cluster");
+        let mut leader_changed = leader_changed.clone();
+        let mut renew = tokio::time::interval(renew_every);
+        renew.tick().await;
+        loop {
+            campaign(&store, &value, lease, &view).await;
+            tokio::select! {
+                _ = renew.tick() => {
+                    match store.keep_lease_alive(lease).await {
+                        Ok(LeaseState::Alive) => {}
+                        Ok(LeaseState::Expired) => {
+                            tracing::warn!(node = %record.node, "this agent's lease expired (paused or cut off too long); joining again");
+                            view.send_modify(|v| {
+                                v.lease = None;
+                                v.leading = None;
+                            });
+                            break;
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot renew this agent's lease; trying again"),
+                    }
+                }
+                _ = leader_changed.changed() => {}
+            }
+        }
+    }
+}
+
+/// Creates the leader key under `lease` if nobody holds it, and records who does.
+async fn campaign(store: &EtcdStore, value: &[u8], lease: i64, view: &watch::Sender<MemberView>) {
+    let held = match store.create_leased(&keys::leader_key(), value, lease).await {
+        Ok(held) => held,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the cluster's leader");
+            return;
+        }
+    };
+    let leader = serde_json::from_slice::<MemberRecord>(&held.value).ok();
+    let leading = (held.lease == lease && held.create_revision > 0).then(|| Fence {
+        key: keys::leader_key(),
+        create_revision: held.create_revision,
+    });
+    view.send_if_modified(|v| {
+        let changed = v.leader != leader || v.leading != leading;
+        v.leader = leader;
+        v.leading = leading;
+        changed
+    });
+}
+
+/// A counter bumped at every change of the leader key, by a task that ends with the
+/// receiver.
+fn watch_leader_key(store: EtcdStore) -> watch::Receiver<u64> {
+    let (sender, receiver) = watch::channel(0u64);
+    tokio::spawn(async move {
+        let follow = async {
+            loop {
+                let mut watch = match PrefixWatch::start(&store, &keys::leader_key()).await {
+                    Ok((_, watch)) => watch,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                while watch.next().await.is_ok() {
+                    sender.send_modify(|n| *n += 1);
+                }
+            }
+        };
+        tokio::select! {
+            () = follow => {}
+            () = sender.closed() => {}
+        }
+    });
+    receiver
+}

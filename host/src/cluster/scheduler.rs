@@ -1,0 +1,292 @@
+//! The elected scheduler: what the leading agent runs while it holds the leader key.
+//!
+//! It opens an [`EmbeddedServer`] on [`EtcdSchedulerDb`] (the whole cluster, read at one
+//! revision), publishes it for the HTTP API, and keeps it in step with what only etcd
+//! knows, from that revision on:
+//! - `live/`: a node whose key appears is placed on (and gets the allocs waiting for a
+//!   node); a node whose key is deleted (its lease expired) is down at once: its allocs are
+//!   lost and replaced ([`EmbeddedServer::node_down`]). A node that holds allocs but was not
+//!   live when this leader took over gets one TTL to show up, as Nomad gives every node a
+//!   fresh heartbeat after a leader election: a whole cluster restarting must not lose every
+//!   alloc to the first agent that wins.
+//! - `status/`: each client state a node wrote is fed to the server as that node's update,
+//!   so failures are replaced as in a single agent.
+//! - A timer collects terminal allocs of stopped or finished jobs past `job_gc_threshold`.
+//!
+//! At takeover it reconciles every running service job once, so a deploy its predecessor
+//! died in the middle of is completed (the predecessor's transactions were fenced one by
+//! one, not all or nothing). Batch jobs are not re-run this way: a batch alloc that
+//! completed must not be placed again.
+//!
+//! It ends, and unpublishes the server, when its caller says leadership is gone or when a
+//! save fails (the fence lost, or etcd unreachable): the next leader starts from etcd.
+
+use super::keys;
+use super::lease::Fence;
+use super::scheduler_db::EtcdSchedulerDb;
+use super::store::{EtcdStore, StoreError};
+use super::watch::{Change, PrefixWatch};
+use crate::jobspec::JobType;
+use crate::rpc::{AllocUpdate, ServerApi};
+use crate::server::{EmbeddedServer, ServerConfig};
+use crate::structs::AllocState;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Where the leader's server is published, for the HTTP API: `None` while this agent does
+/// not lead.
+pub type ServerSlot = watch::Sender<Option<Arc<EmbeddedServer>>>;
+
+/// The scheduler's knobs.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Placement, replacement and GC rules, as for a single agent.
+    pub server: ServerConfig,
+    /// Nodes' lease TTL: how long a node that was not live at takeover gets to show up.
+    pub node_ttl: Duration,
+    /// How often terminal allocs past `job_gc_threshold` are looked for.
+    pub gc_interval: Duration,
+}
+
+/// A prefix's changes, followed by a task of their own so that waiting for several at once
+/// never cancels a watch half-way.
+struct Followed {
+    changes: mpsc::Receiver<Result<Vec<Change>, StoreError>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Followed {
+    fn start(store: &EtcdStore, prefix: String, from_revision: i64) -> Followed {
+        let (sender, changes) = mpsc::channel(16);
+        let mut watch = PrefixWatch::from_revision(store, &prefix, from_revision);
+        let task = tokio::spawn(async move {
+            loop {
+                let next = watch.next().await;
+                let failed = next.is_err();
+                if sender.send(next).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Followed { changes, task }
+    }
+}
+
+impl Drop for Followed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Leads until `until` resolves or a save fails. See the module docs.
+pub async fn lead(
+    store: EtcdStore,
+    fence: Fence,
+    config: SchedulerConfig,
+    slot: ServerSlot,
+    until: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(until);
+    let (db, snapshot) = tokio::select! {
+        loaded = EtcdSchedulerDb::load(&store, fence) => match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                tracing::warn!(%error, "the new leader cannot read the cluster; stepping down");
+                return;
+            }
+        },
+        () = &mut until => return,
+    };
+    let mut deposed = db.deposed();
+    let server = match EmbeddedServer::open(config.server.clone(), Arc::new(db)) {
+        Ok(server) => server,
+        Err(error) => {
+            tracing::warn!(%error, "the new leader cannot open the cluster's state; stepping down");
+            return;
+        }
+    };
+    let mut leader = Leader {
+        server: server.clone(),
+        live: snapshot.live.clone(),
+        missing_since_takeover: BTreeMap::new(),
+    };
+    leader.take_over(config.node_ttl).await;
+    slot.send_replace(Some(server));
+    tracing::info!(
+        revision = snapshot.revision,
+        live_nodes = snapshot.live.len(),
+        "this agent now schedules the cluster"
+    );
+    let mut live = Followed::start(&store, keys::live_prefix(), snapshot.revision + 1);
+    let mut statuses = Followed::start(&store, keys::status_prefix(), snapshot.revision + 1);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut next_gc = Instant::now() + config.gc_interval;
+    loop {
+        tokio::select! {
+            () = &mut until => break,
+            _ = wait_deposed(&mut deposed) => break,
+            changes = live.changes.recv() => match changes {
+                Some(Ok(changes)) => leader.nodes_changed(changes).await,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "the scheduler lost its watch of live nodes; stepping down");
+                    break;
+                }
+                None => break,
+            },
+            changes = statuses.changes.recv() => match changes {
+                Some(Ok(changes)) => leader.states_reported(changes).await,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "the scheduler lost its watch of client states; stepping down");
+                    break;
+                }
+                None => break,
+            },
+            _ = tick.tick() => {
+                leader.down_if_still_missing().await;
+                if Instant::now() >= next_gc {
+                    next_gc = Instant::now() + config.gc_interval;
+                    match leader.server.collect_garbage(false) {
+                        Ok(removed) if !removed.is_empty() => {
+                            tracing::info!(removed = removed.len(), "collected terminal allocations");
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(%error, "cannot collect terminal allocations"),
+                    }
+                }
+            }
+        }
+    }
+    slot.send_replace(None);
+    tracing::info!("this agent no longer schedules the cluster");
+}
+
+async fn wait_deposed(deposed: &mut watch::Receiver<bool>) {
+    let _ = deposed.wait_for(|deposed| *deposed).await.map(|_| ());
+}
+
+/// The leader's view of liveness, next to its server.
+struct Leader {
+    server: Arc<EmbeddedServer>,
+    live: BTreeSet<String>,
+    /// Nodes holding allocs that were not live at takeover, and when their grace ends.
+    missing_since_takeover: BTreeMap<String, Instant>,
+}
+
+impl Leader {
+    async fn take_over(&mut self, grace: Duration) {
+        for node in &self.live {
+            let _ = self.server.register_node(node).await;
+        }
+        let holding: BTreeSet<String> = self
+            .server
+            .allocs()
+            .into_iter()
+            .filter(|a| !a.is_terminal())
+            .filter_map(|a| a.node_id)
+            .collect();
+        let deadline = Instant::now() + grace;
+        for node in holding.difference(&self.live) {
+            self.missing_since_takeover.insert(node.clone(), deadline);
+        }
+        for job in self.server.jobs() {
+            if !job.stopped
+                && job.spec.job_type == JobType::Service
+                && let Err(error) = self.server.register_job(job.spec)
+            {
+                tracing::warn!(%error, "cannot reconcile a job at takeover");
+            }
+        }
+    }
+
+    async fn node_up(&mut self, node: &str) {
+        self.missing_since_takeover.remove(node);
+        if self.live.insert(node.to_string()) {
+            tracing::info!(node, "node is live");
+            let _ = self.server.register_node(node).await;
+        }
+    }
+
+    fn node_down(&mut self, node: &str) {
+        self.live.remove(node);
+        self.missing_since_takeover.remove(node);
+        match self.server.node_down(node) {
+            Ok(lost) => tracing::warn!(node, lost = lost.len(), "node is down: its lease expired"),
+            Err(error) => tracing::warn!(node, %error, "cannot record a node as down"),
+        }
+    }
+
+    async fn nodes_changed(&mut self, changes: Vec<Change>) {
+        let prefix = keys::live_prefix();
+        for change in changes {
+            match change {
+                Change::Put(kv) => {
+                    if let Some(node) = kv.key.strip_prefix(&prefix) {
+                        self.node_up(node).await;
+                    }
+                }
+                Change::Delete { key, .. } => {
+                    if let Some(node) = key.strip_prefix(&prefix) {
+                        self.node_down(node);
+                    }
+                }
+                Change::Relisted { entries, .. } => {
+                    let now: BTreeSet<String> = entries
+                        .iter()
+                        .filter_map(|kv| Some(kv.key.strip_prefix(&prefix)?.to_string()))
+                        .collect();
+                    for gone in self.live.clone().difference(&now) {
+                        self.node_down(gone);
+                    }
+                    for node in &now {
+                        self.node_up(node).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn states_reported(&self, changes: Vec<Change>) {
+        let prefix = keys::status_prefix();
+        let update = |key: &str, value: &[u8]| {
+            let alloc_id = key.strip_prefix(&prefix)?.to_string();
+            match serde_json::from_slice::<AllocState>(value) {
+                Ok(state) => Some(AllocUpdate { alloc_id, state }),
+                Err(error) => {
+                    tracing::warn!(key, %error, "skipping a client state in etcd that cannot be read");
+                    None
+                }
+            }
+        };
+        let mut updates = Vec::new();
+        for change in changes {
+            match change {
+                Change::Put(kv) => updates.extend(update(&kv.key, &kv.value)),
+                Change::Relisted { entries, .. } => {
+                    updates.extend(entries.iter().filter_map(|kv| update(&kv.key, &kv.value)))
+                }
+                Change::Delete { .. } => {}
+            }
+        }
+        if !updates.is_empty()
+            && let Err(error) = self.server.update_allocs(&updates).await
+        {
+            tracing::warn!(%error, "cannot apply client states");
+        }
+    }
+
+    async fn down_if_still_missing(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<String> = self
+            .missing_since_takeover
+            .iter()
+            .filter(|(_, deadline)| **deadline <= now)
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in expired {
+            self.node_down(&node);
+        }
+    }
+}

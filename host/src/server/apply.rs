@@ -1,0 +1,192 @@
+//! Applying the scheduler's decisions to the server's state: each method takes the state as
+//! the server's lock holds it, asks the pure functions ([`super::reconcile`],
+//! [`super::placement`], [`super::gc`]) what to do, and makes it so (alloc ids, sequence
+//! numbers, modify indexes). It must not save, wake anyone or read a clock other than to
+//! stamp a terminal alloc: that is [`super::EmbeddedServer`]'s.
+
+use super::reconcile::{self, JobPlan, Plan, Replacement};
+use super::records::{AllocRecord, JobRecord};
+use super::{Registration, State, gc, placement};
+use crate::jobspec::JobSpec;
+use crate::structs::{Alloc, AllocState, ClientStatus, DesiredStatus};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// Applying decisions: each takes the state as the lock holds it, asks the scheduler's pure
+/// functions what to do, and makes it so (ids, sequence numbers, modify indexes).
+impl State {
+    pub(super) fn register(&mut self, spec: JobSpec, index: u64) -> Registration {
+        let existing = self.jobs.get(&spec.id);
+        let JobPlan {
+            created,
+            version,
+            plan,
+        } = reconcile::reconcile_job(existing, &spec, &self.nodes, self.allocs.values());
+        let restarts = existing
+            .filter(|job| !job.purged)
+            .map_or(0, |job| job.restarts);
+        let stopped = plan.stop.clone();
+        let placed = self.apply(plan, &spec, version, index);
+        self.insert_job(
+            spec.id.clone(),
+            JobRecord {
+                spec,
+                version,
+                stopped: false,
+                purged: false,
+                restarts,
+            },
+        );
+        Registration {
+            created,
+            placed,
+            stopped,
+        }
+    }
+
+    /// Applies `plan` to the allocs of the job `spec` describes at `version`: stops, marks
+    /// replaced, then creates the new allocs. Returns the new allocs' ids.
+    pub(super) fn apply(
+        &mut self,
+        plan: Plan,
+        spec: &JobSpec,
+        version: u64,
+        index: u64,
+    ) -> Vec<String> {
+        for id in &plan.stop {
+            self.stop_alloc(id, index);
+        }
+        for id in &plan.replace {
+            if let Some(record) = self.alloc_mut(id) {
+                record.replaced = true;
+            }
+        }
+        plan.place
+            .into_iter()
+            .map(|node_id| self.create_alloc(spec, version, node_id, index))
+            .collect()
+    }
+
+    pub(super) fn stop_alloc(&mut self, alloc_id: &str, index: u64) {
+        if let Some(record) = self.alloc_mut(alloc_id)
+            && record.alloc.desired_status == DesiredStatus::Run
+        {
+            record.alloc = Arc::new(Alloc {
+                desired_status: DesiredStatus::Stop,
+                modify_index: index,
+                ..Alloc::clone(&record.alloc)
+            });
+        }
+    }
+
+    fn create_alloc(
+        &mut self,
+        spec: &JobSpec,
+        version: u64,
+        node_id: Option<String>,
+        index: u64,
+    ) -> String {
+        let alloc = Alloc {
+            modify_index: index,
+            meta: spec.meta.clone(),
+            limits: spec.limits.clone(),
+            capabilities: spec.capabilities.clone(),
+            ..Alloc::new(
+                uuid::Uuid::new_v4().to_string(),
+                spec.id.clone(),
+                spec.runner.clone(),
+                spec.tasks.clone(),
+            )
+        };
+        let id = alloc.id.clone();
+        self.next_sequence += 1;
+        self.insert_alloc(AllocRecord {
+            alloc: Arc::new(alloc),
+            node_id,
+            client_state: None,
+            job_version: version,
+            sequence: self.next_sequence,
+            terminal_since: None,
+            replaced: false,
+        });
+        id
+    }
+
+    /// Places the allocs that were waiting for a node.
+    pub(super) fn place_unplaced(&mut self, index: u64) {
+        for (id, node) in placement::place_unplaced(&self.nodes, self.allocs.values()) {
+            if let Some(record) = self.alloc_mut(&id) {
+                record.node_id = node;
+                record.alloc = Arc::new(Alloc {
+                    modify_index: index,
+                    ..Alloc::clone(&record.alloc)
+                });
+            }
+        }
+    }
+
+    /// Replaces a failed service alloc, within the job's restart limit.
+    pub(super) fn replace_if_failed(&mut self, alloc_id: &str, restart_limit: u32, index: u64) {
+        let Some(record) = self.allocs.get(alloc_id) else {
+            return;
+        };
+        let job = self.jobs.get(&record.alloc.job_id);
+        let decision = reconcile::replace_failed(
+            record,
+            job,
+            restart_limit,
+            &self.nodes,
+            self.allocs.values(),
+        );
+        let (Replacement::Replace(plan), Some(job)) = (&decision, job) else {
+            if decision == Replacement::LimitReached {
+                tracing::warn!(job = %record.alloc.job_id, alloc_id, restart_limit, "not replacing failed allocation: restart limit reached");
+            }
+            return;
+        };
+        let (spec, version, plan) = (job.spec.clone(), job.version, plan.clone());
+        if let Some(job) = self.job_mut(&spec.id) {
+            job.restarts += 1;
+        }
+        let replacement = self.apply(plan, &spec, version, index);
+        let replacement = replacement.first().map_or("", String::as_str);
+        tracing::info!(job = %spec.id, alloc_id, replacement, "replacing failed allocation");
+    }
+
+    pub(super) fn remove_empty_purged_jobs(&mut self) {
+        for job_id in gc::empty_purged_jobs(&self.jobs, self.allocs.values()) {
+            self.remove_job(&job_id);
+        }
+    }
+
+    /// Takes `node_id` out of the nodes allocs are placed on and loses its allocs (see
+    /// [`reconcile::lose_node`]). Returns the ids of the allocs lost.
+    pub(super) fn node_down(&mut self, node_id: &str, index: u64) -> Vec<String> {
+        self.nodes.remove(node_id);
+        let loss = reconcile::lose_node(node_id, &self.jobs, &self.nodes, self.allocs.values());
+        for id in &loss.lost {
+            self.stop_alloc(id, index);
+            if let Some(record) = self.alloc_mut(id) {
+                record.client_state = Some(AllocState {
+                    client_status: ClientStatus::Lost,
+                    description: format!("node {node_id} stopped answering"),
+                    task_states: record
+                        .client_state
+                        .take()
+                        .map(|s| s.task_states)
+                        .unwrap_or_default(),
+                });
+                record.terminal_since = Some(Instant::now());
+            }
+        }
+        for (job_id, plan) in loss.replacements {
+            let Some(job) = self.jobs.get(&job_id) else {
+                continue;
+            };
+            let (spec, version) = (job.spec.clone(), job.version);
+            let placed = self.apply(plan, &spec, version, index);
+            tracing::info!(job = %job_id, node_id, replacements = placed.len(), "replacing allocations lost with their node");
+        }
+        loss.lost
+    }
+}

@@ -1,0 +1,495 @@
+//! Cluster mode end to end: real `caravan agent` processes in cluster mode on a real
+//! three-member etcd, all on loopback, started, killed, paused and restarted by the tests.
+//! A failing test prints what every agent logged.
+
+use crate::etcd::EtcdCluster;
+use crate::support::{AgentProcess, eventually_async, http, run_caravan};
+use caravan_test_artifacts::SLEEPER;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+/// Nodes' lease TTL in these tests: etcd's floor, so deaths are seen fast.
+const NODE_TTL: &str = "2s";
+
+/// One agent of the cluster: its process (when running), its name and its data dir, which
+/// outlives the process so that a restart restores from it.
+struct Node {
+    name: String,
+    data_dir: PathBuf,
+    process: Option<AgentProcess>,
+    /// Every line logged by the earlier runs of this node, for the failure report.
+    earlier_logs: Vec<String>,
+}
+
+impl Node {
+    fn addr(&self) -> std::net::SocketAddr {
+        self.process.as_ref().expect("the node runs").socket_addr()
+    }
+
+    fn start(&mut self, etcd: &EtcdCluster) {
+        // Continues the harness's [client] block: a small sandbox pool per agent.
+        let config = format!("max_live_allocs = 64\n[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
+        let endpoints = etcd.endpoints().join(",");
+        let data_dir = self.data_dir.to_str().unwrap().to_string();
+        self.process = Some(AgentProcess::start_configured(
+            &[
+                "--cluster",
+                "etcd",
+                "--etcd-endpoints",
+                &endpoints,
+                "--node-name",
+                &self.name,
+                "--data-dir",
+                &data_dir,
+            ],
+            &config,
+        ));
+    }
+
+    fn kill9(&mut self) {
+        if let Some(process) = self.process.take() {
+            self.earlier_logs.extend(process.kill9());
+        }
+    }
+}
+
+/// Three etcd members and three agents, `node-1` to `node-3`.
+struct Cluster {
+    etcd: EtcdCluster,
+    nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let etcd = EtcdCluster::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut nodes: Vec<Node> = (1..=3)
+            .map(|n| Node {
+                name: format!("node-{n}"),
+                data_dir: dir.path().join(format!("node-{n}")),
+                process: None,
+                earlier_logs: Vec::new(),
+            })
+            .collect();
+        for node in &mut nodes {
+            node.start(&etcd);
+        }
+        let cluster = Cluster {
+            etcd,
+            nodes,
+            _dir: dir,
+        };
+        cluster
+            .until("three nodes ready", |c| async move {
+                c.ready_nodes().await.len() == 3
+            })
+            .await;
+        cluster
+    }
+
+    /// `GET path` on node `i`.
+    async fn get(&self, i: usize, path: &str) -> (u16, Value) {
+        http(self.nodes[i].addr(), "GET", path, None, None).await
+    }
+
+    /// The node names the cluster places on, as node `i` answers.
+    async fn ready_nodes_via(&self, i: usize) -> BTreeSet<String> {
+        let (status, nodes) = self.get(i, "/v1/nodes").await;
+        if status != 200 {
+            return BTreeSet::new();
+        }
+        nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"] == "ready")
+            .filter_map(|n| n["id"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    async fn ready_nodes(&self) -> BTreeSet<String> {
+        self.ready_nodes_via(0).await
+    }
+
+    /// The index of the node whose agent leads, as node `via` sees it.
+    async fn leader_via(&self, via: usize) -> Option<usize> {
+        let (_, answer) = self.get(via, "/v1/status/leader").await;
+        let name = answer["leader"]["node"].as_str()?;
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// Job `id`'s allocs, as node `i` answers (empty while it cannot).
+    async fn allocs(&self, i: usize, job: &str) -> Vec<Value> {
+        let (status, allocs) = self.get(i, &format!("/v1/job/{job}/allocations")).await;
+        if status != 200 {
+            return Vec::new();
+        }
+        allocs.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits (for at most two minutes) until `condition` holds of the cluster.
+    async fn until<'a, F, Fut>(&'a self, what: &str, condition: F)
+    where
+        F: Fn(&'a Cluster) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        eventually_async(what, || condition(self)).await;
+    }
+
+    /// Submits a service job of `count` sleepers through node `via`.
+    async fn run_job(&self, via: usize, id: &str, count: u32) -> (u16, Value) {
+        let body = serde_json::json!({ "job": {
+            "id": id, "type": "service", "count": count, "runner": SLEEPER,
+        }})
+        .to_string();
+        http(
+            self.nodes[via].addr(),
+            "POST",
+            "/v1/jobs",
+            Some(&body),
+            None,
+        )
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for node in &self.nodes {
+            let mut lines = node.earlier_logs.clone();
+            if let Some(process) = &node.process {
+                lines.extend(process.unread_lines());
+            }
+            let tail = lines.len().saturating_sub(80);
+            eprintln!(
+                "--- {} logged (last {} lines):",
+                node.name,
+                lines.len() - tail
+            );
+            for line in &lines[tail..] {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// Allocs not yet terminal, by node.
+fn live_by_node(allocs: &[Value]) -> BTreeMap<String, usize> {
+    let mut by_node = BTreeMap::new();
+    for alloc in allocs {
+        let terminal =
+            ["complete", "failed", "lost"].contains(&alloc["client_status"].as_str().unwrap_or(""));
+        if !terminal && alloc["desired_status"] == "run" {
+            *by_node
+                .entry(alloc["node_id"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+    }
+    by_node
+}
+
+fn running(allocs: &[Value]) -> usize {
+    allocs
+        .iter()
+        .filter(|a| a["client_status"] == "running" && a["desired_status"] == "run")
+        .count()
+}
+
+fn unique_ids(allocs: &[Value]) -> bool {
+    let ids: BTreeSet<&str> = allocs.iter().filter_map(|a| a["id"].as_str()).collect();
+    ids.len() == allocs.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_spreads_over_the_nodes_and_a_killed_node_is_replaced_then_stops_its_old_allocs() {
+    let mut cluster = Cluster::start().await;
+    let (status, answer) = cluster.run_job(1, "web", 30).await;
+    assert_eq!(status, 200, "{answer}");
+    cluster
+        .until("30 allocs running", |c| async move {
+            running(&c.allocs(2, "web").await) == 30
+        })
+        .await;
+    let allocs = cluster.allocs(0, "web").await;
+    assert_eq!(allocs.len(), 30, "every alloc placed once");
+    assert!(unique_ids(&allocs));
+    assert_eq!(
+        live_by_node(&allocs).values().copied().collect::<Vec<_>>(),
+        [10, 10, 10],
+        "spread evenly: {:?}",
+        live_by_node(&allocs)
+    );
+
+    // A node that does not lead dies: its allocs are lost and replaced on the other two.
+    let leader = cluster.leader_via(0).await.expect("a leader");
+    let victim = (0..3).find(|i| *i != leader).unwrap();
+    let survivor = (0..3).find(|i| *i != leader && *i != victim).unwrap();
+    let victim_name = cluster.nodes[victim].name.clone();
+    let held: BTreeSet<String> = allocs
+        .iter()
+        .filter(|a| a["node_id"] == victim_name.as_str())
+        .map(|a| a["id"].as_str().unwrap().to_string())
+        .collect();
+    cluster.nodes[victim].kill9();
+    let (held_ref, name_ref) = (&held, victim_name.as_str());
+    cluster
+        .until("the dead node's allocs lost and replaced", |c| async move {
+            let allocs = c.allocs(survivor, "web").await;
+            let lost = allocs
+                .iter()
+                .filter(|a| held_ref.contains(a["id"].as_str().unwrap_or("")))
+                .all(|a| a["client_status"] == "lost");
+            lost && running(&allocs) == 30 && !live_by_node(&allocs).contains_key(name_ref)
+        })
+        .await;
+
+    // Back on its data dir, it stops what it held: the cluster settles with 30 allocs, each
+    // on one node.
+    let Cluster { etcd, nodes, .. } = &mut cluster;
+    nodes[victim].start(etcd);
+    cluster
+        .until(
+            "the returning node stops its replaced allocs",
+            |c| async move {
+                let allocs = c.allocs(survivor, "web").await;
+                let stopped = allocs
+                    .iter()
+                    .filter(|a| held_ref.contains(a["id"].as_str().unwrap_or("")))
+                    .all(|a| a["client_status"] == "complete");
+                stopped && c.ready_nodes_via(survivor).await.contains(name_ref)
+            },
+        )
+        .await;
+    let allocs = cluster.allocs(victim, "web").await;
+    assert_eq!(live_by_node(&allocs).values().sum::<usize>(), 30);
+    assert!(unique_ids(&allocs));
+    assert_eq!(running(&allocs), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_scheduling_agent_dies_mid_deploy_another_takes_over_and_completes_it() {
+    let mut cluster = Cluster::start().await;
+    let leader = cluster.leader_via(0).await.expect("a leader");
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let other = (0..3).find(|i| *i != leader && *i != follower).unwrap();
+    let (status, answer) = cluster.run_job(follower, "web", 30).await;
+    assert_eq!(status, 200, "a follower forwards to the leader: {answer}");
+    cluster.nodes[leader].kill9();
+    let dead = cluster.nodes[leader].name.clone();
+    let dead_ref = dead.as_str();
+    cluster
+        .until("another agent leads", |c| async move {
+            c.leader_via(follower).await.is_some_and(|l| l != leader)
+        })
+        .await;
+    cluster
+        .until("the deploy completes on the live nodes", |c| async move {
+            let allocs = c.allocs(other, "web").await;
+            running(&allocs) == 30 && !live_by_node(&allocs).contains_key(dead_ref)
+        })
+        .await;
+    let allocs = cluster.allocs(follower, "web").await;
+    assert!(unique_ids(&allocs));
+    assert_eq!(
+        live_by_node(&allocs).values().sum::<usize>(),
+        30,
+        "no duplicate placement: {:?}",
+        live_by_node(&allocs)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_its_ttl_writes_nothing_when_it_wakes() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.leader_via(0).await.expect("a leader");
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let (status, _) = cluster.run_job(follower, "web", 3).await;
+    assert_eq!(status, 200);
+    cluster
+        .until("3 allocs running", |c| async move {
+            running(&c.allocs(follower, "web").await) == 3
+        })
+        .await;
+    let paused = cluster.nodes[leader].process.as_ref().unwrap();
+    paused.send_signal("-STOP");
+    cluster
+        .until("another agent leads", |c| async move {
+            c.leader_via(follower).await.is_some_and(|l| l != leader)
+        })
+        .await;
+    // A job sent to the paused leader waits in its socket; it wakes with the request in hand
+    // and its scheduler as it was.
+    let body = serde_json::json!({ "job": {
+        "id": "late", "type": "service", "count": 2, "runner": SLEEPER,
+    }})
+    .to_string();
+    let paused_addr = cluster.nodes[leader].addr();
+    let late =
+        tokio::spawn(async move { http(paused_addr, "POST", "/v1/jobs", Some(&body), None).await });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    paused.send_signal("-CONT");
+    let (status, answer) = late.await.unwrap();
+    // Either the old leader tried, its fenced write failed and it answered 503, or it had
+    // already stepped down and forwarded the job to the new leader.
+    assert!(
+        status == 503 || status == 200,
+        "the woken leader answered {status}: {answer}"
+    );
+    // Whatever happened, etcd holds exactly what the new leader knows: a write of the old
+    // leader that landed would be a job or an alloc the new leader never made.
+    let store = cluster.etcd.store().await;
+    let new_leader = cluster.leader_via(follower).await.unwrap();
+    let (_, jobs) = cluster.get(new_leader, "/v1/jobs").await;
+    let (_, allocs) = cluster.get(new_leader, "/v1/allocations").await;
+    let known_jobs: BTreeSet<String> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_string())
+        .collect();
+    let known_allocs: BTreeSet<String> = allocs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_string())
+        .collect();
+    let (job_keys, _) = store.list("/caravan/v1/jobs/").await.unwrap();
+    let stored_jobs: BTreeSet<String> = job_keys
+        .iter()
+        .map(|kv| kv.key.rsplit('/').next().unwrap().to_string())
+        .collect();
+    let (alloc_keys, _) = store.list("/caravan/v1/allocs/").await.unwrap();
+    let (unplaced, _) = store.list("/caravan/v1/unplaced/").await.unwrap();
+    let stored_allocs: BTreeSet<String> = alloc_keys
+        .iter()
+        .chain(&unplaced)
+        .map(|kv| kv.key.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(stored_jobs, known_jobs);
+    assert_eq!(stored_allocs, known_allocs);
+    assert_eq!(
+        known_jobs.contains("late"),
+        status == 200,
+        "the late job exists only if the answer said it was registered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_leader_dying_mid_deploy_loses_no_write_and_no_event() {
+    let mut cluster = Cluster::start().await;
+    let (status, answer) = cluster.run_job(0, "web", 30).await;
+    assert_eq!(status, 200, "{answer}");
+    let member = cluster.etcd.leader().await;
+    cluster.etcd.kill(member);
+    cluster.etcd.restart(member);
+    cluster.etcd.wait_for_member(member).await;
+    cluster
+        .until("30 allocs running", |c| async move {
+            running(&c.allocs(0, "web").await) == 30
+        })
+        .await;
+    // Every node saw every alloc placed on it: each reported it running itself.
+    let allocs = cluster.allocs(1, "web").await;
+    assert!(unique_ids(&allocs));
+    assert_eq!(live_by_node(&allocs).values().sum::<usize>(), 30);
+    // After a compaction the nodes' watches carry on: a scale-up reaches them.
+    cluster.etcd.compact().await;
+    let scale = serde_json::json!({ "count": 33 }).to_string();
+    let (status, answer) = http(
+        cluster.nodes[2].addr(),
+        "POST",
+        "/v1/job/web/scale",
+        Some(&scale),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    cluster
+        .until("33 allocs running", |c| async move {
+            running(&c.allocs(0, "web").await) == 33
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_one_line_by_any_agent() {
+    // Nothing listens on port 1: the agent names the endpoint and exits.
+    let out = run_caravan(
+        &[
+            "agent",
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            "http://127.0.0.1:1",
+            "--node-name",
+            "n1",
+            "--dev",
+            "--bind",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.contains("etcd is unreachable at http://127.0.0.1:1"),
+        "{stderr}"
+    );
+
+    let cluster = Cluster::start().await;
+    // A job is validated wherever it is sent: a follower relays the leader's 400.
+    let leader = cluster.leader_via(0).await.unwrap();
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let body = r#"{"job": {"id": "a", "type": "service", "count": 1}}"#;
+    let (status, error) = http(
+        cluster.nodes[follower].addr(),
+        "POST",
+        "/v1/jobs",
+        Some(body),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(error["field"], "job.runner", "{error}");
+
+    // A newer schema is refused with one line naming it.
+    let mut client = etcd_client::Client::connect(cluster.etcd.endpoints(), None)
+        .await
+        .unwrap();
+    client
+        .put(caravan_host::cluster::SCHEMA_KEY, "99", None)
+        .await
+        .unwrap();
+    let endpoints = cluster.etcd.endpoints().join(",");
+    let out = run_caravan(
+        &[
+            "agent",
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--node-name",
+            "n4",
+            "--dev",
+            "--bind",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap_or("")
+            .contains("holds Caravan's cluster schema 99"),
+        "{stderr}"
+    );
+}
