@@ -18,13 +18,13 @@ use caravan_host::client::persist::Persister;
 use caravan_host::state::{RedbStateDb, StateDb, Write};
 use caravan_host::structs::{AllocState, ClientStatus};
 use caravan_test_artifacts::MINIMAL;
-use std::io::{BufRead, Read, Write as _};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
+mod common;
+
+use common::{median, spawn_agent};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -42,82 +42,6 @@ fn main() {
     churn(Duration::from_secs(churn_seconds));
 }
 
-/// A spawned agent and its address.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path) -> Agent {
-    let mut child = Command::new(CARAVAN)
-        .args(["agent", "--bind", "127.0.0.1:0", "--log-json", "--data-dir"])
-        .arg(data_dir)
-        .arg("--config")
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("caravan agent starts");
-    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line)
-                && value["fields"]["message"] == "agent started"
-            {
-                let _ = addr_tx.send(value["fields"]["addr"].as_str().unwrap().to_string());
-            }
-        }
-    });
-    let addr = addr_rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the agent starts");
-    Agent { child, addr }
-}
-
-impl Agent {
-    fn request(&self, method: &str, path: &str, body: &str) -> String {
-        let mut stream = std::net::TcpStream::connect(&self.addr).unwrap();
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        answer
-    }
-
-    fn instantiations(&self) -> u64 {
-        let metrics = self.request("GET", "/v1/metrics", "");
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("caravan_runner_instantiation_seconds_count "))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    fn wait_instantiations(&self, wanted: u64) {
-        while self.instantiations() < wanted {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(mut self) {
-        Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values[values.len() / 2]
-}
-
 fn restore(allocs: u32, rounds: usize) {
     let work = tempfile::tempdir().unwrap();
     let config = work.path().join("agent.toml");
@@ -128,7 +52,7 @@ fn restore(allocs: u32, rounds: usize) {
     .unwrap();
     let (saved, empty) = (work.path().join("saved"), work.path().join("empty"));
 
-    let agent = spawn_agent(&saved, &config);
+    let agent = spawn_agent(&saved, &config, &[]);
     let job = format!(
         r#"{{"job": {{"id": "many", "type": "service", "count": {allocs}, "runner": {MINIMAL:?}}}}}"#
     );
@@ -147,13 +71,13 @@ fn restore(allocs: u32, rounds: usize) {
     for round in 0..rounds {
         let _ = std::fs::remove_dir_all(&empty);
         let started = Instant::now();
-        let agent = spawn_agent(&empty, &config);
+        let agent = spawn_agent(&empty, &config, &[]);
         agent.instantiations();
         baselines.push(started.elapsed());
         agent.stop();
 
         let started = Instant::now();
-        let agent = spawn_agent(&saved, &config);
+        let agent = spawn_agent(&saved, &config, &[]);
         agent.wait_instantiations(u64::from(allocs));
         restores.push(started.elapsed());
         agent.stop();

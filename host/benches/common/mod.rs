@@ -4,8 +4,12 @@
 
 use caravan_host::allocrunner::{AllocRunnerConfig, StateUpdater, alloc_span};
 use caravan_host::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
+use std::io::{BufRead, Read, Write as _};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
+
+const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 use tokio::sync::Notify;
 
 /// Notifies once the guest reports `running`.
@@ -57,4 +61,78 @@ pub fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
+}
+
+/// A spawned `caravan agent` and its address.
+pub struct Agent {
+    pub child: Child,
+    pub addr: String,
+}
+
+/// Spawns `caravan agent` on `data_dir` with `config` and `extra` flags, and waits until it
+/// logs "agent started".
+pub fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path, extra: &[&str]) -> Agent {
+    let mut child = Command::new(CARAVAN)
+        .args(["agent", "--bind", "127.0.0.1:0", "--log-json", "--data-dir"])
+        .arg(data_dir)
+        .arg("--config")
+        .arg(config)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("caravan agent starts");
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line)
+                && value["fields"]["message"] == "agent started"
+            {
+                let _ = addr_tx.send(value["fields"]["addr"].as_str().unwrap().to_string());
+            }
+        }
+    });
+    let addr = addr_rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the agent starts");
+    Agent { child, addr }
+}
+
+impl Agent {
+    pub fn request(&self, method: &str, path: &str, body: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(&self.addr).unwrap();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    pub fn instantiations(&self) -> u64 {
+        let metrics = self.request("GET", "/v1/metrics", "");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("caravan_runner_instantiation_seconds_count "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn wait_instantiations(&self, wanted: u64) {
+        while self.instantiations() < wanted {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stop(mut self) {
+        Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        self.child.wait().unwrap();
+    }
 }

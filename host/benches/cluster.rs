@@ -1,0 +1,189 @@
+//! Cluster mode's placement throughput, the etcd writes it costs, and how long a dead node's
+//! allocs take to run elsewhere.
+//!
+//! Run: `cargo bench -p caravan-host --bench cluster` (see `scripts/bench`). Options after
+//! `--`: `--allocs N` (default 10000).
+//!
+//! - baseline: one `caravan agent` (embedded server): the time from submitting a service job
+//!   of N allocs of `guests/minimal` until its metrics count N runner instantiations.
+//! - cluster: three etcd members and three agents in cluster mode (default node TTL, 10 s),
+//!   all on loopback: the same job submitted to one agent, until the three agents' metrics
+//!   count N instantiations in all. The same job, the same runner, the same machine, in the
+//!   same run.
+//! - etcd writes: every key written or deleted under Caravan's prefix during the cluster
+//!   run (read back from etcd's history), per placed alloc, and the transactions they took.
+//! - node death: SIGKILL of an agent that does not lead, until the two others have started a
+//!   replacement for each of its allocs.
+
+#[path = "../tests/all/etcd.rs"]
+#[allow(dead_code)]
+mod etcd;
+
+mod common;
+
+use caravan_host::cluster::{Change, EtcdStore, PrefixWatch};
+use caravan_test_artifacts::MINIMAL;
+use common::{Agent, spawn_agent};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut allocs = 10_000u64;
+    while let Some(arg) = args.next() {
+        if arg == "--allocs" {
+            allocs = args.next().and_then(|v| v.parse().ok()).unwrap_or(allocs);
+        }
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let baseline = embedded(allocs);
+    runtime.block_on(cluster(allocs, baseline));
+}
+
+fn job(allocs: u64) -> String {
+    format!(
+        r#"{{"job": {{"id": "many", "type": "service", "count": {allocs}, "runner": {MINIMAL:?}}}}}"#
+    )
+}
+
+fn submit(agent: &Agent, allocs: u64) -> Instant {
+    let started = Instant::now();
+    let answer = agent.request("POST", "/v1/jobs", &job(allocs));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    started
+}
+
+fn config(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Allocs per second placed and running on one agent with its embedded server.
+fn embedded(allocs: u64) -> f64 {
+    let work = tempfile::tempdir().unwrap();
+    let config = config(
+        work.path(),
+        &format!("[client]\nmax_live_allocs = {}\n", allocs + 100),
+    );
+    let agent = spawn_agent(&work.path().join("data"), &config, &[]);
+    let started = submit(&agent, allocs);
+    agent.wait_instantiations(allocs);
+    let elapsed = started.elapsed();
+    agent.stop();
+    let rate = allocs as f64 / elapsed.as_secs_f64();
+    println!(
+        "cluster: baseline, embedded server: {allocs} allocs running in {:.2} s, {rate:.0} allocs/s",
+        elapsed.as_secs_f64()
+    );
+    rate
+}
+
+/// Polls `condition` until it holds; gives up after five minutes, naming `what`.
+fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !condition() {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn total_instantiations(agents: &[Option<Agent>]) -> u64 {
+    agents.iter().flatten().map(Agent::instantiations).sum()
+}
+
+async fn cluster(allocs: u64, baseline: f64) {
+    let etcd = etcd::EtcdCluster::start().await;
+    let work = tempfile::tempdir().unwrap();
+    // Two nodes must hold every alloc once the third is killed.
+    let per_node = allocs / 2 + 200;
+    let config = config(
+        work.path(),
+        &format!("[client]\nmax_live_allocs = {per_node}\n[cluster]\nmode = \"etcd\"\n"),
+    );
+    let endpoints = etcd.endpoints().join(",");
+    let mut agents: Vec<Option<Agent>> = (1..=3)
+        .map(|n| {
+            let name = format!("node-{n}");
+            let data = work.path().join(&name);
+            Some(spawn_agent(
+                &data,
+                &config,
+                &["--etcd-endpoints", &endpoints, "--node-name", &name],
+            ))
+        })
+        .collect();
+    let first = agents[0].as_ref().unwrap();
+    // Every node live before the job, so that the job spreads.
+    wait_until("three nodes ready", || {
+        first
+            .request("GET", "/v1/nodes", "")
+            .matches("\"ready\"")
+            .count()
+            == 3
+    });
+    let store = etcd.store().await;
+    let before = store.list("/caravan/v1/").await.unwrap().1;
+    let started = submit(first, allocs);
+    wait_until("every alloc running", || {
+        total_instantiations(&agents) >= allocs
+    });
+    let elapsed = started.elapsed();
+    let rate = allocs as f64 / elapsed.as_secs_f64();
+    println!(
+        "cluster: 3 agents on etcd: {allocs} allocs running in {:.2} s, {rate:.0} allocs/s; \
+         {:.2}x the embedded server's rate in the same run",
+        elapsed.as_secs_f64(),
+        rate / baseline
+    );
+    // Let the last client states land, then count what the run wrote.
+    std::thread::sleep(Duration::from_secs(2));
+    let after = store.list("/caravan/v1/").await.unwrap().1;
+    let writes = count_writes(&store, before, after).await;
+    println!(
+        "cluster: etcd writes: {writes} keys in {} transactions, {:.2} keys per placed alloc",
+        after - before,
+        writes as f64 / allocs as f64
+    );
+
+    // A node that does not lead dies.
+    let leader = first.request("GET", "/v1/status/leader", "");
+    let victim = (0..3)
+        .find(|i| !leader.contains(&format!("\"node-{}\"", i + 1)))
+        .unwrap();
+    // Each agent's metrics count the runners it started: the victim's are the allocs it holds.
+    let held = agents[victim].as_ref().unwrap().instantiations();
+    let before_kill = total_instantiations(&agents) - held;
+    let mut dead = agents[victim].take().unwrap();
+    let killed = Instant::now();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    wait_until("the dead node's allocs replaced", || {
+        total_instantiations(&agents) >= before_kill + held
+    });
+    println!(
+        "cluster: node-{} killed (SIGKILL) holding {held} allocs; all running elsewhere {:.2} s later (node TTL 10 s)",
+        victim + 1,
+        killed.elapsed().as_secs_f64()
+    );
+    for agent in agents.into_iter().flatten() {
+        agent.stop();
+    }
+}
+
+/// Keys written or deleted under Caravan's prefix between two revisions, from etcd's
+/// history.
+async fn count_writes(store: &EtcdStore, from: i64, to: i64) -> u64 {
+    let mut watch = PrefixWatch::from_revision(store, "/caravan/v1/", from + 1);
+    let mut writes = 0u64;
+    while watch.next_revision() <= to {
+        for change in watch.next().await.expect("etcd's history since the job") {
+            let revision = match change {
+                Change::Put(kv) => kv.mod_revision,
+                Change::Delete { mod_revision, .. } => mod_revision,
+                Change::Relisted { .. } => panic!("history compacted during the bench"),
+            };
+            writes += u64::from(revision <= to);
+        }
+    }
+    writes
+}
