@@ -24,6 +24,7 @@ pub(super) struct ClusterMode {
     /// What the agent's client talks to.
     pub(super) server_api: Arc<dyn ServerApi>,
     member: Member,
+    store: EtcdStore,
     slot: ServerSlot,
     scheduling: tokio::task::JoinHandle<()>,
 }
@@ -38,14 +39,12 @@ impl ClusterMode {
     ) -> anyhow::Result<ClusterMode> {
         let store = EtcdStore::connect(&config.etcd_endpoints).await?;
         store.check_schema().await?;
-        let member = Member::join(
-            store.clone(),
-            MemberRecord {
-                node: config.node_name.clone(),
-                api: format!("http://{api}"),
-            },
-            config.node_ttl,
-        );
+        let record = MemberRecord {
+            node: config.node_name.clone(),
+            api: format!("http://{api}"),
+        };
+        refuse_a_live_namesake(&store, &record, config.node_ttl).await?;
+        let member = Member::join(store.clone(), record, config.node_ttl);
         let slot: ServerSlot = watch::channel(None).0;
         let scheduler = SchedulerConfig {
             server: server.clone(),
@@ -65,8 +64,9 @@ impl ClusterMode {
             "joined the cluster"
         );
         Ok(ClusterMode {
-            server_api: EtcdServerApi::new(store),
+            server_api: EtcdServerApi::new(store.clone()),
             member,
+            store,
             slot,
             scheduling,
         })
@@ -79,7 +79,7 @@ impl ClusterMode {
 
     /// What the HTTP API forwards by.
     pub(super) fn forwarding(&self) -> Arc<Forwarding> {
-        Arc::new(Forwarding::new(self.member.view()))
+        Arc::new(Forwarding::new(self.member.view(), self.store.clone()))
     }
 
     /// Stops scheduling and hands the leadership over.
@@ -90,6 +90,29 @@ impl ClusterMode {
     }
 }
 
+/// Refuses to join as a node that another live agent already is: two agents running one
+/// node's allocs would run each of them twice. The same agent back within its TTL (a
+/// restart, on the same address) is not another.
+async fn refuse_a_live_namesake(
+    store: &EtcdStore,
+    record: &MemberRecord,
+    ttl: Duration,
+) -> anyhow::Result<()> {
+    let live = crate::cluster::live_members(store).await?;
+    if let Some(other) = live
+        .iter()
+        .find(|m| m.record.node == record.node && m.record.api != record.api)
+    {
+        anyhow::bail!(
+            "node name {} is live in the cluster already, its agent at {}: give this agent              another --node-name, or stop that one and wait {}s for its lease to expire",
+            record.node,
+            crate::text::cut(&other.record.api, 64),
+            ttl.as_secs()
+        );
+    }
+    Ok(())
+}
+
 /// Runs the scheduler each time this agent wins the leadership, until it loses it.
 async fn schedule_while_leading(
     store: EtcdStore,
@@ -98,10 +121,10 @@ async fn schedule_while_leading(
     slot: ServerSlot,
 ) {
     loop {
-        let Ok(fence) = view
+        let Ok((fence, took_over_from)) = view
             .wait_for(|v| v.leading.is_some())
             .await
-            .map(|v| v.leading.clone())
+            .map(|v| (v.leading.clone(), v.took_over_from.clone()))
         else {
             return;
         };
@@ -119,13 +142,23 @@ async fn schedule_while_leading(
         crate::cluster::lead(
             store.clone(),
             fence.clone(),
+            took_over_from,
             config.clone(),
             slot.clone(),
             until,
         )
         .await;
-        // Deposed by a failed save while the membership still says this agent leads: wait
-        // for the membership to see it, rather than leading again on the same fence.
+        // Stopped leading while still holding the key (a failed save, a watch that gave up):
+        // hand the key over, so that a scheduler runs somewhere, then wait for the
+        // membership to see it rather than leading again on the same fence.
+        if view.borrow().leading.as_ref() == Some(&fence) {
+            let resign = [crate::cluster::FencedOp::Delete {
+                key: fence.key.clone(),
+            }];
+            if let Err(error) = store.write_fenced(&fence, &resign).await {
+                tracing::warn!(%error, "cannot hand the leadership over; it passes when this agent's lease expires");
+            }
+        }
         let _ = view
             .wait_for(|v| v.leading.as_ref() != Some(&fence))
             .await

@@ -13,21 +13,23 @@
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
 use crate::client::gc::GcError;
-use crate::jobspec::{self, JobType};
+use crate::jobspec;
 use crate::runtime::histogram::write_instantiation_latency;
-use crate::server::{AllocRecord, EmbeddedServer, JobRecord, RequestError};
-use crate::structs::{ClientStatus, DesiredStatus, TaskState};
+use crate::server::{AllocRecord, EmbeddedServer, RequestError};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 mod alloc_actions;
 pub mod forward;
+mod views;
+pub use views::{AllocView, JobView};
+use views::{alloc_view, job_view};
 use alloc_actions::{restart_allocation, signal_allocation};
 
 /// What every handler can reach.
@@ -180,92 +182,6 @@ fn authorize(state: &ApiState, headers: &HeaderMap) -> ApiResult<()> {
             StatusCode::FORBIDDEN,
             "the token is not valid for this agent",
         )),
-    }
-}
-
-/// A job as the API shows it.
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct JobView {
-    /// Job id.
-    pub id: String,
-    /// `service` or `batch`.
-    #[serde(rename = "type")]
-    pub job_type: JobType,
-    /// Allocs wanted.
-    pub count: u32,
-    /// Runner component path.
-    pub runner: String,
-    /// `running`, `dead` (a batch job whose allocs all finished) or `stopped`.
-    pub status: String,
-    /// Bumped by each change that replaced allocs.
-    pub version: u64,
-    /// The job's allocs by client status.
-    pub allocs: BTreeMap<String, usize>,
-}
-
-/// An alloc as the API shows it.
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct AllocView {
-    /// Alloc id.
-    pub id: String,
-    /// Its job.
-    pub job_id: String,
-    /// The node it is placed on, if any yet.
-    pub node_id: Option<String>,
-    /// What the scheduler wants.
-    pub desired_status: DesiredStatus,
-    /// What the client last reported (`pending` before any report).
-    pub client_status: ClientStatus,
-    /// Why it is in that status.
-    pub description: String,
-    /// Grows with every server-side change.
-    pub modify_index: u64,
-    /// Its tasks' states, as last reported.
-    pub task_states: Vec<TaskState>,
-}
-
-fn alloc_view(record: &AllocRecord) -> AllocView {
-    let state = record.client_state.clone();
-    AllocView {
-        id: record.alloc.id.clone(),
-        job_id: record.alloc.job_id.clone(),
-        node_id: record.node_id.clone(),
-        desired_status: record.alloc.desired_status,
-        client_status: state
-            .as_ref()
-            .map_or(ClientStatus::Pending, |s| s.client_status),
-        description: state
-            .as_ref()
-            .map(|s| s.description.clone())
-            .unwrap_or_default(),
-        modify_index: record.alloc.modify_index,
-        task_states: state.map(|s| s.task_states).unwrap_or_default(),
-    }
-}
-
-fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
-    let views: Vec<AllocView> = allocs.iter().map(alloc_view).collect();
-    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
-    for view in &views {
-        *by_status.entry(view.client_status.to_string()).or_default() += 1;
-    }
-    // A finished batch job stays dead after its allocs are collected.
-    let finished = views.iter().all(|v| v.client_status.is_terminal());
-    let status = if job.stopped {
-        "stopped"
-    } else if job.spec.job_type == JobType::Batch && finished {
-        "dead"
-    } else {
-        "running"
-    };
-    JobView {
-        id: job.spec.id.clone(),
-        job_type: job.spec.job_type,
-        count: job.spec.count,
-        runner: job.spec.runner.clone(),
-        status: status.into(),
-        version: job.version,
-        allocs: by_status,
     }
 }
 
@@ -532,7 +448,8 @@ async fn system_gc(
 }
 
 /// Every node: those allocs are placed on (`ready`), and those that hold allocs but went
-/// down (`down`, cluster mode), with how many allocs each runs.
+/// down (`down`, cluster mode), with how many allocs each runs; in cluster mode, also each
+/// live node's agent address and how many seconds ago it last renewed its lease.
 async fn list_nodes(State(state): State<ApiState>) -> ApiResult<Json<Vec<serde_json::Value>>> {
     let server = state.server()?;
     let allocs = server.allocs();
@@ -547,12 +464,26 @@ async fn list_nodes(State(state): State<ApiState>) -> ApiResult<Json<Vec<serde_j
             entry.1 += usize::from(!alloc.is_terminal());
         }
     }
+    let live = match &state.forwarding {
+        Some(cluster) => cluster
+            .live_members()
+            .await
+            .map_err(|error| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string()))?,
+        None => Vec::new(),
+    };
     Ok(Json(
         nodes
             .into_iter()
             .map(|(node, (ready, running))| {
                 let status = if ready { "ready" } else { "down" };
-                serde_json::json!({ "id": node, "status": status, "allocs": running })
+                let mut view =
+                    serde_json::json!({ "id": node, "status": status, "allocs": running });
+                if let Some(member) = live.iter().find(|m| m.record.node == node) {
+                    view["address"] = member.record.api.clone().into();
+                    view["last_heartbeat_secs"] =
+                        member.since_heartbeat.map(|age| age.as_secs()).into();
+                }
+                view
             })
             .collect(),
     ))

@@ -94,6 +94,24 @@ impl EtcdStore {
         .await
     }
 
+    /// How long ago `lease` was last renewed (its granted TTL less what is left), to the
+    /// second; `None` when it expired.
+    pub async fn lease_age(&self, lease: i64) -> Result<Option<Duration>, StoreError> {
+        let client = self.client.clone();
+        self.retrying("reading a lease", |_| {
+            let mut client = client.clone();
+            async move {
+                let answer = client.lease_time_to_live(lease, None).await?;
+                Ok((answer.ttl() > 0).then(|| {
+                    Duration::from_secs(
+                        answer.granted_ttl().saturating_sub(answer.ttl()).max(0) as u64
+                    )
+                }))
+            }
+        })
+        .await
+    }
+
     /// Writes `value` at `key`, attached to `lease`. Retried: callers write the same value
     /// again.
     pub async fn put_leased(&self, key: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {

@@ -42,6 +42,39 @@ pub struct MemberView {
     pub leader: Option<MemberRecord>,
     /// Set while this agent leads: the fence its writes carry.
     pub leading: Option<Fence>,
+    /// When this agent last won the leadership from another, that agent's node: its lease
+    /// expired (that is what freed the leader key), so its node is down too.
+    pub took_over_from: Option<String>,
+}
+
+/// A live agent, as its live key says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveMember {
+    /// Who it is.
+    pub record: MemberRecord,
+    /// How long ago it last renewed its lease (`None`: the lease just expired).
+    pub since_heartbeat: Option<Duration>,
+}
+
+/// Every live agent, with how long ago each renewed its lease: one read of `live/`, then
+/// one lease query per agent, at most 32 at a time.
+pub async fn live_members(store: &EtcdStore) -> Result<Vec<LiveMember>, super::StoreError> {
+    let (entries, _) = store.list(&keys::live_prefix()).await?;
+    let mut members = Vec::with_capacity(entries.len());
+    for chunk in entries.chunks(32) {
+        let ages = chunk.iter().map(|kv| store.lease_age(kv.lease));
+        let ages = futures_util::future::join_all(ages).await;
+        for (kv, age) in chunk.iter().zip(ages) {
+            let Ok(record) = serde_json::from_slice::<MemberRecord>(&kv.value) else {
+                continue;
+            };
+            members.push(LiveMember {
+                record,
+                since_heartbeat: age?,
+            });
+        }
+    }
+    Ok(members)
 }
 
 /// A running membership. Dropping it stops the renewals (the lease then expires).
@@ -156,10 +189,24 @@ async fn campaign(store: &EtcdStore, value: &[u8], lease: i64, view: &watch::Sen
     });
     view.send_if_modified(|v| {
         let changed = v.leader != leader || v.leading != leading;
+        if leading.is_some() && v.leading.is_none() {
+            v.took_over_from = v
+                .leader
+                .as_ref()
+                .filter(|old| old.node != record_node(value))
+                .map(|old| old.node.clone());
+        }
         v.leader = leader;
         v.leading = leading;
         changed
     });
+}
+
+/// The node named in a leader key value this agent wrote.
+fn record_node(value: &[u8]) -> String {
+    serde_json::from_slice::<MemberRecord>(value)
+        .map(|r| r.node)
+        .unwrap_or_default()
 }
 
 /// A counter bumped at every change of the leader key, by a task that ends with the

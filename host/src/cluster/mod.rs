@@ -1,16 +1,21 @@
-//! Cluster mode's store: etcd, reached through [`EtcdStore`], under one versioned key prefix.
+//! Cluster mode: many agents, one cluster whose state lives in etcd (`docs/cluster.md` has the
+//! design and the key layout).
 //!
-//! This is the foundation issue 12 builds on, and so far all of it: a connection that always
-//! names every member and requires a leader for watches, the schema check an agent is to
-//! make before it touches anything, writes that are safe to retry (each guarded by a compare
-//! or idempotent), and [`PrefixWatch`], a watch of one key prefix that survives a member's
-//! death and a compaction without missing or repeating an event; and [`EtcdServerApi`], the
-//! client-server seam on etcd, through which a client core learns its node's allocs and
-//! reports their states. Node liveness, the elected scheduler and fencing come next, on top
-//! of these; the key layout is in `docs/cluster.md`.
+//! Layout, from the bottom up:
+//! - [`EtcdStore`] (`store`): the connection, with every member named and watches requiring
+//!   a leader; reads and compare-guarded writes retried; the schema check an agent makes
+//!   before it touches anything. `lease`: leases, and writes fenced by a held key.
+//! - [`PrefixWatch`] (`watch`): a watch of one prefix that survives a member's death and a
+//!   compaction without missing or repeating a change.
+//! - [`keys`]: every key, in one place.
+//! - [`Member`] (`member`): an agent's lease, its node's live key, and its campaign for the
+//!   leader key.
+//! - [`EtcdServerApi`] (`node_api`): the client-server seam on etcd, for a node's client.
+//! - [`lead`] (`scheduler`) and [`EtcdSchedulerDb`] (`scheduler_db`): what the leader runs,
+//!   the embedded server opened on a fenced etcd store, fed node liveness and client states.
 //!
-//! This module knows etcd and plain bytes; it knows nothing of allocs, jobs, runners or the
-//! embedded server.
+//! It knows the embedded server's records and the seam; it must not know the client core,
+//! runners or HTTP (the agent wires those to it).
 
 pub mod keys;
 mod lease;
@@ -23,7 +28,7 @@ mod watch;
 
 pub use keys::{alloc_key, node_key, status_key};
 pub use lease::{Fence, FencedOp, LeaseState};
-pub use member::{Member, MemberRecord, MemberView};
+pub use member::{LiveMember, Member, MemberRecord, MemberView, live_members};
 pub use node_api::EtcdServerApi;
 pub use scheduler::{SchedulerConfig, ServerSlot, lead};
 pub use scheduler_db::{EtcdSchedulerDb, Snapshot};

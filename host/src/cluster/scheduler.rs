@@ -8,7 +8,8 @@
 //!   lost and replaced ([`EmbeddedServer::node_down`]). A node that holds allocs but was not
 //!   live when this leader took over gets one TTL to show up, as Nomad gives every node a
 //!   fresh heartbeat after a leader election: a whole cluster restarting must not lose every
-//!   alloc to the first agent that wins.
+//!   alloc to the first agent that wins. The previous leader's node gets none: its lease
+//!   expired, which is what let this agent win.
 //! - `status/`: each client state a node wrote is fed to the server as that node's update,
 //!   so failures are replaced as in a single agent.
 //! - A timer collects terminal allocs of stopped or finished jobs past `job_gc_threshold`.
@@ -81,10 +82,13 @@ impl Drop for Followed {
     }
 }
 
-/// Leads until `until` resolves or a save fails. See the module docs.
+/// Leads until `until` resolves or a save fails. See the module docs. `took_over_from` is
+/// the node of the agent that led before, if this one won the key from it: its lease
+/// expired, so its node gets no grace.
 pub async fn lead(
     store: EtcdStore,
     fence: Fence,
+    took_over_from: Option<String>,
     config: SchedulerConfig,
     slot: ServerSlot,
     until: impl std::future::Future<Output = ()>,
@@ -113,7 +117,9 @@ pub async fn lead(
         live: snapshot.live.clone(),
         missing_since_takeover: BTreeMap::new(),
     };
-    leader.take_over(config.node_ttl).await;
+    leader
+        .take_over(config.node_ttl, took_over_from.as_deref())
+        .await;
     slot.send_replace(Some(server));
     tracing::info!(
         revision = snapshot.revision,
@@ -176,7 +182,7 @@ struct Leader {
 }
 
 impl Leader {
-    async fn take_over(&mut self, grace: Duration) {
+    async fn take_over(&mut self, grace: Duration, previous_leader: Option<&str>) {
         for node in &self.live {
             let _ = self.server.register_node(node).await;
         }
@@ -187,8 +193,13 @@ impl Leader {
             .filter(|a| !a.is_terminal())
             .filter_map(|a| a.node_id)
             .collect();
-        let deadline = Instant::now() + grace;
+        let now = Instant::now();
         for node in holding.difference(&self.live) {
+            let deadline = if Some(node.as_str()) == previous_leader {
+                now
+            } else {
+                now + grace
+            };
             self.missing_since_takeover.insert(node.clone(), deadline);
         }
         for job in self.server.jobs() {

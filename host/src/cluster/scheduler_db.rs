@@ -18,6 +18,11 @@
 //! - the server's counters are `scheduler` (only the sequence counter matters here: the
 //!   index is etcd's revision, and the nodes are the live ones, read from `live/`).
 //!
+//! Saves run on a thread of their own, with its own runtime and etcd connection: the server
+//! saves under its lock, which the agent's tasks take from its runtime's workers, so a save
+//! that needed those workers (the etcd client's background tasks run there) could wait for
+//! ever on workers that wait on the lock.
+//!
 //! It holds only the server's tables: the client's records stay in each agent's own state
 //! file. Any failure to save (the fence lost, etcd unreachable past the retries) deposes the
 //! leader ([`EtcdSchedulerDb::deposed`]): the next leader starts again from what etcd holds,
@@ -54,9 +59,7 @@ pub struct Snapshot {
 
 /// The server's tables on etcd, written under a [`Fence`]. See the module docs.
 pub struct EtcdSchedulerDb {
-    store: EtcdStore,
-    fence: Fence,
-    handle: tokio::runtime::Handle,
+    writer: Writer,
     /// What the server reads back at open, once.
     loaded: Mutex<BTreeMap<&'static str, Records>>,
     /// What each alloc's key holds now (key, value), and the counters: what saves compare
@@ -192,9 +195,7 @@ impl EtcdSchedulerDb {
             ("meta", vec![(META_KEY.to_string(), encode(&meta_record))]),
         ]);
         let db = EtcdSchedulerDb {
-            store: store.clone(),
-            fence,
-            handle: tokio::runtime::Handle::current(),
+            writer: Writer::start(store.endpoint_list().to_vec(), fence).await?,
             loaded: Mutex::new(loaded),
             written: Mutex::new(written),
             deposed: watch::channel(false).0,
@@ -207,8 +208,10 @@ impl EtcdSchedulerDb {
         self.deposed.subscribe()
     }
 
-    /// The etcd writes that save `writes`, and the alloc keys they leave behind.
-    fn plan(&self, writes: Vec<Write>) -> Result<(Vec<FencedOp>, Written), StateError> {
+    /// The etcd writes that save `writes`, one group per record (an alloc moved to its node
+    /// is a delete and a put: never split between two transactions, or a leader dying in
+    /// between would lose it), and the alloc keys they leave behind.
+    fn plan(&self, writes: Vec<Write>) -> Result<(Vec<Group>, Written), StateError> {
         let current = self.written.lock_unpoisoned();
         let mut after = Written {
             allocs: current.allocs.clone(),
@@ -222,16 +225,16 @@ impl EtcdSchedulerDb {
                     table: ServerTable::Jobs,
                     key,
                     value,
-                } => ops.push(FencedOp::Put {
+                } => ops.push(vec![FencedOp::Put {
                     key: keys::job_key(&key),
                     value,
-                }),
+                }]),
                 Write::DeleteServer {
                     table: ServerTable::Jobs,
                     key,
-                } => ops.push(FencedOp::Delete {
+                } => ops.push(vec![FencedOp::Delete {
                     key: keys::job_key(&key),
-                }),
+                }]),
                 Write::PutServer {
                     table: ServerTable::Allocs,
                     key,
@@ -242,29 +245,32 @@ impl EtcdSchedulerDb {
                     let record = as_stored(record);
                     let location = alloc_location(&record);
                     let value = encode(&record);
+                    let mut group = Vec::with_capacity(2);
                     match after.allocs.get(&key) {
                         Some((old, bytes)) if *old == location && *bytes == value => continue,
                         Some((old, _)) if *old != location => {
-                            ops.push(FencedOp::Delete { key: old.clone() })
+                            group.push(FencedOp::Delete { key: old.clone() })
                         }
                         _ => {}
                     }
-                    ops.push(FencedOp::Put {
+                    group.push(FencedOp::Put {
                         key: location.clone(),
                         value: value.clone(),
                     });
+                    ops.push(group);
                     after.allocs.insert(key, (location, value));
                 }
                 Write::DeleteServer {
                     table: ServerTable::Allocs,
                     key,
                 } => {
-                    if let Some((old, _)) = after.allocs.remove(&key) {
-                        ops.push(FencedOp::Delete { key: old });
-                    }
-                    ops.push(FencedOp::Delete {
+                    let mut group = vec![FencedOp::Delete {
                         key: keys::status_key(&key),
-                    });
+                    }];
+                    if let Some((old, _)) = after.allocs.remove(&key) {
+                        group.push(FencedOp::Delete { key: old });
+                    }
+                    ops.push(group);
                 }
                 Write::PutServer {
                     table: ServerTable::Meta,
@@ -277,10 +283,10 @@ impl EtcdSchedulerDb {
                         next_sequence: saved.next_sequence,
                     };
                     if meta != after.meta {
-                        ops.push(FencedOp::Put {
+                        ops.push(vec![FencedOp::Put {
                             key: keys::scheduler_meta_key(),
                             value: encode(&meta),
-                        });
+                        }]);
                         after.meta = meta;
                     }
                 }
@@ -297,23 +303,102 @@ impl EtcdSchedulerDb {
         }
         Ok((ops, after))
     }
+}
 
-    async fn write(&self, ops: &[FencedOp]) -> Result<(), StateError> {
-        for chunk in ops.chunks(MAX_FENCED_OPS) {
-            let held = self
-                .store
-                .write_fenced(&self.fence, chunk)
-                .await
-                .map_err(|e| StateError::Io(e.to_string()))?;
-            if !held {
-                return Err(StateError::Io(format!(
-                    "this agent no longer holds {} (another agent leads): nothing more is written",
-                    self.fence.key
-                )));
-            }
+/// Writes that land in one transaction or not at all.
+type Group = Vec<FencedOp>;
+
+/// One save: its writes, and where to say how it went.
+type Save = (Vec<Group>, std::sync::mpsc::Sender<Result<(), StateError>>);
+
+/// The thread that makes the saves (see the module docs); it ends when its sender is
+/// dropped.
+struct Writer {
+    saves: tokio::sync::mpsc::UnboundedSender<Save>,
+}
+
+impl Writer {
+    async fn start(endpoints: Vec<String>, fence: Fence) -> Result<Writer, StoreError> {
+        let (saves, mut pending) = tokio::sync::mpsc::unbounded_channel::<Save>();
+        let (connected, connection) = tokio::sync::oneshot::channel();
+        let joined = endpoints.join(",");
+        let unreachable = |reason: String| StoreError::Unreachable {
+            endpoints: joined.clone(),
+            reason,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| unreachable(format!("cannot start the scheduler's writer: {e}")))?;
+        let spawned = std::thread::Builder::new()
+            .name("caravan-scheduler-writer".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let store = match EtcdStore::connect(&endpoints).await {
+                        Ok(store) => {
+                            let _ = connected.send(Ok(()));
+                            store
+                        }
+                        Err(error) => {
+                            let _ = connected.send(Err(error));
+                            return;
+                        }
+                    };
+                    while let Some((ops, answer)) = pending.recv().await {
+                        let _ = answer.send(write(&store, &fence, &ops).await);
+                    }
+                })
+            });
+        if let Err(error) = spawned {
+            return Err(unreachable(format!(
+                "cannot start the scheduler's writer: {error}"
+            )));
         }
-        Ok(())
+        connection
+            .await
+            .unwrap_or_else(|_| Err(unreachable("the scheduler's writer stopped".into())))?;
+        Ok(Writer { saves })
     }
+
+    /// Makes `ops` and waits for the answer, blocking this thread.
+    fn save(&self, ops: Vec<Group>) -> Result<(), StateError> {
+        let (answer, answered) = std::sync::mpsc::channel();
+        self.saves
+            .send((ops, answer))
+            .map_err(|_| StateError::Io("the scheduler's writer stopped".into()))?;
+        answered
+            .recv()
+            .unwrap_or_else(|_| Err(StateError::Io("the scheduler's writer stopped".into())))
+    }
+}
+
+/// Makes `groups` in fenced transactions of at most [`MAX_FENCED_OPS`], none split.
+async fn write(store: &EtcdStore, fence: &Fence, groups: &[Group]) -> Result<(), StateError> {
+    let mut transactions: Vec<Vec<FencedOp>> = vec![Vec::new()];
+    for group in groups {
+        if transactions
+            .last()
+            .is_some_and(|t| t.len() + group.len() > MAX_FENCED_OPS)
+        {
+            transactions.push(Vec::new());
+        }
+        if let Some(transaction) = transactions.last_mut() {
+            transaction.extend(group.iter().cloned());
+        }
+    }
+    for transaction in transactions.iter().filter(|t| !t.is_empty()) {
+        let held = store
+            .write_fenced(fence, transaction)
+            .await
+            .map_err(|e| StateError::Io(e.to_string()))?;
+        if !held {
+            return Err(StateError::Io(format!(
+                "this agent no longer holds {} (another agent leads): nothing more is written",
+                fence.key
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl StateDb for EtcdSchedulerDb {
@@ -325,10 +410,8 @@ impl StateDb for EtcdSchedulerDb {
         if ops.is_empty() {
             return Ok(());
         }
-        // The server saves synchronously, under its lock; etcd is async. The server calls
-        // this through `state::blocking`, so this worker may block on the runtime.
-        let written = tokio::task::block_in_place(|| self.handle.block_on(self.write(&ops)));
-        match written {
+        // The server calls this through `state::blocking`: this worker may wait.
+        match self.writer.save(ops) {
             Ok(()) => {
                 *self.written.lock_unpoisoned() = after;
                 Ok(())

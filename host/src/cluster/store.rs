@@ -150,6 +150,11 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// Every member's endpoint, as given.
+    pub fn endpoint_list(&self) -> &[String] {
+        &self.endpoints
+    }
+
     /// The endpoints, comma-separated, for messages.
     pub fn endpoints(&self) -> String {
         self.endpoints.join(",")

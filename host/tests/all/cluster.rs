@@ -9,8 +9,9 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-/// Nodes' lease TTL in these tests: etcd's floor, so deaths are seen fast.
-const NODE_TTL: &str = "2s";
+/// Nodes' lease TTL in these tests: short, so deaths are seen fast, but twice etcd's floor,
+/// so that a node starved of CPU by the tests around it does not miss its renewals.
+const NODE_TTL: &str = "4s";
 
 /// One agent of the cluster: its process (when running), its name and its data dir, which
 /// outlives the process so that a restart restores from it.
@@ -247,6 +248,37 @@ async fn a_job_spreads_over_the_nodes_and_a_killed_node_is_replaced_then_stops_i
             lost && running(&allocs) == 30 && !live_by_node(&allocs).contains_key(name_ref)
         })
         .await;
+    let (_, nodes) = cluster.get(survivor, "/v1/nodes").await;
+    for node in nodes.as_array().unwrap() {
+        if node["id"] == name_ref {
+            assert_eq!(node["status"], "down", "{nodes}");
+        } else {
+            assert_eq!(node["status"], "ready", "{nodes}");
+            assert!(
+                node["last_heartbeat_secs"].as_u64().is_some_and(|s| s <= 4),
+                "{nodes}"
+            );
+            assert!(
+                node["address"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("http://127.0.0.1:")),
+                "{nodes}"
+            );
+        }
+    }
+    let members = cluster.nodes[survivor]
+        .process
+        .as_ref()
+        .unwrap()
+        .caravan(&["server", "members"]);
+    let table = String::from_utf8_lossy(&members.stdout);
+    let leader_name = cluster.nodes[leader].name.as_str();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(leader_name) && l.ends_with("true")),
+        "{table}"
+    );
 
     // Back on its data dir, it stops what it held: the cluster settles with 30 allocs, each
     // on one node.
@@ -269,6 +301,48 @@ async fn a_job_spreads_over_the_nodes_and_a_killed_node_is_replaced_then_stops_i
     assert_eq!(live_by_node(&allocs).values().sum::<usize>(), 30);
     assert!(unique_ids(&allocs));
     assert_eq!(running(&allocs), 30);
+
+    // Stopped and collected through any agent's CLI: the leader deletes the allocs' keys
+    // and their states from etcd.
+    let cli = |args: &[&str]| {
+        let out = cluster.nodes[victim]
+            .process
+            .as_ref()
+            .unwrap()
+            .caravan(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cli(&["job", "stop", "--purge", "web"]);
+    cluster
+        .until("every alloc stopped", |c| async move {
+            let allocs = c.allocs(survivor, "web").await;
+            allocs
+                .iter()
+                .all(|a| ["complete", "lost"].contains(&a["client_status"].as_str().unwrap_or("")))
+        })
+        .await;
+    // A GC collects what is terminal when it runs; a kill still finishing waits for the next.
+    let store = cluster.etcd.store().await;
+    let store = &store;
+    cluster
+        .until(
+            "system gc leaves nothing of the job in etcd",
+            |c| async move {
+                cli(&["system", "gc"]);
+                let mut left = Vec::new();
+                for prefix in ["allocs/", "status/", "unplaced/", "jobs/"] {
+                    let (keys, _) = store.list(&format!("/caravan/v1/{prefix}")).await.unwrap();
+                    left.extend(keys.into_iter().map(|kv| kv.key));
+                }
+                let _ = c;
+                left.is_empty()
+            },
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,6 +395,19 @@ async fn a_leader_paused_past_its_ttl_writes_nothing_when_it_wakes() {
         .until("another agent leads", |c| async move {
             c.leader_via(follower).await.is_some_and(|l| l != leader)
         })
+        .await;
+    // The new leader gives a node that was not live at its takeover one TTL to come back,
+    // then calls it down: past that, what the sleeper ran is replaced.
+    let paused_name = cluster.nodes[leader].name.clone();
+    let paused_ref = paused_name.as_str();
+    cluster
+        .until(
+            "the paused node is down and its allocs replaced",
+            |c| async move {
+                let allocs = c.allocs(follower, "web").await;
+                running(&allocs) == 3 && !live_by_node(&allocs).contains_key(paused_ref)
+            },
+        )
         .await;
     // A job sent to the paused leader waits in its socket; it wakes with the request in hand
     // and its scheduler as it was.
@@ -377,10 +464,23 @@ async fn a_leader_paused_past_its_ttl_writes_nothing_when_it_wakes() {
         status == 200,
         "the late job exists only if the answer said it was registered"
     );
+    // Its node was down while it slept: what it ran was replaced, and it stops it.
+    cluster
+        .until("the woken node stops its replaced allocs", |c| async move {
+            let allocs = c.allocs(follower, "web").await;
+            running(&allocs) == 3
+                && !live_by_node(&allocs).contains_key(paused_ref)
+                && allocs
+                    .iter()
+                    .filter(|a| a["node_id"] == paused_ref)
+                    .all(|a| a["client_status"] == "complete")
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_etcd_leader_dying_mid_deploy_loses_no_write_and_no_event() {
+async fn the_etcd_leader_dying_mid_deploy_loses_no_write_and_no_event_and_a_compaction_is_survived()
+{
     let mut cluster = Cluster::start().await;
     let (status, answer) = cluster.run_job(0, "web", 30).await;
     assert_eq!(status, 200, "{answer}");
@@ -397,11 +497,17 @@ async fn the_etcd_leader_dying_mid_deploy_loses_no_write_and_no_event() {
     let allocs = cluster.allocs(1, "web").await;
     assert!(unique_ids(&allocs));
     assert_eq!(live_by_node(&allocs).values().sum::<usize>(), 30);
-    // After a compaction the nodes' watches carry on: a scale-up reaches them.
-    cluster.etcd.compact().await;
+    // A node whose watch broke while the history it needed was compacted re-lists its
+    // allocs and carries on: node X sleeps through a scale-up that places an alloc on it, a
+    // compaction, and every etcd member's restart (so its watch's member is gone).
+    let leader = cluster.leader_via(0).await.expect("a leader");
+    let x = (0..3).find(|i| *i != leader).unwrap();
+    let via = (0..3).find(|i| *i != x).unwrap();
+    let sleeper = cluster.nodes[x].process.as_ref().unwrap();
+    sleeper.send_signal("-STOP");
     let scale = serde_json::json!({ "count": 33 }).to_string();
     let (status, answer) = http(
-        cluster.nodes[2].addr(),
+        cluster.nodes[via].addr(),
         "POST",
         "/v1/job/web/scale",
         Some(&scale),
@@ -410,8 +516,24 @@ async fn the_etcd_leader_dying_mid_deploy_loses_no_write_and_no_event() {
     .await;
     assert_eq!(status, 200, "{answer}");
     cluster
+        .until("the other nodes run their new allocs", |c| async move {
+            running(&c.allocs(via, "web").await) == 32
+        })
+        .await;
+    cluster.etcd.compact().await;
+    for member in 0..3 {
+        cluster.etcd.restart(member);
+        cluster.etcd.wait_for_member(member).await;
+    }
+    sleeper.send_signal("-CONT");
+    let prefix = format!("/caravan/v1/allocs/{}/", cluster.nodes[x].name);
+    sleeper.wait_for("the sleeping node's re-list", |line| {
+        line["fields"]["message"] == "etcd history compacted; re-listed the prefix"
+            && line["fields"]["prefix"] == prefix.as_str()
+    });
+    cluster
         .until("33 allocs running", |c| async move {
-            running(&c.allocs(0, "web").await) == 33
+            running(&c.allocs(via, "web").await) == 33
         })
         .await;
 }
@@ -458,6 +580,34 @@ async fn bad_input_is_refused_with_one_line_by_any_agent() {
     assert_eq!(status, 400, "{error}");
     assert_eq!(error["field"], "job.runner", "{error}");
 
+    // A second agent under a live node's name would run that node's allocs twice: refused.
+    let endpoints = cluster.etcd.endpoints().join(",");
+    let out = run_caravan(
+        &[
+            "agent",
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--node-name",
+            &cluster.nodes[0].name,
+            "--dev",
+            "--bind",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap_or("")
+            .contains("node name node-1 is live in the cluster already"),
+        "{stderr}"
+    );
+
     // A newer schema is refused with one line naming it.
     let mut client = etcd_client::Client::connect(cluster.etcd.endpoints(), None)
         .await
@@ -466,7 +616,6 @@ async fn bad_input_is_refused_with_one_line_by_any_agent() {
         .put(caravan_host::cluster::SCHEMA_KEY, "99", None)
         .await
         .unwrap();
-    let endpoints = cluster.etcd.endpoints().join(",");
     let out = run_caravan(
         &[
             "agent",

@@ -10,6 +10,22 @@ use std::time::Duration;
 
 const ETCD: &str = "/usr/bin/etcd";
 
+/// Makes the process `command` starts die with the thread that starts it, so that a test
+/// killed half-way (a timeout, Ctrl-C) leaves no etcd member or agent running: `Drop` does
+/// not run then.
+#[allow(unsafe_code)]
+pub fn dies_with_its_parent(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec, and makes one system call
+    // (prctl), which is async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        })
+    }
+}
+
 /// One member's ports, files and process.
 struct Member {
     name: String,
@@ -129,7 +145,7 @@ impl EtcdCluster {
             .append(true)
             .open(&member.log)
             .unwrap();
-        let process = Command::new(ETCD)
+        let process = dies_with_its_parent(&mut Command::new(ETCD))
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(&member.data_dir)

@@ -462,16 +462,18 @@ impl AgentProcess {
             format!("{AGENT_CONFIG_IGNORING_THIS_DISK}{config_text}"),
         )
         .unwrap();
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"))
-            .arg("agent")
-            .args(args)
-            .arg("--config")
-            .arg(config.path())
-            .args(["--bind", "127.0.0.1:0", "--log-json"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("caravan agent starts");
+        let mut child = crate::etcd::dies_with_its_parent(&mut std::process::Command::new(env!(
+            "CARGO_BIN_EXE_caravan"
+        )))
+        .arg("agent")
+        .args(args)
+        .arg("--config")
+        .arg(config.path())
+        .args(["--bind", "127.0.0.1:0", "--log-json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("caravan agent starts");
         let lines = stderr_lines(&mut child);
         let (line, early) = wait_for_line(&lines, "agent started", |line| {
             serde_json::from_str::<Value>(line).is_ok_and(|l| message(&l) == "agent started")

@@ -9,7 +9,7 @@
 //! token again; this agent passes it on untouched.
 
 use super::{ApiError, ApiState};
-use crate::cluster::MemberView;
+use crate::cluster::{EtcdStore, LiveMember, MemberView};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -27,19 +27,27 @@ const FORWARDED: &str = "x-caravan-forwarded";
 /// How long a forwarded request may take: the cluster's requests are all short.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Who leads, and a connection pool to reach them.
+/// Who leads, a connection pool to reach them, and the store for what only etcd knows
+/// (each live agent's last heartbeat).
 pub struct Forwarding {
     members: watch::Receiver<MemberView>,
     http: HttpClient<HttpConnector, Body>,
+    store: EtcdStore,
 }
 
 impl Forwarding {
     /// Forwarding by what `members` says of the leader.
-    pub fn new(members: watch::Receiver<MemberView>) -> Forwarding {
+    pub fn new(members: watch::Receiver<MemberView>, store: EtcdStore) -> Forwarding {
         Forwarding {
             members,
             http: HttpClient::builder(TokioExecutor::new()).build_http(),
+            store,
         }
+    }
+
+    /// Every live agent and how long ago it last renewed its lease.
+    pub async fn live_members(&self) -> Result<Vec<LiveMember>, crate::cluster::StoreError> {
+        crate::cluster::live_members(&self.store).await
     }
 }
 

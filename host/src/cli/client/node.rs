@@ -19,7 +19,8 @@ impl NodeCommand {
     }
 }
 
-/// `node status`: every node, its status and how many allocs it holds.
+/// `node status`: every node, its status, how many allocs it holds and, in cluster mode,
+/// its agent's address and last heartbeat (lease renewal).
 async fn status(remote: &Remote) -> anyhow::Result<()> {
     let nodes = remote.api.call("GET", "/v1/nodes", None).await?;
     remote.print(&nodes, |n| {
@@ -28,14 +29,23 @@ async fn status(remote: &Remote) -> anyhow::Result<()> {
             .into_iter()
             .flatten()
             .map(|node| {
+                let heartbeat = match node["last_heartbeat_secs"].as_u64() {
+                    Some(secs) => format!("{secs}s ago"),
+                    None => "-".into(),
+                };
                 vec![
                     node["id"].as_str().unwrap_or("").into(),
                     node["status"].as_str().unwrap_or("").into(),
                     node["allocs"].to_string(),
+                    node["address"].as_str().unwrap_or("-").into(),
+                    heartbeat,
                 ]
             })
             .collect();
-        print_table(&["ID", "Status", "Allocs"], &rows);
+        print_table(
+            &["ID", "Status", "Allocs", "Address", "Last heartbeat"],
+            &rows,
+        );
     });
     Ok(())
 }

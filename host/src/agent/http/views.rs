@@ -1,0 +1,94 @@
+//! How the API shows jobs and allocs: the JSON views built from the server's records.
+
+use crate::jobspec::JobType;
+use crate::server::{AllocRecord, JobRecord};
+use crate::structs::{ClientStatus, DesiredStatus, TaskState};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A job as the API shows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobView {
+    /// Job id.
+    pub id: String,
+    /// `service` or `batch`.
+    #[serde(rename = "type")]
+    pub job_type: JobType,
+    /// Allocs wanted.
+    pub count: u32,
+    /// Runner component path.
+    pub runner: String,
+    /// `running`, `dead` (a batch job whose allocs all finished) or `stopped`.
+    pub status: String,
+    /// Bumped by each change that replaced allocs.
+    pub version: u64,
+    /// The job's allocs by client status.
+    pub allocs: BTreeMap<String, usize>,
+}
+
+/// An alloc as the API shows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct AllocView {
+    /// Alloc id.
+    pub id: String,
+    /// Its job.
+    pub job_id: String,
+    /// The node it is placed on, if any yet.
+    pub node_id: Option<String>,
+    /// What the scheduler wants.
+    pub desired_status: DesiredStatus,
+    /// What the client last reported (`pending` before any report).
+    pub client_status: ClientStatus,
+    /// Why it is in that status.
+    pub description: String,
+    /// Grows with every server-side change.
+    pub modify_index: u64,
+    /// Its tasks' states, as last reported.
+    pub task_states: Vec<TaskState>,
+}
+
+pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {
+    let state = record.client_state.clone();
+    AllocView {
+        id: record.alloc.id.clone(),
+        job_id: record.alloc.job_id.clone(),
+        node_id: record.node_id.clone(),
+        desired_status: record.alloc.desired_status,
+        client_status: state
+            .as_ref()
+            .map_or(ClientStatus::Pending, |s| s.client_status),
+        description: state
+            .as_ref()
+            .map(|s| s.description.clone())
+            .unwrap_or_default(),
+        modify_index: record.alloc.modify_index,
+        task_states: state.map(|s| s.task_states).unwrap_or_default(),
+    }
+}
+
+pub(super) fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
+    let views: Vec<AllocView> = allocs.iter().map(alloc_view).collect();
+    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    for view in &views {
+        *by_status.entry(view.client_status.to_string()).or_default() += 1;
+    }
+    // A finished batch job stays dead after its allocs are collected.
+    let finished = views.iter().all(|v| v.client_status.is_terminal());
+    let status = if job.stopped {
+        "stopped"
+    } else if job.spec.job_type == JobType::Batch && finished {
+        "dead"
+    } else {
+        "running"
+    };
+    JobView {
+        id: job.spec.id.clone(),
+        job_type: job.spec.job_type,
+        count: job.spec.count,
+        runner: job.spec.runner.clone(),
+        status: status.into(),
+        version: job.version,
+        allocs: by_status,
+    }
+}
+
