@@ -28,9 +28,9 @@ use std::sync::Arc;
 mod alloc_actions;
 pub mod forward;
 mod views;
+use alloc_actions::{restart_allocation, signal_allocation};
 pub use views::{AllocView, JobView};
 use views::{alloc_view, job_view};
-use alloc_actions::{restart_allocation, signal_allocation};
 
 /// What every handler can reach.
 #[derive(Clone)]

@@ -153,7 +153,7 @@ impl EtcdStore {
         .await
     }
 
-    /// Makes every write of `ops` (at most [`MAX_FENCED_OPS`], no key twice) if `fence`
+    /// Makes every write of `ops` (at most 120, no key twice) if `fence`
     /// still holds, and none otherwise. Returns false when the fence no longer holds.
     pub async fn write_fenced(&self, fence: &Fence, ops: &[FencedOp]) -> Result<bool, StoreError> {
         self.retrying(

@@ -91,4 +91,3 @@ pub(super) fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
         allocs: by_status,
     }
 }
-
