@@ -203,7 +203,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
             config: Vec::new(),
         });
     }
-    Ok(JobSpec {
+    let spec = JobSpec {
         id,
         job_type,
         count,
@@ -212,12 +212,40 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         tasks,
         meta: raw.meta.into_iter().collect(),
         capabilities,
-    })
+    };
+    let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
+    if stored > MAX_JOB_BYTES {
+        return Err(error(
+            "job",
+            format!(
+                "is {stored} bytes as stored; at most {} KiB (its tasks' config and meta are \
+                 copied into each of its allocs, each stored whole)",
+                MAX_JOB_BYTES >> 10
+            ),
+        ));
+    }
+    Ok(spec)
 }
+
+/// The largest job, as stored. A job and each of its allocs (which carry its tasks, meta and
+/// limits) are each one record; in cluster mode, one etcd request, which etcd refuses past
+/// 1.5 MiB.
+pub const MAX_JOB_BYTES: usize = 256 << 10;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_too_large_to_store_is_refused() {
+        let big = "x".repeat(MAX_JOB_BYTES);
+        let text = format!(
+            "[job]\nid = \"big\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n[job.meta]\nnote = \"{big}\"\n"
+        );
+        let refused = parse_toml(&text).unwrap_err();
+        assert_eq!(refused.field, "job");
+        assert!(refused.message.contains("at most 256 KiB"), "{refused}");
+    }
 
     #[test]
     fn the_smallest_file_parses_with_one_task_named_after_the_job() {

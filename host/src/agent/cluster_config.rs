@@ -26,6 +26,8 @@ pub struct ClusterConfig {
     pub node_name: String,
     /// The node's lease TTL.
     pub node_ttl: Duration,
+    /// The URL other agents reach this one's API at, when it is not the bind address.
+    pub advertise: Option<String>,
 }
 
 /// `[cluster]` as written in the file.
@@ -36,6 +38,7 @@ pub(super) struct ClusterSection {
     etcd_endpoints: Option<Vec<String>>,
     node_name: Option<String>,
     node_ttl: Option<String>,
+    advertise: Option<String>,
 }
 
 /// The cluster settings as given, each value with the key or flag it came from.
@@ -45,6 +48,7 @@ pub struct ClusterSettings {
     pub(super) etcd_endpoints: Option<(Vec<String>, String)>,
     pub(super) node_name: Option<(String, String)>,
     pub(super) node_ttl: Option<Duration>,
+    pub(super) advertise: Option<(String, String)>,
 }
 
 impl ClusterSettings {
@@ -62,6 +66,9 @@ impl ClusterSettings {
         }
         if let Some(name) = section.node_name {
             self.node_name = Some((name, at("node_name")));
+        }
+        if let Some(url) = section.advertise {
+            self.advertise = Some((url, at("advertise")));
         }
         if let Some(ttl) = section.node_ttl {
             let ttl = parse_duration(&ttl).map_err(|problem| {
@@ -127,15 +134,26 @@ impl ClusterSettings {
                 )
             })?,
         };
+        if let Some((url, at)) = &self.advertise
+            && !valid_endpoint(url)
+        {
+            return bad(
+                at,
+                format!(
+                    "{url:?} is not a URL other agents can reach, such as http://10.0.0.11:4646"
+                ),
+            );
+        }
         Ok(Some(ClusterConfig {
             etcd_endpoints: endpoints.clone(),
             node_name,
             node_ttl: self.node_ttl.unwrap_or(DEFAULT_NODE_TTL),
+            advertise: self.advertise.as_ref().map(|(url, _)| url.clone()),
         }))
     }
 }
 
-/// `http://HOST:PORT`, the only form the agent dials (no TLS yet).
+/// `http://HOST:PORT`, the only form agents dial (no TLS yet).
 fn valid_endpoint(endpoint: &str) -> bool {
     endpoint.strip_prefix("http://").is_some_and(|rest| {
         rest.rsplit_once(':')

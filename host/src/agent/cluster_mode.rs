@@ -12,6 +12,7 @@ use crate::cluster::{
 use crate::rpc::ServerApi;
 use crate::server::{EmbeddedServer, ServerConfig};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -35,13 +36,23 @@ impl ClusterMode {
     pub(super) async fn join(
         config: &ClusterConfig,
         server: &ServerConfig,
-        api: SocketAddr,
+        bound: SocketAddr,
+        data_dir: &Path,
     ) -> anyhow::Result<ClusterMode> {
+        let api = match &config.advertise {
+            Some(url) => url.clone(),
+            None if bound.ip().is_unspecified() => anyhow::bail!(
+                "the API listens on {bound}, which other agents cannot dial as such: give \
+                 the URL they reach it at with --advertise (or cluster.advertise)"
+            ),
+            None => format!("http://{bound}"),
+        };
         let store = EtcdStore::connect(&config.etcd_endpoints).await?;
         store.check_schema().await?;
         let record = MemberRecord {
             node: config.node_name.clone(),
-            api: format!("http://{api}"),
+            api,
+            agent: agent_id(data_dir)?,
         };
         refuse_a_live_namesake(&store, &record, config.node_ttl).await?;
         let member = Member::join(store.clone(), record, config.node_ttl);
@@ -90,9 +101,25 @@ impl ClusterMode {
     }
 }
 
+/// This agent's id, made once and kept in its data dir: an agent restarted on its data dir
+/// is the same agent, whatever address it listens on.
+fn agent_id(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join("cluster-agent-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => anyhow::bail!("cannot read {}: {error}", path.display()),
+    }
+    let id = uuid::Uuid::new_v4().to_string();
+    std::fs::write(&path, &id)
+        .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
+    Ok(id)
+}
+
 /// Refuses to join as a node that another live agent already is: two agents running one
 /// node's allocs would run each of them twice. The same agent back within its TTL (a
-/// restart, on the same address) is not another.
+/// restart on its data dir) is not another.
 async fn refuse_a_live_namesake(
     store: &EtcdStore,
     record: &MemberRecord,
@@ -101,7 +128,7 @@ async fn refuse_a_live_namesake(
     let live = crate::cluster::live_members(store).await?;
     if let Some(other) = live
         .iter()
-        .find(|m| m.record.node == record.node && m.record.api != record.api)
+        .find(|m| m.record.node == record.node && m.record.agent != record.agent)
     {
         anyhow::bail!(
             "node name {} is live in the cluster already, its agent at {}: give this agent              another --node-name, or stop that one and wait {}s for its lease to expire",
@@ -151,12 +178,20 @@ async fn schedule_while_leading(
         // Stopped leading while still holding the key (a failed save, a watch that gave up):
         // hand the key over, so that a scheduler runs somewhere, then wait for the
         // membership to see it rather than leading again on the same fence.
-        if view.borrow().leading.as_ref() == Some(&fence) {
-            let resign = [crate::cluster::FencedOp::Delete {
-                key: fence.key.clone(),
-            }];
-            if let Err(error) = store.write_fenced(&fence, &resign).await {
-                tracing::warn!(%error, "cannot hand the leadership over; it passes when this agent's lease expires");
+        // Tried until etcd answers: an agent that keeps its lease (etcd renews every lease
+        // after losing quorum) would otherwise hold the key for ever and schedule nothing.
+        let resign = [crate::cluster::FencedOp::Delete {
+            key: fence.key.clone(),
+        }];
+        let mut pause = Duration::from_millis(100);
+        while view.borrow().leading.as_ref() == Some(&fence) {
+            match store.write_fenced(&fence, &resign).await {
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot hand the leadership over yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
             }
         }
         let _ = view

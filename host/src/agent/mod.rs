@@ -109,7 +109,13 @@ impl Agent {
                 )
             }
             Some(cluster) => {
-                let mode = cluster_mode::ClusterMode::join(cluster, &config.server, addr).await?;
+                let mode = cluster_mode::ClusterMode::join(
+                    cluster,
+                    &config.server,
+                    addr,
+                    &config.data_dir,
+                )
+                .await?;
                 (
                     mode.server_api.clone(),
                     cluster.node_name.clone(),
@@ -179,8 +185,9 @@ impl Agent {
         // Stop taking requests, stop the runners (which ends followed log streams), then
         // give open connections a moment to finish.
         let _ = self.stop_http.send(());
-        // Leadership and liveness go first: another agent takes over at once rather than
-        // after a TTL, and this node is down (its allocs replaced) as it stops.
+        // Leadership goes first, so that another agent takes over at once rather than after
+        // a TTL. The node stays live until its lease expires: back within the TTL, it keeps
+        // its allocs.
         if let Some(cluster) = self.cluster {
             cluster.leave().await;
         }

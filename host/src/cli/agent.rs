@@ -41,6 +41,10 @@ pub struct AgentCommand {
     /// This node's name in the cluster (default: the host's name).
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+    /// The URL other agents reach this agent's API at (cluster mode; default: the bind
+    /// address, which must then not be 0.0.0.0).
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
 }
 
 impl AgentCommand {
@@ -56,6 +60,7 @@ impl AgentCommand {
             cluster: self.cluster,
             etcd_endpoints: self.etcd_endpoints,
             node_name: self.node_name,
+            advertise: self.advertise,
             log_level: global.log_level.clone(),
             log_json: global.log_json,
         }

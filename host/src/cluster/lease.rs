@@ -3,9 +3,12 @@
 //! holds the key it was elected with).
 //!
 //! Retry rules, as for the rest of the store: a lease grant is retried (a lost answer leaves
-//! an orphan lease, which expires on its own), a leased put writes the same value again, a
-//! create-or-read is guarded, and a fenced transaction is retried whole: only the fence's
-//! holder writes its keys, one transaction at a time, so a repeat writes the same values.
+//! an orphan lease, which expires on its own), a leased put writes the same value again, and
+//! a create-or-read is guarded. A fenced transaction is tried once: an attempt whose answer
+//! was lost may still land later, after a newer transaction, and a retry would then leave
+//! etcd older than its writer believes. Its caller treats any failure as the end of its
+//! leadership, and the next leadership (which compares another create revision, so no late
+//! attempt of this one lands) starts from what etcd holds.
 
 use super::store::{EtcdStore, KeyValue, StoreError, read_in};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};

@@ -31,6 +31,9 @@ pub struct MemberRecord {
     pub node: String,
     /// Its HTTP API, `http://host:port`.
     pub api: String,
+    /// The agent's own id, kept in its data dir: the same agent restarted is the same id,
+    /// whatever its address.
+    pub agent: String,
 }
 
 /// What an agent currently is in the cluster.
@@ -151,10 +154,19 @@ async fn keep_membership(
         let mut renew = tokio::time::interval(renew_every);
         renew.tick().await;
         loop {
-            campaign(&store, &value, lease, &view).await;
+            // Bounded: a campaign must never hold up the next renewal (an agent woken past
+            // its TTL learns that its lease expired from the renewal).
+            let _ =
+                tokio::time::timeout(renew_every, campaign(&store, &record, &value, lease, &view))
+                    .await;
             tokio::select! {
                 _ = renew.tick() => {
-                    match store.keep_lease_alive(lease).await {
+                    let renewed = tokio::time::timeout(renew_every, store.keep_lease_alive(lease));
+                    let renewed = match renewed.await {
+                        Ok(answer) => answer.map_err(|error| error.to_string()),
+                        Err(_) => Err(format!("no answer within {renew_every:?}")),
+                    };
+                    match renewed {
                         Ok(LeaseState::Alive) => {}
                         Ok(LeaseState::Expired) => {
                             tracing::warn!(node = %record.node, "this agent's lease expired (paused or cut off too long); joining again");
@@ -174,7 +186,13 @@ async fn keep_membership(
 }
 
 /// Creates the leader key under `lease` if nobody holds it, and records who does.
-async fn campaign(store: &EtcdStore, value: &[u8], lease: i64, view: &watch::Sender<MemberView>) {
+async fn campaign(
+    store: &EtcdStore,
+    record: &MemberRecord,
+    value: &[u8],
+    lease: i64,
+    view: &watch::Sender<MemberView>,
+) {
     let held = match store.create_leased(&keys::leader_key(), value, lease).await {
         Ok(held) => held,
         Err(error) => {
@@ -193,20 +211,13 @@ async fn campaign(store: &EtcdStore, value: &[u8], lease: i64, view: &watch::Sen
             v.took_over_from = v
                 .leader
                 .as_ref()
-                .filter(|old| old.node != record_node(value))
+                .filter(|old| old.node != record.node)
                 .map(|old| old.node.clone());
         }
         v.leader = leader;
         v.leading = leading;
         changed
     });
-}
-
-/// The node named in a leader key value this agent wrote.
-fn record_node(value: &[u8]) -> String {
-    serde_json::from_slice::<MemberRecord>(value)
-        .map(|r| r.node)
-        .unwrap_or_default()
 }
 
 /// A counter bumped at every change of the leader key, by a task that ends with the

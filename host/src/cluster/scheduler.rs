@@ -14,10 +14,10 @@
 //!   so failures are replaced as in a single agent.
 //! - A timer collects terminal allocs of stopped or finished jobs past `job_gc_threshold`.
 //!
-//! At takeover it reconciles every running service job once, so a deploy its predecessor
+//! At takeover it gives every running job the allocs it lacks, so a deploy its predecessor
 //! died in the middle of is completed (the predecessor's transactions were fenced one by
-//! one, not all or nothing). Batch jobs are not re-run this way: a batch alloc that
-//! completed must not be placed again.
+//! one, not all or nothing); failed allocs past the restart limit and completed batch allocs
+//! keep their places (`reconcile::missing_at_takeover`).
 //!
 //! It ends, and unpublishes the server, when its caller says leadership is gone or when a
 //! save fails (the fence lost, or etcd unreachable): the next leader starts from etcd.
@@ -27,7 +27,6 @@ use super::lease::Fence;
 use super::scheduler_db::EtcdSchedulerDb;
 use super::store::{EtcdStore, StoreError};
 use super::watch::{Change, PrefixWatch};
-use crate::jobspec::JobType;
 use crate::rpc::{AllocUpdate, ServerApi};
 use crate::server::{EmbeddedServer, ServerConfig};
 use crate::structs::AllocState;
@@ -202,13 +201,12 @@ impl Leader {
             };
             self.missing_since_takeover.insert(node.clone(), deadline);
         }
-        for job in self.server.jobs() {
-            if !job.stopped
-                && job.spec.job_type == JobType::Service
-                && let Err(error) = self.server.register_job(job.spec)
-            {
-                tracing::warn!(%error, "cannot reconcile a job at takeover");
+        match self.server.complete_deploys() {
+            Ok(0) => {}
+            Ok(placed) => {
+                tracing::info!(placed, "completed deploys the previous leader left undone")
             }
+            Err(error) => tracing::warn!(%error, "cannot complete the previous leader's deploys"),
         }
     }
 

@@ -282,11 +282,16 @@ impl EtcdSchedulerDb {
                     let meta = SchedulerMeta {
                         next_sequence: saved.next_sequence,
                     };
+                    // First: a save cut short after it must not let the next leader hand
+                    // out sequence numbers its allocs already have.
                     if meta != after.meta {
-                        ops.push(vec![FencedOp::Put {
-                            key: keys::scheduler_meta_key(),
-                            value: encode(&meta),
-                        }]);
+                        ops.insert(
+                            0,
+                            vec![FencedOp::Put {
+                                key: keys::scheduler_meta_key(),
+                                value: encode(&meta),
+                            }],
+                        );
                         after.meta = meta;
                     }
                 }

@@ -189,4 +189,23 @@ impl State {
         }
         loss.lost
     }
+
+    /// Places the allocs `job_id` lacks at a takeover (see
+    /// [`reconcile::missing_at_takeover`]). Returns how many.
+    pub(super) fn fill_missing(&mut self, job_id: &str, index: u64) -> usize {
+        let Some(job) = self.jobs.get(job_id) else {
+            return 0;
+        };
+        let missing = reconcile::missing_at_takeover(job, self.allocs.values());
+        if missing == 0 {
+            return 0;
+        }
+        let (spec, version) = (job.spec.clone(), job.version);
+        let load = placement::node_load(&self.nodes, self.allocs.values());
+        let plan = Plan {
+            place: placement::place(&load, missing),
+            ..Plan::default()
+        };
+        self.apply(plan, &spec, version, index).len()
+    }
 }

@@ -138,13 +138,22 @@ impl EmbeddedServer {
         }))
     }
 
+    /// The state, locked. A lock another thread holds is waited for through
+    /// [`blocking`]: in cluster mode the holder may be saving to etcd for up to seconds, and a
+    /// runtime worker parked on a plain lock meanwhile is one the agent's other tasks (its
+    /// lease renewals) cannot use.
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock_unpoisoned()
+        match self.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => blocking(|| self.state.lock_unpoisoned()),
+        }
     }
 
     /// Runs `change` on the state with the next index, saves what it touched, then wakes
-    /// watchers. Saving happens under the state lock so saves land in index order (a commit
-    /// is a fraction of a millisecond here; readers wait that long).
+    /// watchers. Saving happens under the state lock so saves land in index order (a redb
+    /// commit is a fraction of a millisecond; an etcd transaction in cluster mode a few, up
+    /// to its timeout; readers wait that long).
     ///
     /// When saving fails the change stays in memory, its records stay dirty for the next
     /// change to save, and watchers are not woken: clients learn of it only once it is on
@@ -295,6 +304,18 @@ impl EmbeddedServer {
     /// Registered nodes.
     pub fn nodes(&self) -> Vec<String> {
         self.lock().nodes.iter().cloned().collect()
+    }
+
+    /// Completes what a previous leader left undone (cluster mode, at takeover): each job
+    /// that runs gets the allocs it lacks, and no more. Returns how many were placed.
+    pub fn complete_deploys(&self) -> Result<usize, RequestError> {
+        self.request(|state, index| {
+            let job_ids: Vec<String> = state.jobs.keys().cloned().collect();
+            job_ids
+                .iter()
+                .map(|job_id| state.fill_missing(job_id, index))
+                .sum()
+        })
     }
 
     /// Takes a node that stopped answering out of placement (cluster mode): its allocs that

@@ -164,6 +164,25 @@ pub fn replace_failed<'a>(
     })
 }
 
+/// How many allocs `job` lacks when a new leader takes over: its count, less every alloc of
+/// its current version still desired to run and not replaced, whatever its client state. A
+/// deploy its predecessor was cut short in left fewer; a failed alloc past the restart limit
+/// and a batch alloc that completed keep their places, so neither is placed again.
+pub fn missing_at_takeover<'a>(
+    job: &JobRecord,
+    allocs: impl IntoIterator<Item = &'a AllocRecord>,
+) -> usize {
+    if job.stopped || job.purged {
+        return 0;
+    }
+    let present = allocs
+        .into_iter()
+        .filter(|a| a.alloc.job_id == job.spec.id && a.job_version == job.version)
+        .filter(|a| a.alloc.desired_status == DesiredStatus::Run && !a.replaced)
+        .count();
+    (job.spec.count as usize).saturating_sub(present)
+}
+
 /// What a node's death does to the allocs it held.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct NodeLoss {
@@ -479,5 +498,29 @@ mod tests {
         let loss = lose_node("dead", &jobs, &one_node(), &allocs);
         assert_eq!(loss.lost.len(), 2);
         assert!(loss.replacements.is_empty());
+    }
+
+    #[test]
+    fn a_takeover_fills_only_what_a_deploy_left_out() {
+        let web = job(spec("web", JobType::Service, 4), 1);
+        let allocs = [
+            alloc_on("web", 1, Some("n1")),
+            failed(alloc_on("web", 2, Some("n1"))),
+            terminal(alloc_on("web", 3, Some("n1"))),
+            stopping(alloc_on("web", 4, Some("n1"))),
+            AllocRecord {
+                replaced: true,
+                ..failed(alloc_on("web", 5, Some("n1")))
+            },
+            alloc_on("other", 6, Some("n1")),
+        ];
+        assert_eq!(
+            missing_at_takeover(&web, &allocs),
+            1,
+            "failed and completed allocs keep their places; stopping and replaced ones do not"
+        );
+        let mut stopped = web.clone();
+        stopped.stopped = true;
+        assert_eq!(missing_at_takeover(&stopped, &allocs), 0);
     }
 }

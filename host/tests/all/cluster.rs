@@ -64,7 +64,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let etcd = EtcdCluster::start().await;
+        Cluster::on(EtcdCluster::start().await).await
+    }
+
+    /// Three agents on `etcd`, as it is.
+    async fn on(etcd: EtcdCluster) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let mut nodes: Vec<Node> = (1..=3)
             .map(|n| Node {
@@ -515,9 +519,16 @@ async fn the_etcd_leader_dying_mid_deploy_loses_no_write_and_no_event_and_a_comp
     )
     .await;
     assert_eq!(status, 200, "{answer}");
+    let x_name = cluster.nodes[x].name.clone();
+    let x_ref = x_name.as_str();
     cluster
         .until("the other nodes run their new allocs", |c| async move {
-            running(&c.allocs(via, "web").await) == 32
+            let allocs = c.allocs(via, "web").await;
+            let elsewhere: Vec<Value> = allocs
+                .into_iter()
+                .filter(|a| a["node_id"] != x_ref)
+                .collect();
+            running(&elsewhere) >= 22
         })
         .await;
     cluster.etcd.compact().await;
@@ -536,6 +547,41 @@ async fn the_etcd_leader_dying_mid_deploy_loses_no_write_and_no_event_and_a_comp
             running(&c.allocs(via, "web").await) == 33
         })
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_completes_a_deploy_its_predecessor_left_undone() {
+    // What a leader that died after writing a job's record, before its allocs, leaves.
+    let etcd = EtcdCluster::start().await;
+    let body = serde_json::json!({ "job": {
+        "id": "web", "type": "service", "count": 3, "runner": SLEEPER,
+    }})
+    .to_string();
+    let spec = caravan_host::jobspec::parse_json(&body).unwrap();
+    let record = caravan_host::server::JobRecord {
+        spec,
+        version: 1,
+        stopped: false,
+        purged: false,
+        restarts: 0,
+    };
+    let store = etcd.store().await;
+    store.check_schema().await.unwrap();
+    store
+        .put(
+            "/caravan/v1/jobs/web",
+            &serde_json::to_vec(&record).unwrap(),
+        )
+        .await
+        .unwrap();
+    let cluster = Cluster::on(etcd).await;
+    cluster
+        .until("the leader places the job's three allocs", |c| async move {
+            running(&c.allocs(0, "web").await) == 3
+        })
+        .await;
+    let allocs = cluster.allocs(1, "web").await;
+    assert_eq!(allocs.len(), 3, "no more than the count: {allocs:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -561,6 +607,29 @@ async fn bad_input_is_refused_with_one_line_by_any_agent() {
     let last = stderr.lines().last().unwrap_or("");
     assert!(
         last.contains("etcd is unreachable at http://127.0.0.1:1"),
+        "{stderr}"
+    );
+
+    // An API on 0.0.0.0 is not an address other agents can forward to.
+    let out = run_caravan(
+        &[
+            "agent",
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            "http://127.0.0.1:1",
+            "--node-name",
+            "n1",
+            "--dev",
+            "--bind",
+            "0.0.0.0:0",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.lines().last().unwrap_or("").contains("--advertise"),
         "{stderr}"
     );
 

@@ -40,6 +40,7 @@
 //! etcd_endpoints = ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]  # every member
 //! node_name = "node-1"            # default: the host's name
 //! node_ttl = "10s"                # a node silent this long is down (at least 2s)
+//! advertise = "http://10.0.0.11:4646"  # where other agents reach this API (default: bind)
 //! ```
 //!
 //! An unknown key or a bad value is an error naming the key and the form expected.
@@ -168,6 +169,8 @@ pub struct AgentFlags {
     pub etcd_endpoints: Option<String>,
     /// `--node-name`.
     pub node_name: Option<String>,
+    /// `--advertise`.
+    pub advertise: Option<String>,
 }
 
 impl AgentFlags {
@@ -217,6 +220,9 @@ impl AgentFlags {
         }
         if let Some(name) = self.node_name {
             cluster.node_name = Some((name, "--node-name".into()));
+        }
+        if let Some(url) = self.advertise {
+            cluster.advertise = Some((url, "--advertise".into()));
         }
         Ok(())
     }

@@ -331,6 +331,14 @@ fn bad_cluster_settings_name_the_key_or_flag_at_fault() {
             "cluster mode etcd needs every etcd member's URL: --etcd-endpoints http://HOST:PORT,... (or cluster.etcd_endpoints)",
         ),
         (
+            "",
+            AgentFlags {
+                advertise: Some("10.0.0.1".into()),
+                ..etcd("http://127.0.0.1:2379", "n1")
+            },
+            "--advertise: \"10.0.0.1\" is not a URL other agents can reach, such as http://10.0.0.11:4646",
+        ),
+        (
             "[cluster]\nnode_ttl = \"1s\"\n",
             AgentFlags::default(),
             "DIR/agent.toml: cluster.node_ttl: at least 2s (etcd's shortest lease), not 1s",

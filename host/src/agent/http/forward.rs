@@ -49,9 +49,7 @@ impl Forwarding {
     pub async fn live_members(&self) -> Result<Vec<LiveMember>, crate::cluster::StoreError> {
         crate::cluster::live_members(&self.store).await
     }
-}
 
-impl Forwarding {
     /// What this agent is in the cluster now.
     pub fn view(&self) -> MemberView {
         self.members.borrow().clone()
