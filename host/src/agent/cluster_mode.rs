@@ -26,6 +26,7 @@ pub(super) struct ClusterMode {
     pub(super) server_api: Arc<dyn ServerApi>,
     member: Member,
     store: EtcdStore,
+    node: String,
     slot: ServerSlot,
     scheduling: tokio::task::JoinHandle<()>,
 }
@@ -78,6 +79,7 @@ impl ClusterMode {
             server_api: EtcdServerApi::new(store.clone()),
             member,
             store,
+            node: config.node_name.clone(),
             slot,
             scheduling,
         })
@@ -90,7 +92,11 @@ impl ClusterMode {
 
     /// What the HTTP API forwards by.
     pub(super) fn forwarding(&self) -> Arc<Forwarding> {
-        Arc::new(Forwarding::new(self.member.view(), self.store.clone()))
+        Arc::new(Forwarding::new(
+            self.member.view(),
+            self.store.clone(),
+            self.node.clone(),
+        ))
     }
 
     /// Stops scheduling and hands the leadership over.

@@ -230,8 +230,27 @@ async fn a_job_spreads_over_the_nodes_and_a_killed_node_is_replaced_then_stops_i
         live_by_node(&allocs)
     );
 
-    // A node that does not lead dies: its allocs are lost and replaced on the other two.
+    // An alloc's logs are read through any agent: the request goes to the node running it,
+    // found through the leader (asked by a follower, and by the leader itself).
     let leader = cluster.leader_via(0).await.expect("a leader");
+    for via in [(leader + 1) % 3, leader] {
+        let elsewhere = allocs
+            .iter()
+            .find(|a| a["node_id"] != cluster.nodes[via].name.as_str())
+            .unwrap();
+        let path = format!(
+            "/v1/client/allocation/{}/logs",
+            elsewhere["id"].as_str().unwrap()
+        );
+        let (status, logs) = cluster.get(via, &path).await;
+        assert_eq!(status, 200, "{logs}");
+        assert!(
+            logs.as_str().is_some_and(|l| l.contains("started")),
+            "{logs}"
+        );
+    }
+
+    // A node that does not lead dies: its allocs are lost and replaced on the other two.
     let victim = (0..3).find(|i| *i != leader).unwrap();
     let survivor = (0..3).find(|i| *i != leader && *i != victim).unwrap();
     let victim_name = cluster.nodes[victim].name.clone();

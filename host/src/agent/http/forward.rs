@@ -1,7 +1,8 @@
 //! Cluster mode's forwarding: any agent answers for the whole cluster, as in Nomad, by
 //! handing the cluster's requests (jobs, allocations, nodes, system GC) to the agent that
-//! leads and relaying its answer. A node's own routes (`/v1/client/...`, health, metrics)
-//! are always answered here.
+//! leads and relaying its answer, and an alloc's client requests (`/v1/client/allocation/
+//! {id}/...`: logs, signal, restart, GC) to the agent of the node that runs it. Everything
+//! else (health, metrics, the node's own GC, who leads) is answered here.
 //!
 //! A request is forwarded once: one that arrives forwarded at an agent that does not lead
 //! (leadership moved meanwhile) gets a 503 to retry, rather than a loop. While no agent
@@ -33,15 +34,17 @@ pub struct Forwarding {
     members: watch::Receiver<MemberView>,
     http: HttpClient<HttpConnector, Body>,
     store: EtcdStore,
+    node: String,
 }
 
 impl Forwarding {
-    /// Forwarding by what `members` says of the leader.
-    pub fn new(members: watch::Receiver<MemberView>, store: EtcdStore) -> Forwarding {
+    /// Forwarding for the agent of `node`, by what `members` says of the leader.
+    pub fn new(members: watch::Receiver<MemberView>, store: EtcdStore, node: String) -> Forwarding {
         Forwarding {
             members,
             http: HttpClient::builder(TokioExecutor::new()).build_http(),
             store,
+            node,
         }
     }
 
@@ -69,43 +72,131 @@ fn is_cluster_route(path: &str) -> bool {
     .any(|prefix| path.starts_with(prefix))
 }
 
-fn unavailable(message: String) -> Response {
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response()
+fn unavailable(message: String) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
 }
 
-/// The middleware: answers here when this agent can, else forwards to the leader.
+/// The alloc id (or id prefix) of a `/v1/client/allocation/{id}/...` path.
+fn client_alloc(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v1/client/allocation/")?;
+    rest.split('/').next().filter(|id| !id.is_empty())
+}
+
+/// The middleware: answers here when this agent can, else forwards to the agent that can.
 pub async fn to_leader(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    let Some(forwarding) = &state.forwarding else {
+    let Some(forwarding) = state.forwarding.clone() else {
         return next.run(request).await;
     };
+    let forwarded = request.headers().contains_key(FORWARDED);
+    if let Some(alloc) = client_alloc(request.uri().path()) {
+        let alloc = alloc.to_string();
+        if forwarded || state.client.runner(&alloc).is_some() {
+            return next.run(request).await;
+        }
+        return match alloc_node(&state, &forwarding, &alloc).await {
+            Ok(Some(api)) => proxy(&forwarding, request, &api).await,
+            Ok(None) => next.run(request).await,
+            Err(error) => error.into_response(),
+        };
+    }
     if !is_cluster_route(request.uri().path()) || state.servers.borrow().is_some() {
         return next.run(request).await;
     }
-    if request.headers().contains_key(FORWARDED) {
-        return unavailable("leadership moved while forwarding; retry".into());
+    if forwarded {
+        return unavailable("leadership moved while forwarding; retry".into()).into_response();
     }
+    match leader_api(&forwarding) {
+        Ok(api) => proxy(&forwarding, request, &api).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The leader's API, or why there is none to forward to.
+fn leader_api(forwarding: &Forwarding) -> Result<String, ApiError> {
     let view = forwarding.members.borrow().clone();
-    let leader = match (view.leader, view.leading) {
-        (_, Some(_)) => return unavailable("this agent is taking over the cluster; retry".into()),
-        (None, None) => {
-            return unavailable("no agent leads the cluster yet; retry in a few seconds".into());
-        }
-        (Some(leader), None) => leader,
+    match (view.leader, view.leading) {
+        (_, Some(_)) => Err(unavailable(
+            "this agent is taking over the cluster; retry".into(),
+        )),
+        (None, None) => Err(unavailable(
+            "no agent leads the cluster yet; retry in a few seconds".into(),
+        )),
+        (Some(leader), None) => Ok(leader.api),
+    }
+}
+
+/// The API of the agent whose node runs `alloc`; `None` when that is this agent, or when
+/// the cluster does not know the alloc (then this agent answers, as a single one would).
+async fn alloc_node(
+    state: &ApiState,
+    forwarding: &Forwarding,
+    alloc: &str,
+) -> Result<Option<String>, ApiError> {
+    let leading = state.servers.borrow().is_some();
+    let node = if leading {
+        super::find_alloc(state, alloc)
+            .ok()
+            .and_then(|record| record.node_id)
+    } else {
+        node_from_leader(forwarding, alloc).await?
     };
+    let Some(node) = node.filter(|node| *node != forwarding.node) else {
+        return Ok(None);
+    };
+    let members = forwarding
+        .live_members()
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    match members.into_iter().find(|m| m.record.node == node) {
+        Some(member) => Ok(Some(member.record.api)),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("allocation {alloc:?} is on node {node}, which is down"),
+        )),
+    }
+}
+
+/// The node of `alloc`, as the leader answers (`None` when it does not know it).
+async fn node_from_leader(
+    forwarding: &Forwarding,
+    alloc: &str,
+) -> Result<Option<String>, ApiError> {
+    let api = leader_api(forwarding)?;
+    let request = Request::get(format!("{api}/v1/allocation/{alloc}"))
+        .header(FORWARDED, "1")
+        .body(Body::empty())
+        .map_err(|e| unavailable(format!("cannot ask the leader: {e}")))?;
+    let asked = tokio::time::timeout(FORWARD_TIMEOUT, forwarding.http.request(request));
+    let answer = match asked.await {
+        Ok(Ok(answer)) if answer.status().is_success() => answer,
+        _ => return Ok(None),
+    };
+    let body = http_body_util::BodyExt::collect(answer.into_body())
+        .await
+        .map(|body| body.to_bytes())
+        .unwrap_or_default();
+    Ok(serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|view| view["node_id"].as_str().map(str::to_string)))
+}
+
+/// Sends `request` to the agent at `api` once, marked forwarded, and relays its answer
+/// (streamed: a followed log stays followed).
+async fn proxy(forwarding: &Forwarding, request: Request, api: &str) -> Response {
     let (mut parts, body) = request.into_parts();
     let path = parts
         .uri
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let uri = format!("{}{path}", leader.api);
-    parts.uri = match uri.parse() {
+    parts.uri = match format!("{api}{path}").parse() {
         Ok(uri) => uri,
         Err(_) => {
             return unavailable(format!(
-                "the leader's address {:?} is not usable",
-                crate::text::cut(&leader.api, 64)
-            ));
+                "the agent address {:?} is not usable",
+                crate::text::cut(api, 64)
+            ))
+            .into_response();
         }
     };
     parts.headers.remove(header::HOST);
@@ -117,17 +208,13 @@ pub async fn to_leader(State(state): State<ApiState>, request: Request, next: Ne
         Ok(Ok(response)) => response.map(Body::new),
         Ok(Err(error)) => ApiError::new(
             StatusCode::BAD_GATEWAY,
-            format!(
-                "cannot reach the leader {} at {}: {error}",
-                leader.node, leader.api
-            ),
+            format!("cannot reach the agent at {api}: {error}"),
         )
         .into_response(),
         Err(_) => ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
             format!(
-                "the leader {} did not answer within {}s",
-                leader.node,
+                "the agent at {api} did not answer within {}s",
                 FORWARD_TIMEOUT.as_secs()
             ),
         )
