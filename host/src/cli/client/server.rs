@@ -36,11 +36,7 @@ async fn members(remote: &Remote) -> anyhow::Result<()> {
                 vec![
                     id.into(),
                     node["status"].as_str().unwrap_or("").into(),
-                    if is_leader {
-                        leader["leader"]["api"].as_str().unwrap_or("").into()
-                    } else {
-                        String::new()
-                    },
+                    node["address"].as_str().unwrap_or("-").into(),
                     is_leader.to_string(),
                 ]
             })
