@@ -447,8 +447,8 @@ async fn system_gc(
     Ok(Json(serde_json::json!({ "removed": removed })))
 }
 
-/// Every node: those allocs are placed on (`ready`), and those that hold allocs but went
-/// down (`down`, cluster mode), with how many allocs each runs; in cluster mode, also each
+/// Every node: those allocs are placed on (`ready`), and in cluster mode every other node
+/// that ever registered (`down`), with how many allocs each runs; in cluster mode, also each
 /// live node's agent address and how many seconds ago it last renewed its lease.
 async fn list_nodes(State(state): State<ApiState>) -> ApiResult<Json<Vec<serde_json::Value>>> {
     let server = state.server()?;
@@ -464,11 +464,17 @@ async fn list_nodes(State(state): State<ApiState>) -> ApiResult<Json<Vec<serde_j
             entry.1 += usize::from(!alloc.is_terminal());
         }
     }
+    let etcd_failed = |error: crate::cluster::StoreError| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+    };
     let live = match &state.forwarding {
-        Some(cluster) => cluster
-            .live_members()
-            .await
-            .map_err(|error| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string()))?,
+        Some(cluster) => {
+            // Every node that ever registered is listed, down ones holding nothing too.
+            for node in cluster.registered_nodes().await.map_err(etcd_failed)? {
+                nodes.entry(node).or_insert((false, 0));
+            }
+            cluster.live_members().await.map_err(etcd_failed)?
+        }
         None => Vec::new(),
     };
     Ok(Json(

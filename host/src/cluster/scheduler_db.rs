@@ -334,7 +334,7 @@ impl Writer {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| unreachable(format!("cannot start the scheduler's writer: {e}")))?;
+            .map_err(|e| StoreError::Local(format!("cannot start the scheduler's writer: {e}")))?;
         let spawned = std::thread::Builder::new()
             .name("caravan-scheduler-writer".into())
             .spawn(move || {
@@ -355,7 +355,7 @@ impl Writer {
                 })
             });
         if let Err(error) = spawned {
-            return Err(unreachable(format!(
+            return Err(StoreError::Local(format!(
                 "cannot start the scheduler's writer: {error}"
             )));
         }

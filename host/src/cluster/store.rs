@@ -40,6 +40,9 @@ pub enum StoreError {
         /// The version found.
         found: String,
     },
+    /// This process could not do its part (a thread or a runtime would not start).
+    #[error("{0}")]
+    Local(String),
     /// etcd canceled a watch for a reason other than compaction, again and again.
     #[error("etcd at {endpoints} keeps canceling the watch of {prefix}: {reason}")]
     WatchCanceled {

@@ -355,16 +355,30 @@ async fn a_job_spreads_over_the_nodes_and_a_killed_node_is_replaced_then_stops_i
         .until(
             "system gc leaves nothing of the job in etcd",
             |c| async move {
-                cli(&["system", "gc"]);
+                // Not `cli`: a GC answered 503 during an election is tried again.
+                let agent = c.nodes[victim].process.as_ref().unwrap();
+                let _ = agent.caravan(&["system", "gc"]);
                 let mut left = Vec::new();
                 for prefix in ["allocs/", "status/", "unplaced/", "jobs/"] {
                     let (keys, _) = store.list(&format!("/caravan/v1/{prefix}")).await.unwrap();
                     left.extend(keys.into_iter().map(|kv| kv.key));
                 }
-                let _ = c;
                 left.is_empty()
             },
         )
+        .await;
+
+    // A node that dies holding nothing is still listed, down.
+    cluster.nodes[victim].kill9();
+    cluster
+        .until("the empty dead node listed down", |c| async move {
+            let (_, nodes) = c.get(survivor, "/v1/nodes").await;
+            nodes.as_array().is_some_and(|nodes| {
+                nodes
+                    .iter()
+                    .any(|n| n["id"] == name_ref && n["status"] == "down" && n["allocs"] == 0)
+            })
+        })
         .await;
 }
 

@@ -53,6 +53,16 @@ impl Forwarding {
         crate::cluster::live_members(&self.store).await
     }
 
+    /// Every node that ever registered, live or not.
+    pub async fn registered_nodes(&self) -> Result<Vec<String>, crate::cluster::StoreError> {
+        let prefix = crate::cluster::keys::nodes_prefix();
+        let (entries, _) = self.store.list(&prefix).await?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|kv| Some(kv.key.strip_prefix(&prefix)?.to_string()))
+            .collect())
+    }
+
     /// What this agent is in the cluster now.
     pub fn view(&self) -> MemberView {
         self.members.borrow().clone()
