@@ -131,15 +131,15 @@ async fn refuse_a_live_namesake(
     record: &MemberRecord,
     ttl: Duration,
 ) -> anyhow::Result<()> {
-    let live = crate::cluster::live_members(store).await?;
-    if let Some(other) = live
+    let live = crate::cluster::live_records(store).await?;
+    if let Some((other, _)) = live
         .iter()
-        .find(|m| m.record.node == record.node && m.record.agent != record.agent)
+        .find(|(live, _)| live.node == record.node && live.agent != record.agent)
     {
         anyhow::bail!(
             "node name {} is live in the cluster already, its agent at {}: give this agent              another --node-name, or stop that one and wait {}s for its lease to expire",
             record.node,
-            crate::text::cut(&other.record.api, 64),
+            crate::text::cut(&other.api, 64),
             ttl.as_secs()
         );
     }

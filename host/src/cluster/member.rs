@@ -59,20 +59,29 @@ pub struct LiveMember {
     pub since_heartbeat: Option<Duration>,
 }
 
-/// Every live agent, with how long ago each renewed its lease: one read of `live/`, then
-/// one lease query per agent, at most 32 at a time.
-pub async fn live_members(store: &EtcdStore) -> Result<Vec<LiveMember>, super::StoreError> {
+/// Every live agent's record, and the lease its live key is held under: one read of
+/// `live/`. A record that cannot be read is skipped.
+pub async fn live_records(
+    store: &EtcdStore,
+) -> Result<Vec<(MemberRecord, i64)>, super::StoreError> {
     let (entries, _) = store.list(&keys::live_prefix()).await?;
-    let mut members = Vec::with_capacity(entries.len());
-    for chunk in entries.chunks(32) {
-        let ages = chunk.iter().map(|kv| store.lease_age(kv.lease));
+    Ok(entries
+        .into_iter()
+        .filter_map(|kv| Some((serde_json::from_slice(&kv.value).ok()?, kv.lease)))
+        .collect())
+}
+
+/// Every live agent, with how long ago each renewed its lease: [`live_records`], then one
+/// lease query per agent, at most 32 at a time.
+pub async fn live_members(store: &EtcdStore) -> Result<Vec<LiveMember>, super::StoreError> {
+    let records = live_records(store).await?;
+    let mut members = Vec::with_capacity(records.len());
+    for chunk in records.chunks(32) {
+        let ages = chunk.iter().map(|(_, lease)| store.lease_age(*lease));
         let ages = futures_util::future::join_all(ages).await;
-        for (kv, age) in chunk.iter().zip(ages) {
-            let Ok(record) = serde_json::from_slice::<MemberRecord>(&kv.value) else {
-                continue;
-            };
+        for ((record, _), age) in chunk.iter().zip(ages) {
             members.push(LiveMember {
-                record,
+                record: record.clone(),
                 since_heartbeat: age?,
             });
         }

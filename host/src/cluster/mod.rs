@@ -28,7 +28,7 @@ mod watch;
 
 pub use keys::{alloc_key, node_key, status_key};
 pub use lease::{Fence, FencedOp, LeaseState};
-pub use member::{LiveMember, Member, MemberRecord, MemberView, live_members};
+pub use member::{LiveMember, Member, MemberRecord, MemberView, live_members, live_records};
 pub use node_api::EtcdServerApi;
 pub use scheduler::{SchedulerConfig, ServerSlot, lead};
 pub use scheduler_db::{EtcdSchedulerDb, Snapshot};

@@ -150,7 +150,7 @@ pub async fn lead(
                 None => break,
             },
             _ = tick.tick() => {
-                leader.down_if_still_missing().await;
+                leader.down_if_still_missing();
                 if Instant::now() >= next_gc {
                     next_gc = Instant::now() + config.gc_interval;
                     match leader.server.collect_garbage(false) {
@@ -286,7 +286,7 @@ impl Leader {
         }
     }
 
-    async fn down_if_still_missing(&mut self) {
+    fn down_if_still_missing(&mut self) {
         let now = Instant::now();
         let expired: Vec<String> = self
             .missing_since_takeover

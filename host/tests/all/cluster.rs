@@ -617,54 +617,43 @@ async fn a_new_leader_completes_a_deploy_its_predecessor_left_undone() {
     assert_eq!(allocs.len(), 3, "no more than the count: {allocs:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_is_refused_with_one_line_by_any_agent() {
-    // Nothing listens on port 1: the agent names the endpoint and exits.
+/// Starts `caravan agent --cluster etcd --dev` with these endpoints, node name and bind,
+/// expects it to refuse to start (exit 2), and returns the one line it ended with; the
+/// whole of stderr for failure messages.
+fn refused_agent(endpoints: &str, node: &str, bind: &str) -> (String, String) {
     let out = run_caravan(
         &[
             "agent",
             "--cluster",
             "etcd",
             "--etcd-endpoints",
-            "http://127.0.0.1:1",
+            endpoints,
             "--node-name",
-            "n1",
+            node,
             "--dev",
             "--bind",
-            "127.0.0.1:0",
+            bind,
         ],
         None,
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    let last = stderr.lines().last().unwrap_or("");
+    let last = stderr.lines().last().unwrap_or("").to_string();
+    (last, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_one_line_by_any_agent() {
+    // Nothing listens on port 1: the agent names the endpoint and exits.
+    let (last, stderr) = refused_agent("http://127.0.0.1:1", "n1", "127.0.0.1:0");
     assert!(
         last.contains("etcd is unreachable at http://127.0.0.1:1"),
         "{stderr}"
     );
 
     // An API on 0.0.0.0 is not an address other agents can forward to.
-    let out = run_caravan(
-        &[
-            "agent",
-            "--cluster",
-            "etcd",
-            "--etcd-endpoints",
-            "http://127.0.0.1:1",
-            "--node-name",
-            "n1",
-            "--dev",
-            "--bind",
-            "0.0.0.0:0",
-        ],
-        None,
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.lines().last().unwrap_or("").contains("--advertise"),
-        "{stderr}"
-    );
+    let (last, stderr) = refused_agent("http://127.0.0.1:1", "n1", "0.0.0.0:0");
+    assert!(last.contains("--advertise"), "{stderr}");
 
     let cluster = Cluster::start().await;
     // A job is validated wherever it is sent: a follower relays the leader's 400.
@@ -684,29 +673,9 @@ async fn bad_input_is_refused_with_one_line_by_any_agent() {
 
     // A second agent under a live node's name would run that node's allocs twice: refused.
     let endpoints = cluster.etcd.endpoints().join(",");
-    let out = run_caravan(
-        &[
-            "agent",
-            "--cluster",
-            "etcd",
-            "--etcd-endpoints",
-            &endpoints,
-            "--node-name",
-            &cluster.nodes[0].name,
-            "--dev",
-            "--bind",
-            "127.0.0.1:0",
-        ],
-        None,
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (last, stderr) = refused_agent(&endpoints, &cluster.nodes[0].name, "127.0.0.1:0");
     assert!(
-        stderr
-            .lines()
-            .last()
-            .unwrap_or("")
-            .contains("node name node-1 is live in the cluster already"),
+        last.contains("node name node-1 is live in the cluster already"),
         "{stderr}"
     );
 
@@ -718,29 +687,9 @@ async fn bad_input_is_refused_with_one_line_by_any_agent() {
         .put(caravan_host::cluster::SCHEMA_KEY, "99", None)
         .await
         .unwrap();
-    let out = run_caravan(
-        &[
-            "agent",
-            "--cluster",
-            "etcd",
-            "--etcd-endpoints",
-            &endpoints,
-            "--node-name",
-            "n4",
-            "--dev",
-            "--bind",
-            "127.0.0.1:0",
-        ],
-        None,
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (last, stderr) = refused_agent(&endpoints, "n4", "127.0.0.1:0");
     assert!(
-        stderr
-            .lines()
-            .last()
-            .unwrap_or("")
-            .contains("holds Caravan's cluster schema 99"),
+        last.contains("holds Caravan's cluster schema 99"),
         "{stderr}"
     );
 }

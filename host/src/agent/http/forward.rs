@@ -153,12 +153,11 @@ async fn alloc_node(
     let Some(node) = node.filter(|node| *node != forwarding.node) else {
         return Ok(None);
     };
-    let members = forwarding
-        .live_members()
+    let live = crate::cluster::live_records(&forwarding.store)
         .await
         .map_err(|e| unavailable(e.to_string()))?;
-    match members.into_iter().find(|m| m.record.node == node) {
-        Some(member) => Ok(Some(member.record.api)),
+    match live.into_iter().find(|(member, _)| member.node == node) {
+        Some((member, _)) => Ok(Some(member.api)),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("allocation {alloc:?} is on node {node}, which is down"),
