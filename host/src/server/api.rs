@@ -6,9 +6,8 @@
 //! save is [`ServerError::Unavailable`], so the client keeps the update and sends it again.
 
 use super::EmbeddedServer;
-use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
+use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use crate::structs::{Alloc, ClientStatus};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -29,18 +28,17 @@ impl ServerApi for EmbeddedServer {
         min_index: u64,
         wait: Duration,
     ) -> Result<NodeAllocs, ServerError> {
-        wait_for_index(&self.index, min_index, wait).await;
-        let state = self.lock();
-        let allocs = state
-            .allocs
-            .values()
-            .filter(|a| a.node_id.as_deref() == Some(node_id))
-            .map(|a| (a.alloc.id.clone(), a.alloc.modify_index))
-            .collect::<HashMap<_, _>>();
-        Ok(NodeAllocs {
-            index: state.index,
-            allocs,
-        })
+        let mut changed = {
+            let mut state = self.lock();
+            let server_index = state.index;
+            state.node_allocs.subscribe(node_id, server_index)
+        };
+        // Only this node's changes wake it; a timeout answers with the set unchanged.
+        let _ = tokio::time::timeout(wait, changed.wait_for(|index| *index > min_index)).await;
+        let mut state = self.lock();
+        let server_index = state.index;
+        let (index, allocs) = state.node_allocs.allocs_of(node_id, server_index);
+        Ok(NodeAllocs { index, allocs })
     }
 
     async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {

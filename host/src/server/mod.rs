@@ -27,6 +27,7 @@
 mod api;
 mod apply;
 pub mod gc;
+mod node_watch;
 mod persist;
 pub mod placement;
 pub mod reconcile;
@@ -43,7 +44,6 @@ use crate::state::{MemoryStateDb, StateDb, StateError, blocking};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The server's knobs.
@@ -104,13 +104,14 @@ struct State {
     /// Jobs and allocs changed since the last save (removed ones too).
     dirty_jobs: BTreeSet<String>,
     dirty_allocs: BTreeSet<String>,
+    /// Each node's allocs as of the last saved change: what its watch answers.
+    node_allocs: node_watch::NodeAllocIndex,
 }
 
 /// The server, in process. Cheap to share as `Arc<EmbeddedServer>`.
 pub struct EmbeddedServer {
     config: ServerConfig,
     state: Mutex<State>,
-    index: watch::Sender<u64>,
     db: Arc<dyn StateDb>,
 }
 
@@ -120,7 +121,6 @@ impl EmbeddedServer {
         Arc::new(EmbeddedServer {
             config,
             state: Mutex::new(State::default()),
-            index: watch::channel(0).0,
             db: Arc::new(MemoryStateDb::new()),
         })
     }
@@ -129,11 +129,9 @@ impl EmbeddedServer {
     /// read is skipped with a WARN naming it; a store that cannot be read is an error.
     pub fn open(config: ServerConfig, db: Arc<dyn StateDb>) -> Result<Arc<Self>, StateError> {
         let state = State::load(db.as_ref())?;
-        let index = state.index;
         Ok(Arc::new(EmbeddedServer {
             config,
             state: Mutex::new(state),
-            index: watch::channel(index).0,
             db,
         }))
     }
@@ -151,7 +149,7 @@ impl EmbeddedServer {
     }
 
     /// Runs `change` on the state with the next index, saves what it touched, then wakes
-    /// watchers. Saving happens under the state lock so saves land in index order (a redb
+    /// the watchers of the nodes whose allocs it changed. Saving happens under the state lock so saves land in index order (a redb
     /// commit is a fraction of a millisecond; an etcd transaction in cluster mode a few, up
     /// to its timeout; readers wait that long).
     ///
@@ -159,21 +157,24 @@ impl EmbeddedServer {
     /// change to save, and watchers are not woken: clients learn of it only once it is on
     /// disk. The error is logged and returned for callers that can retry.
     fn change<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> (T, Result<(), StateError>) {
-        let (result, saved, index) = {
-            let mut state = self.lock();
-            state.index += 1;
-            let index = state.index;
-            let result = change(&mut state, index);
-            let writes = state.dirty_writes();
-            let saved = blocking(|| self.db.apply(writes));
-            match &saved {
-                Ok(()) => state.mark_saved(),
-                Err(error) => tracing::error!(error = %error, "cannot save server state"),
+        let mut state = self.lock();
+        state.index += 1;
+        let index = state.index;
+        let result = change(&mut state, index);
+        let writes = state.dirty_writes();
+        let saved = blocking(|| self.db.apply(writes));
+        match &saved {
+            Ok(()) => {
+                let State {
+                    allocs,
+                    dirty_allocs,
+                    node_allocs,
+                    ..
+                } = &mut *state;
+                node_allocs.publish(allocs, dirty_allocs.iter(), index);
+                state.mark_saved();
             }
-            (result, saved, index)
-        };
-        if saved.is_ok() {
-            self.index.send_replace(index);
+            Err(error) => tracing::error!(error = %error, "cannot save server state"),
         }
         (result, saved)
     }

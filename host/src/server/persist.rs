@@ -56,6 +56,7 @@ impl State {
                 }
             }
         }
+        state.node_allocs = super::node_watch::NodeAllocIndex::build(&state.allocs, state.index);
         tracing::debug!(
             jobs = state.jobs.len(),
             allocs = state.allocs.len(),
