@@ -16,6 +16,7 @@
 //!   sandbox.
 //! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
+//! - [`nodesim`]: many simulated client nodes in one process, behind `caravan nodesim`.
 //! - [`rpc`]: the client-server seam ([`rpc::ServerApi`]), the one module `client` and
 //!   `server` share, with what every server implementation promises.
 //! - [`server`]: the embedded server (jobs, placement, server-side GC) behind
@@ -46,6 +47,7 @@ pub mod fs_tree;
 pub mod jobspec;
 pub mod limits;
 pub mod locks;
+pub mod nodesim;
 pub mod rpc;
 pub mod run;
 pub mod runtime;

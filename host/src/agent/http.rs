@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 mod alloc_actions;
 pub mod forward;
+mod node_rpc;
 mod views;
 use alloc_actions::{restart_allocation, signal_allocation};
 pub use views::{AllocView, JobView};
@@ -78,6 +79,16 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/client/gc", post(collect_all))
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))
+        .route("/v1/node/{node}/register", put(node_rpc::register_node))
+        .route("/v1/node/{node}/allocations", get(node_rpc::watch_allocs))
+        .route(
+            "/v1/node/allocations/fetch",
+            post(node_rpc::fetch_allocs).layer(node_body_limit()),
+        )
+        .route(
+            "/v1/node/allocations/update",
+            post(node_rpc::update_allocs).layer(node_body_limit()),
+        )
         .route("/v1/agent/health", get(health))
         .route("/v1/status/leader", get(leader))
         .route("/v1/metrics", get(metrics))
@@ -88,6 +99,10 @@ pub fn router(state: ApiState) -> Router {
             forward::to_leader,
         ))
         .with_state(state)
+}
+
+fn node_body_limit() -> axum::extract::DefaultBodyLimit {
+    axum::extract::DefaultBodyLimit::max(node_rpc::MAX_NODE_REQUEST_BYTES)
 }
 
 impl ApiState {

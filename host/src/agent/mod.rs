@@ -44,12 +44,32 @@ pub struct Agent {
     pub client: Client,
     /// In cluster mode, the agent's membership and its scheduler.
     cluster: Option<cluster_mode::ClusterMode>,
+    /// False when the agent only schedules: its client never started, so has nothing to stop.
+    client_enabled: bool,
     dev: bool,
     alloc_logs: AllocLogs,
     /// Holds a dev agent's temporary data dir; dropping it removes the directory.
     _dev_data_dir: Option<crate::fs_tree::TempTree>,
     http: tokio::task::JoinHandle<()>,
     stop_http: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Takes nodes that stopped watching out of placement, a few times per `node_ttl`, until the
+/// server is dropped.
+async fn down_silent_nodes(server: std::sync::Weak<EmbeddedServer>, node_ttl: std::time::Duration) {
+    let mut sweeps = tokio::time::interval(node_ttl / 4);
+    sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        sweeps.tick().await;
+        let Some(server) = server.upgrade() else {
+            return;
+        };
+        // Off the runtime's workers: taking a node down saves, under the server's lock.
+        let swept = tokio::task::spawn_blocking(move || server.down_silent_nodes()).await;
+        if let Ok(Err(error)) = swept {
+            tracing::error!(error = %error, "cannot take silent nodes down; retrying");
+        }
+    }
 }
 
 impl Agent {
@@ -100,6 +120,10 @@ impl Agent {
         let (server_api, node_id, servers, cluster) = match &config.cluster {
             None => {
                 let server = EmbeddedServer::open(config.server.clone(), db.clone())?;
+                tokio::spawn(down_silent_nodes(
+                    Arc::downgrade(&server),
+                    config.server.node_ttl,
+                ));
                 let servers = tokio::sync::watch::channel(Some(server.clone())).1;
                 (
                     server as Arc<dyn ServerApi>,
@@ -135,8 +159,15 @@ impl Agent {
             .capped(config.limit_caps)
             .into_factory();
         let client = Client::with_disk_stats(client_config, server_api, factory, db);
-        let restored = client.restore().await?;
-        client.start();
+        // A client that never starts never registers its node: nothing is placed here.
+        let restored = if config.client_enabled {
+            let restored = client.restore().await?;
+            client.start();
+            restored
+        } else {
+            tracing::info!("client.enabled is false: this agent runs no allocs, it only schedules");
+            0
+        };
 
         let api = http::router(http::ApiState {
             servers: servers.clone(),
@@ -170,6 +201,7 @@ impl Agent {
             servers,
             client,
             cluster,
+            client_enabled: config.client_enabled,
             dev: config.dev,
             alloc_logs,
             _dev_data_dir: dev_data_dir,
@@ -191,7 +223,9 @@ impl Agent {
         if let Some(cluster) = self.cluster {
             cluster.leave().await;
         }
-        if self.dev {
+        if !self.client_enabled {
+            // Nothing ran here: the client's loops (which destroys wait on) never started.
+        } else if self.dev {
             self.client.destroy_all().await;
         } else {
             self.client.shutdown_all().await;

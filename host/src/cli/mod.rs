@@ -2,8 +2,8 @@
 //! command's outcome into an exit status.
 //!
 //! Each command group is a clap struct in its own module with one entry point, `execute`:
-//! [`run`] (`caravan run`), [`agent`] (`caravan agent`), [`check`] (`caravan runner check`)
-//! and [`client`] (`job`, `alloc`, `node`, `system`: requests to a running agent). The split
+//! [`run`] (`caravan run`), [`agent`] (`caravan agent`), [`nodesim`] (`caravan nodesim`),
+//! [`check`] (`caravan runner check`) and [`client`] (`job`, `alloc`, `node`, `system`: requests to a running agent). The split
 //! between commands that work on this machine and those that talk to an agent is in the
 //! types: [`Command::Client`] holds every remote one.
 //!
@@ -19,6 +19,7 @@
 pub mod agent;
 pub mod check;
 pub mod client;
+pub mod nodesim;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -67,6 +68,11 @@ pub enum Command {
     ///
     /// Stops on Ctrl-C or SIGTERM. Flags override the config file.
     Agent(agent::AgentCommand),
+    /// Simulate many client nodes in this process, registered with an agent's server: for
+    /// testing a scheduler at scale (docs/nodesim.md).
+    ///
+    /// Prints a summary line every second and a report on Ctrl-C or SIGTERM, then stops.
+    Nodesim(nodesim::NodesimCommand),
     /// Tools for runner authors.
     Runner {
         /// Which tool.
@@ -83,7 +89,7 @@ impl Command {
     /// usable) for the local commands, 1 for the client commands.
     pub fn error_exit_code(&self) -> u8 {
         match self {
-            Command::Run(_) | Command::Agent(_) | Command::Runner { .. } => 2,
+            Command::Run(_) | Command::Agent(_) | Command::Nodesim(_) | Command::Runner { .. } => 2,
             Command::Client(_) => 1,
         }
     }
@@ -94,6 +100,7 @@ impl Command {
         match self {
             Command::Run(command) => command.execute(global).await,
             Command::Agent(command) => command.execute(global).await,
+            Command::Nodesim(command) => command.execute(global).await,
             Command::Runner { command } => command.execute(global).await,
             Command::Client(command) => command.execute().await.map(|()| ExitCode::SUCCESS),
         }

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 #[async_trait::async_trait]
 impl ServerApi for EmbeddedServer {
     async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
+        self.liveness.seen(node_id);
         let ((), saved) = self.change(|state, index| {
             state.nodes.insert(node_id.to_string());
             state.place_unplaced(index);
@@ -28,6 +29,12 @@ impl ServerApi for EmbeddedServer {
         min_index: u64,
         wait: Duration,
     ) -> Result<NodeAllocs, ServerError> {
+        let _open = self.liveness.watching(node_id);
+        // A node that watches is registered: one taken down while it was between two
+        // watches (see `down_silent_nodes`) is back, and allocs may be placed on it again.
+        if !self.lock().nodes.contains(node_id) {
+            self.register_node(node_id).await?;
+        }
         let mut changed = {
             let mut state = self.lock();
             let server_index = state.index;

@@ -27,6 +27,7 @@
 mod api;
 mod apply;
 pub mod gc;
+mod liveness;
 mod node_watch;
 mod persist;
 pub mod placement;
@@ -54,6 +55,9 @@ pub struct ServerConfig {
     pub job_gc_threshold: Duration,
     /// How many times a failed service alloc is replaced, per job (default 3).
     pub restart_limit: u32,
+    /// How long a node may go without a watch open before it is down (`node_ttl`, default
+    /// 30s); see [`EmbeddedServer::down_silent_nodes`].
+    pub node_ttl: Duration,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +65,7 @@ impl Default for ServerConfig {
         ServerConfig {
             job_gc_threshold: Duration::from_secs(4 * 3600),
             restart_limit: 3,
+            node_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -113,6 +118,7 @@ pub struct EmbeddedServer {
     config: ServerConfig,
     state: Mutex<State>,
     db: Arc<dyn StateDb>,
+    liveness: liveness::Liveness,
 }
 
 impl EmbeddedServer {
@@ -122,6 +128,7 @@ impl EmbeddedServer {
             config,
             state: Mutex::new(State::default()),
             db: Arc::new(MemoryStateDb::new()),
+            liveness: Default::default(),
         })
     }
 
@@ -133,6 +140,7 @@ impl EmbeddedServer {
             config,
             state: Mutex::new(state),
             db,
+            liveness: Default::default(),
         }))
     }
 
@@ -319,7 +327,27 @@ impl EmbeddedServer {
         })
     }
 
-    /// Takes a node that stopped answering out of placement (cluster mode): its allocs that
+    /// Takes every node that has had no watch open for longer than `config.node_ttl` out of
+    /// placement and loses its allocs (see [`Self::node_down`]), as Nomad does with a client
+    /// that misses its heartbeats. For a single agent, whose nodes (its own, and those of
+    /// `caravan nodesim`) talk to it directly; the agent calls it a few times per TTL.
+    /// Returns the nodes taken down.
+    pub fn down_silent_nodes(&self) -> Result<Vec<String>, StateError> {
+        let nodes = self.nodes();
+        let silent = self.liveness.take_silent(&nodes, self.config.node_ttl);
+        for node in &silent {
+            let lost = self.node_down(node)?;
+            tracing::warn!(
+                node,
+                lost = lost.len(),
+                node_ttl = %crate::units::format_duration(self.config.node_ttl),
+                "node silent for longer than node_ttl: down, its allocs lost"
+            );
+        }
+        Ok(silent)
+    }
+
+    /// Takes a node that stopped answering out of placement: its allocs that
     /// were not terminal become `lost` and are asked to stop, and those their jobs still
     /// want are replaced on the other nodes. Returns the ids lost; an error when the change
     /// could not be saved (it stays in memory, as for every change).

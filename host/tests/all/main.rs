@@ -27,9 +27,11 @@ mod hostile_agent;
 mod loading;
 mod many_memories;
 mod minimal;
+mod nodesim;
 mod other_languages;
 mod restore;
 mod runner_check;
+mod sim;
 mod sleeper;
 mod stateful;
 

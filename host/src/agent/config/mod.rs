@@ -8,6 +8,7 @@
 //! acl_token = "secret"            # optional: every write then needs it as a bearer token
 //!
 //! [client]
+//! enabled = true                  # false: run no allocs here, only schedule (single agent)
 //! gc_interval = "1m"
 //! gc_max_allocs = 50
 //! gc_parallel_destroys = 2
@@ -34,6 +35,7 @@
 //! [server]
 //! job_gc_threshold = "4h"
 //! restart_limit = 3
+//! node_ttl = "30s"                # a node with no watch open this long is down (nodesim's)
 //!
 //! [cluster]                       # optional: many agents, one cluster (docs/cluster.md)
 //! mode = "etcd"                   # "embedded" (the default) or "etcd"
@@ -66,6 +68,12 @@ use std::path::PathBuf;
 /// message rather than a `source`, so `anyhow`'s `{:#}` does not print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// `client.enabled = false` in cluster mode, where every agent is a node.
+    #[error(
+        "client.enabled = false: in cluster mode every agent is one of the cluster's nodes; \
+         only a single agent can run without a client"
+    )]
+    ClientNeededInCluster,
     /// The config file could not be read.
     #[error("cannot read config file {path}: {error}")]
     Read {
@@ -188,6 +196,9 @@ impl AgentFlags {
         }
         self.apply(&mut config)?;
         config.cluster = config.cluster_settings.resolve()?;
+        if !config.client_enabled && config.cluster.is_some() {
+            return Err(ConfigError::ClientNeededInCluster);
+        }
         Ok(config)
     }
 
@@ -255,6 +266,9 @@ pub struct AgentConfig {
     pub server: ServerConfig,
     /// How many allocs may run at once on this node: sizes the runtime's instance pool.
     pub max_live_allocs: u32,
+    /// Whether the agent runs a client node of its own (`client.enabled`, default true). A
+    /// single agent without one only schedules, for nodes elsewhere (`caravan nodesim`).
+    pub client_enabled: bool,
     /// Cluster mode on etcd; `None` for the single-node embedded mode.
     pub cluster: Option<super::cluster_config::ClusterConfig>,
     /// The cluster settings as given, file then flags, each with where it came from.
@@ -276,6 +290,7 @@ impl Default for AgentConfig {
             capabilities: CapabilityPolicy::default(),
             server: ServerConfig::default(),
             max_live_allocs: 1_000,
+            client_enabled: true,
             cluster: None,
             cluster_settings: Default::default(),
         }
@@ -300,6 +315,7 @@ struct FileConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ClientSection {
+    enabled: Option<bool>,
     gc_interval: Option<String>,
     gc_max_allocs: Option<usize>,
     gc_parallel_destroys: Option<i64>,
@@ -354,6 +370,7 @@ struct CapabilitiesSection {
 struct ServerSection {
     job_gc_threshold: Option<String>,
     restart_limit: Option<u32>,
+    node_ttl: Option<String>,
 }
 
 /// Parses a config file's text into `config`, keeping what the file leaves out. `path` names
@@ -441,6 +458,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
             *target = percent;
         }
     }
+    if let Some(enabled) = client.enabled {
+        config.client_enabled = enabled;
+    }
     if let Some(v) = client.max_live_allocs {
         if v == 0 {
             return Err(out_of_range(
@@ -500,6 +520,16 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     if let Some(v) = file.server.restart_limit {
         config.server.restart_limit = v;
+    }
+    if let Some(v) = file.server.node_ttl {
+        let ttl = duration("server.node_ttl", &v)?;
+        if ttl < std::time::Duration::from_secs(1) {
+            return Err(out_of_range(
+                "server.node_ttl",
+                format!("{v} is under the least, 1s"),
+            ));
+        }
+        config.server.node_ttl = ttl;
     }
     if let Some(cluster) = file.cluster {
         config.cluster_settings.read_file(path, cluster)?;

@@ -353,3 +353,24 @@ fn bad_cluster_settings_name_the_key_or_flag_at_fault() {
         assert_eq!(cluster_of(file, flags).unwrap_err(), expected);
     }
 }
+
+#[test]
+fn a_single_agent_may_run_without_a_client_and_time_out_silent_nodes() {
+    let mut config = AgentConfig::default();
+    let text = "[client]\nenabled = false\n[server]\nnode_ttl = \"5s\"\n";
+    apply_file(&mut config, "agent.toml", text).unwrap();
+    assert!(!config.client_enabled);
+    assert_eq!(config.server.node_ttl, Duration::from_secs(5));
+
+    let error = |text: &str| {
+        apply_file(&mut AgentConfig::default(), "agent.toml", text)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(error("[server]\nnode_ttl = \"500ms\"\n").contains("server.node_ttl"));
+    assert!(error("[client]\nenabled = \"no\"\n").contains("expected a boolean"));
+
+    let in_cluster = "[client]\nenabled = false\n[cluster]\nmode = \"etcd\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\nnode_name = \"n1\"\n";
+    let refused = cluster_of(in_cluster, AgentFlags::default()).unwrap_err();
+    assert!(refused.contains("client.enabled = false"), "{refused}");
+}

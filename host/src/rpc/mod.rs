@@ -1,10 +1,12 @@
 //! The client-server seam: everything a client node asks of the server that schedules it.
 //!
 //! [`ServerApi`] is the one contract both sides import: `client/` calls it, and every server
-//! implements it (the agent's embedded server in `server/`; a distributed store or a node
-//! simulator next; `testing::InMemoryServer` in tests). This module is a leaf: it knows the
-//! plain data in [`crate::structs`] and nothing of runners, the garbage collector, the state
-//! store or any server's internals.
+//! implements it (the agent's embedded server in `server/`, the etcd cluster in `cluster/`,
+//! `testing::InMemoryServer` in tests). [`http`] carries it over HTTP: its wire format, and
+//! [`http::HttpServerApi`], through which a client in another process (`caravan nodesim`)
+//! talks to an agent's embedded server. This module is a leaf: it knows the plain data in
+//! [`crate::structs`] and nothing of runners, the garbage collector, the state store or any
+//! server's internals.
 //!
 //! # What every implementation promises
 //! The contract is written so that a server in another process, or a store on other machines,
@@ -37,6 +39,8 @@
 //!   about `wait` (a remote implementation may add its round trip). Dropping a call's future
 //!   cancels it with no effect beyond what an error would have had.
 
+pub mod http;
+
 use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,7 +60,7 @@ pub enum ServerError {
 }
 
 /// The allocs assigned to a node, as of `index`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeAllocs {
     /// The server's index when this answer was made; pass it back to wait for a change.
     pub index: u64,
@@ -65,7 +69,7 @@ pub struct NodeAllocs {
 }
 
 /// One alloc's client-side state, sent to the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AllocUpdate {
     /// The alloc.
     pub alloc_id: String,

@@ -1,0 +1,137 @@
+//! The node routes: [`crate::rpc::ServerApi`] served over HTTP, so that client nodes in
+//! another process (`caravan nodesim --server`) register with this agent's embedded server
+//! and run its allocs. Paths and bodies are [`crate::rpc::http`]'s.
+//!
+//! Only a single agent serves them. In cluster mode nodes join through etcd, where the
+//! cluster's allocs live; a node here would bypass it, so it is refused with 409 naming the
+//! way in. The agent's own node name (`local`) is refused too: two clients acting on one
+//! node's allocs would kill each other's.
+
+use super::{ApiError, ApiResult, ApiState, authorize};
+use crate::agent::LOCAL_NODE;
+use crate::rpc::ServerApi;
+use crate::rpc::http::{FetchRequest, MAX_ITEMS_PER_CALL, MAX_WAIT, UpdateRequest, UpdateResponse};
+use crate::structs::Alloc;
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The largest request body the node routes take: a full batch of updates, each with its
+/// task events, fits with room to spare.
+pub const MAX_NODE_REQUEST_BYTES: usize = 32 << 20;
+
+/// `PUT /v1/node/{node}/register`
+pub async fn register_node(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&state, &headers)?;
+    let server = node_server(&state, &node)?;
+    server
+        .register_node(&node)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(serde_json::json!({ "node": node })))
+}
+
+/// `GET /v1/node/{node}/allocations?index=N&wait=D`
+pub async fn watch_allocs(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<crate::rpc::NodeAllocs>> {
+    let server = node_server(&state, &node)?;
+    let min_index = match query.get("index") {
+        None => 0,
+        Some(text) => text.parse::<u64>().map_err(|_| {
+            ApiError::bad_request("index", format!("index: {text:?} is not a whole number"))
+        })?,
+    };
+    let wait = match query.get("wait") {
+        None => Duration::ZERO,
+        Some(text) => crate::units::parse_duration(text)
+            .map_err(|e| ApiError::bad_request("wait", format!("wait: {e}")))?,
+    };
+    let answer = server
+        .watch_allocs(&node, min_index, wait.min(MAX_WAIT))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(answer))
+}
+
+/// `POST /v1/node/allocations/fetch`
+pub async fn fetch_allocs(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: String,
+) -> ApiResult<Json<Vec<Alloc>>> {
+    authorize(&state, &headers)?;
+    let request: FetchRequest = decode(&body)?;
+    check_count("ids", request.ids.len())?;
+    let server = embedded_server(&state)?;
+    let allocs = server
+        .get_allocs(&request.ids)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(allocs.iter().map(|a| Alloc::clone(a)).collect()))
+}
+
+/// `POST /v1/node/allocations/update`
+pub async fn update_allocs(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: String,
+) -> ApiResult<Json<UpdateResponse>> {
+    authorize(&state, &headers)?;
+    let request: UpdateRequest = decode(&body)?;
+    check_count("updates", request.updates.len())?;
+    let server = embedded_server(&state)?;
+    let accepted = server
+        .update_allocs(&request.updates)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(UpdateResponse { accepted }))
+}
+
+/// The embedded server, for `node`: refused when the name cannot be a node's or is the
+/// agent's own.
+fn node_server(state: &ApiState, node: &str) -> ApiResult<Arc<crate::server::EmbeddedServer>> {
+    crate::cluster::keys::valid_node_name(node).map_err(|e| ApiError::bad_request("node", e))?;
+    if node == LOCAL_NODE {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("node name {LOCAL_NODE:?} is this agent's own node; choose another"),
+        ));
+    }
+    embedded_server(state)
+}
+
+fn embedded_server(state: &ApiState) -> ApiResult<Arc<crate::server::EmbeddedServer>> {
+    if state.forwarding.is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "this agent is in cluster mode: nodes join through etcd \
+             (caravan nodesim --cluster etcd --etcd-endpoints ...)",
+        ));
+    }
+    state.server()
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &str) -> ApiResult<T> {
+    serde_json::from_str(body)
+        .map_err(|e| ApiError::bad_request("body", format!("the request body is not valid: {e}")))
+}
+
+fn check_count(field: &str, count: usize) -> ApiResult<()> {
+    if count > MAX_ITEMS_PER_CALL {
+        return Err(ApiError::bad_request(
+            field,
+            format!("{field}: {count} items; at most {MAX_ITEMS_PER_CALL} per request"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! `caravan nodesim`: its flags, the live summary line, simulated restarts, and the final
+//! report on Ctrl-C or SIGTERM. The simulation itself is [`crate::nodesim`]; this module
+//! only parses, schedules and prints.
+
+use super::GlobalArgs;
+use super::client::DEFAULT_ADDR;
+use crate::nodesim::{NodeSim, NodeSimConfig, SimRunner, Summary};
+use crate::rpc::http::HttpServerApi;
+use crate::shutdown::Shutdown;
+use crate::units::parse_duration;
+use anyhow::bail;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The most nodes one process simulates.
+const MAX_NODES: usize = 100_000;
+
+/// `caravan nodesim`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct NodesimCommand {
+    /// How many nodes to simulate (1 to 100000).
+    #[arg(long, value_name = "N")]
+    nodes: usize,
+    /// The agent whose server the nodes register with.
+    #[arg(long, env = "CARAVAN_ADDR", default_value = DEFAULT_ADDR, value_name = "URL")]
+    server: String,
+    /// The agent's ACL token, if it has one.
+    #[arg(long, env = "CARAVAN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// What runs each alloc: `wasm`, the component its job names, sandboxed as on an agent
+    /// (guests/sim is made for this); or `native`, a runner without a sandbox that runs until
+    /// stopped, to tell the sandbox's cost from the client's.
+    #[arg(long, value_enum, default_value = "wasm")]
+    runner: SimRunner,
+    /// Keep each node's state (a redb file) and alloc dirs under DIR/NODE, so that the
+    /// next run on DIR resumes them. Without it, state is in memory only.
+    #[arg(long, value_name = "DIR", conflicts_with = "ephemeral")]
+    data_dir: Option<PathBuf>,
+    /// Keep state in memory only (the default when --data-dir is not given).
+    #[arg(long)]
+    ephemeral: bool,
+    /// Nodes are named PREFIX-00001, PREFIX-00002, ...
+    #[arg(long, default_value = "sim", value_name = "PREFIX")]
+    name_prefix: String,
+    /// Restart one node (the next in turn) this often, as an agent restart would.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    restart_every: Option<Duration>,
+    /// How often to print the summary line.
+    #[arg(long, value_parser = parse_duration, default_value = "1s", value_name = "DURATION")]
+    summary_every: Duration,
+    /// Sizes the sandbox pool that every node's wasm runners share.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    max_live_allocs: u32,
+}
+
+impl NodesimCommand {
+    /// Runs the simulation until the first Ctrl-C or SIGTERM, then prints the final report,
+    /// stops the nodes and exits 0. Bad flags or a server address that is not a URL exit 2.
+    pub async fn execute(self, global: &GlobalArgs) -> anyhow::Result<ExitCode> {
+        global.start_logging("warn")?;
+        if !(1..=MAX_NODES).contains(&self.nodes) {
+            bail!("--nodes must be from 1 to {MAX_NODES}, not {}", self.nodes);
+        }
+        if self.summary_every < Duration::from_millis(100) {
+            bail!("--summary-every must be at least 100ms");
+        }
+        if self.restart_every.is_some_and(|d| d.is_zero()) {
+            bail!("--restart-every must be more than 0");
+        }
+        let server = HttpServerApi::new(&self.server, self.token.clone())?;
+        let shutdown = Shutdown::new();
+        shutdown.on_signals()?;
+        let mut stop = shutdown.listener();
+        crate::agent::descriptors::raise_open_files_limit();
+        let config = NodeSimConfig {
+            nodes: self.nodes,
+            name_prefix: self.name_prefix,
+            runner: self.runner,
+            data_dir: self.data_dir,
+            max_live_allocs: self.max_live_allocs,
+            gc: Default::default(),
+        };
+        let sim = NodeSim::start(config, server).await?;
+        println!(
+            "nodesim: {} nodes ({} runners) registering with {}",
+            self.nodes,
+            match self.runner {
+                SimRunner::Wasm => "wasm",
+                SimRunner::Native => "native",
+            },
+            self.server
+        );
+        let mut summaries = tokio::time::interval(self.summary_every);
+        // Without --restart-every the branch is disabled; the period only has to be valid.
+        let mut restarts =
+            tokio::time::interval(self.restart_every.unwrap_or(Duration::from_secs(3600)));
+        // Both tick at once first; neither should act before a whole period.
+        summaries.tick().await;
+        restarts.tick().await;
+        let mut last = sim.summary();
+        loop {
+            tokio::select! {
+                _ = stop.stopping() => break,
+                _ = summaries.tick() => {
+                    let now = sim.summary();
+                    println!("{}", summary_line(&now, &last));
+                    last = now;
+                }
+                _ = restarts.tick(), if self.restart_every.is_some() => {
+                    match sim.restart_next().await {
+                        Ok((node, restored)) => {
+                            println!("restarted {node}: restored {restored} allocs");
+                        }
+                        Err(error) => println!("restart failed: {error:#}"),
+                    }
+                }
+            }
+        }
+        println!("{}", report(&sim.summary()));
+        tokio::select! {
+            _ = sim.stop() => Ok(ExitCode::SUCCESS),
+            _ = stop.abandoning() => bail!("interrupted again: stopped without waiting for the nodes"),
+        }
+    }
+}
+
+fn millis(duration: Option<Duration>) -> String {
+    duration.map_or("-".into(), |d| format!("{}ms", d.as_millis()))
+}
+
+fn by_status(summary: &Summary) -> String {
+    let parts: Vec<String> = summary
+        .allocs_by_status
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(status, n)| format!("{status} {n}"))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
+/// One line: where the simulation is now, with rates since `last`.
+fn summary_line(now: &Summary, last: &Summary) -> String {
+    let seconds = (now.elapsed - last.elapsed).as_secs_f64().max(1e-3);
+    let updates_per_second = (now.updates - last.updates) as f64 / seconds;
+    format!(
+        "[{:>4}s] nodes {}/{} registered | allocs {}{} | {:.0} updates/s | start p50 {} p99 {} | {} server errors",
+        now.elapsed.as_secs(),
+        now.registered,
+        now.nodes,
+        now.allocs(),
+        by_status(now),
+        updates_per_second,
+        millis(now.start_p50),
+        millis(now.start_p99),
+        now.server_errors,
+    )
+}
+
+/// The final report, a few lines.
+fn report(summary: &Summary) -> String {
+    let seconds = summary.elapsed.as_secs_f64().max(1e-3);
+    format!(
+        "nodesim report after {:.1}s\n  nodes         {} ({} registered, {} restarts)\n  allocs        {}{}\n  updates       {} in {} batches ({:.0}/s)\n  alloc start   p50 {}, p99 {} ({} measured, from reaching the node to reported running)\n  server errors {}",
+        seconds,
+        summary.nodes,
+        summary.registered,
+        summary.restarts,
+        summary.allocs(),
+        by_status(summary),
+        summary.updates,
+        summary.update_batches,
+        summary.updates as f64 / seconds,
+        millis(summary.start_p50),
+        millis(summary.start_p99),
+        summary.started,
+        summary.server_errors,
+    )
+}

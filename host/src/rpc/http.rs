@@ -1,0 +1,242 @@
+//! [`ServerApi`] over HTTP: the node routes' paths and bodies, which the agent serves (see
+//! `agent::http`), and [`HttpServerApi`], the client side, through which nodes in another
+//! process talk to an agent's embedded server as its own client does in process.
+//!
+//! The routes, each answered with JSON:
+//! - `PUT /v1/node/<node>/register`
+//! - `GET /v1/node/<node>/allocations?index=<n>&wait=<duration>`: a blocking query, answered
+//!   with [`NodeAllocs`] once the node's index is past `index`, or when `wait` (at most
+//!   [`MAX_WAIT`]) has passed.
+//! - `POST /v1/node/allocations/fetch` with [`FetchRequest`]: the allocs, as a list.
+//! - `POST /v1/node/allocations/update` with [`UpdateRequest`]: [`UpdateResponse`].
+//!
+//! Writes carry the agent's ACL token, as every write does. Errors keep the API's shape
+//! (`{"error": ...}`): a 5xx, a 429 or no answer at all is [`ServerError::Unavailable`], any
+//! other refusal [`ServerError::Refused`]; the client retries both.
+
+use super::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
+use crate::structs::Alloc;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The most alloc ids (to fetch) or updates one request may carry; [`HttpServerApi`] splits
+/// larger calls.
+pub const MAX_ITEMS_PER_CALL: usize = 512;
+
+/// The longest a blocking query waits; a longer `wait` is shortened to it.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// The largest answer [`HttpServerApi`] reads: well over [`MAX_ITEMS_PER_CALL`] allocs.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// How long a call may take beyond the wait it asked for, before it counts as unanswered.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The path that registers `node`.
+pub fn register_path(node: &str) -> String {
+    format!("/v1/node/{node}/register")
+}
+
+/// The path of `node`'s blocking query.
+pub fn watch_path(node: &str, min_index: u64, wait: Duration) -> String {
+    format!(
+        "/v1/node/{node}/allocations?index={min_index}&wait={}ms",
+        wait.as_millis()
+    )
+}
+
+/// Where allocs are fetched by id.
+pub const FETCH_PATH: &str = "/v1/node/allocations/fetch";
+
+/// Where client states are sent.
+pub const UPDATE_PATH: &str = "/v1/node/allocations/update";
+
+/// The body of a fetch: the ids wanted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FetchRequest {
+    /// At most [`MAX_ITEMS_PER_CALL`].
+    pub ids: Vec<String>,
+}
+
+/// The body of an update: the client states.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpdateRequest {
+    /// At most [`MAX_ITEMS_PER_CALL`].
+    pub updates: Vec<AllocUpdate>,
+}
+
+/// The answer to an update: the ids the server took.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpdateResponse {
+    /// The allocs the server accepted; the others it no longer has.
+    pub accepted: Vec<String>,
+}
+
+/// A [`ServerApi`] that is an agent's HTTP API. One serves any number of nodes (the node id
+/// is in every call) over one connection pool. Cheap to share.
+pub struct HttpServerApi {
+    base: String,
+    token: Option<String>,
+    http: HttpClient<HttpConnector, Full<Bytes>>,
+}
+
+impl HttpServerApi {
+    /// A server at `addr` (`http://HOST:PORT`), sending `token` with every write if given.
+    pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Arc<Self>> {
+        let base = addr.trim_end_matches('/').to_string();
+        let uri: hyper::Uri = base
+            .parse()
+            .map_err(|e| anyhow::anyhow!("server address {addr:?} is not a URL: {e}"))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            anyhow::bail!("server address {addr:?} must look like http://HOST:PORT");
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http = HttpClient::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Ok(Arc::new(HttpServerApi {
+            base,
+            token: token.filter(|t| !t.is_empty()),
+            http,
+        }))
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<T, ServerError> {
+        let unavailable = |why: String| ServerError::Unavailable(format!("{}: {why}", self.base));
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("Content-Type", "application/json");
+        if let Some(token) = &self.token {
+            request = request.header("Authorization", format!("Bearer {token}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| ServerError::Refused(format!("cannot build a request for {path}: {e}")))?;
+        let exchange = async {
+            let response = self.http.request(request).await.map_err(|e| {
+                let mut cause: &dyn std::error::Error = &e;
+                while let Some(next) = cause.source() {
+                    cause = next;
+                }
+                unavailable(cause.to_string())
+            })?;
+            let status = response.status();
+            let bytes = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(|e| unavailable(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok::<_, ServerError>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| unavailable(format!("no answer within {}s", timeout.as_secs())))??;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| unavailable(format!("unreadable answer to {path}: {e}")));
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect());
+        let message = format!("{path}: {message} ({})", status.as_u16());
+        if status.is_server_error() || status == hyper::StatusCode::TOO_MANY_REQUESTS {
+            Err(unavailable(message))
+        } else {
+            Err(ServerError::Refused(message))
+        }
+    }
+
+    async fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, ServerError> {
+        let body = serde_json::to_vec(body)
+            .map_err(|e| ServerError::Refused(format!("cannot encode a request: {e}")))?;
+        self.call(hyper::Method::POST, path, Some(body), CALL_TIMEOUT)
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl ServerApi for HttpServerApi {
+    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
+        let path = register_path(node_id);
+        let _: serde_json::Value = self
+            .call(hyper::Method::PUT, &path, None, CALL_TIMEOUT)
+            .await?;
+        Ok(())
+    }
+
+    async fn watch_allocs(
+        &self,
+        node_id: &str,
+        min_index: u64,
+        wait: Duration,
+    ) -> Result<NodeAllocs, ServerError> {
+        let wait = wait.min(MAX_WAIT);
+        let path = watch_path(node_id, min_index, wait);
+        self.call(hyper::Method::GET, &path, None, wait + CALL_TIMEOUT)
+            .await
+    }
+
+    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
+        let mut allocs = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(MAX_ITEMS_PER_CALL) {
+            let request = FetchRequest {
+                ids: chunk.to_vec(),
+            };
+            let fetched: Vec<Alloc> = self.post(FETCH_PATH, &request).await?;
+            allocs.extend(fetched.into_iter().map(Arc::new));
+        }
+        Ok(allocs)
+    }
+
+    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
+        let mut accepted = Vec::with_capacity(updates.len());
+        // Each chunk lands whole; a later one failing leaves the earlier ones applied, which
+        // the contract allows (latest wins, so sending them again changes nothing).
+        for chunk in updates.chunks(MAX_ITEMS_PER_CALL) {
+            let request = UpdateRequest {
+                updates: chunk.to_vec(),
+            };
+            let answer: UpdateResponse = self.post(UPDATE_PATH, &request).await?;
+            accepted.extend(answer.accepted);
+        }
+        Ok(accepted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_address_must_be_an_http_url() {
+        assert!(HttpServerApi::new("http://127.0.0.1:4646", None).is_ok());
+        for bad in [
+            "127.0.0.1:4646",
+            "https://example.com",
+            "http://",
+            "not a url",
+        ] {
+            let error = HttpServerApi::new(bad, None).err().expect(bad).to_string();
+            assert!(error.contains(bad), "{error}");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Which nodes are still there: the embedded server's heartbeat. A client always has a watch
+//! open (a blocking query) except for a moment between two, so a node counts as live while
+//! it has a watch open, and for `node_ttl` after its last one ended or it last registered.
+//! A node silent longer is down ([`super::EmbeddedServer::down_silent_nodes`]): its allocs
+//! are lost and replaced, as Nomad does when a client misses its heartbeats.
+//!
+//! Kept in memory only, apart from the state lock: a watch starting or ending must not wait
+//! on a save. A server opened on saved state gives every node it knows one TTL from then.
+//! In cluster mode the scheduler learns liveness from etcd's leases instead and never asks.
+
+use crate::locks::LockUnpoisoned;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Copy)]
+struct Contact {
+    open_watches: usize,
+    last_seen: Instant,
+}
+
+/// Node id -> its last contact.
+#[derive(Default)]
+pub(super) struct Liveness {
+    contacts: Arc<Mutex<HashMap<String, Contact>>>,
+}
+
+/// Held for as long as a watch is open; dropping it (the watch answered, or its caller
+/// went away) marks the node seen now.
+pub(super) struct OpenWatch {
+    contacts: Arc<Mutex<HashMap<String, Contact>>>,
+    node: String,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        let mut contacts = self.contacts.lock_unpoisoned();
+        if let Some(contact) = contacts.get_mut(&self.node) {
+            contact.open_watches = contact.open_watches.saturating_sub(1);
+            contact.last_seen = Instant::now();
+        }
+    }
+}
+
+impl Liveness {
+    /// `node` was heard from now.
+    pub(super) fn seen(&self, node: &str) {
+        let mut contacts = self.contacts.lock_unpoisoned();
+        let contact = contacts.entry(node.to_string()).or_insert(Contact {
+            open_watches: 0,
+            last_seen: Instant::now(),
+        });
+        contact.last_seen = Instant::now();
+    }
+
+    /// `node` opened a watch, live until the returned guard is dropped.
+    pub(super) fn watching(&self, node: &str) -> OpenWatch {
+        self.seen(node);
+        let mut contacts = self.contacts.lock_unpoisoned();
+        if let Some(contact) = contacts.get_mut(node) {
+            contact.open_watches += 1;
+        }
+        OpenWatch {
+            contacts: self.contacts.clone(),
+            node: node.to_string(),
+        }
+    }
+
+    /// Of `nodes`, those with no watch open and not seen for longer than `ttl`; they are
+    /// forgotten here (a node that comes back is seen again when it registers).
+    pub(super) fn take_silent<'a>(
+        &self,
+        nodes: impl IntoIterator<Item = &'a String>,
+        ttl: Duration,
+    ) -> Vec<String> {
+        let mut contacts = self.contacts.lock_unpoisoned();
+        let now = Instant::now();
+        let mut silent = Vec::new();
+        for node in nodes {
+            // A node known from saved state but not heard from since the server opened gets
+            // one TTL from now, as if it had just been seen.
+            let contact = contacts.entry(node.clone()).or_insert(Contact {
+                open_watches: 0,
+                last_seen: now,
+            });
+            if contact.open_watches == 0 && now.duration_since(contact.last_seen) > ttl {
+                silent.push(node.clone());
+            }
+        }
+        for node in &silent {
+            contacts.remove(node);
+        }
+        silent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::jobspec::JobType;
+    use crate::rpc::ServerApi;
+    use crate::server::testkit::spec;
+    use crate::server::{EmbeddedServer, ServerConfig};
+    use crate::structs::ClientStatus;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_without_a_watch_for_longer_than_the_ttl_is_down_until_it_watches_again() {
+        let server = EmbeddedServer::new(ServerConfig::default());
+        server.register_node("watching").await.unwrap();
+        server.register_node("silent").await.unwrap();
+        server
+            .register_job(spec("web", JobType::Service, 2))
+            .unwrap();
+        let watcher = {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let first = server
+                    .watch_allocs("watching", 0, Duration::ZERO)
+                    .await
+                    .unwrap();
+                let wait = Duration::from_secs(600);
+                server.watch_allocs("watching", first.index, wait).await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            server.down_silent_nodes().unwrap().is_empty(),
+            "within the TTL"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(server.down_silent_nodes().unwrap(), ["silent"]);
+
+        let allocs = server.job_allocs("web");
+        let on = |node: &'static str| {
+            let allocs = allocs.iter();
+            allocs.filter(move |a| a.node_id.as_deref() == Some(node))
+        };
+        let lost = on("silent").map(|a| a.client_state.as_ref().map(|s| s.client_status));
+        assert_eq!(lost.collect::<Vec<_>>(), [Some(ClientStatus::Lost)]);
+        assert_eq!(
+            on("watching").count(),
+            2,
+            "the lost alloc replaced on the live node"
+        );
+        assert!(
+            watcher.await.unwrap().is_ok(),
+            "its allocs changed: answered"
+        );
+
+        server
+            .watch_allocs("silent", 0, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(
+            server.nodes().contains(&"silent".to_string()),
+            "back by watching"
+        );
+    }
+}

@@ -1,0 +1,276 @@
+//! `caravan nodesim` against a real agent, both real binaries: simulated nodes register, run
+//! a job's allocs in the sim runner, complete a batch job's, lose them to the server's GC,
+//! and keep theirs over a simulated restart. Also the node routes' answers to bad requests.
+
+use crate::support::*;
+use caravan_test_artifacts::SIM;
+use serde_json::Value;
+use std::sync::mpsc::Receiver;
+
+const NODES: usize = 50;
+
+/// A running `caravan nodesim`, killed when dropped; what it printed is shown on failure.
+struct Nodesim {
+    child: std::process::Child,
+    stdout: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Nodesim {
+    fn start(agent: &AgentProcess, args: &[&str]) -> Nodesim {
+        let mut child = crate::etcd::dies_with_its_parent(&mut std::process::Command::new(env!(
+            "CARGO_BIN_EXE_caravan"
+        )))
+        .args([
+            "nodesim",
+            "--server",
+            &agent.addr,
+            "--summary-every",
+            "100ms",
+            // What the tests need; the default would warn about this machine's map count.
+            "--max-live-allocs",
+            "1000",
+        ])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("caravan nodesim starts");
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in stdout.lines().map_while(Result::ok) {
+                let _ = lines_tx.send(line);
+            }
+        });
+        Nodesim {
+            child,
+            stdout: lines_rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads stdout until a line satisfies `found`, and returns it.
+    fn wait_for(&mut self, what: &str, found: impl Fn(&str) -> bool) -> String {
+        let (line, before) = wait_for_line(&self.stdout, what, |line| found(line));
+        self.seen.extend(before);
+        self.seen.push(line.clone());
+        line
+    }
+
+    /// Stops it with Ctrl-C; returns its exit code and everything printed after the last
+    /// line read.
+    fn interrupt(mut self) -> (Option<i32>, Vec<String>) {
+        let pid = self.child.id().to_string();
+        std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        (status.code(), self.stdout.try_iter().collect())
+    }
+}
+
+impl Drop for Nodesim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- nodesim printed\n{}", self.seen.join("\n"));
+        }
+    }
+}
+
+async fn register(agent: &AgentProcess, job: Value) {
+    let body = serde_json::json!({ "job": job }).to_string();
+    let (status, answer) = http(agent.socket_addr(), "POST", "/v1/jobs", Some(&body), None).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// The agent's allocs of `job`, by client status (`pending` for none reported yet).
+async fn statuses(agent: &AgentProcess, job: &str) -> Vec<String> {
+    let path = format!("/v1/job/{job}/allocations");
+    let (_, allocs) = http(agent.socket_addr(), "GET", &path, None, None).await;
+    let allocs = allocs.as_array().cloned().unwrap_or_default();
+    allocs
+        .iter()
+        .map(|a| a["client_status"].as_str().unwrap_or("pending").to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_nodes_run_collect_and_restore_a_jobs_allocs() {
+    // An agent that only schedules: every alloc goes to a simulated node.
+    let agent = AgentProcess::start_configured(&["--dev"], "enabled = false\n");
+    let mut sim = Nodesim::start(
+        &agent,
+        &["--nodes", &NODES.to_string(), "--restart-every", "300ms"],
+    );
+    sim.wait_for("every node registered", |l| {
+        l.contains(&format!("nodes {NODES}/{NODES} registered"))
+    });
+    let (_, nodes) = http(agent.socket_addr(), "GET", "/v1/nodes", None, None).await;
+    assert_eq!(nodes.as_array().map(Vec::len), Some(NODES), "{nodes}");
+
+    // 500 service allocs, 10 per node, each a sim runner that runs until stopped.
+    register(
+        &agent,
+        serde_json::json!({"id": "web", "type": "service", "count": 500, "runner": SIM}),
+    )
+    .await;
+    sim.wait_for("500 allocs running", |l| {
+        l.contains("allocs 500 (running 500)")
+    });
+    let restarted = sim.wait_for("a node restarted with its allocs", |l| {
+        l.starts_with("restarted ") && l.ends_with("restored 10 allocs")
+    });
+    // The nodes' reports reach the server a sync batch later.
+    eventually_async("the server to see 500 running", || async {
+        let web = statuses(&agent, "web").await;
+        web.iter().filter(|s| *s == "running").count() == 500
+    })
+    .await;
+    let web = statuses(&agent, "web").await;
+    assert_eq!(web.len(), 500, "nothing was replaced over {restarted:?}");
+
+    // A batch job's allocs complete, then the server's GC removes them from every node.
+    let tasks = serde_json::json!([{ "name": "main", "config": { "run_for": "200ms" } }]);
+    register(
+        &agent,
+        serde_json::json!({"id": "once", "type": "batch", "count": 500, "runner": SIM, "tasks": tasks}),
+    )
+    .await;
+    sim.wait_for("the batch allocs complete", |l| {
+        l.contains("allocs 1000 (complete 500, running 500)")
+    });
+    let (status, _) = http(agent.socket_addr(), "PUT", "/v1/system/gc", None, None).await;
+    assert_eq!(status, 200);
+    sim.wait_for("the batch allocs gone from every node", |l| {
+        l.contains("allocs 500 (running 500)")
+    });
+    assert!(statuses(&agent, "once").await.is_empty());
+
+    let (code, report) = sim.interrupt();
+    assert_eq!(code, Some(0), "{report:?}");
+    let report = report.join("\n");
+    assert!(report.contains("nodesim report"), "{report}");
+    assert!(
+        report.contains(&format!("{NODES} ({NODES} registered")),
+        "{report}"
+    );
+    agent.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_of_a_killed_nodesim_go_down_and_their_allocs_move_to_live_ones() {
+    let config = "enabled = false\n[server]\nnode_ttl = \"1s\"\n";
+    let agent = AgentProcess::start_configured(&["--dev"], config);
+    let mut doomed = Nodesim::start(&agent, &["--nodes", "2", "--name-prefix", "doomed"]);
+    doomed.wait_for("the doomed nodes registered", |l| {
+        l.contains("nodes 2/2 registered")
+    });
+    register(
+        &agent,
+        serde_json::json!({"id": "web", "type": "service", "count": 4, "runner": SIM}),
+    )
+    .await;
+    doomed.wait_for("4 allocs running", |l| l.contains("allocs 4 (running 4)"));
+    let mut survivor = Nodesim::start(&agent, &["--nodes", "1", "--name-prefix", "survivor"]);
+    survivor.wait_for("the survivor registered", |l| {
+        l.contains("nodes 1/1 registered")
+    });
+
+    // SIGKILL: no goodbye, only silence; one node_ttl later the server gives up on them.
+    drop(doomed);
+    survivor.wait_for("the replacements running", |l| {
+        l.contains("allocs 4 (running 4)")
+    });
+    let web = statuses(&agent, "web").await;
+    assert_eq!(web.iter().filter(|s| *s == "lost").count(), 4, "{web:?}");
+    let (_, nodes) = http(agent.socket_addr(), "GET", "/v1/nodes", None, None).await;
+    let ready: Vec<&str> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["status"] == "ready")
+        .map(|n| n["id"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(ready, ["survivor-00001"], "{nodes}");
+    drop(survivor);
+    agent.stop();
+}
+
+#[tokio::test]
+async fn the_node_routes_refuse_bad_requests_with_the_field_at_fault() {
+    let agent = AgentProcess::start();
+    let addr = agent.socket_addr();
+    let cases = [
+        (
+            "PUT",
+            "/v1/node/local/register",
+            None,
+            409,
+            "this agent's own node",
+        ),
+        (
+            "PUT",
+            "/v1/node/bad%20name/register",
+            None,
+            400,
+            "node name",
+        ),
+        ("GET", "/v1/node/n1/allocations?index=x", None, 400, "index"),
+        ("GET", "/v1/node/n1/allocations?wait=5", None, 400, "wait"),
+        (
+            "POST",
+            "/v1/node/allocations/fetch",
+            Some("{\"ids\": 3}"),
+            400,
+            "request body",
+        ),
+    ];
+    for (method, path, body, expected, named) in cases {
+        let (status, answer) = http(addr, method, path, body, None).await;
+        assert_eq!(status, expected, "{method} {path}: {answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(error.contains(named), "{method} {path}: {error}");
+    }
+    let too_many: Vec<String> = (0..513).map(|n| n.to_string()).collect();
+    let body = serde_json::json!({ "ids": too_many }).to_string();
+    let (status, answer) = http(
+        addr,
+        "POST",
+        "/v1/node/allocations/fetch",
+        Some(&body),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (400, Some("ids")),
+        "{answer}"
+    );
+    agent.stop();
+}
+
+#[test]
+fn nodesim_refuses_bad_flags_with_one_line() {
+    for (args, named) in [
+        (&["nodesim", "--nodes", "0"][..], "--nodes"),
+        (
+            &["nodesim", "--nodes", "5", "--server", "127.0.0.1:1"][..],
+            "http://HOST:PORT",
+        ),
+        (
+            &["nodesim", "--nodes", "5", "--summary-every", "1ms"][..],
+            "--summary-every",
+        ),
+    ] {
+        let output = run_caravan(args, None);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+    }
+}
