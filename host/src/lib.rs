@@ -44,6 +44,7 @@ pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod fs_tree;
+pub mod histogram;
 pub mod jobspec;
 pub mod limits;
 pub mod locks;

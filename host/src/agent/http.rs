@@ -13,8 +13,8 @@
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
 use crate::client::gc::GcError;
+use crate::histogram::write_instantiation_latency;
 use crate::jobspec;
-use crate::runtime::histogram::write_instantiation_latency;
 use crate::server::{AllocRecord, EmbeddedServer, RequestError};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -553,6 +553,10 @@ async fn health() -> Json<serde_json::Value> {
 async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
     let mut text = String::new();
     state.client.metrics().write_prometheus(&mut text);
+    // In cluster mode, only the leader has a server to count.
+    if let Some(server) = state.servers.borrow().clone() {
+        server.write_prometheus(&mut text);
+    }
     write_instantiation_latency(state.runtime.instantiation_latency(), &mut text);
     state.alloc_logs.write_prometheus(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)

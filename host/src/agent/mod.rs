@@ -83,12 +83,15 @@ impl Agent {
             );
         }
         let descriptor_limit = descriptors::raise_open_files_limit();
-        descriptors::warn_if_allocs_can_exhaust(
-            descriptor_limit,
-            config.max_live_allocs,
-            // The worst case: every alloc at the most open files a job may ask for.
-            u64::from(config.limit_caps.open_files),
-        );
+        // An agent without a client runs no allocs.
+        if config.client_enabled {
+            descriptors::warn_if_allocs_can_exhaust(
+                descriptor_limit,
+                config.max_live_allocs,
+                // The worst case: every alloc at the most open files a job may ask for.
+                u64::from(config.limit_caps.open_files),
+            );
+        }
         let dev_data_dir = if config.dev {
             let dir = crate::fs_tree::TempTree::new("caravan-dev-")
                 .context("cannot create the dev data dir")?;

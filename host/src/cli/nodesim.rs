@@ -49,6 +49,10 @@ pub struct NodesimCommand {
     /// How often to print the summary line.
     #[arg(long, value_parser = parse_duration, default_value = "1s", value_name = "DURATION")]
     summary_every: Duration,
+    /// Where compiled runner components are kept (default: under the data dir, or a
+    /// temporary one that goes with the process).
+    #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
     /// Sizes the sandbox pool that every node's wasm runners share.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     max_live_allocs: u32,
@@ -72,13 +76,22 @@ impl NodesimCommand {
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
         let mut stop = shutdown.listener();
-        crate::agent::descriptors::raise_open_files_limit();
+        let open_files = crate::agent::descriptors::raise_open_files_limit();
+        if self.runner == SimRunner::Wasm {
+            // Each live alloc holds its alloc dir and its log file open.
+            crate::agent::descriptors::warn_if_allocs_can_exhaust(
+                open_files,
+                self.max_live_allocs,
+                2,
+            );
+        }
         let config = NodeSimConfig {
             nodes: self.nodes,
             name_prefix: self.name_prefix,
             runner: self.runner,
             data_dir: self.data_dir,
             max_live_allocs: self.max_live_allocs,
+            cache_dir: self.cache_dir,
             gc: Default::default(),
         };
         let sim = NodeSim::start(config, server).await?;
@@ -146,17 +159,19 @@ fn by_status(summary: &Summary) -> String {
 /// One line: where the simulation is now, with rates since `last`.
 fn summary_line(now: &Summary, last: &Summary) -> String {
     let seconds = (now.elapsed - last.elapsed).as_secs_f64().max(1e-3);
-    let updates_per_second = (now.updates - last.updates) as f64 / seconds;
+    let per_second = |count: u64| count as f64 / seconds;
     format!(
-        "[{:>4}s] nodes {}/{} registered | allocs {}{} | {:.0} updates/s | start p50 {} p99 {} | {} server errors",
+        "[{:>4}s] nodes {}/{} registered | allocs {}{} | {:.0} received/s, {:.0} updates/s | start p50 {} p99 {} | {} destroying | {} server errors",
         now.elapsed.as_secs(),
         now.registered,
         now.nodes,
         now.allocs(),
         by_status(now),
-        updates_per_second,
+        per_second(now.allocs_received - last.allocs_received),
+        per_second(now.updates - last.updates),
         millis(now.start_p50),
         millis(now.start_p99),
+        now.destroys_in_flight,
         now.server_errors,
     )
 }
@@ -165,13 +180,15 @@ fn summary_line(now: &Summary, last: &Summary) -> String {
 fn report(summary: &Summary) -> String {
     let seconds = summary.elapsed.as_secs_f64().max(1e-3);
     format!(
-        "nodesim report after {:.1}s\n  nodes         {} ({} registered, {} restarts)\n  allocs        {}{}\n  updates       {} in {} batches ({:.0}/s)\n  alloc start   p50 {}, p99 {} ({} measured, from reaching the node to reported running)\n  server errors {}",
+        "nodesim report after {:.1}s\n  nodes         {} ({} registered, {} restarts)\n  allocs        {}{}\n  received      {} allocs from the server ({:.0}/s)\n  updates       {} in {} batches ({:.0}/s)\n  alloc start   p50 {}, p99 {} ({} measured, from reaching the node to reported running)\n  server errors {}",
         seconds,
         summary.nodes,
         summary.registered,
         summary.restarts,
         summary.allocs(),
         by_status(summary),
+        summary.allocs_received,
+        summary.allocs_received as f64 / seconds,
         summary.updates,
         summary.update_batches,
         summary.updates as f64 / seconds,

@@ -32,7 +32,7 @@ use super::keys;
 use super::lease::{Fence, FencedOp, MAX_FENCED_OPS};
 use super::store::{EtcdStore, KeyValue, StoreError};
 use crate::locks::LockUnpoisoned;
-use crate::server::records::{META_KEY, SavedAllocRecord, SavedMeta, encode};
+use crate::server::records::{META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode};
 use crate::state::{SavedAlloc, ServerTable, StateDb, StateError, Write};
 use crate::structs::{AllocState, ClientStatus};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -272,6 +272,12 @@ impl EtcdSchedulerDb {
                     }
                     ops.push(group);
                 }
+                // Cluster nodes are known from their live keys, not from a saved list.
+                Write::PutServer {
+                    table: ServerTable::Meta,
+                    key,
+                    ..
+                } if key == NODES_KEY => {}
                 Write::PutServer {
                     table: ServerTable::Meta,
                     value,

@@ -54,6 +54,9 @@ pub struct NodeSimConfig {
     pub data_dir: Option<PathBuf>,
     /// Sizes the shared sandbox pool (wasm runners only).
     pub max_live_allocs: u32,
+    /// Where compiled components are kept; `None` for `<data dir>/cache` (a temporary
+    /// directory when ephemeral, so every run compiles afresh).
+    pub cache_dir: Option<PathBuf>,
     /// Every node's garbage collector.
     pub gc: GcConfig,
 }
@@ -89,7 +92,11 @@ pub struct Summary {
     pub registered: usize,
     /// Allocs in the nodes' alloc maps, by client status.
     pub allocs_by_status: BTreeMap<String, u64>,
-    /// Update batches the server accepted, and the updates in them.
+    /// Allocs the nodes fetched from the server (placements, and new versions of allocs).
+    pub allocs_received: u64,
+    /// Destroys running now, over every node's garbage collector.
+    pub destroys_in_flight: u64,
+    /// Update batches the server accepted.
     pub update_batches: u64,
     /// Updates in those batches.
     pub updates: u64,
@@ -136,7 +143,12 @@ impl NodeSim {
             SimRunner::Wasm => {
                 let runtime = Runtime::new(&RuntimeConfig {
                     max_live_allocs: config.max_live_allocs,
-                    cache_dir: Some(root.join("cache")),
+                    cache_dir: Some(
+                        config
+                            .cache_dir
+                            .clone()
+                            .unwrap_or_else(|| root.join("cache")),
+                    ),
                     ..RuntimeConfig::default()
                 })?;
                 WasmAllocRunnerFactory::new(runtime).into_factory()
@@ -198,10 +210,12 @@ impl NodeSim {
     /// The simulation now.
     pub fn summary(&self) -> Summary {
         let mut allocs_by_status = BTreeMap::new();
+        let mut destroys_in_flight = 0;
         for node in &self.nodes {
             let Some(metrics) = node.client.lock_unpoisoned().as_ref().map(Client::metrics) else {
                 continue;
             };
+            destroys_in_flight += metrics.destroys_in_flight;
             for (status, count) in metrics.allocs_by_status {
                 *allocs_by_status.entry(status).or_insert(0) += count;
             }
@@ -211,6 +225,8 @@ impl NodeSim {
             nodes: self.nodes.len(),
             registered: self.stats.registered(),
             allocs_by_status,
+            allocs_received: self.stats.allocs_received(),
+            destroys_in_flight,
             update_batches,
             updates,
             server_errors: self.stats.server_errors(),

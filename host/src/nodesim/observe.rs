@@ -21,6 +21,7 @@ pub struct SimStats {
     registered: Mutex<HashSet<String>>,
     update_calls: AtomicU64,
     updates: AtomicU64,
+    allocs_received: AtomicU64,
     server_errors: AtomicU64,
     /// Alloc id -> when its node first fetched it, until it is reported running.
     received_at: Mutex<HashMap<String, Instant>>,
@@ -39,6 +40,11 @@ impl SimStats {
             self.update_calls.load(Ordering::Relaxed),
             self.updates.load(Ordering::Relaxed),
         )
+    }
+
+    /// Allocs the nodes fetched from the server: new placements and new versions of allocs.
+    pub fn allocs_received(&self) -> u64 {
+        self.allocs_received.load(Ordering::Relaxed)
     }
 
     /// Calls the server failed or refused (each retried by the client).
@@ -107,6 +113,10 @@ impl ServerApi for Observed {
 
     async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
         let allocs = self.stats.counted(self.inner.get_allocs(ids).await)?;
+        let count = allocs.len() as u64;
+        self.stats
+            .allocs_received
+            .fetch_add(count, Ordering::Relaxed);
         let now = Instant::now();
         let mut received = self.stats.received_at.lock_unpoisoned();
         for alloc in allocs

@@ -35,7 +35,6 @@ pub(crate) mod cpu_meter;
 pub mod disk_cache;
 mod disk_ledger;
 mod disk_watch;
-pub mod histogram;
 mod host_api;
 mod lifecycle;
 mod logging;
@@ -177,12 +176,48 @@ struct RuntimeInner {
     pooling: bool,
     components: Mutex<HashMap<String, Arc<LoadedComponent>>>,
     disk_cache: Option<disk_cache::DiskCache>,
-    instantiations: histogram::Histogram,
+    instantiations: crate::histogram::Histogram,
     /// Which component a file held when last read, so starting the ten-thousandth alloc of a
     /// runner costs at most a `stat` (once per [`PATH_RECHECK`]), not a read and a hash.
     by_path: Mutex<HashMap<PathBuf, PathEntry>>,
+    /// One gate per path being read and per component being compiled: the thousands of
+    /// allocs of a new runner that start at once wait for the first to compile it (a CPU-
+    /// second or more, and tens of MiB, each) instead of all compiling it side by side.
+    /// An entry is as small and as many as `by_path`'s.
+    reading: Gates<PathBuf>,
+    compiling: Gates<String>,
     ticker_stop: Arc<AtomicBool>,
     disk_watcher: disk_watch::DiskWatcher,
+}
+
+/// A mutex per key, made on first use: work on one key is done by one thread at a time.
+struct Gates<K> {
+    gates: Mutex<HashMap<K, Arc<Mutex<()>>>>,
+}
+
+impl<K> Default for Gates<K> {
+    fn default() -> Self {
+        Gates {
+            gates: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Gates<K> {
+    /// The gate of `key`; lock it for a turn.
+    fn gate<Q>(&self, key: &Q) -> Arc<Mutex<()>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut gates = self.gates.lock_unpoisoned();
+        if let Some(gate) = gates.get(key) {
+            return gate.clone();
+        }
+        let gate = Arc::new(Mutex::new(()));
+        gates.insert(key.to_owned(), gate.clone());
+        gate
+    }
 }
 
 /// The largest component file the runtime reads (Python and JavaScript runners are 12-20 MB).
@@ -259,7 +294,9 @@ impl Runtime {
                 pooling,
                 components: Mutex::new(HashMap::new()),
                 by_path: Mutex::new(HashMap::new()),
-                instantiations: histogram::Histogram::default(),
+                reading: Gates::default(),
+                compiling: Gates::default(),
+                instantiations: crate::histogram::Histogram::default(),
                 ticker_stop,
                 disk_watcher,
             }),
@@ -267,7 +304,7 @@ impl Runtime {
     }
 
     /// How long instantiating a runner took, per alloc.
-    pub fn instantiation_latency(&self) -> &histogram::Histogram {
+    pub fn instantiation_latency(&self) -> &crate::histogram::Histogram {
         &self.inner.instantiations
     }
 
@@ -293,6 +330,8 @@ impl Runtime {
                 return Ok(entry.loaded.clone());
             }
         }
+        let gate = self.inner.reading.gate(path);
+        let _turn = gate.lock_unpoisoned();
         let io_error = |source: std::io::Error| match source.kind() {
             std::io::ErrorKind::NotFound => LoadError::NotFound {
                 path: path.to_path_buf(),
@@ -348,6 +387,12 @@ impl Runtime {
     /// Loads a component from bytes; `path` only names it in errors.
     pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Arc<LoadedComponent>, LoadError> {
         let hash = hex(&Sha256::digest(bytes));
+        if let Some(loaded) = self.cached(&hash) {
+            return Ok(loaded);
+        }
+        let gate = self.inner.compiling.gate(&hash);
+        let _turn = gate.lock_unpoisoned();
+        // Whoever held the gate before may have compiled it.
         if let Some(loaded) = self.cached(&hash) {
             return Ok(loaded);
         }

@@ -16,9 +16,14 @@ use tokio::time::Instant;
 impl ServerApi for EmbeddedServer {
     async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
         self.liveness.seen(node_id);
+        // Registering again (after an error, or a restart) changes nothing: no save.
+        if self.lock().nodes.contains(node_id) {
+            return Ok(());
+        }
         let ((), saved) = self.change(|state, index| {
-            state.nodes.insert(node_id.to_string());
-            state.place_unplaced(index);
+            if state.add_node(node_id) {
+                state.place_unplaced(index);
+            }
         });
         saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))
     }
@@ -44,7 +49,11 @@ impl ServerApi for EmbeddedServer {
         let _ = tokio::time::timeout(wait, changed.wait_for(|index| *index > min_index)).await;
         let mut state = self.lock();
         let server_index = state.index;
-        let (index, allocs) = state.node_allocs.allocs_of(node_id, server_index);
+        let (index, allocs, changed_at) = state.node_allocs.allocs_of(node_id, server_index);
+        // A first watch (index 0) is a full sync, not a change seen late.
+        if index > min_index && min_index > 0 {
+            self.metrics.watch_answered_after(changed_at.elapsed());
+        }
         Ok(NodeAllocs { index, allocs })
     }
 
@@ -58,12 +67,16 @@ impl ServerApi for EmbeddedServer {
 
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
         let restart_limit = self.config.restart_limit;
+        let mut reporting_nodes = std::collections::BTreeSet::new();
         let (accepted, saved) = self.change(|state, index| {
             let mut accepted = Vec::new();
             for update in updates {
                 let Some(record) = state.alloc_mut(&update.alloc_id) else {
                     continue;
                 };
+                if let Some(node) = &record.node_id {
+                    reporting_nodes.insert(node.clone());
+                }
                 // A lost alloc stays lost until its node, back, reports how it ended.
                 let lost = record
                     .client_state
@@ -84,6 +97,12 @@ impl ServerApi for EmbeddedServer {
         });
         // Not acknowledged unless on disk: the client keeps them and sends them again.
         saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))?;
+        self.metrics.updates_taken(accepted.len());
+        // A node busy starting its allocs may be a while between two watches; its reports
+        // show it is there all the same.
+        for node in &reporting_nodes {
+            self.liveness.seen(node);
+        }
         Ok(accepted)
     }
 }

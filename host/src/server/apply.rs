@@ -162,7 +162,7 @@ impl State {
     /// Takes `node_id` out of the nodes allocs are placed on and loses its allocs (see
     /// [`reconcile::lose_node`]). Returns the ids of the allocs lost.
     pub(super) fn node_down(&mut self, node_id: &str, index: u64) -> Vec<String> {
-        self.nodes.remove(node_id);
+        self.remove_node(node_id);
         let loss = reconcile::lose_node(node_id, &self.jobs, &self.nodes, self.allocs.values());
         for id in &loss.lost {
             self.stop_alloc(id, index);

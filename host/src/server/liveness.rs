@@ -67,6 +67,12 @@ impl Liveness {
         }
     }
 
+    /// How many watches are open, over every node.
+    pub(super) fn open_watches(&self) -> usize {
+        let contacts = self.contacts.lock_unpoisoned();
+        contacts.values().map(|c| c.open_watches).sum()
+    }
+
     /// Of `nodes`, those with no watch open and not seen for longer than `ttl`; they are
     /// forgotten here (a node that comes back is seen again when it registers).
     pub(super) fn take_silent<'a>(

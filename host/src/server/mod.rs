@@ -28,6 +28,7 @@ mod api;
 mod apply;
 pub mod gc;
 mod liveness;
+mod metrics;
 mod node_watch;
 mod persist;
 pub mod placement;
@@ -109,6 +110,8 @@ struct State {
     /// Jobs and allocs changed since the last save (removed ones too).
     dirty_jobs: BTreeSet<String>,
     dirty_allocs: BTreeSet<String>,
+    /// The node list changed since the last save.
+    dirty_nodes: bool,
     /// Each node's allocs as of the last saved change: what its watch answers.
     node_allocs: node_watch::NodeAllocIndex,
 }
@@ -119,6 +122,7 @@ pub struct EmbeddedServer {
     state: Mutex<State>,
     db: Arc<dyn StateDb>,
     liveness: liveness::Liveness,
+    metrics: metrics::ServerMetrics,
 }
 
 impl EmbeddedServer {
@@ -129,6 +133,7 @@ impl EmbeddedServer {
             state: Mutex::new(State::default()),
             db: Arc::new(MemoryStateDb::new()),
             liveness: Default::default(),
+            metrics: Default::default(),
         })
     }
 
@@ -141,6 +146,7 @@ impl EmbeddedServer {
             state: Mutex::new(state),
             db,
             liveness: Default::default(),
+            metrics: Default::default(),
         }))
     }
 
@@ -179,7 +185,8 @@ impl EmbeddedServer {
                     node_allocs,
                     ..
                 } = &mut *state;
-                node_allocs.publish(allocs, dirty_allocs.iter(), index);
+                let placed = node_allocs.publish(allocs, dirty_allocs.iter(), index);
+                self.metrics.placed(placed);
                 state.mark_saved();
             }
             Err(error) => tracing::error!(error = %error, "cannot save server state"),
@@ -325,6 +332,12 @@ impl EmbeddedServer {
                 .map(|job_id| state.fill_missing(job_id, index))
                 .sum()
         })
+    }
+
+    /// Writes the server's metrics in Prometheus' text format (see `metrics`).
+    pub fn write_prometheus(&self, out: &mut String) {
+        self.metrics
+            .write_prometheus(self.liveness.open_watches(), out);
     }
 
     /// Takes every node that has had no watch open for longer than `config.node_ttl` out of

@@ -15,6 +15,7 @@
 use super::records::AllocRecord;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Node id -> its allocs, kept in step with the alloc table by [`NodeAllocIndex::publish`].
 #[derive(Default)]
@@ -29,6 +30,8 @@ struct NodeEntry {
     allocs: HashMap<String, u64>,
     /// The server index at which `allocs` last changed.
     changed: watch::Sender<u64>,
+    /// When they last changed, for the watch lag.
+    changed_at: Instant,
 }
 
 impl NodeEntry {
@@ -36,6 +39,7 @@ impl NodeEntry {
         NodeEntry {
             allocs: HashMap::new(),
             changed: watch::channel(index).0,
+            changed_at: Instant::now(),
         }
     }
 }
@@ -52,14 +56,16 @@ impl NodeAllocIndex {
     }
 
     /// Brings the index in step with `allocs` for the allocs in `touched` (changed or removed
-    /// at `index`), and wakes the watchers of every node whose set changed.
+    /// at `index`), and wakes the watchers of every node whose set changed. Returns how many
+    /// allocs were placed on a node they were not on (new ones, and replacements).
     pub(super) fn publish<'a>(
         &mut self,
         allocs: &BTreeMap<String, AllocRecord>,
         touched: impl IntoIterator<Item = &'a String>,
         index: u64,
-    ) {
+    ) -> usize {
         let mut changed_nodes = HashSet::new();
+        let mut placed = 0;
         for alloc_id in touched {
             let now = allocs.get(alloc_id).and_then(|record| {
                 let node = record.node_id.clone()?;
@@ -68,13 +74,15 @@ impl NodeAllocIndex {
             if self.placed.get(alloc_id) == now.as_ref() {
                 continue;
             }
-            if let Some((node, _)) = self.placed.remove(alloc_id) {
+            let was_on = self.placed.remove(alloc_id).map(|(node, _)| node);
+            if let Some(node) = was_on.clone() {
                 if let Some(entry) = self.nodes.get_mut(&node) {
                     entry.allocs.remove(alloc_id);
                 }
                 changed_nodes.insert(node);
             }
             if let Some((node, modify_index)) = now {
+                placed += usize::from(was_on.as_ref() != Some(&node));
                 self.nodes
                     .entry(node.clone())
                     .or_insert_with(|| NodeEntry::new(index))
@@ -85,21 +93,26 @@ impl NodeAllocIndex {
                 changed_nodes.insert(node);
             }
         }
+        let now = Instant::now();
         for node in changed_nodes {
-            if let Some(entry) = self.nodes.get(&node) {
+            if let Some(entry) = self.nodes.get_mut(&node) {
+                entry.changed_at = now;
                 entry.changed.send_replace(index);
             }
         }
+        placed
     }
 
-    /// `node`'s allocs (id -> modify index) and the index they are as of.
+    /// `node`'s allocs (id -> modify index), the index they are as of, and when they last
+    /// changed.
     pub(super) fn allocs_of(
         &mut self,
         node: &str,
         server_index: u64,
-    ) -> (u64, HashMap<String, u64>) {
+    ) -> (u64, HashMap<String, u64>, Instant) {
         let entry = self.entry(node, server_index);
-        (*entry.changed.borrow(), entry.allocs.clone())
+        let index = *entry.changed.borrow();
+        (index, entry.allocs.clone(), entry.changed_at)
     }
 
     /// A receiver that sees `node`'s index change.

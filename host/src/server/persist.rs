@@ -14,25 +14,37 @@
 //!   an index it was given before the restart sees every later change.
 
 use super::State;
-use super::records::{AllocRecord, JobRecord, META_KEY, SavedAllocRecord, SavedMeta, encode};
+use super::records::{
+    AllocRecord, JobRecord, META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode,
+};
 use crate::state::{ServerTable, StateDb, StateError, Write, blocking};
+use std::collections::BTreeSet;
 
 impl State {
     /// Everything `db` holds for the server (see the module docs for what is skipped).
     pub(super) fn load(db: &dyn StateDb) -> Result<State, StateError> {
         let mut state = State::default();
         let records = |table| blocking(|| db.server_records(table));
+        let mut nodes_record = None;
         for (key, bytes) in records(ServerTable::Meta)? {
-            match serde_json::from_slice::<SavedMeta>(&bytes) {
-                Ok(meta) => {
+            let read = if key == NODES_KEY {
+                serde_json::from_slice::<BTreeSet<String>>(&bytes).map(|nodes| {
+                    nodes_record = Some(nodes);
+                })
+            } else {
+                serde_json::from_slice::<SavedMeta>(&bytes).map(|meta| {
                     state.index = meta.index;
                     state.next_sequence = meta.next_sequence;
                     state.nodes = meta.nodes;
-                }
-                Err(error) => {
-                    tracing::warn!(key, error = %error, "skipping unreadable server metadata")
-                }
+                })
+            };
+            if let Err(error) = read {
+                tracing::warn!(key, error = %error, "skipping unreadable server metadata");
             }
+        }
+        // A state file from before the nodes had their own record has them in the meta.
+        if let Some(nodes) = nodes_record {
+            state.nodes = nodes;
         }
         for (job_id, bytes) in records(ServerTable::Jobs)? {
             match serde_json::from_slice::<JobRecord>(&bytes) {
@@ -132,9 +144,16 @@ impl State {
             value: encode(&SavedMeta {
                 index: self.index,
                 next_sequence: self.next_sequence,
-                nodes: self.nodes.clone(),
+                nodes: BTreeSet::new(),
             }),
         });
+        if self.dirty_nodes {
+            writes.push(Write::PutServer {
+                table: ServerTable::Meta,
+                key: NODES_KEY.into(),
+                value: encode(&self.nodes),
+            });
+        }
         writes
     }
 
@@ -142,5 +161,66 @@ impl State {
     pub(super) fn mark_saved(&mut self) {
         self.dirty_jobs.clear();
         self.dirty_allocs.clear();
+        self.dirty_nodes = false;
+    }
+
+    /// Adds `node` to the nodes allocs are placed on; false when it was there already.
+    pub(super) fn add_node(&mut self, node: &str) -> bool {
+        let added = self.nodes.insert(node.to_string());
+        self.dirty_nodes |= added;
+        added
+    }
+
+    /// Takes `node` out of the nodes allocs are placed on.
+    pub(super) fn remove_node(&mut self, node: &str) {
+        self.dirty_nodes |= self.nodes.remove(node);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::ServerApi;
+    use crate::server::{EmbeddedServer, ServerConfig};
+    use crate::state::MemoryStateDb;
+    use std::sync::Arc;
+
+    fn saved_node_list(db: &MemoryStateDb) -> Vec<Vec<u8>> {
+        let records = db.server_records(ServerTable::Meta).unwrap();
+        let nodes = records.into_iter().filter(|(key, _)| key == NODES_KEY);
+        nodes.map(|(_, bytes)| bytes).collect()
+    }
+
+    #[tokio::test]
+    async fn the_node_list_is_saved_when_it_changes_and_read_back() {
+        let db = Arc::new(MemoryStateDb::new());
+        let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+        server.register_node("n1").await.unwrap();
+        server.register_node("n2").await.unwrap();
+        assert_eq!(saved_node_list(&db), [b"[\"n1\",\"n2\"]".to_vec()]);
+        let meta = db.server_records(ServerTable::Meta).unwrap();
+        let (_, counters) = meta.iter().find(|(key, _)| key == META_KEY).unwrap();
+        assert!(
+            !String::from_utf8_lossy(counters).contains("n1"),
+            "the counters record carries no node names"
+        );
+        drop(server);
+        let reopened = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
+        assert_eq!(reopened.nodes(), ["n1", "n2"]);
+    }
+
+    #[tokio::test]
+    async fn a_state_file_with_the_nodes_in_its_counters_still_opens_with_them() {
+        let db = MemoryStateDb::new();
+        let older = br#"{"index": 7, "next_sequence": 3, "nodes": ["old-node"]}"#.to_vec();
+        db.apply(vec![Write::PutServer {
+            table: ServerTable::Meta,
+            key: META_KEY.into(),
+            value: older,
+        }])
+        .unwrap();
+        let state = State::load(&db).unwrap();
+        assert_eq!(state.nodes.iter().collect::<Vec<_>>(), ["old-node"]);
+        assert_eq!((state.index, state.next_sequence), (7, 3));
     }
 }

@@ -12,7 +12,8 @@
 //!   the first node to register and is placed then.
 
 use super::records::AllocRecord;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 /// Node id -> how many non-terminal allocs it holds.
 pub type NodeLoad = BTreeMap<String, usize>;
@@ -32,21 +33,19 @@ pub fn node_load<'a>(
 }
 
 /// Chooses a node for each of `count` new allocs: the least loaded first, ties by name, so
-/// allocs spread evenly. Returns `None`s when there is no node yet.
+/// allocs spread evenly. Returns `None`s when there is no node yet. A heap keeps it at
+/// O(count x log nodes): a job of 50,000 allocs over 5,000 nodes is placed in milliseconds.
 pub fn place(load: &NodeLoad, count: usize) -> Vec<Option<String>> {
-    let mut load = load.clone();
+    if load.is_empty() {
+        return vec![None; count];
+    }
+    let mut least_loaded: BinaryHeap<Reverse<(usize, &String)>> =
+        load.iter().map(|(name, n)| Reverse((*n, name))).collect();
     (0..count)
         .map(|_| {
-            let node = load
-                .iter()
-                .min_by_key(|(name, n)| (**n, (*name).clone()))
-                .map(|(name, _)| name.clone());
-            if let Some(node) = &node
-                && let Some(n) = load.get_mut(node)
-            {
-                *n += 1;
-            }
-            node
+            let Reverse((n, name)) = least_loaded.pop()?;
+            least_loaded.push(Reverse((n + 1, name)));
+            Some(name.clone())
         })
         .collect()
 }

@@ -81,16 +81,24 @@ pub(crate) struct SavedAllocRecord {
     replaced: bool,
 }
 
-/// The server's counters and node list, saved as one record.
+/// The server's counters, saved as one record with every change.
 #[derive(Default, Serialize, Deserialize)]
 pub(crate) struct SavedMeta {
     pub(crate) index: u64,
     pub(crate) next_sequence: u64,
+    /// Where the node list was kept before it had a record of its own ([`NODES_KEY`]): read
+    /// from an older state file, never written.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) nodes: BTreeSet<String>,
 }
 
 /// The key of the one [`SavedMeta`] record.
 pub(crate) const META_KEY: &str = "server";
+
+/// The key of the registered nodes' record (a list of names) in the metadata table, written
+/// only when a node comes or goes: with it in [`SavedMeta`], every change wrote every node's
+/// name, and with thousands of nodes that was most of each save.
+pub(crate) const NODES_KEY: &str = "nodes";
 
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Plain derived data: serializing to JSON cannot fail.

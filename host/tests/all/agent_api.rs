@@ -279,6 +279,21 @@ async fn health_nodes_and_metrics_answer() {
             .contains("caravan_runner_instantiation_seconds_count 1\n")
     })
     .await;
+    // The server's side: one placement, the running report taken, the node's watch open
+    // again after it answered with the new alloc.
+    eventually_async("the server's counters", || async {
+        let (_, metrics) = http(agent.addr, "GET", "/v1/metrics", None, None).await;
+        let text = metrics.as_str().unwrap().to_string();
+        [
+            "\ncaravan_server_placements_total 1\n",
+            "\ncaravan_server_alloc_updates_total 1\n",
+            "\ncaravan_server_watches_open 1\n",
+            "\ncaravan_server_watch_lag_seconds_count 1\n",
+        ]
+        .iter()
+        .all(|line| text.contains(line))
+    })
+    .await;
     agent.stop().await;
 }
 

@@ -51,12 +51,21 @@ impl Nodesim {
         }
     }
 
-    /// Reads stdout until a line satisfies `found`, and returns it.
+    /// Reads stdout until a line satisfies `found`, and returns it; fails after a minute
+    /// (a summary line comes every 100ms, so a wait per line would never end).
     fn wait_for(&mut self, what: &str, found: impl Fn(&str) -> bool) -> String {
-        let (line, before) = wait_for_line(&self.stdout, what, |line| found(line));
-        self.seen.extend(before);
-        self.seen.push(line.clone());
-        line
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self.stdout.recv_timeout(left).unwrap_or_else(|_| {
+                let last: Vec<&String> = self.seen.iter().rev().take(5).collect();
+                panic!("no {what} line within a minute; the last ones: {last:#?}")
+            });
+            self.seen.push(line.clone());
+            if found(&line) {
+                return line;
+            }
+        }
     }
 
     /// Stops it with Ctrl-C; returns its exit code and everything printed after the last
@@ -77,7 +86,11 @@ impl Drop for Nodesim {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("--- nodesim printed\n{}", self.seen.join("\n"));
+            let last = self.seen.len().saturating_sub(40);
+            eprintln!(
+                "--- nodesim printed, last lines\n{}",
+                self.seen[last..].join("\n")
+            );
         }
     }
 }
@@ -144,6 +157,12 @@ async fn simulated_nodes_run_collect_and_restore_a_jobs_allocs() {
     sim.wait_for("the batch allocs complete", |l| {
         l.contains("allocs 1000 (complete 500, running 500)")
     });
+    // The server collects what it has seen complete: wait for the nodes' last reports.
+    eventually_async("the server to see 500 complete", || async {
+        let once = statuses(&agent, "once").await;
+        once.iter().filter(|s| *s == "complete").count() == 500
+    })
+    .await;
     let (status, _) = http(agent.socket_addr(), "PUT", "/v1/system/gc", None, None).await;
     assert_eq!(status, 200);
     sim.wait_for("the batch allocs gone from every node", |l| {
@@ -273,4 +292,16 @@ fn nodesim_refuses_bad_flags_with_one_line() {
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.contains(named), "{stderr}");
     }
+}
+
+#[test]
+fn the_nodesim_examples_are_a_valid_job_and_agent_config() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let job = std::fs::read_to_string(examples.join("sim.toml")).unwrap();
+    let job = caravan_host::jobspec::parse_toml(&job).unwrap();
+    assert!(job.runner.ends_with("sim.wasm"), "{}", job.runner);
+    let agent = std::fs::read_to_string(examples.join("scheduler-only.toml")).unwrap();
+    let mut config = caravan_host::agent::config::AgentConfig::default();
+    caravan_host::agent::config::apply_file(&mut config, "scheduler-only.toml", &agent).unwrap();
+    assert!(!config.client_enabled);
 }

@@ -1,6 +1,7 @@
 //! A fixed-bucket latency histogram, cheap to record from any task, that renders itself in
 //! Prometheus' text format; and the name under which `/v1/metrics` shows the runtime's
-//! instantiation latency. Plain atomics: it knows nothing of wasmtime or the client.
+//! instantiation latency. Plain atomics, a leaf: it knows nothing of wasmtime, the client or
+//! the server, which all record into one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,0 +1,294 @@
+//! `caravan nodesim` at scale: many simulated nodes in one process against one agent's
+//! server, 10 allocs each, with the sandboxed sim runner and, as the baseline measured in the
+//! same run, the native runner (the client core without a sandbox).
+//!
+//! Run: `cargo bench -p caravan-host --bench nodesim` (see `scripts/bench`). Options after
+//! `--`: `--nodes N,N,...` (default `100,1000,5000`), `--allocs-per-node N` (default 10),
+//! `--runs N` (default 3: each figure is from the run with the median time to all running;
+//! the sim runner is compiled once, in the first wasm run, and loaded from the cache after).
+//!
+//! For each size and runner: a fresh `caravan agent --dev` that runs no client of its own
+//! (`client.enabled = false`) and a `caravan nodesim` process, both the real binaries on
+//! loopback. It measures
+//! - registration: from nodesim's start until the agent lists every node;
+//! - time to all running: from submitting one service job of nodes x allocs-per-node allocs
+//!   of `guests/sim` until the agent's job view counts them all running (the server has
+//!   every node's report), hence the placement rate;
+//! - the server's update rate over that time (`caravan_server_alloc_updates_total`);
+//! - nodesim's RSS per node (after registering) and per alloc (the growth once all run);
+//! - alloc start as the nodes saw it (nodesim's p50 and p99, from an alloc reaching its node
+//!   to its node reporting it running).
+//!
+//! A wasm size whose live allocs would need more open files than this process may have (an
+//! alloc dir and a log file each) is skipped with the reason.
+
+mod common;
+
+use caravan_test_artifacts::SIM;
+use common::{Agent, spawn_agent};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
+
+fn main() {
+    let mut sizes = vec![100usize, 1_000, 5_000];
+    let mut per_node = 10usize;
+    let mut runs = 3usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--nodes" => {
+                if let Some(list) = args.next() {
+                    sizes = list.split(',').filter_map(|n| n.parse().ok()).collect();
+                }
+            }
+            "--allocs-per-node" => {
+                per_node = args.next().and_then(|n| n.parse().ok()).unwrap_or(per_node);
+            }
+            "--runs" => {
+                runs = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(runs)
+                    .max(1);
+            }
+            _ => {}
+        }
+    }
+    let open_files = open_files_limit();
+    // Shared by every run: the first wasm run compiles the sim runner, the others load it.
+    let cache = tempfile::tempdir().unwrap();
+    println!(
+        "nodesim scale: {per_node} sim allocs per node, median of {runs} runs, open-files limit {open_files}"
+    );
+    println!(
+        "{:>6} {:>7} {:>8} {:>10} {:>12} {:>11} {:>10} {:>10} {:>9} {:>9}",
+        "nodes",
+        "runner",
+        "allocs",
+        "register",
+        "all running",
+        "allocs/s",
+        "updates/s",
+        "RSS/node",
+        "RSS/alloc",
+        "start p50/p99"
+    );
+    for &nodes in &sizes {
+        let mut rates = Vec::new();
+        for runner in ["native", "wasm"] {
+            let allocs = nodes * per_node;
+            // Each live wasm alloc holds its alloc dir and its log file open; each node one
+            // connection to the agent (and the agent its end of it).
+            let needed = (allocs * 2 + nodes * 2 + 1_000) as u64;
+            if runner == "wasm" && needed > open_files {
+                println!(
+                    "{nodes:>6} {runner:>7} {allocs:>8} skipped: needs about {needed} open files, the limit is {open_files}"
+                );
+                continue;
+            }
+            let mut measured: Vec<Run> = (0..runs)
+                .map(|_| measure(nodes, allocs, runner, cache.path()))
+                .collect();
+            measured.sort_by_key(|run| run.all_running);
+            let run = measured.swap_remove(measured.len() / 2);
+            println!(
+                "{nodes:>6} {runner:>7} {allocs:>8} {:>9.2}s {:>11.2}s {:>11.0} {:>10.0} {:>8.1}K {:>8.1}K {:>5}/{}ms",
+                run.register.as_secs_f64(),
+                run.all_running.as_secs_f64(),
+                run.placement_rate(),
+                run.updates as f64 / run.all_running.as_secs_f64(),
+                run.rss_registered as f64 / nodes as f64 / 1024.0,
+                run.rss_running.saturating_sub(run.rss_registered) as f64 / allocs as f64 / 1024.0,
+                run.start_p50,
+                run.start_p99,
+            );
+            rates.push((runner, run.placement_rate()));
+        }
+        if let [(_, native), (_, wasm)] = rates[..] {
+            println!(
+                "{nodes:>6} wasm/native placement rate: {:.2}x",
+                wasm / native
+            );
+        }
+    }
+}
+
+struct Run {
+    register: Duration,
+    all_running: Duration,
+    allocs: usize,
+    updates: u64,
+    rss_registered: u64,
+    rss_running: u64,
+    start_p50: String,
+    start_p99: String,
+}
+
+impl Run {
+    fn placement_rate(&self) -> f64 {
+        self.allocs as f64 / self.all_running.as_secs_f64()
+    }
+}
+
+fn measure(nodes: usize, allocs: usize, runner: &str, cache: &std::path::Path) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    // Nodes busy starting thousands of allocs must not be taken for dead meanwhile.
+    std::fs::write(
+        &config,
+        "[client]\nenabled = false\n[server]\nnode_ttl = \"5m\"\n",
+    )
+    .unwrap();
+    let agent = spawn_agent(dir.path(), &config, &["--dev"]);
+    let started = Instant::now();
+    let mut sim = Nodesim::start(&agent, nodes, runner, allocs, cache);
+    sim.wait_for(&format!("nodes {nodes}/{nodes} registered"));
+    while node_count(&agent) < nodes {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let register = started.elapsed();
+    let rss_registered = rss_of(sim.child.id());
+
+    let job = format!(
+        r#"{{"job": {{"id": "scale", "type": "service", "count": {allocs}, "runner": {SIM:?}}}}}"#
+    );
+    let submitted = Instant::now();
+    let answer = agent.request("POST", "/v1/jobs", &job);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    while running(&agent) < allocs {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let all_running = submitted.elapsed();
+    let updates = counter(&agent, "caravan_server_alloc_updates_total");
+    // The last summary line has every start measured.
+    sim.wait_for(&format!("allocs {allocs} (running {allocs})"));
+    let line = sim.wait_for("start p50");
+    let rss_running = rss_of(sim.child.id());
+    let latency = |label: &str| {
+        line.split(label)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or("-")
+            .trim_end_matches("ms")
+            .to_string()
+    };
+    let run = Run {
+        register,
+        all_running,
+        allocs,
+        updates,
+        rss_registered,
+        rss_running,
+        start_p50: latency("start p50 "),
+        start_p99: latency(" p99 "),
+    };
+    sim.stop();
+    agent.stop();
+    run
+}
+
+/// A `caravan nodesim` process and its stdout.
+struct Nodesim {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Nodesim {
+    fn start(
+        agent: &Agent,
+        nodes: usize,
+        runner: &str,
+        allocs: usize,
+        cache: &std::path::Path,
+    ) -> Nodesim {
+        let mut child = Command::new(CARAVAN)
+            .args(["nodesim", "--server", &format!("http://{}", agent.addr)])
+            .args(["--nodes", &nodes.to_string(), "--runner", runner])
+            .args(["--summary-every", "100ms", "--log-level", "error"])
+            .args(["--max-live-allocs", &(allocs + 100).to_string()])
+            .arg("--cache-dir")
+            .arg(cache)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("caravan nodesim starts");
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (lines_tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                let _ = lines_tx.send(line);
+            }
+        });
+        Nodesim { child, lines }
+    }
+
+    fn wait_for(&mut self, text: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(600))
+                .unwrap_or_else(|_| panic!("nodesim never printed {text:?}"));
+            if line.contains(text) {
+                return line;
+            }
+        }
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn body(answer: &str) -> &str {
+    answer.split_once("\r\n\r\n").map_or("", |(_, body)| body)
+}
+
+fn node_count(agent: &Agent) -> usize {
+    let answer = agent.request("GET", "/v1/nodes", "");
+    serde_json::from_str::<serde_json::Value>(body(&answer))
+        .ok()
+        .and_then(|nodes| nodes.as_array().map(Vec::len))
+        .unwrap_or(0)
+}
+
+fn running(agent: &Agent) -> usize {
+    let answer = agent.request("GET", "/v1/job/scale", "");
+    serde_json::from_str::<serde_json::Value>(body(&answer))
+        .ok()
+        .and_then(|job| job["allocs"]["running"].as_u64())
+        .unwrap_or(0) as usize
+}
+
+fn counter(agent: &Agent, name: &str) -> u64 {
+    let answer = agent.request("GET", "/v1/metrics", "");
+    let prefix = format!("{name} ");
+    body(&answer)
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The hard limit on open files, which nodesim raises its own soft limit to.
+fn open_files_limit() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .and_then(|line| line.split_whitespace().nth(4))
+        .and_then(|hard| hard.parse().ok())
+        .unwrap_or(u64::MAX)
+}
