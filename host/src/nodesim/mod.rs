@@ -221,6 +221,7 @@ impl NodeSim {
             }
         }
         let (update_batches, updates) = self.stats.updates();
+        let starts = self.stats.start_latencies(&[50.0, 99.0]);
         Summary {
             nodes: self.nodes.len(),
             registered: self.stats.registered(),
@@ -231,8 +232,8 @@ impl NodeSim {
             updates,
             server_errors: self.stats.server_errors(),
             restarts: self.restarts.load(Ordering::Relaxed),
-            start_p50: self.stats.start_latency(50.0),
-            start_p99: self.stats.start_latency(99.0),
+            start_p50: starts.as_ref().map(|p| p[0]),
+            start_p99: starts.as_ref().map(|p| p[1]),
             started: self.stats.started(),
             elapsed: self.started.elapsed(),
         }

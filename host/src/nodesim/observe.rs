@@ -52,16 +52,17 @@ impl SimStats {
         self.server_errors.load(Ordering::Relaxed)
     }
 
-    /// The `p`th percentile (0 to 100) of the time from an alloc reaching its node to its
-    /// node reporting it running; `None` before the first.
-    pub fn start_latency(&self, p: f64) -> Option<Duration> {
+    /// The given percentiles (0 to 100) of the time from an alloc reaching its node to its
+    /// node reporting it running, from one sort; `None` before the first.
+    pub fn start_latencies(&self, percentiles: &[f64]) -> Option<Vec<Duration>> {
         let mut samples = self.start_latencies.lock_unpoisoned().clone();
         if samples.is_empty() {
             return None;
         }
         samples.sort_unstable();
-        let rank = ((p / 100.0) * (samples.len() - 1) as f64).round() as usize;
-        samples.get(rank.min(samples.len() - 1)).copied()
+        let last = samples.len() - 1;
+        let at = |p: f64| samples[((p / 100.0) * last as f64).round().min(last as f64) as usize];
+        Some(percentiles.iter().map(|p| at(*p)).collect())
     }
 
     /// How many start latencies were measured.

@@ -10,7 +10,7 @@
 //! - `POST /v1/node/allocations/fetch` with [`FetchRequest`]: the allocs, as a list.
 //! - `POST /v1/node/allocations/update` with [`UpdateRequest`]: [`UpdateResponse`].
 //!
-//! Writes carry the agent's ACL token, as every write does. Errors keep the API's shape
+//! Every call carries the agent's ACL token, the watch too (it registers the node). Errors keep the API's shape
 //! (`{"error": ...}`): a 5xx, a 429 or no answer at all is [`ServerError::Unavailable`], any
 //! other refusal [`ServerError::Refused`]; the client retries both.
 
@@ -87,7 +87,7 @@ pub struct HttpServerApi {
 }
 
 impl HttpServerApi {
-    /// A server at `addr` (`http://HOST:PORT`), sending `token` with every write if given.
+    /// A server at `addr` (`http://HOST:PORT`), sending `token` with every call if given.
     pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Arc<Self>> {
         let base = addr.trim_end_matches('/').to_string();
         let uri: hyper::Uri = base

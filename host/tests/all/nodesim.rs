@@ -273,6 +273,25 @@ async fn the_node_routes_refuse_bad_requests_with_the_field_at_fault() {
     agent.stop();
 }
 
+#[tokio::test]
+async fn with_a_token_every_node_route_needs_it_the_watch_too() {
+    let agent = AgentProcess::start_configured(&["--dev", "--acl-token", "s3cret"], "");
+    let addr = agent.socket_addr();
+    let watch = "/v1/node/n1/allocations?index=0&wait=0s";
+    for (method, path) in [("PUT", "/v1/node/n1/register"), ("GET", watch)] {
+        let (status, answer) = http(addr, method, path, None, None).await;
+        assert_eq!(status, 401, "{method} {path}: {answer}");
+    }
+    let (_, nodes) = http(addr, "GET", "/v1/nodes", None, None).await;
+    assert!(
+        !nodes.to_string().contains("n1"),
+        "a refused watch registers nothing: {nodes}"
+    );
+    let (status, answer) = http(addr, "GET", watch, None, Some("s3cret")).await;
+    assert_eq!(status, 200, "{answer}");
+    agent.stop();
+}
+
 #[test]
 fn nodesim_refuses_bad_flags_with_one_line() {
     for (args, named) in [

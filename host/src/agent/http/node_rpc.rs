@@ -2,6 +2,9 @@
 //! another process (`caravan nodesim --server`) register with this agent's embedded server
 //! and run its allocs. Paths and bodies are [`crate::rpc::http`]'s.
 //!
+//! Every node route needs the agent's ACL token when it has one, the watch too: a node
+//! that watches is registered, and allocs are placed on it.
+//!
 //! Only a single agent serves them. In cluster mode nodes join through etcd, where the
 //! cluster's allocs live; a node here would bypass it, so it is refused with 409 naming the
 //! way in. The agent's own node name (`local`) is refused too: two clients acting on one
@@ -38,12 +41,15 @@ pub async fn register_node(
     Ok(Json(serde_json::json!({ "node": node })))
 }
 
-/// `GET /v1/node/{node}/allocations?index=N&wait=D`
+/// `GET /v1/node/{node}/allocations?index=N&wait=D`. A read, but it needs the token as
+/// writes do: a node that watches is registered and gets allocs placed on it.
 pub async fn watch_allocs(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     Path(node): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<crate::rpc::NodeAllocs>> {
+    authorize(&state, &headers)?;
     let server = node_server(&state, &node)?;
     let min_index = match query.get("index") {
         None => 0,
