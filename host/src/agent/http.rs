@@ -82,11 +82,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/node/{node}/register", put(node_rpc::register_node))
         .route("/v1/node/{node}/allocations", get(node_rpc::watch_allocs))
         .route(
-            "/v1/node/allocations/fetch",
+            "/v1/node/{node}/allocations/fetch",
             post(node_rpc::fetch_allocs).layer(node_body_limit()),
         )
         .route(
-            "/v1/node/allocations/update",
+            "/v1/node/{node}/allocations/update",
             post(node_rpc::update_allocs).layer(node_body_limit()),
         )
         .route("/v1/agent/health", get(health))

@@ -65,7 +65,8 @@ async fn down_silent_nodes(server: std::sync::Weak<EmbeddedServer>, node_ttl: st
             return;
         };
         // Off the runtime's workers: taking a node down saves, under the server's lock.
-        let swept = tokio::task::spawn_blocking(move || server.down_silent_nodes()).await;
+        // The agent's own node lives as long as this process does.
+        let swept = tokio::task::spawn_blocking(move || server.down_silent_nodes(LOCAL_NODE)).await;
         if let Ok(Err(error)) = swept {
             tracing::error!(error = %error, "cannot take silent nodes down; retrying");
         }

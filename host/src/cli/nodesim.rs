@@ -5,21 +5,23 @@
 use super::GlobalArgs;
 use super::client::DEFAULT_ADDR;
 use crate::nodesim::{NodeSim, NodeSimConfig, SimRunner, Summary};
-use crate::rpc::http::HttpServerApi;
+use crate::rpc::http::HttpServer;
 use crate::shutdown::Shutdown;
 use crate::units::parse_duration;
 use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// The most nodes one process simulates.
-const MAX_NODES: usize = 100_000;
+/// The most nodes one process simulates: each holds a connection to the agent open for its
+/// watch, and one address has about 28,000 local ports to connect from.
+const MAX_NODES: usize = 20_000;
 
 /// `caravan nodesim`'s flags.
 #[derive(Debug, clap::Args)]
 pub struct NodesimCommand {
-    /// How many nodes to simulate (1 to 100000).
+    /// How many nodes to simulate (1 to 20000).
     #[arg(long, value_name = "N")]
     nodes: usize,
     /// The agent whose server the nodes register with.
@@ -72,7 +74,7 @@ impl NodesimCommand {
         if self.restart_every.is_some_and(|d| d.is_zero()) {
             bail!("--restart-every must be more than 0");
         }
-        let server = HttpServerApi::new(&self.server, self.token.clone())?;
+        let server = HttpServer::new(&self.server, self.token.clone())?;
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
         let mut stop = shutdown.listener();
@@ -94,7 +96,9 @@ impl NodesimCommand {
             cache_dir: self.cache_dir,
             gc: Default::default(),
         };
-        let sim = NodeSim::start(config, server).await?;
+        let servers: crate::nodesim::NodeServers =
+            Arc::new(move |node: &str| server.node(node) as Arc<dyn crate::rpc::ServerApi>);
+        let sim = NodeSim::start(config, servers).await?;
         println!(
             "nodesim: {} nodes ({} runners) registering with {}",
             self.nodes,

@@ -69,10 +69,13 @@ struct SimNode {
     client: Mutex<Option<Client>>,
 }
 
+/// Each node's [`ServerApi`], by node name (over one connection pool, for HTTP).
+pub type NodeServers = Arc<dyn Fn(&str) -> Arc<dyn ServerApi> + Send + Sync>;
+
 /// A running simulation.
 pub struct NodeSim {
     nodes: Vec<SimNode>,
-    server: Arc<dyn ServerApi>,
+    server: NodeServers,
     factory: AllocRunnerFactory,
     config: NodeSimConfig,
     stats: Arc<SimStats>,
@@ -123,8 +126,9 @@ impl Summary {
 }
 
 impl NodeSim {
-    /// Starts `config.nodes` clients of `server`; each registers and begins watching at once.
-    pub async fn start(config: NodeSimConfig, server: Arc<dyn ServerApi>) -> anyhow::Result<Self> {
+    /// Starts `config.nodes` clients, each of the server `server` gives for its name; each
+    /// registers and begins watching at once.
+    pub async fn start(config: NodeSimConfig, server: NodeServers) -> anyhow::Result<Self> {
         if config.nodes == 0 {
             anyhow::bail!("--nodes must be at least 1");
         }
@@ -197,7 +201,7 @@ impl NodeSim {
     ) -> anyhow::Result<Client> {
         let mut config = ClientConfig::new(name, data_dir);
         config.gc = self.config.gc.clone();
-        let server = observe::Observed::new(self.server.clone(), self.stats.clone());
+        let server = observe::Observed::new((self.server)(name), self.stats.clone());
         let client = Client::with_disk_stats(config, server, self.factory.clone(), db.clone());
         client
             .restore()

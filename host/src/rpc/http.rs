@@ -1,14 +1,17 @@
 //! [`ServerApi`] over HTTP: the node routes' paths and bodies, which the agent serves (see
-//! `agent::http`), and [`HttpServerApi`], the client side, through which nodes in another
-//! process talk to an agent's embedded server as its own client does in process.
+//! `agent::http`), and the client side, [`HttpServer`] and a [`HttpServerApi`] per node,
+//! through which nodes in another process talk to an agent's embedded server as its own
+//! client does in process.
 //!
 //! The routes, each answered with JSON:
 //! - `PUT /v1/node/<node>/register`
 //! - `GET /v1/node/<node>/allocations?index=<n>&wait=<duration>`: a blocking query, answered
 //!   with [`NodeAllocs`] once the node's index is past `index`, or when `wait` (at most
 //!   [`MAX_WAIT`]) has passed.
-//! - `POST /v1/node/allocations/fetch` with [`FetchRequest`]: the allocs, as a list.
-//! - `POST /v1/node/allocations/update` with [`UpdateRequest`]: [`UpdateResponse`].
+//! - `POST /v1/node/<node>/allocations/fetch` with [`FetchRequest`]: the node's allocs among
+//!   those asked for, as a list.
+//! - `POST /v1/node/<node>/allocations/update` with [`UpdateRequest`]: [`UpdateResponse`];
+//!   updates for allocs that are not the node's are dropped, not accepted.
 //!
 //! Every call carries the agent's ACL token, the watch too (it registers the node). Errors keep the API's shape
 //! (`{"error": ...}`): a 5xx, a 429 or no answer at all is [`ServerError::Unavailable`], any
@@ -51,11 +54,15 @@ pub fn watch_path(node: &str, min_index: u64, wait: Duration) -> String {
     )
 }
 
-/// Where allocs are fetched by id.
-pub const FETCH_PATH: &str = "/v1/node/allocations/fetch";
+/// Where `node` fetches its allocs by id.
+pub fn fetch_path(node: &str) -> String {
+    format!("/v1/node/{node}/allocations/fetch")
+}
 
-/// Where client states are sent.
-pub const UPDATE_PATH: &str = "/v1/node/allocations/update";
+/// Where `node` sends its allocs' client states.
+pub fn update_path(node: &str) -> String {
+    format!("/v1/node/{node}/allocations/update")
+}
 
 /// The body of a fetch: the ids wanted.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,17 +85,25 @@ pub struct UpdateResponse {
     pub accepted: Vec<String>,
 }
 
-/// A [`ServerApi`] that is an agent's HTTP API. One serves any number of nodes (the node id
-/// is in every call) over one connection pool. Cheap to share.
-pub struct HttpServerApi {
+/// A connection to an agent's HTTP API: one connection pool that any number of nodes share
+/// through [`HttpServer::node`]. Cheap to clone.
+#[derive(Clone)]
+pub struct HttpServer {
     base: String,
     token: Option<String>,
     http: HttpClient<HttpConnector, Full<Bytes>>,
 }
 
-impl HttpServerApi {
+/// One node's [`ServerApi`] over an [`HttpServer`]: fetches and updates name the node, so
+/// the agent answers only for that node's allocs.
+pub struct HttpServerApi {
+    server: HttpServer,
+    node: String,
+}
+
+impl HttpServer {
     /// A server at `addr` (`http://HOST:PORT`), sending `token` with every call if given.
-    pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Arc<Self>> {
+    pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Self> {
         let base = addr.trim_end_matches('/').to_string();
         let uri: hyper::Uri = base
             .parse()
@@ -101,11 +116,19 @@ impl HttpServerApi {
         let http = HttpClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
-        Ok(Arc::new(HttpServerApi {
+        Ok(HttpServer {
             base,
             token: token.filter(|t| !t.is_empty()),
             http,
-        }))
+        })
+    }
+
+    /// The [`ServerApi`] of node `node`.
+    pub fn node(&self, node: &str) -> Arc<HttpServerApi> {
+        Arc::new(HttpServerApi {
+            server: self.clone(),
+            node: node.to_string(),
+        })
     }
 
     async fn call<T: serde::de::DeserializeOwned>(
@@ -178,6 +201,7 @@ impl ServerApi for HttpServerApi {
     async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
         let path = register_path(node_id);
         let _: serde_json::Value = self
+            .server
             .call(hyper::Method::PUT, &path, None, CALL_TIMEOUT)
             .await?;
         Ok(())
@@ -191,17 +215,19 @@ impl ServerApi for HttpServerApi {
     ) -> Result<NodeAllocs, ServerError> {
         let wait = wait.min(MAX_WAIT);
         let path = watch_path(node_id, min_index, wait);
-        self.call(hyper::Method::GET, &path, None, wait + CALL_TIMEOUT)
+        self.server
+            .call(hyper::Method::GET, &path, None, wait + CALL_TIMEOUT)
             .await
     }
 
     async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
         let mut allocs = Vec::with_capacity(ids.len());
+        let path = fetch_path(&self.node);
         for chunk in ids.chunks(MAX_ITEMS_PER_CALL) {
             let request = FetchRequest {
                 ids: chunk.to_vec(),
             };
-            let fetched: Vec<Alloc> = self.post(FETCH_PATH, &request).await?;
+            let fetched: Vec<Alloc> = self.server.post(&path, &request).await?;
             allocs.extend(fetched.into_iter().map(Arc::new));
         }
         Ok(allocs)
@@ -209,13 +235,14 @@ impl ServerApi for HttpServerApi {
 
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
         let mut accepted = Vec::with_capacity(updates.len());
+        let path = update_path(&self.node);
         // Each chunk lands whole; a later one failing leaves the earlier ones applied, which
         // the contract allows (latest wins, so sending them again changes nothing).
         for chunk in updates.chunks(MAX_ITEMS_PER_CALL) {
             let request = UpdateRequest {
                 updates: chunk.to_vec(),
             };
-            let answer: UpdateResponse = self.post(UPDATE_PATH, &request).await?;
+            let answer: UpdateResponse = self.server.post(&path, &request).await?;
             accepted.extend(answer.accepted);
         }
         Ok(accepted)
@@ -228,14 +255,14 @@ mod tests {
 
     #[test]
     fn a_server_address_must_be_an_http_url() {
-        assert!(HttpServerApi::new("http://127.0.0.1:4646", None).is_ok());
+        assert!(HttpServer::new("http://127.0.0.1:4646", None).is_ok());
         for bad in [
             "127.0.0.1:4646",
             "https://example.com",
             "http://",
             "not a url",
         ] {
-            let error = HttpServerApi::new(bad, None).err().expect(bad).to_string();
+            let error = HttpServer::new(bad, None).err().expect(bad).to_string();
             assert!(error.contains(bad), "{error}");
         }
     }

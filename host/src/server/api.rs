@@ -5,7 +5,7 @@
 //! Invariant, for the reason given: an update is acknowledged only once saved, and a failed
 //! save is [`ServerError::Unavailable`], so the client keeps the update and sends it again.
 
-use super::EmbeddedServer;
+use super::{EmbeddedServer, MAX_NODES};
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use crate::structs::{Alloc, ClientStatus};
 use std::sync::Arc;
@@ -20,12 +20,23 @@ impl ServerApi for EmbeddedServer {
         if self.lock().nodes.contains(node_id) {
             return Ok(());
         }
-        let ((), saved) = self.change(|state, index| {
+        let (added, saved) = self.change(|state, index| {
+            // Each node costs the server memory and a longer node list to save.
+            if state.nodes.len() >= MAX_NODES {
+                return false;
+            }
             if state.add_node(node_id) {
                 state.place_unplaced(index);
             }
+            true
         });
-        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))
+        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))?;
+        if !added {
+            return Err(ServerError::Refused(format!(
+                "the server has {MAX_NODES} nodes registered, its most; node {node_id:?} is refused"
+            )));
+        }
+        Ok(())
     }
 
     async fn watch_allocs(
@@ -42,13 +53,16 @@ impl ServerApi for EmbeddedServer {
         }
         let mut changed = {
             let mut state = self.lock();
-            let server_index = state.index;
-            state.node_allocs.subscribe(node_id, server_index)
+            let saved_index = state.saved_index;
+            state.node_allocs.subscribe(node_id, saved_index)
         };
-        // Only this node's changes wake it; a timeout answers with the set unchanged.
+        // Only this node's changes wake it; a timeout answers with the set unchanged. The
+        // wait is kept under half the node TTL: a node whose connection died without a word
+        // (a partition, a power cut) holds no watch open for long.
+        let wait = wait.min(self.config.node_ttl / 2);
         let _ = tokio::time::timeout(wait, changed.wait_for(|index| *index > min_index)).await;
         let mut state = self.lock();
-        let server_index = state.index;
+        let server_index = state.saved_index;
         let (index, allocs, changed_at) = state.node_allocs.allocs_of(node_id, server_index);
         // A first watch (index 0) is a full sync, not a change seen late.
         if index > min_index && min_index > 0 {

@@ -73,31 +73,21 @@ impl Liveness {
         contacts.values().map(|c| c.open_watches).sum()
     }
 
-    /// Of `nodes`, those with no watch open and not seen for longer than `ttl`; they are
-    /// forgotten here (a node that comes back is seen again when it registers).
-    pub(super) fn take_silent<'a>(
-        &self,
-        nodes: impl IntoIterator<Item = &'a String>,
-        ttl: Duration,
-    ) -> Vec<String> {
+    /// Whether `node` has had no watch open for longer than `ttl`. A node not heard from
+    /// since the server opened (known from saved state) is given one TTL from now.
+    pub(super) fn is_silent(&self, node: &str, ttl: Duration) -> bool {
         let mut contacts = self.contacts.lock_unpoisoned();
         let now = Instant::now();
-        let mut silent = Vec::new();
-        for node in nodes {
-            // A node known from saved state but not heard from since the server opened gets
-            // one TTL from now, as if it had just been seen.
-            let contact = contacts.entry(node.clone()).or_insert(Contact {
-                open_watches: 0,
-                last_seen: now,
-            });
-            if contact.open_watches == 0 && now.duration_since(contact.last_seen) > ttl {
-                silent.push(node.clone());
-            }
-        }
-        for node in &silent {
-            contacts.remove(node);
-        }
-        silent
+        let contact = contacts.entry(node.to_string()).or_insert(Contact {
+            open_watches: 0,
+            last_seen: now,
+        });
+        contact.open_watches == 0 && now.duration_since(contact.last_seen) > ttl
+    }
+
+    /// Forgets `node`, taken down (a node that comes back is seen again when it watches).
+    pub(super) fn forget(&self, node: &str) {
+        self.contacts.lock_unpoisoned().remove(node);
     }
 }
 
@@ -115,8 +105,10 @@ mod tests {
         let server = EmbeddedServer::new(ServerConfig::default());
         server.register_node("watching").await.unwrap();
         server.register_node("silent").await.unwrap();
+        // The agent's own node is never taken down, watching or not.
+        server.register_node("local").await.unwrap();
         server
-            .register_job(spec("web", JobType::Service, 2))
+            .register_job(spec("web", JobType::Service, 3))
             .unwrap();
         let watcher = {
             let server = server.clone();
@@ -131,11 +123,11 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(
-            server.down_silent_nodes().unwrap().is_empty(),
+            server.down_silent_nodes("local").unwrap().is_empty(),
             "within the TTL"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(server.down_silent_nodes().unwrap(), ["silent"]);
+        assert_eq!(server.down_silent_nodes("local").unwrap(), ["silent"]);
 
         let allocs = server.job_allocs("web");
         let on = |node: &'static str| {
@@ -145,9 +137,9 @@ mod tests {
         let lost = on("silent").map(|a| a.client_state.as_ref().map(|s| s.client_status));
         assert_eq!(lost.collect::<Vec<_>>(), [Some(ClientStatus::Lost)]);
         assert_eq!(
-            on("watching").count(),
-            2,
-            "the lost alloc replaced on the live node"
+            on("watching").count() + on("local").count(),
+            3,
+            "the lost alloc replaced on a live node"
         );
         assert!(
             watcher.await.unwrap().is_ok(),

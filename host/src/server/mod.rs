@@ -48,6 +48,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The most nodes a server registers; more are refused (each holds memory, an entry in the
+/// saved node list, and a connection for its watch).
+pub const MAX_NODES: usize = 50_000;
+
 /// The server's knobs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
@@ -103,6 +107,9 @@ pub struct Registration {
 #[derive(Default)]
 struct State {
     index: u64,
+    /// The index of the last change saved: what a node first seen starts at (a change that
+    /// failed to save took an index a restart will hand out again).
+    saved_index: u64,
     next_sequence: u64,
     nodes: BTreeSet<String>,
     jobs: BTreeMap<String, JobRecord>,
@@ -179,6 +186,7 @@ impl EmbeddedServer {
         let saved = blocking(|| self.db.apply(writes));
         match &saved {
             Ok(()) => {
+                state.saved_index = index;
                 let State {
                     allocs,
                     dirty_allocs,
@@ -317,6 +325,23 @@ impl EmbeddedServer {
             .ok_or_else(|| RequestError::AllocNotFound(alloc_id.to_string()))
     }
 
+    /// Of `ids`, the allocs placed on `node`: what a node in another process may fetch and
+    /// report on.
+    pub fn placed_on<'a>(
+        &self,
+        node: &str,
+        ids: impl IntoIterator<Item = &'a String>,
+    ) -> std::collections::HashSet<String> {
+        let state = self.lock();
+        ids.into_iter()
+            .filter(|id| {
+                let record = state.allocs.get(*id);
+                record.is_some_and(|r| r.node_id.as_deref() == Some(node))
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Registered nodes.
     pub fn nodes(&self) -> Vec<String> {
         self.lock().nodes.iter().cloned().collect()
@@ -342,22 +367,46 @@ impl EmbeddedServer {
 
     /// Takes every node that has had no watch open for longer than `config.node_ttl` out of
     /// placement and loses its allocs (see [`Self::node_down`]), as Nomad does with a client
-    /// that misses its heartbeats. For a single agent, whose nodes (its own, and those of
-    /// `caravan nodesim`) talk to it directly; the agent calls it a few times per TTL.
-    /// Returns the nodes taken down.
-    pub fn down_silent_nodes(&self) -> Result<Vec<String>, StateError> {
-        let nodes = self.nodes();
-        let silent = self.liveness.take_silent(&nodes, self.config.node_ttl);
-        for node in &silent {
-            let lost = self.node_down(node)?;
-            tracing::warn!(
-                node,
-                lost = lost.len(),
-                node_ttl = %crate::units::format_duration(self.config.node_ttl),
-                "node silent for longer than node_ttl: down, its allocs lost"
-            );
+    /// that misses its heartbeats; `always_live` (the agent's own node, in its process) never.
+    /// For a single agent, whose other nodes (`caravan nodesim`'s) talk to it over HTTP; the
+    /// agent calls it a few times per TTL. Returns the nodes taken down, or the first error
+    /// after trying every silent node.
+    pub fn down_silent_nodes(&self, always_live: &str) -> Result<Vec<String>, StateError> {
+        let ttl = self.config.node_ttl;
+        let mut downed = Vec::new();
+        let mut first_error = None;
+        for node in self.nodes().iter().filter(|n| *n != always_live) {
+            if !self.liveness.is_silent(node, ttl) {
+                continue;
+            }
+            // Checked again under the state lock: a watch that began since is either seen
+            // here (and the node kept), or comes after and registers the node again.
+            let (lost, saved) = self.change(|state, index| {
+                self.liveness
+                    .is_silent(node, ttl)
+                    .then(|| state.node_down(node, index))
+            });
+            match (lost, saved) {
+                (_, Err(error)) => {
+                    first_error.get_or_insert(error);
+                }
+                (None, Ok(())) => {}
+                (Some(lost), Ok(())) => {
+                    self.liveness.forget(node);
+                    tracing::warn!(
+                        node,
+                        lost = lost.len(),
+                        node_ttl = %crate::units::format_duration(ttl),
+                        "node silent for longer than node_ttl: down, its allocs lost"
+                    );
+                    downed.push(node.clone());
+                }
+            }
         }
-        Ok(silent)
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(downed),
+        }
     }
 
     /// Takes a node that stopped answering out of placement: its allocs that

@@ -42,9 +42,11 @@ impl State {
                 tracing::warn!(key, error = %error, "skipping unreadable server metadata");
             }
         }
-        // A state file from before the nodes had their own record has them in the meta.
-        if let Some(nodes) = nodes_record {
-            state.nodes = nodes;
+        match nodes_record {
+            Some(nodes) => state.nodes = nodes,
+            // A state file from before the nodes had their own record has them in the
+            // counters, which the next save writes without them: save them apart then.
+            None => state.dirty_nodes = !state.nodes.is_empty(),
         }
         for (job_id, bytes) in records(ServerTable::Jobs)? {
             match serde_json::from_slice::<JobRecord>(&bytes) {
@@ -68,6 +70,7 @@ impl State {
                 }
             }
         }
+        state.saved_index = state.index;
         state.node_allocs = super::node_watch::NodeAllocIndex::build(&state.allocs, state.index);
         tracing::debug!(
             jobs = state.jobs.len(),
@@ -222,5 +225,19 @@ mod tests {
         let state = State::load(&db).unwrap();
         assert_eq!(state.nodes.iter().collect::<Vec<_>>(), ["old-node"]);
         assert_eq!((state.index, state.next_sequence), (7, 3));
+
+        // The first save moves them to their own record; they survive the next restart.
+        let db = Arc::new(db);
+        let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+        server
+            .register_job(crate::server::testkit::spec(
+                "web",
+                crate::jobspec::JobType::Service,
+                1,
+            ))
+            .unwrap();
+        drop(server);
+        let reopened = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
+        assert_eq!(reopened.nodes(), ["old-node"]);
     }
 }

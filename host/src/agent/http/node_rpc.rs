@@ -12,8 +12,8 @@
 
 use super::{ApiError, ApiResult, ApiState, authorize};
 use crate::agent::LOCAL_NODE;
-use crate::rpc::ServerApi;
 use crate::rpc::http::{FetchRequest, MAX_ITEMS_PER_CALL, MAX_WAIT, UpdateRequest, UpdateResponse};
+use crate::rpc::{ServerApi, ServerError};
 use crate::structs::Alloc;
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -34,10 +34,7 @@ pub async fn register_node(
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
     let server = node_server(&state, &node)?;
-    server
-        .register_node(&node)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    server.register_node(&node).await.map_err(server_error)?;
     Ok(Json(serde_json::json!({ "node": node })))
 }
 
@@ -65,41 +62,50 @@ pub async fn watch_allocs(
     let answer = server
         .watch_allocs(&node, min_index, wait.min(MAX_WAIT))
         .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+        .map_err(server_error)?;
     Ok(Json(answer))
 }
 
-/// `POST /v1/node/allocations/fetch`
+/// `POST /v1/node/{node}/allocations/fetch`: only the node's own allocs are answered.
 pub async fn fetch_allocs(
     State(state): State<ApiState>,
     headers: HeaderMap,
+    Path(node): Path<String>,
     body: String,
 ) -> ApiResult<Json<Vec<Alloc>>> {
     authorize(&state, &headers)?;
+    let server = node_server(&state, &node)?;
     let request: FetchRequest = decode(&body)?;
     check_count("ids", request.ids.len())?;
-    let server = embedded_server(&state)?;
-    let allocs = server
-        .get_allocs(&request.ids)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let own = server.placed_on(&node, &request.ids);
+    let ids: Vec<String> = request
+        .ids
+        .into_iter()
+        .filter(|id| own.contains(id))
+        .collect();
+    let allocs = server.get_allocs(&ids).await.map_err(server_error)?;
     Ok(Json(allocs.iter().map(|a| Alloc::clone(a)).collect()))
 }
 
-/// `POST /v1/node/allocations/update`
+/// `POST /v1/node/{node}/allocations/update`: updates for allocs that are not the node's are
+/// dropped, not accepted (a node reports only on what it runs).
 pub async fn update_allocs(
     State(state): State<ApiState>,
     headers: HeaderMap,
+    Path(node): Path<String>,
     body: String,
 ) -> ApiResult<Json<UpdateResponse>> {
     authorize(&state, &headers)?;
+    let server = node_server(&state, &node)?;
     let request: UpdateRequest = decode(&body)?;
     check_count("updates", request.updates.len())?;
-    let server = embedded_server(&state)?;
-    let accepted = server
-        .update_allocs(&request.updates)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let own = server.placed_on(&node, request.updates.iter().map(|u| &u.alloc_id));
+    let updates: Vec<_> = request
+        .updates
+        .into_iter()
+        .filter(|u| own.contains(&u.alloc_id))
+        .collect();
+    let accepted = server.update_allocs(&updates).await.map_err(server_error)?;
     Ok(Json(UpdateResponse { accepted }))
 }
 
@@ -125,6 +131,16 @@ fn embedded_server(state: &ApiState) -> ApiResult<Arc<crate::server::EmbeddedSer
         ));
     }
     state.server()
+}
+
+/// A server's refusal is 409 (the node cannot be taken: too many); anything else is 503,
+/// for the node to retry.
+fn server_error(error: ServerError) -> ApiError {
+    let status = match error {
+        ServerError::Refused(_) => StatusCode::CONFLICT,
+        ServerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    ApiError::new(status, error.to_string())
 }
 
 fn decode<T: serde::de::DeserializeOwned>(body: &str) -> ApiResult<T> {
