@@ -31,6 +31,7 @@
 
 mod alloc_dir;
 mod bindings;
+mod compile_once;
 pub(crate) mod cpu_meter;
 pub mod disk_cache;
 mod disk_ledger;
@@ -184,40 +185,13 @@ struct RuntimeInner {
     /// allocs of a new runner that start at once wait for the first to compile it (a CPU-
     /// second or more, and tens of MiB, each) instead of all compiling it side by side.
     /// An entry is as small and as many as `by_path`'s.
-    reading: Gates<PathBuf>,
-    compiling: Gates<String>,
+    reading: compile_once::Gates<PathBuf>,
+    compiling: compile_once::Gates<String>,
+    /// Components that failed to load, by hash, so that the other allocs of a bad runner
+    /// fail at once rather than each compiling it again under the gate.
+    failed: compile_once::FailedLoads,
     ticker_stop: Arc<AtomicBool>,
     disk_watcher: disk_watch::DiskWatcher,
-}
-
-/// A mutex per key, made on first use: work on one key is done by one thread at a time.
-struct Gates<K> {
-    gates: Mutex<HashMap<K, Arc<Mutex<()>>>>,
-}
-
-impl<K> Default for Gates<K> {
-    fn default() -> Self {
-        Gates {
-            gates: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl<K: std::hash::Hash + Eq + Clone> Gates<K> {
-    /// The gate of `key`; lock it for a turn.
-    fn gate<Q>(&self, key: &Q) -> Arc<Mutex<()>>
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let mut gates = self.gates.lock_unpoisoned();
-        if let Some(gate) = gates.get(key) {
-            return gate.clone();
-        }
-        let gate = Arc::new(Mutex::new(()));
-        gates.insert(key.to_owned(), gate.clone());
-        gate
-    }
 }
 
 /// The largest component file the runtime reads (Python and JavaScript runners are 12-20 MB).
@@ -294,8 +268,9 @@ impl Runtime {
                 pooling,
                 components: Mutex::new(HashMap::new()),
                 by_path: Mutex::new(HashMap::new()),
-                reading: Gates::default(),
-                compiling: Gates::default(),
+                reading: Default::default(),
+                compiling: Default::default(),
+                failed: Default::default(),
                 instantiations: crate::histogram::Histogram::default(),
                 ticker_stop,
                 disk_watcher,
@@ -392,10 +367,28 @@ impl Runtime {
         }
         let gate = self.inner.compiling.gate(&hash);
         let _turn = gate.lock_unpoisoned();
-        // Whoever held the gate before may have compiled it.
+        // Whoever held the gate before may have compiled it, or failed to.
         if let Some(loaded) = self.cached(&hash) {
             return Ok(loaded);
         }
+        if let Some(error) = self.inner.failed.get(&hash, path) {
+            return Err(error);
+        }
+        let loaded = self.compile(path, bytes, &hash);
+        if let Err(error) = &loaded {
+            self.inner.failed.insert(&hash, error);
+        }
+        loaded
+    }
+
+    /// Compiles `bytes` (or reads them from the disk cache) and checks they fit the world.
+    fn compile(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        hash: &str,
+    ) -> Result<Arc<LoadedComponent>, LoadError> {
+        let hash = hash.to_string();
         check_component_header(path, bytes)?;
         let started = std::time::Instant::now();
         let disk_cache = self.inner.disk_cache.as_ref();
