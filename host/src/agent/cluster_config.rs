@@ -154,7 +154,7 @@ impl ClusterSettings {
 }
 
 /// `http://HOST:PORT`, the only form agents dial (no TLS yet).
-fn valid_endpoint(endpoint: &str) -> bool {
+pub fn valid_endpoint(endpoint: &str) -> bool {
     endpoint.strip_prefix("http://").is_some_and(|rest| {
         rest.rsplit_once(':')
             .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())

@@ -4,10 +4,13 @@
 
 use super::GlobalArgs;
 use super::client::DEFAULT_ADDR;
-use crate::nodesim::{NodeSim, NodeSimConfig, SimRunner, Summary};
+use crate::agent::cluster_config::{MIN_NODE_TTL, valid_endpoint};
+use crate::cluster::{EtcdServerApi, EtcdStore, Member, MemberRecord};
+use crate::nodesim::{NodeServers, NodeSim, NodeSimConfig, SimRunner, Summary, node_name};
+use crate::rpc::ServerApi;
 use crate::rpc::http::HttpServer;
 use crate::shutdown::Shutdown;
-use crate::units::parse_duration;
+use crate::units::{format_duration, parse_duration};
 use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +33,17 @@ pub struct NodesimCommand {
     /// The agent's ACL token, if it has one.
     #[arg(long, env = "CARAVAN_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// `etcd`: the nodes join the cluster whose state lives in etcd (each with a lease and a
+    /// live key, as an agent's node, but never leading), instead of registering with --server.
+    #[arg(long, value_name = "MODE")]
+    cluster: Option<String>,
+    /// Every etcd member's client URL, comma-separated (with --cluster etcd).
+    #[arg(long, value_name = "URL,URL,...")]
+    etcd_endpoints: Option<String>,
+    /// Each node's lease TTL in the cluster: a node silent this long is down (with
+    /// --cluster etcd; at least 2s).
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    node_ttl: Duration,
     /// What runs each alloc: `wasm`, the component its job names, sandboxed as on an agent
     /// (guests/sim is made for this); or `native`, a runner without a sandbox that runs until
     /// stopped, to tell the sandbox's cost from the client's.
@@ -56,7 +70,7 @@ pub struct NodesimCommand {
     #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// Sizes the sandbox pool that every node's wasm runners share.
-    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    #[arg(long, default_value_t = 4_096, value_name = "N")]
     max_live_allocs: u32,
 }
 
@@ -71,10 +85,24 @@ impl NodesimCommand {
         if self.summary_every < Duration::from_millis(100) {
             bail!("--summary-every must be at least 100ms");
         }
+        // The longest name, checked before any node says it is live anywhere.
+        crate::cluster::keys::valid_node_name(&node_name(&self.name_prefix, self.nodes))
+            .map_err(|e| anyhow::anyhow!("--name-prefix: {e}"))?;
         if self.restart_every.is_some_and(|d| d.is_zero()) {
             bail!("--restart-every must be more than 0");
         }
-        let server = HttpServer::new(&self.server, self.token.clone())?;
+        let config = NodeSimConfig {
+            nodes: self.nodes,
+            name_prefix: self.name_prefix.clone(),
+            runner: self.runner,
+            data_dir: self.data_dir.clone(),
+            max_live_allocs: self.max_live_allocs,
+            cache_dir: self.cache_dir.clone(),
+            gc: Default::default(),
+        };
+        // A bad server address or cluster setting is refused before anything is warned
+        // about or started.
+        let (servers, target, _members) = self.servers(&config).await?;
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
         let mut stop = shutdown.listener();
@@ -87,26 +115,14 @@ impl NodesimCommand {
                 2,
             );
         }
-        let config = NodeSimConfig {
-            nodes: self.nodes,
-            name_prefix: self.name_prefix,
-            runner: self.runner,
-            data_dir: self.data_dir,
-            max_live_allocs: self.max_live_allocs,
-            cache_dir: self.cache_dir,
-            gc: Default::default(),
-        };
-        let servers: crate::nodesim::NodeServers =
-            Arc::new(move |node: &str| server.node(node) as Arc<dyn crate::rpc::ServerApi>);
         let sim = NodeSim::start(config, servers).await?;
         println!(
-            "nodesim: {} nodes ({} runners) registering with {}",
+            "nodesim: {} nodes ({} runners) registering with {target}",
             self.nodes,
             match self.runner {
                 SimRunner::Wasm => "wasm",
                 SimRunner::Native => "native",
             },
-            self.server
         );
         let mut summaries = tokio::time::interval(self.summary_every);
         // Without --restart-every the branch is disabled; the period only has to be valid.
@@ -138,6 +154,59 @@ impl NodesimCommand {
         tokio::select! {
             _ = sim.stop() => Ok(ExitCode::SUCCESS),
             _ = stop.abandoning() => bail!("interrupted again: stopped without waiting for the nodes"),
+        }
+    }
+}
+
+impl NodesimCommand {
+    /// What each node talks to, what to call it, and the cluster memberships that must live
+    /// as long as the nodes: an agent over HTTP, or the etcd cluster, which every node joins
+    /// (a lease and a live key, as an agent's node has) before it starts.
+    async fn servers(
+        &self,
+        config: &NodeSimConfig,
+    ) -> anyhow::Result<(NodeServers, String, Vec<crate::cluster::Member>)> {
+        match self.cluster.as_deref() {
+            None | Some("embedded") => {
+                let server = HttpServer::new(&self.server, self.token.clone())?;
+                let servers: NodeServers =
+                    Arc::new(move |node: &str| server.node(node) as Arc<dyn ServerApi>);
+                Ok((servers, self.server.clone(), Vec::new()))
+            }
+            Some("etcd") => {
+                let endpoints: Vec<String> = match &self.etcd_endpoints {
+                    Some(list) => list.split(',').map(|e| e.trim().to_string()).collect(),
+                    None => bail!("--cluster etcd needs --etcd-endpoints URL,URL,..."),
+                };
+                if let Some(bad) = endpoints.iter().find(|e| !valid_endpoint(e)) {
+                    bail!("--etcd-endpoints: {bad:?} is not http://HOST:PORT");
+                }
+                if self.node_ttl < MIN_NODE_TTL {
+                    bail!(
+                        "--node-ttl must be at least {}",
+                        format_duration(MIN_NODE_TTL)
+                    );
+                }
+                let store = EtcdStore::connect(&endpoints).await?;
+                store.check_schema().await?;
+                let members = (1..=config.nodes)
+                    .map(|number| {
+                        let record = MemberRecord {
+                            node: node_name(&config.name_prefix, number),
+                            // Nothing answers there: an alloc's logs are not reachable
+                            // through the cluster's API for simulated nodes.
+                            api: "http://nodesim.invalid:1".into(),
+                            agent: uuid::Uuid::new_v4().to_string(),
+                        };
+                        Member::join_as_node_only(store.clone(), record, self.node_ttl)
+                    })
+                    .collect();
+                let api = EtcdServerApi::new(store.clone());
+                let servers: NodeServers =
+                    Arc::new(move |_: &str| api.clone() as Arc<dyn ServerApi>);
+                Ok((servers, format!("etcd at {}", store.endpoints()), members))
+            }
+            Some(other) => bail!("--cluster must be etcd or embedded, not {other:?}"),
         }
     }
 }

@@ -97,10 +97,26 @@ pub struct Member {
 }
 
 impl Member {
-    /// Joins the cluster as `record`, with leases of `ttl`.
+    /// Joins the cluster as `record`, with leases of `ttl`, and campaigns to lead it.
     pub fn join(store: EtcdStore, record: MemberRecord, ttl: Duration) -> Member {
+        Member::start(store, record, ttl, Campaign::ToLead)
+    }
+
+    /// Joins as a node that never leads: its live key under its lease, and no campaign (the
+    /// simulated nodes of `caravan nodesim`, which have no scheduler to lead with).
+    pub fn join_as_node_only(store: EtcdStore, record: MemberRecord, ttl: Duration) -> Member {
+        Member::start(store, record, ttl, Campaign::Never)
+    }
+
+    fn start(store: EtcdStore, record: MemberRecord, ttl: Duration, campaign: Campaign) -> Member {
         let (sender, view) = watch::channel(MemberView::default());
-        let task = tokio::spawn(keep_membership(store.clone(), record, ttl, sender));
+        let task = tokio::spawn(keep_membership(
+            store.clone(),
+            record,
+            ttl,
+            campaign,
+            sender,
+        ));
         Member { view, store, task }
     }
 
@@ -132,15 +148,29 @@ impl Drop for Member {
     }
 }
 
+/// Whether a member campaigns for the leader key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Campaign {
+    ToLead,
+    Never,
+}
+
 async fn keep_membership(
     store: EtcdStore,
     record: MemberRecord,
     ttl: Duration,
+    campaign_for: Campaign,
     view: watch::Sender<MemberView>,
 ) {
     let value = serde_json::to_vec(&record).unwrap_or_default();
     let renew_every = ttl / 3;
-    let leader_changed = watch_leader_key(store.clone());
+    // A member that never leads follows nobody's campaign: its counter never moves (its
+    // sender is kept, so waiting on it waits for ever rather than failing at once).
+    let (_never_moves, quiet) = watch::channel(0u64);
+    let leader_changed = match campaign_for {
+        Campaign::ToLead => watch_leader_key(store.clone()),
+        Campaign::Never => quiet,
+    };
     loop {
         let lease = match store.grant_lease(ttl).await {
             Ok(lease) => lease,
@@ -165,9 +195,10 @@ async fn keep_membership(
         loop {
             // Bounded: a campaign must never hold up the next renewal (an agent woken past
             // its TTL learns that its lease expired from the renewal).
-            let _ =
-                tokio::time::timeout(renew_every, campaign(&store, &record, &value, lease, &view))
-                    .await;
+            if campaign_for == Campaign::ToLead {
+                let campaigning = campaign(&store, &record, &value, lease, &view);
+                let _ = tokio::time::timeout(renew_every, campaigning).await;
+            }
             tokio::select! {
                 _ = renew.tick() => {
                     let renewed = tokio::time::timeout(renew_every, store.keep_lease_alive(lease));

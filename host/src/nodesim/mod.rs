@@ -171,7 +171,7 @@ impl NodeSim {
             _temp: temp,
         };
         for number in 1..=sim.config.nodes {
-            let name = format!("{}-{number:05}", sim.config.name_prefix);
+            let name = node_name(&sim.config.name_prefix, number);
             crate::cluster::keys::valid_node_name(&name).map_err(anyhow::Error::msg)?;
             let data_dir = root.join(&name);
             std::fs::create_dir_all(&data_dir)
@@ -291,6 +291,11 @@ impl NodeSim {
         }))
         .await;
     }
+}
+
+/// The name of node `number` (from 1) of a simulation whose names start with `prefix`.
+pub fn node_name(prefix: &str, number: usize) -> String {
+    format!("{prefix}-{number:05}")
 }
 
 fn native_factory() -> AllocRunnerFactory {

@@ -389,6 +389,18 @@ fn nodesim_refuses_bad_flags_with_one_line() {
             &["nodesim", "--nodes", "5", "--summary-every", "1ms"][..],
             "--summary-every",
         ),
+        (
+            &["nodesim", "--nodes", "5", "--cluster", "zk"][..],
+            "--cluster",
+        ),
+        (
+            &["nodesim", "--nodes", "5", "--cluster", "etcd"][..],
+            "--etcd-endpoints",
+        ),
+        (
+            &["nodesim", "--nodes", "5", "--name-prefix", "a/b"][..],
+            "--name-prefix",
+        ),
     ] {
         let output = run_caravan(args, None);
         assert_eq!(output.status.code(), Some(2), "{args:?}");
@@ -408,4 +420,75 @@ fn the_nodesim_examples_are_a_valid_job_and_agent_config() {
     let mut config = caravan_host::agent::config::AgentConfig::default();
     caravan_host::agent::config::apply_file(&mut config, "scheduler-only.toml", &agent).unwrap();
     assert!(!config.client_enabled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_nodes_join_an_etcd_cluster_run_its_allocs_and_are_replaced_when_gone() {
+    let etcd = crate::etcd::EtcdCluster::start().await;
+    let endpoints = etcd.endpoints().join(",");
+    let data_dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start_configured(
+        &[
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--node-name",
+            "agent",
+            "--data-dir",
+            data_dir.path().to_str().unwrap(),
+        ],
+        "max_live_allocs = 64\n[cluster]\nnode_ttl = \"4s\"\n",
+    );
+    eventually_async("the agent to lead", || async {
+        let (_, leader) = http(agent.socket_addr(), "GET", "/v1/status/leader", None, None).await;
+        leader["this_agent_leads"] == true
+    })
+    .await;
+    let mut sim = Nodesim::start(
+        &agent,
+        &[
+            "--nodes",
+            "3",
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--node-ttl",
+            "4s",
+        ],
+    );
+    sim.wait_for("the nodes registered", |l| {
+        l.contains("nodes 3/3 registered")
+    });
+    // Eight allocs over four live nodes: the agent's own and the three simulated ones.
+    let sim_nodes_live = || async {
+        let (_, nodes) = http(agent.socket_addr(), "GET", "/v1/nodes", None, None).await;
+        let nodes = nodes.as_array().cloned().unwrap_or_default();
+        nodes.iter().filter(|n| n["status"] == "ready").count() == 4
+    };
+    eventually_async("the simulated nodes live in the cluster", sim_nodes_live).await;
+    register(
+        &agent,
+        serde_json::json!({"id": "web", "type": "service", "count": 8, "runner": SIM}),
+    )
+    .await;
+    sim.wait_for("their allocs running", |l| {
+        l.contains("allocs 6 (running 6)")
+    });
+
+    // Gone without a word: their leases expire, and the leader runs their allocs elsewhere.
+    drop(sim);
+    eventually_async("the lost allocs replaced on the agent's node", || async {
+        let path = "/v1/job/web/allocations";
+        let (_, allocs) = http(agent.socket_addr(), "GET", path, None, None).await;
+        let allocs = allocs.as_array().cloned().unwrap_or_default();
+        let running_on_agent = allocs
+            .iter()
+            .filter(|a| a["node_id"] == "agent" && a["client_status"] == "running")
+            .count();
+        running_on_agent == 8
+    })
+    .await;
+    agent.stop();
 }
