@@ -98,7 +98,7 @@ impl NodesimCommand {
             data_dir: self.data_dir.clone(),
             max_live_allocs: self.max_live_allocs,
             cache_dir: self.cache_dir.clone(),
-            gc: Default::default(),
+            gc: crate::nodesim::sim_gc_config(),
         };
         // A bad server address or cluster setting is refused before anything is warned
         // about or started.
@@ -156,9 +156,7 @@ impl NodesimCommand {
             _ = stop.abandoning() => bail!("interrupted again: stopped without waiting for the nodes"),
         }
     }
-}
 
-impl NodesimCommand {
     /// What each node talks to, what to call it, and the cluster memberships that must live
     /// as long as the nodes: an agent over HTTP, or the etcd cluster, which every node joins
     /// (a lease and a live key, as an agent's node has) before it starts.

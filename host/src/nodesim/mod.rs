@@ -293,6 +293,17 @@ impl NodeSim {
     }
 }
 
+/// Nomad's GC knobs for a simulated node, but blind to disk usage: every node of the
+/// simulation shares this machine's disk, whose fullness is no node's doing, so only the
+/// count of terminal allocs (`gc_max_allocs`, 50) decides what a node collects early.
+pub fn sim_gc_config() -> GcConfig {
+    GcConfig {
+        disk_usage_threshold: 100.0,
+        inode_usage_threshold: 100.0,
+        ..GcConfig::default()
+    }
+}
+
 /// The name of node `number` (from 1) of a simulation whose names start with `prefix`.
 pub fn node_name(prefix: &str, number: usize) -> String {
     format!("{prefix}-{number:05}")
