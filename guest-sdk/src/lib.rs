@@ -12,6 +12,7 @@
 //! - [`Runner`] and [`export_runner!`]: the event loop.
 //! - [`Guest`] and [`export!`]: the raw contract, for runners that want no loop of ours.
 //! - [`trace!`] .. [`critical!`]: log through the host's logger.
+//! - [`parse_duration`]: durations in task config (`500ms`, `5s`, `2m`).
 //!
 //! # A complete runner
 //!
@@ -71,6 +72,9 @@ pub use bindings::caravan::runner::types::{
 };
 pub use bindings::exports::caravan::runner::runner::Guest;
 pub use bindings::wasi::logging::logging::Level;
+
+mod config;
+pub use config::parse_duration;
 
 mod state;
 pub use state::State;

@@ -17,7 +17,7 @@
 //! On `shutdown` it checkpoints each task's remaining time and its drawn outcome; restored,
 //! a task carries on where it was, with a `Restored` event.
 
-use caravan_guest::{Alloc, Runner, RunnerError, State, info, warn};
+use caravan_guest::{Alloc, Runner, RunnerError, State, info, parse_duration, warn};
 use std::time::{Duration, Instant};
 
 struct Sim {
@@ -260,28 +260,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xCBF2_9CE4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01B3)
     })
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 5s or 2m"))?;
-    let unit_millis: u64 = match &text[digits.len()..] {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => {
-            return Err(format!(
-                "{text:?} is not a duration such as 500ms, 5s or 2m"
-            ));
-        }
-    };
-    number
-        .checked_mul(unit_millis)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 caravan_guest::export_runner!(Sim);

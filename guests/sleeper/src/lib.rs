@@ -9,7 +9,7 @@
 //! event; it changes nothing else. A restart counts in the task's `restarts`, with Nomad's
 //! `Restart Signaled`, `Restarting` and `Started` events, and starts the task's run over.
 
-use caravan_guest::{Alloc, Runner, RunnerError, SignalRequest, State, info, warn};
+use caravan_guest::{Alloc, Runner, RunnerError, SignalRequest, State, info, parse_duration, warn};
 use std::time::{Duration, Instant};
 
 struct Sleeper {
@@ -143,22 +143,6 @@ impl Runner for Sleeper {
             info!("task {} killed", task.name);
         }
         state.kill_all("alloc was stopped");
-    }
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 5s or 2m"))?;
-    match &text[digits.len()..] {
-        "ms" => Ok(Duration::from_millis(number)),
-        "s" => Ok(Duration::from_secs(number)),
-        "m" => Ok(Duration::from_secs(number * 60)),
-        "h" => Ok(Duration::from_secs(number * 3600)),
-        _ => Err(format!(
-            "{text:?} is not a duration such as 500ms, 5s or 2m"
-        )),
     }
 }
 

@@ -243,18 +243,6 @@ impl NodeSim {
         }
     }
 
-    /// The names of the simulated nodes, in order.
-    pub fn node_names(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.name.clone()).collect()
-    }
-
-    /// How many allocs `node` holds in its alloc map.
-    pub fn node_allocs(&self, node: &str) -> Option<usize> {
-        let node = self.nodes.iter().find(|n| n.name == node)?;
-        let client = node.client.lock_unpoisoned();
-        client.as_ref().map(|c| c.alloc_ids().len())
-    }
-
     /// Restarts the next node in turn, as an agent restart would: its runners are shut
     /// down (checkpointing), its client is dropped, and a new one restores from the same
     /// store. Returns the node's name and how many allocs the new client restored.

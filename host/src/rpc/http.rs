@@ -150,13 +150,11 @@ impl HttpServer {
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| ServerError::Refused(format!("cannot build a request for {path}: {e}")))?;
         let exchange = async {
-            let response = self.http.request(request).await.map_err(|e| {
-                let mut cause: &dyn std::error::Error = &e;
-                while let Some(next) = cause.source() {
-                    cause = next;
-                }
-                unavailable(cause.to_string())
-            })?;
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| unavailable(root_cause(&e)))?;
             let status = response.status();
             let bytes = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
@@ -194,6 +192,16 @@ impl HttpServer {
         self.call(hyper::Method::POST, path, Some(body), CALL_TIMEOUT)
             .await
     }
+}
+
+/// The innermost cause of an HTTP client's error ("Connection refused", not "client error
+/// (Connect)"): what both of Caravan's HTTP clients, this one and the CLI's, show.
+pub fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 #[async_trait::async_trait]

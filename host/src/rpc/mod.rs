@@ -45,7 +45,6 @@ use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// Why a server call failed. The client retries every one of them with backoff: neither kind
 /// is fatal to a node.
@@ -109,11 +108,4 @@ pub trait ServerApi: Send + Sync {
     /// Stores a batch of client states. Returns the ids the server accepted; the others (the
     /// server no longer knows the alloc) need not be sent again.
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError>;
-}
-
-/// Waits until `index` is past `min_index`, or `wait` has passed: the blocking query an
-/// in-process server's `watch_allocs` makes.
-pub async fn wait_for_index(index: &watch::Sender<u64>, min_index: u64, wait: Duration) {
-    let mut receiver = index.subscribe();
-    let _ = tokio::time::timeout(wait, receiver.wait_for(|index| *index > min_index)).await;
 }

@@ -3,7 +3,7 @@
 //! nothing but its own state.
 
 use crate::locks::LockUnpoisoned;
-use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError, wait_for_index};
+use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -144,7 +144,8 @@ impl ServerApi for InMemoryServer {
         wait: Duration,
     ) -> Result<NodeAllocs, ServerError> {
         self.check_available()?;
-        wait_for_index(&self.index, min_index, wait).await;
+        let mut receiver = self.index.subscribe();
+        let _ = tokio::time::timeout(wait, receiver.wait_for(|index| *index > min_index)).await;
         self.check_available()?;
         let state = self.lock();
         let allocs = state

@@ -36,17 +36,10 @@ impl Nodesim {
         .stderr(std::process::Stdio::inherit())
         .spawn()
         .expect("caravan nodesim starts");
-        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in stdout.lines().map_while(Result::ok) {
-                let _ = lines_tx.send(line);
-            }
-        });
+        let stdout = lines_of(child.stdout.take().unwrap());
         Nodesim {
             child,
-            stdout: lines_rx,
+            stdout,
             seen: Vec::new(),
         }
     }

@@ -348,11 +348,16 @@ fn dechunk(mut framed: &[u8]) -> Vec<u8> {
 
 /// Every line the child writes to stderr, read on a thread of its own.
 pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    lines_of(child.stderr.take().expect("stderr piped"))
+}
+
+/// Every line `output` (a child's piped stdout or stderr) gives, read on a thread of its own.
+pub fn lines_of(output: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
-    let stderr = std::io::BufReader::new(child.stderr.take().expect("stderr piped"));
+    let output = std::io::BufReader::new(output);
     let (lines_tx, lines_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
+        for line in output.lines().map_while(Result::ok) {
             let _ = lines_tx.send(line);
         }
     });

@@ -3,6 +3,7 @@
 //!
 //! It knows the API's error shape (`{"error": ...}`) and nothing of any endpoint.
 
+use crate::rpc::http::root_cause;
 use anyhow::{Context, bail};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -110,12 +111,4 @@ impl Api {
         }
         Ok(())
     }
-}
-
-fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = error;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause.to_string()
 }
