@@ -65,7 +65,7 @@ impl EmptyAllocRunner {
         let status = self.alloc_state().client_status;
         let reason = if status.is_terminal() {
             NotRunningReason::Finished(status)
-        } else if self.stopped.latch().is_set() {
+        } else if self.stopped.is_set() {
             NotRunningReason::Stopping
         } else if status == ClientStatus::Pending {
             NotRunningReason::NotStarted
@@ -87,7 +87,7 @@ impl AllocRunner for EmptyAllocRunner {
     fn run(&self) {
         if self.alloc().desired_status.is_stop() {
             self.kill();
-        } else if !self.stopped.latch().is_set() {
+        } else if !self.stopped.is_set() {
             self.set_status(ClientStatus::Running, "Tasks are running");
         }
     }
@@ -129,7 +129,7 @@ impl AllocRunner for EmptyAllocRunner {
     }
 
     fn is_destroyed(&self) -> bool {
-        self.destroyed.latch().is_set()
+        self.destroyed.is_set()
     }
 
     fn wait(&self) -> Latch {

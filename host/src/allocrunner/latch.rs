@@ -47,6 +47,12 @@ impl LatchTrigger {
         self.0.send_replace(true);
     }
 
+    /// True once set: what `self.latch().is_set()` answers, without subscribing a waiter
+    /// (the GC asks every runner, at every pass).
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
     /// A latch that follows this trigger.
     pub fn latch(&self) -> Latch {
         Latch(self.0.subscribe())
@@ -69,6 +75,7 @@ mod tests {
         early.await.unwrap();
         latch.wait().await;
         assert!(trigger.latch().is_set());
+        assert!(trigger.is_set());
         assert!(Latch::done().is_set());
     }
 }

@@ -7,7 +7,9 @@
 //!   runner with the id and never looks it up, so it cannot race the alloc map.
 //! - Each pass re-checks, in order, disk usage, inode usage and the live alloc count (runners
 //!   not yet destroyed, running ones included) and destroys the oldest marked alloc while one
-//!   is over: the oldest finished work is the least interesting to keep.
+//!   is over: the oldest finished work is the least interesting to keep. The live count is
+//!   taken once per pass and lowered by each alloc the pass claims, so a pass stays linear in
+//!   the allocs it collects; allocs added meanwhile trigger the next pass.
 //! - Destroys run concurrently but never more than `gc_parallel_destroys` at once (a value
 //!   <= 0 becomes 1 with a warning): destroying is disk-heavy and must not starve the node.
 //! - Nothing that adds allocs waits for a destroy (Nomad removed its blocking `MakeRoomFor`
@@ -355,9 +357,11 @@ impl GarbageCollector {
 
     /// One pass: collect while a threshold is exceeded and marked allocs remain.
     pub async fn pass(self: &Arc<Self>) {
-        while let Some(reason) = self.exceeded_threshold() {
+        // Counted once per pass, then lowered by each alloc the pass claims: counting every
+        // runner before every claim made a storm of n collections cost n squared.
+        let mut live = self.live_now();
+        while let Some(reason) = self.exceeded_threshold(live) {
             let Some((alloc_id, runner)) = self.lock().pop() else {
-                let live = self.live_now();
                 let routine = matches!(reason, GcReason::AllocCount { .. })
                     && live < 2 * self.config.max_allocs;
                 let message = "garbage collection skipped because no terminal allocations";
@@ -371,6 +375,7 @@ impl GarbageCollector {
             if !self.claim(&alloc_id, &runner) {
                 continue;
             }
+            live = live.saturating_sub(1);
             if matches!(reason, GcReason::AllocCount { .. }) {
                 // The count drops as each destroy finishes: start it and go on to the next.
                 let gc = self.clone();
@@ -408,7 +413,8 @@ impl GarbageCollector {
         true
     }
 
-    fn exceeded_threshold(&self) -> Option<GcReason> {
+    /// The first threshold exceeded, given `live` allocs not destroyed nor being destroyed.
+    fn exceeded_threshold(&self, live: usize) -> Option<GcReason> {
         match self.stats.stats() {
             Ok(stats) if stats.used_percent > self.config.disk_usage_threshold => {
                 return Some(GcReason::DiskUsage {
@@ -427,7 +433,6 @@ impl GarbageCollector {
                 tracing::warn!(error = %error, "cannot read disk usage; checking the alloc count only")
             }
         }
-        let live = self.live_now();
         (live > self.config.max_allocs).then_some(GcReason::AllocCount {
             live,
             max: self.config.max_allocs,

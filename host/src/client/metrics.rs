@@ -1,5 +1,5 @@
 //! Counters the client keeps for the agent to expose: allocs marked and collected (by
-//! reason), destroys in flight, sync batches sent and failed, runners that failed to build, state commits.
+//! reason), destroys in flight (and their peak), sync batches sent and failed, runners that failed to build, state commits.
 //! Allocs by client status are counted from the alloc map when asked. A snapshot renders
 //! itself in Prometheus' text format for the agent's `/v1/metrics`. Counting only: it never
 //! reads the alloc map or decides anything.
@@ -15,6 +15,7 @@ pub struct Metrics {
     marked: AtomicU64,
     collected: Mutex<BTreeMap<&'static str, u64>>,
     destroys_in_flight: AtomicU64,
+    destroys_in_flight_peak: AtomicU64,
     sync_batches_sent: AtomicU64,
     sync_batches_failed: AtomicU64,
     runner_build_failures: AtomicU64,
@@ -37,6 +38,9 @@ pub struct MetricsSnapshot {
     pub allocs_collected: BTreeMap<String, u64>,
     /// Destroys running now.
     pub destroys_in_flight: u64,
+    /// The most destroys that ever ran at once: what shows that `gc_parallel_destroys`
+    /// held through a burst no sampling of the gauge above would catch.
+    pub destroys_in_flight_peak: u64,
     /// Update batches the server took.
     pub sync_batches_sent: u64,
     /// Update batches that failed and were kept for a retry.
@@ -66,7 +70,9 @@ impl Metrics {
     }
 
     pub(crate) fn destroy_started(&self) {
-        self.destroys_in_flight.fetch_add(1, Ordering::Relaxed);
+        let now = self.destroys_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.destroys_in_flight_peak
+            .fetch_max(now, Ordering::Relaxed);
     }
 
     pub(crate) fn destroy_finished(&self) {
@@ -111,6 +117,7 @@ impl Metrics {
                 .map(|(kind, count)| (kind.to_string(), *count))
                 .collect(),
             destroys_in_flight: self.destroys_in_flight.load(Ordering::Relaxed),
+            destroys_in_flight_peak: self.destroys_in_flight_peak.load(Ordering::Relaxed),
             sync_batches_sent: self.sync_batches_sent.load(Ordering::Relaxed),
             sync_batches_failed: self.sync_batches_failed.load(Ordering::Relaxed),
             runner_build_failures: self.runner_build_failures.load(Ordering::Relaxed),
@@ -159,6 +166,13 @@ impl MetricsSnapshot {
             "gauge",
             "Destroys running now.",
             unlabelled(self.destroys_in_flight),
+        );
+        family(
+            out,
+            "caravan_gc_destroys_in_flight_peak",
+            "gauge",
+            "The most destroys that ran at once since the client started.",
+            unlabelled(self.destroys_in_flight_peak),
         );
         family(
             out,
@@ -214,6 +228,7 @@ mod tests {
             allocs_collected: [("forced".to_string(), 1)].into(),
             sync_batches_sent: 7,
             runner_build_failures: 3,
+            destroys_in_flight_peak: 3,
             ..MetricsSnapshot::default()
         };
         let mut text = String::new();
@@ -226,6 +241,7 @@ mod tests {
             "# TYPE caravan_gc_marked_total counter\ncaravan_gc_marked_total 0\n",
             "caravan_gc_collected_total{reason=\"forced\"} 1\n",
             "caravan_gc_destroys_in_flight 0\n",
+            "caravan_gc_destroys_in_flight_peak 3\n",
             "caravan_sync_batches_total{result=\"sent\"} 7\n\
              caravan_sync_batches_total{result=\"failed\"} 0\n",
             "caravan_runner_build_failures_total 3\n",

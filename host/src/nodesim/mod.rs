@@ -16,7 +16,7 @@
 
 mod observe;
 
-pub use observe::SimStats;
+pub use observe::{Observed, SimStats};
 
 use crate::allocrunner::{AllocRunner, AllocRunnerFactory, EmptyAllocRunner};
 use crate::client::gc::GcConfig;

@@ -557,7 +557,7 @@ impl AllocRunner for WasmAllocRunner {
     }
 
     fn is_destroyed(&self) -> bool {
-        self.shared.destroyed.latch().is_set()
+        self.shared.destroyed.is_set()
     }
 
     fn wait(&self) -> Latch {

@@ -268,6 +268,11 @@ async fn destroys_in_flight_never_exceed_gc_parallel_destroys() {
         "never more than 3 at once"
     );
     assert_eq!(
+        client.metrics().destroys_in_flight_peak,
+        3,
+        "the metrics' peak is what the destroys saw"
+    );
+    assert_eq!(
         client.alloc_ids().len(),
         200,
         "collected allocs stay in the map"

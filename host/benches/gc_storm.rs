@@ -1,0 +1,289 @@
+//! A GC storm: what collecting thousands of terminal allocs at once does to the allocs
+//! starting beside it, and whether `gc_parallel_destroys` holds through it.
+//!
+//! Run: `cargo bench -p caravan-host --bench gc_storm` (in `scripts/bench`). Options after
+//! `--`: `--terminal N` (default 10000), `--new N` (default 500), `--waves N` (default 10),
+//! `--rounds N` (default 3).
+//!
+//! Each round is one node's client, in process, on an in-memory server, with the sandboxed
+//! sim runner (`guests/sim`):
+//! 1. N batch allocs (`run_for = 0s`) run and complete under a GC that keeps them all.
+//! 2. The client restarts on the same state, as an agent restarts after its operator lowered
+//!    `gc_max_allocs`: with a storm, `gc_max_allocs = 50` and `gc_parallel_destroys = 2`, so
+//!    every terminal alloc is over the limit at once; without one (the baseline), a limit that
+//!    keeps them all. Everything else is the same.
+//! 3. New service allocs arrive in waves, and each one's start is timed from its node
+//!    fetching it to its node reporting it running.
+//!
+//! Rounds alternate baseline and storm. Reported: each side's start p50 and p99 (medians
+//! over the rounds), their p99 ratio, and from the client's metrics the most destroys ever
+//! in flight at once (`caravan_gc_destroys_in_flight_peak`) and how long the storm lasted.
+
+mod common;
+
+use caravan_host::allocrunner::AllocRunnerFactory;
+use caravan_host::client::gc::{DiskStats, GcConfig, StatsSource};
+use caravan_host::client::{Client, ClientConfig};
+use caravan_host::nodesim::{Observed, SimStats};
+use caravan_host::rpc::ServerApi;
+use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
+use caravan_host::state::{MemoryStateDb, StateDb};
+use caravan_host::structs::{Alloc, Task};
+use caravan_host::testing::InMemoryServer;
+use caravan_test_artifacts::SIM;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "storm-node";
+const PARALLEL_DESTROYS: i64 = 2;
+/// The storm's `gc_max_allocs`: Nomad's default.
+const STORM_MAX_ALLOCS: usize = 50;
+const WAVE_GAP: Duration = Duration::from_millis(50);
+/// Longest wait for any phase; a bench that stalls says where, rather than hanging.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
+
+struct Sizes {
+    terminal: usize,
+    new: usize,
+    waves: usize,
+}
+
+/// One round's measures.
+struct Round {
+    start_p50: Duration,
+    start_p99: Duration,
+    /// For a storm round: the collection's figures.
+    storm: Option<Storm>,
+}
+
+struct Storm {
+    peak_in_flight: u64,
+    lasted: Duration,
+    /// Terminal allocs collected when the last new alloc started: how much of the storm the
+    /// new allocs started inside.
+    collected_at_last_start: u64,
+}
+
+/// Disk usage that never crosses a threshold: only the alloc count triggers this GC.
+struct NoDiskPressure;
+
+impl StatsSource for NoDiskPressure {
+    fn stats(&self) -> std::io::Result<DiskStats> {
+        Ok(DiskStats {
+            used_percent: 0.0,
+            inodes_used_percent: 0.0,
+        })
+    }
+}
+
+fn sim_alloc(id: String, job: &str, config: &[(&str, &str)]) -> Alloc {
+    let mut task = Task::named("main");
+    task.config = config
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect();
+    Alloc::new(id, job, SIM, vec![task])
+}
+
+fn client(
+    server: Arc<dyn ServerApi>,
+    factory: &AllocRunnerFactory,
+    db: &Arc<dyn StateDb>,
+    data_dir: &std::path::Path,
+    max_allocs: usize,
+) -> Client {
+    let mut config = ClientConfig::new(NODE, data_dir);
+    config.gc = GcConfig {
+        max_allocs,
+        parallel_destroys: PARALLEL_DESTROYS,
+        ..GcConfig::default()
+    };
+    Client::with_state(
+        config,
+        server,
+        factory.clone(),
+        Arc::new(NoDiskPressure),
+        db.clone(),
+    )
+}
+
+fn collected(client: &Client) -> u64 {
+    client.metrics().allocs_collected.values().sum()
+}
+
+/// Waits until `done`, looking every `every`.
+async fn wait_until(what: &str, every: Duration, mut done: impl FnMut() -> bool) {
+    let since = Instant::now();
+    while !done() {
+        assert!(
+            since.elapsed() < PHASE_TIMEOUT,
+            "gave up after {PHASE_TIMEOUT:?} waiting for {what}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// How often a cheap condition is looked at.
+const LOOK: Duration = Duration::from_millis(5);
+/// How often the client's metrics are: they count every runner, too dear to ask often.
+const LOOK_AT_METRICS: Duration = Duration::from_millis(50);
+
+async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Round {
+    let dir = tempfile::tempdir().unwrap();
+    let server = InMemoryServer::new();
+    let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
+    let keep_all = sizes.terminal + sizes.new + STORM_MAX_ALLOCS;
+
+    let finishing = client(server.clone(), factory, &db, dir.path(), keep_all);
+    finishing.restore().await.unwrap();
+    finishing.start();
+    server.place_many(
+        NODE,
+        (0..sizes.terminal)
+            .map(|n| sim_alloc(format!("done-{n:05}"), "done", &[("run_for", "0s")])),
+    );
+    let terminal = sizes.terminal as u64;
+    // Each one is marked for collection as it completes.
+    wait_until("the batch allocs to complete", LOOK, || {
+        finishing.gc().queued() == sizes.terminal
+    })
+    .await;
+    finishing.shutdown_all().await;
+    drop(finishing);
+
+    let stats = Arc::new(SimStats::default());
+    let max_allocs = if storm { STORM_MAX_ALLOCS } else { keep_all };
+    let restarted = client(
+        Observed::new(server.clone(), stats.clone()),
+        factory,
+        &db,
+        dir.path(),
+        max_allocs,
+    );
+    restarted.restore().await.unwrap();
+    let storm_began = Instant::now();
+    restarted.start();
+    let per_wave = sizes.new.div_ceil(sizes.waves);
+    for wave in 0..sizes.waves {
+        let first = wave * per_wave;
+        let last = (first + per_wave).min(sizes.new);
+        server.place_many(
+            NODE,
+            (first..last).map(|n| sim_alloc(format!("new-{n:05}"), "new", &[])),
+        );
+        tokio::time::sleep(WAVE_GAP).await;
+    }
+    wait_until("the new allocs to run", LOOK, || {
+        stats.started() >= sizes.new
+    })
+    .await;
+    let collected_at_last_start = collected(&restarted);
+    let [start_p50, start_p99] = stats.start_latencies(&[50.0, 99.0]).unwrap()[..] else {
+        unreachable!("two percentiles asked, two given")
+    };
+    let storm = if storm {
+        wait_until("the storm to claim every alloc", LOOK, || {
+            restarted.gc().queued() == 0
+        })
+        .await;
+        wait_until("the storm to end", LOOK_AT_METRICS, || {
+            collected(&restarted) >= terminal
+        })
+        .await;
+        Some(Storm {
+            peak_in_flight: restarted.metrics().destroys_in_flight_peak,
+            lasted: storm_began.elapsed(),
+            collected_at_last_start,
+        })
+    } else {
+        assert_eq!(collected_at_last_start, 0, "the baseline collects nothing");
+        None
+    };
+    restarted.destroy_all().await;
+    Round {
+        start_p50,
+        start_p99,
+        storm,
+    }
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let mut args = std::env::args().skip_while(|a| a != name).skip(1);
+    args.next()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
+
+fn main() {
+    // As an agent would run: a subscriber at INFO, so spans and fields are really built.
+    tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_writer(std::io::sink)
+        .init();
+    let sizes = Sizes {
+        terminal: arg("--terminal", 10_000),
+        new: arg("--new", 500),
+        waves: arg("--waves", 10),
+    };
+    let rounds = arg("--rounds", 3);
+    let cache = tempfile::tempdir().unwrap();
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (baseline, stormy) = tokio.block_on(async {
+        let runtime = Runtime::new(&RuntimeConfig {
+            max_live_allocs: u32::try_from(sizes.terminal + sizes.new + 100).unwrap(),
+            cache_dir: Some(cache.path().to_path_buf()),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let factory = WasmAllocRunnerFactory::new(runtime).into_factory();
+        let (mut baseline, mut stormy) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            baseline.push(round(&factory, &sizes, false).await);
+            stormy.push(round(&factory, &sizes, true).await);
+        }
+        (baseline, stormy)
+    });
+    let median = |rounds: &[Round], pick: fn(&Round) -> Duration| {
+        common::median(rounds.iter().map(pick).collect())
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "gc storm: {} terminal allocs, gc_parallel_destroys {PARALLEL_DESTROYS}, {} new service allocs in {} waves {WAVE_GAP:?} apart; medians of {rounds} rounds",
+        sizes.terminal, sizes.new, sizes.waves
+    );
+    let (base_p50, base_p99) = (
+        median(&baseline, |r| r.start_p50),
+        median(&baseline, |r| r.start_p99),
+    );
+    let (storm_p50, storm_p99) = (
+        median(&stormy, |r| r.start_p50),
+        median(&stormy, |r| r.start_p99),
+    );
+    println!(
+        "  no storm (baseline)  start p50 {:>7.2} ms  p99 {:>7.2} ms",
+        ms(base_p50),
+        ms(base_p99)
+    );
+    println!(
+        "  during the storm     start p50 {:>7.2} ms  p99 {:>7.2} ms  (p99 {:.2}x the baseline)",
+        ms(storm_p50),
+        ms(storm_p99),
+        storm_p99.as_secs_f64() / base_p99.as_secs_f64()
+    );
+    for (n, round) in stormy.iter().enumerate() {
+        let storm = round
+            .storm
+            .as_ref()
+            .expect("a storm round measures its storm");
+        println!(
+            "  storm {}: {} collected in {:.2} s ({:.0}/s), destroys in flight at most {} (limit {PARALLEL_DESTROYS}); {} of them collected when the last new alloc started",
+            n + 1,
+            sizes.terminal,
+            storm.lasted.as_secs_f64(),
+            sizes.terminal as f64 / storm.lasted.as_secs_f64(),
+            storm.peak_in_flight,
+            storm.collected_at_last_start
+        );
+    }
+}
