@@ -16,106 +16,15 @@
 
 use caravan_host::allocrunner::AllocRunner;
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::Notify;
+use std::time::Instant;
 
 mod common;
 
-mod raw {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "alloc-runner",
-        imports: { "caravan:runner/host.next-event": async },
-        exports: { default: async },
-    });
-}
+#[path = "common/raw.rs"]
+mod raw;
 
-use common::{RunningSignal, alloc, config, median, rss_bytes};
-use raw::caravan::runner::{host as raw_host, types as raw_types};
-
-/// The bare embedding's store: WASI plus no-op Caravan imports.
-struct RawData {
-    wasi: wasmtime_wasi::WasiCtx,
-    table: wasmtime::component::ResourceTable,
-    reported: Option<Instant>,
-}
-
-impl wasmtime_wasi::WasiView for RawData {
-    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
-        wasmtime_wasi::WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl raw_types::Host for RawData {}
-
-impl raw_host::Host for RawData {
-    async fn next_event(&mut self, _timeout_ms: u64) -> Option<raw_types::Event> {
-        Some(raw_types::Event::Kill)
-    }
-
-    fn update_state(&mut self, _state: raw_types::AllocState) -> Result<(), String> {
-        self.reported.get_or_insert_with(Instant::now);
-        Ok(())
-    }
-
-    fn checkpoint(&mut self, _data: Vec<u8>) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-impl raw::wasi::logging::logging::Host for RawData {
-    fn log(&mut self, _: raw::wasi::logging::logging::Level, _: String, _: String) {}
-}
-
-struct Baseline {
-    engine: wasmtime::Engine,
-    pre: raw::AllocRunnerPre<RawData>,
-}
-
-impl Baseline {
-    fn new(engine: &wasmtime::Engine, path: &str) -> Self {
-        let mut linker = wasmtime::component::Linker::<RawData>::new(engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
-        raw::AllocRunner::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |d| d)
-            .unwrap();
-        let component = wasmtime::component::Component::from_file(engine, path).unwrap();
-        let pre = raw::AllocRunnerPre::new(linker.instantiate_pre(&component).unwrap()).unwrap();
-        Baseline {
-            engine: engine.clone(),
-            pre,
-        }
-    }
-
-    /// Instantiate and call `run` until the first `update-state`.
-    async fn start_once(&self, alloc: &raw_types::Alloc) -> Duration {
-        let begun = Instant::now();
-        let data = RawData {
-            wasi: wasmtime_wasi::WasiCtxBuilder::new().build(),
-            table: wasmtime::component::ResourceTable::new(),
-            reported: None,
-        };
-        let mut store = wasmtime::Store::new(&self.engine, data);
-        store.set_epoch_deadline(u64::MAX / 2);
-        let instance = self.pre.instantiate_async(&mut store).await.unwrap();
-        let _ = instance
-            .caravan_runner_runner()
-            .call_run(&mut store, alloc, None)
-            .await
-            .unwrap();
-        store.data().reported.expect("the guest reported") - begun
-    }
-}
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
+use common::{StatusSignal, alloc, arg_value, config, median, rss_bytes};
+use raw::{Baseline, types as raw_types};
 
 async fn start_latency(rounds: usize) {
     let runtime = Runtime::new(&RuntimeConfig {
@@ -139,9 +48,7 @@ async fn start_latency(rounds: usize) {
     for round in 0..rounds + rounds / 10 {
         let raw = baseline.start_once(&raw_alloc).await;
 
-        let signal = Arc::new(RunningSignal {
-            running: Notify::new(),
-        });
+        let signal = StatusSignal::running();
         let begun = Instant::now();
         let runner = factory
             .build(config(
@@ -151,7 +58,7 @@ async fn start_latency(rounds: usize) {
             ))
             .unwrap();
         runner.run();
-        signal.running.notified().await;
+        signal.reached.notified().await;
         let caravan = begun.elapsed();
         runner.destroy();
         runner.destroyed().wait().await;
@@ -202,9 +109,7 @@ async fn live_memory(count: u32) {
     let factory = WasmAllocRunnerFactory::new(runtime.clone());
     let data_dir = tempfile::tempdir().unwrap();
     // Compile and run one first, so neither compiled code nor first-use costs count.
-    let warm = Arc::new(RunningSignal {
-        running: Notify::new(),
-    });
+    let warm = StatusSignal::running();
     let first = factory
         .build(config(
             alloc(caravan_test_artifacts::MINIMAL, 0),
@@ -213,15 +118,13 @@ async fn live_memory(count: u32) {
         ))
         .unwrap();
     first.run();
-    warm.running.notified().await;
+    warm.reached.notified().await;
 
     let before = rss_bytes();
     let begun = Instant::now();
     let mut runners = Vec::new();
     for n in 1..=count as usize {
-        let signal = Arc::new(RunningSignal {
-            running: Notify::new(),
-        });
+        let signal = StatusSignal::running();
         let runner = factory
             .build(config(
                 alloc(caravan_test_artifacts::MINIMAL, n),
@@ -232,7 +135,7 @@ async fn live_memory(count: u32) {
         runner.run();
         let stopped = runner.wait();
         tokio::select! {
-            _ = signal.running.notified() => {}
+            _ = signal.reached.notified() => {}
             _ = stopped.wait() => {
                 println!("alloc {n} of {count} stopped before running: {}", runner.alloc_state().description);
                 break;
@@ -265,8 +168,10 @@ fn main() {
         .with_env_filter("info")
         .with_writer(std::io::sink)
         .init();
-    let rounds = arg("--rounds").and_then(|r| r.parse().ok()).unwrap_or(2000);
-    let live = arg("--live").unwrap_or_else(|| "1000,10000".into());
+    let rounds = arg_value("--rounds")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(2000);
+    let live = arg_value("--live").unwrap_or_else(|| "1000,10000".into());
     let tokio = if std::env::var_os("BENCH_CURRENT_THREAD").is_some() {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

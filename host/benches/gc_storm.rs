@@ -31,6 +31,7 @@ use caravan_host::state::{MemoryStateDb, StateDb};
 use caravan_host::structs::{Alloc, Task};
 use caravan_host::testing::InMemoryServer;
 use caravan_test_artifacts::SIM;
+use common::count_arg;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -207,14 +208,6 @@ async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Roun
     }
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let mut args = std::env::args().skip_while(|a| a != name).skip(1);
-    args.next()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-        .max(1)
-}
-
 fn main() {
     // As an agent would run: a subscriber at INFO, so spans and fields are really built.
     tracing_subscriber::fmt()
@@ -222,11 +215,11 @@ fn main() {
         .with_writer(std::io::sink)
         .init();
     let sizes = Sizes {
-        terminal: arg("--terminal", 10_000),
-        new: arg("--new", 500),
-        waves: arg("--waves", 10),
+        terminal: count_arg("--terminal", 10_000),
+        new: count_arg("--new", 500),
+        waves: count_arg("--waves", 10),
     };
-    let rounds = arg("--rounds", 3);
+    let rounds = count_arg("--rounds", 3);
     let cache = tempfile::tempdir().unwrap();
     let tokio = tokio::runtime::Runtime::new().unwrap();
     let (baseline, stormy) = tokio.block_on(async {

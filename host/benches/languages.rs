@@ -20,11 +20,9 @@ mod common;
 use caravan_host::allocrunner::AllocRunner;
 use caravan_host::runtime::{Origin, Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use caravan_test_artifacts::{MINIMAL, other_language_runner};
-use common::{RunningSignal, alloc, config, median, rss_bytes};
+use common::{StatusSignal, alloc, config, median, rss_bytes};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 struct Figures {
     language: &'static str,
@@ -62,15 +60,13 @@ async fn measure(language: &'static str, path: &str, rounds: usize, live: usize)
     let data_dir = tempfile::tempdir().unwrap();
     let mut samples = Vec::with_capacity(rounds);
     for n in 0..rounds {
-        let signal = Arc::new(RunningSignal {
-            running: Notify::new(),
-        });
+        let signal = StatusSignal::running();
         let started = Instant::now();
         let runner = factory
             .build(config(alloc(path, n), data_dir.path(), signal.clone()))
             .unwrap();
         runner.run();
-        signal.running.notified().await;
+        signal.reached.notified().await;
         samples.push(started.elapsed());
         runner.kill();
         runner.wait().wait().await;
@@ -79,9 +75,7 @@ async fn measure(language: &'static str, path: &str, rounds: usize, live: usize)
     let before = rss_bytes();
     let mut runners = Vec::with_capacity(live);
     for n in 0..live {
-        let signal = Arc::new(RunningSignal {
-            running: Notify::new(),
-        });
+        let signal = StatusSignal::running();
         let runner = factory
             .build(config(
                 alloc(path, rounds + n),
@@ -90,7 +84,7 @@ async fn measure(language: &'static str, path: &str, rounds: usize, live: usize)
             ))
             .unwrap();
         runner.run();
-        signal.running.notified().await;
+        signal.reached.notified().await;
         runners.push(runner);
     }
     let rss_per_alloc = rss_bytes().saturating_sub(before) as f64 / live as f64;

@@ -30,6 +30,11 @@ struct JsonStderr;
 
 impl std::io::Write for JsonStderr {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        // ASCII below DEL is valid UTF-8 with nothing to escape: most lines, checked at once.
+        if line.iter().all(|&b| b < 0x7f) {
+            std::io::stderr().write_all(line)?;
+            return Ok(line.len());
+        }
         match std::str::from_utf8(line) {
             Ok(text) => {
                 let escaped = crate::text::escape_json_controls(text);

@@ -62,7 +62,8 @@ pub fn escape_json_controls(json: &str) -> Cow<'_, str> {
     // they are the document's own whitespace (the newline ending each log line).
     let left_raw_by_json = |c: char| (c.is_control() && !c.is_ascii_control()) || c == '\u{7f}';
     let needs_escape = |c: char| left_raw_by_json(c) || is_bidi_control(c);
-    if !json.chars().any(needs_escape) {
+    // Every character to escape is DEL or beyond ASCII: most lines are settled by a byte scan.
+    if json.bytes().all(|b| b < 0x7f) || !json.chars().any(needs_escape) {
         return Cow::Borrowed(json);
     }
     let mut escaped = String::with_capacity(json.len() + 12);
@@ -80,7 +81,8 @@ pub fn escape_json_controls(json: &str) -> Cow<'_, str> {
 /// an escape: `\n`, `\r`, and `\u{1b}` for the rest. Backslashes are left as they are: a guest that writes a literal
 /// `\n` gets the same two characters, which start no line. Plain text comes back borrowed.
 pub fn escape_controls(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(is_control) {
+    let plain_ascii = |b: u8| (b' '..0x7f).contains(&b) || b == b'\t';
+    if text.bytes().all(plain_ascii) || !text.chars().any(is_control) {
         return Cow::Borrowed(text);
     }
     let mut escaped = String::with_capacity(text.len() + 8);

@@ -12,15 +12,29 @@ use std::time::Duration;
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 use tokio::sync::Notify;
 
-/// Notifies once the guest reports `running`.
-pub struct RunningSignal {
-    pub running: Notify,
+/// Notifies once the guest reports a status (`running` for a start).
+pub struct StatusSignal {
+    status: ClientStatus,
+    pub reached: Notify,
 }
 
-impl StateUpdater for RunningSignal {
+impl StatusSignal {
+    pub fn new(status: ClientStatus) -> Arc<Self> {
+        Arc::new(StatusSignal {
+            status,
+            reached: Notify::new(),
+        })
+    }
+
+    pub fn running() -> Arc<Self> {
+        StatusSignal::new(ClientStatus::Running)
+    }
+}
+
+impl StateUpdater for StatusSignal {
     fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
-        if state.client_status == ClientStatus::Running {
-            self.running.notify_one();
+        if state.client_status == self.status {
+            self.reached.notify_one();
         }
     }
 }
@@ -50,6 +64,19 @@ pub fn config(
         last_state: None,
         log_writer: None,
     }
+}
+
+/// The value after `name` on the bench's command line (`-- --rounds 5`).
+pub fn arg_value(name: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != name).nth(1)
+}
+
+/// A count given as `name N`, at least 1; `default` when absent or not a number.
+pub fn count_arg(name: &str, default: usize) -> usize {
+    arg_value(name)
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+        .max(1)
 }
 
 pub fn median(mut samples: Vec<Duration>) -> Duration {

@@ -335,9 +335,13 @@ impl Shared {
                 return RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
             }
         };
-        // What the directory holds already (a restored alloc's files) counts from the start.
-        let looking = disk.clone();
-        let _ = tokio::task::spawn_blocking(move || looking.look_now()).await;
+        // What the directory holds already (a restored or restarted alloc's files) counts
+        // from the start. A new alloc's directory is empty: one read of it here spares the
+        // start a trip through the blocking pool, which cost more than the rest of a start.
+        if !is_empty_dir(&self.config.alloc_dir) {
+            let looking = disk.clone();
+            let _ = tokio::task::spawn_blocking(move || looking.look_now()).await;
+        }
         let instantiating = std::time::Instant::now();
         let polls = store.data().cpu.poll_counter();
         let instance = match polls
@@ -571,4 +575,10 @@ impl AllocRunner for WasmAllocRunner {
     fn destroyed(&self) -> Latch {
         self.shared.destroyed.latch()
     }
+}
+
+/// True when `dir` can be read and holds nothing; a directory that cannot be read is
+/// looked at properly, so its error is reported where looks report theirs.
+fn is_empty_dir(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
 }
