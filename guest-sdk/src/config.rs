@@ -22,3 +22,48 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map(Duration::from_millis)
         .ok_or_else(|| format!("{text:?} is too long"))
 }
+
+/// One task's config, read key by key. Its errors name the task and the key, as the host
+/// shows them in the alloc's description (`task "web": run_for: "soon" is not a duration ...`).
+pub struct TaskConfig<'a> {
+    task: &'a crate::Task,
+}
+
+impl<'a> TaskConfig<'a> {
+    /// The config of `task`.
+    pub fn of(task: &'a crate::Task) -> Self {
+        TaskConfig { task }
+    }
+
+    /// The value of `key`, if the job file sets it (the first, if it sets it twice).
+    pub fn get(&self, key: &str) -> Option<&'a str> {
+        self.task
+            .config
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `key` as a duration (see [`parse_duration`]), if set.
+    pub fn duration(&self, key: &str) -> Result<Option<Duration>, crate::RunnerError> {
+        self.get(key)
+            .map(parse_duration)
+            .transpose()
+            .map_err(|why| self.invalid(key, why))
+    }
+
+    /// The error for a value of `key` that cannot be used, `why` saying what is wrong.
+    pub fn invalid(&self, key: &str, why: String) -> crate::RunnerError {
+        crate::RunnerError::InvalidConfig(format!("task {:?}: {key}: {why}", self.task.name))
+    }
+}
+
+/// What a runner returns from `next_wakeup` when it has things to do at `deadlines`: the
+/// time until the earliest (zero if it has passed), or `None` to wait for events only.
+pub fn wakeup_for(deadlines: impl IntoIterator<Item = std::time::Instant>) -> Option<Duration> {
+    let now = std::time::Instant::now();
+    deadlines
+        .into_iter()
+        .map(|at| at.saturating_duration_since(now))
+        .min()
+}

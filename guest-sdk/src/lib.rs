@@ -74,7 +74,7 @@ pub use bindings::exports::caravan::runner::runner::Guest;
 pub use bindings::wasi::logging::logging::Level;
 
 mod config;
-pub use config::parse_duration;
+pub use config::{TaskConfig, parse_duration, wakeup_for};
 
 mod state;
 pub use state::State;

@@ -170,7 +170,7 @@ fn measure(nodes: usize, allocs: usize, runner: &str, cache: &std::path::Path) -
         std::thread::sleep(Duration::from_millis(20));
     }
     let all_running = submitted.elapsed();
-    let updates = counter(&agent, "caravan_server_alloc_updates_total");
+    let updates = agent.metric("caravan_server_alloc_updates_total");
     // The last summary line has every start measured.
     sim.wait_for(&format!("allocs {allocs} (running {allocs})"));
     let line = sim.wait_for("start p50");
@@ -269,16 +269,6 @@ fn running(agent: &Agent) -> usize {
         .ok()
         .and_then(|job| job["allocs"]["running"].as_u64())
         .unwrap_or(0) as usize
-}
-
-fn counter(agent: &Agent, name: &str) -> u64 {
-    let answer = agent.request("GET", "/v1/metrics", "");
-    let prefix = format!("{name} ");
-    body(&answer)
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn rss_of(pid: u32) -> u64 {

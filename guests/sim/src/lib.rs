@@ -17,7 +17,7 @@
 //! On `shutdown` it checkpoints each task's remaining time and its drawn outcome; restored,
 //! a task carries on where it was, with a `Restored` event.
 
-use caravan_guest::{Alloc, Runner, RunnerError, State, info, parse_duration, warn};
+use caravan_guest::{Alloc, Runner, RunnerError, State, TaskConfig, info, wakeup_for, warn};
 use std::time::{Duration, Instant};
 
 struct Sim {
@@ -56,33 +56,18 @@ impl Runner for Sim {
         let now = Instant::now();
         let mut tasks = Vec::new();
         for task in &alloc.tasks {
-            let setting = |key: &str| {
-                task.config
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v.as_str())
-            };
-            let invalid = |key: &str, why: String| {
-                RunnerError::InvalidConfig(format!("task {:?}: {key}: {why}", task.name))
-            };
-            let duration = |key: &str| {
-                setting(key)
-                    .map(parse_duration)
-                    .transpose()
-                    .map_err(|e| invalid(key, e))
-            };
-            let run_for = duration("run_for")?;
-            let run_jitter = duration("run_jitter")?.unwrap_or_default();
-            let log_every = duration("log_every")?.filter(|d| !d.is_zero());
-            let fail_ratio = match setting("fail_ratio") {
+            let config = TaskConfig::of(task);
+            let run_for = config.duration("run_for")?;
+            let run_jitter = config.duration("run_jitter")?.unwrap_or_default();
+            let log_every = config.duration("log_every")?.filter(|d| !d.is_zero());
+            let fail_ratio = match config.get("fail_ratio") {
                 None => 0.0,
                 Some(text) => match text.trim().parse::<f64>() {
                     Ok(ratio) if (0.0..=1.0).contains(&ratio) => ratio,
                     _ => {
-                        return Err(invalid(
-                            "fail_ratio",
-                            format!("{text:?} is not from 0 to 1"),
-                        ));
+                        return Err(
+                            config.invalid("fail_ratio", format!("{text:?} is not from 0 to 1"))
+                        );
                     }
                 },
             };
@@ -122,14 +107,13 @@ impl Runner for Sim {
     }
 
     fn next_wakeup(&self) -> Option<Duration> {
-        let now = Instant::now();
-        self.tasks
-            .iter()
-            .filter(|t| !t.done)
-            .flat_map(|t| [t.ends_at, t.next_log])
-            .flatten()
-            .map(|at| at.saturating_duration_since(now))
-            .min()
+        wakeup_for(
+            self.tasks
+                .iter()
+                .filter(|t| !t.done)
+                .flat_map(|t| [t.ends_at, t.next_log])
+                .flatten(),
+        )
     }
 
     fn on_wakeup(&mut self, state: &mut State) -> Result<(), RunnerError> {

@@ -9,7 +9,9 @@
 //! event; it changes nothing else. A restart counts in the task's `restarts`, with Nomad's
 //! `Restart Signaled`, `Restarting` and `Started` events, and starts the task's run over.
 
-use caravan_guest::{Alloc, Runner, RunnerError, SignalRequest, State, info, parse_duration, warn};
+use caravan_guest::{
+    Alloc, Runner, RunnerError, SignalRequest, State, TaskConfig, info, wakeup_for, warn,
+};
 use std::time::{Duration, Instant};
 
 struct Sleeper {
@@ -35,29 +37,15 @@ impl Runner for Sleeper {
         let now = Instant::now();
         let mut tasks = Vec::new();
         for task in &alloc.tasks {
-            let setting = |key: &str| {
-                task.config
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v.as_str())
-            };
-            let invalid = |key: &str, why: String| {
-                RunnerError::InvalidConfig(format!("task {:?}: {key}: {why}", task.name))
-            };
-            let run_for = setting("run_for")
-                .map(parse_duration)
-                .transpose()
-                .map_err(|e| invalid("run_for", e))?;
-            let exit_code = match setting("exit_code") {
-                Some(code) => code
-                    .parse::<i64>()
-                    .map_err(|_| invalid("exit_code", format!("{code:?} is not a whole number")))?,
+            let config = TaskConfig::of(task);
+            let run_for = config.duration("run_for")?;
+            let exit_code = match config.get("exit_code") {
+                Some(code) => code.parse::<i64>().map_err(|_| {
+                    config.invalid("exit_code", format!("{code:?} is not a whole number"))
+                })?,
                 None => 0,
             };
-            let log_every = setting("log_every")
-                .map(parse_duration)
-                .transpose()
-                .map_err(|e| invalid("log_every", e))?;
+            let log_every = config.duration("log_every")?;
             match run_for {
                 Some(d) => info!("task {} started; runs for {}ms", task.name, d.as_millis()),
                 None => info!("task {} started; runs until killed", task.name),
@@ -77,14 +65,13 @@ impl Runner for Sleeper {
     }
 
     fn next_wakeup(&self) -> Option<Duration> {
-        let now = Instant::now();
-        self.tasks
-            .iter()
-            .filter(|t| !t.done)
-            .flat_map(|t| [t.ends_at, t.next_log])
-            .flatten()
-            .map(|at| at.saturating_duration_since(now))
-            .min()
+        wakeup_for(
+            self.tasks
+                .iter()
+                .filter(|t| !t.done)
+                .flat_map(|t| [t.ends_at, t.next_log])
+                .flatten(),
+        )
     }
 
     fn on_wakeup(&mut self, state: &mut State) -> Result<(), RunnerError> {

@@ -140,13 +140,19 @@ impl Agent {
         answer
     }
 
-    pub fn instantiations(&self) -> u64 {
+    /// The value of the unlabelled sample `name` on the agent's `/v1/metrics`, 0 if absent.
+    pub fn metric(&self, name: &str) -> u64 {
         let metrics = self.request("GET", "/v1/metrics", "");
+        let prefix = format!("{name} ");
         metrics
             .lines()
-            .find_map(|line| line.strip_prefix("caravan_runner_instantiation_seconds_count "))
+            .find_map(|line| line.strip_prefix(&prefix))
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    pub fn instantiations(&self) -> u64 {
+        self.metric("caravan_runner_instantiation_seconds_count")
     }
 
     pub fn wait_instantiations(&self, wanted: u64) {

@@ -9,12 +9,14 @@ use std::path::Path;
 /// Makes `alloc_dir`: one `mkdir` in the common case, its parents only on the first alloc of
 /// a data dir. An existing directory (a restored alloc's) is kept as it is. Called only from
 /// a runner's start, never when it is built: the client's leftover sweep relies on an alloc
-/// being in its map before its directory exists.
-pub(super) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<()> {
+/// being in its map before its directory exists. Returns whether it was made now, and so is
+/// empty: what was there before is for the disk quota's first look to count.
+pub(super) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<bool> {
     std::fs::create_dir(alloc_dir)
+        .map(|()| true)
         .or_else(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => Ok(()),
-            _ => std::fs::create_dir_all(alloc_dir),
+            std::io::ErrorKind::AlreadyExists => Ok(false),
+            _ => std::fs::create_dir_all(alloc_dir).map(|()| true),
         })
         .map_err(|e| anyhow::anyhow!("cannot create alloc dir {}: {e}", alloc_dir.display()))
 }

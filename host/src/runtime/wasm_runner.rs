@@ -329,16 +329,16 @@ impl Shared {
         let alloc = self.alloc();
         let (disk, mut over_quota) =
             DiskLedger::new(self.config.alloc_dir.clone(), DiskQuota::of(&self.limits));
-        let mut store = match self.new_store(&alloc, events, disk.clone()) {
-            Ok(store) => store,
+        let (mut store, dir_made_now) = match self.new_store(&alloc, events, disk.clone()) {
+            Ok(made) => made,
             Err(error) => {
                 return RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
             }
         };
         // What the directory holds already (a restored or restarted alloc's files) counts
-        // from the start. A new alloc's directory is empty: one read of it here spares the
-        // start a trip through the blocking pool, which cost more than the rest of a start.
-        if !is_empty_dir(&self.config.alloc_dir) {
+        // from the start. One made now is empty: skipping the look spares a new alloc's start
+        // a trip through the blocking pool, which cost more than the rest of the start.
+        if !dir_made_now {
             let looking = disk.clone();
             let _ = tokio::task::spawn_blocking(move || looking.look_now()).await;
         }
@@ -412,12 +412,14 @@ impl Shared {
         }
     }
 
+    /// The alloc's sandbox, with its directory made if it was not there: returns the store
+    /// and whether the directory was made now (and so holds nothing yet).
     fn new_store(
         &self,
         alloc: &Arc<Alloc>,
         events: mpsc::UnboundedReceiver<Event>,
         disk: Arc<DiskLedger>,
-    ) -> anyhow::Result<Store<StoreData>> {
+    ) -> anyhow::Result<(Store<StoreData>, bool)> {
         // Checked again here: the agent's offer and caps may have changed since the job was
         // submitted.
         alloc
@@ -432,7 +434,7 @@ impl Shared {
         }
         let grants = self.admission.offered.grant(&alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
-        create_alloc_dir(alloc_dir)?;
+        let dir_made_now = create_alloc_dir(alloc_dir)?;
         let sink = GuestLogSink::new(
             self.config.span.clone(),
             LogLimits::of(&self.limits),
@@ -471,7 +473,7 @@ impl Shared {
             }
         });
         store.set_epoch_deadline(1);
-        Ok(store)
+        Ok((store, dir_made_now))
     }
 }
 
@@ -575,10 +577,4 @@ impl AllocRunner for WasmAllocRunner {
     fn destroyed(&self) -> Latch {
         self.shared.destroyed.latch()
     }
-}
-
-/// True when `dir` can be read and holds nothing; a directory that cannot be read is
-/// looked at properly, so its error is reported where looks report theirs.
-fn is_empty_dir(dir: &std::path::Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
 }
