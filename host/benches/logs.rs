@@ -9,7 +9,8 @@
 //!
 //! The guest is `fixture_log_flood`: it logs its records in a loop inside `start`, then
 //! reports `complete`. Each round times, on both sides, from the runner's start to that
-//! report, so the time is the loop's.
+//! report, so the time is the loop's; on Caravan's side, until the agent log's writer has
+//! written every record too.
 //! - no-op: the bare embedding; `log` drops the line.
 //! - caravan: the wasm factory's runner, as an agent runs it, with the log rate limits
 //!   lifted (this measures the path, not the limit): each record is cut to size, rate-checked,
@@ -129,6 +130,9 @@ async fn flood_rounds(lines: usize, rounds: usize) {
         let runner = factory.build(config).unwrap();
         runner.run();
         complete.reached.notified().await;
+        // Until the agent log's writer has written them all: records in memory are not in
+        // the log yet.
+        caravan_host::telemetry::flush();
         let elapsed = begun.elapsed();
         runner.destroy();
         runner.destroyed().wait().await;

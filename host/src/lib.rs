@@ -25,7 +25,9 @@
 //!   restart loses nothing.
 //! - [`run`]: one alloc to completion without an agent, behind `caravan run`.
 //! - [`shutdown`]: Ctrl-C and SIGTERM as shutdown stages the commands wait on.
-//! - [`telemetry`]: the process's tracing subscriber (text or JSON).
+//! - [`telemetry`]: the process's tracing subscriber (text or JSON) and its stderr writer.
+//! - [`text`]: escaping what guests write before it is logged or shown.
+//! - [`timestamp`]: RFC 3339 UTC timestamps for log lines.
 //! - [`units`]: sizes and durations as operators type them.
 //! - `testing` (feature `testing` only): seams that fail on demand, an in-memory server.
 //!
@@ -33,7 +35,7 @@
 //! `client` -> `allocrunner` (the client never sees wasmtime: it is given a factory);
 //! `client` and `server` -> `state` -> `structs`; `client` and `server` -> `rpc` (and never
 //! each other); `allocrunner`, `runtime`, `client` and the agent's HTTP API -> `alloc_logs`,
-//! a leaf.
+//! a leaf; `alloc_logs` and `telemetry` -> `timestamp`, another.
 
 pub mod agent;
 pub mod alloc_logs;
@@ -60,4 +62,5 @@ pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;
+pub mod timestamp;
 pub mod units;

@@ -11,12 +11,18 @@ use std::path::{Path, PathBuf};
 /// and `alloc logs` never hands a terminal a raw escape.
 pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) -> String {
     use crate::text::escape_controls;
-    format!(
-        "{} {level:>5} {}: {}\n",
-        rfc3339_now(),
-        escape_controls(source),
-        escape_controls(message)
-    )
+    use crate::timestamp::{Fraction, write_utc};
+    use std::fmt::Write;
+    let (source, message) = (escape_controls(source), escape_controls(message));
+    let mut line = String::with_capacity(32 + source.len() + message.len());
+    // Writing into a String cannot fail.
+    let _ = write_utc(&mut line, std::time::SystemTime::now(), Fraction::Millis);
+    let _ = write!(line, " {level:>5} ");
+    line.push_str(&source);
+    line.push_str(": ");
+    line.push_str(&message);
+    line.push('\n');
+    line
 }
 
 /// `<id>.log` -> `<id>.log.N`.
@@ -142,33 +148,6 @@ impl LogFile {
     }
 }
 
-/// The current UTC time as `2026-11-29T20:41:20.816Z`.
-fn rfc3339_now() -> String {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = since_epoch.as_secs();
-    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let mp = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60,
-        since_epoch.subsec_millis()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,15 +205,5 @@ mod tests {
         assert_eq!(file.append_batch(&["short\n".into()]), 0);
         assert_eq!(file.append_batch(&["longer than ten\n".into()]), 1);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "longer than ten\n");
-    }
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        let now = rfc3339_now();
-        assert_eq!(now.len(), "2026-11-29T20:41:20.816Z".len(), "{now}");
-        assert!(
-            now.starts_with("20") && now.ends_with('Z') && &now[10..11] == "T",
-            "{now}"
-        );
     }
 }

@@ -1,0 +1,273 @@
+//! The agent's JSON log line, written straight into the line's buffer: one object per event
+//! with `timestamp` (RFC 3339, microseconds, UTC), `level`, `fields`, `target` and `span`
+//! (the current span's fields and its `name`), the shape tracing's own JSON formatter gives.
+//!
+//! Why not that formatter: every guest record passes here, on the guest's thread, and that
+//! one re-parses the span's fields from JSON for each event, goes through serde for each
+//! string and formats the clock from scratch; this writes the span's stored JSON as it is,
+//! escapes in place and formats the date once a second ([`crate::timestamp`]). It only formats: escaping of what
+//! JSON leaves raw (DEL, C1, bidirectional controls) is the writer's, and filtering is the
+//! subscriber's.
+
+use crate::timestamp::Fraction;
+use std::fmt::{self, Write};
+use std::time::SystemTime;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Formats events as JSON lines; used with [`JsonFields`], which stores each span's fields
+/// as a JSON object.
+pub struct JsonLine;
+
+impl<S> FormatEvent<S, JsonFields> for JsonLine
+where
+    S: Subscriber + for<'lookup> LookupSpan<'lookup>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, JsonFields>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let meta = event.metadata();
+        writer.write_str("{\"timestamp\":\"")?;
+        crate::timestamp::write_utc(&mut writer, SystemTime::now(), Fraction::Micros)?;
+        write!(writer, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
+        let mut fields = FieldsVisitor {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        event.record(&mut fields);
+        fields.result?;
+        writer.write_str("},\"target\":")?;
+        write_json_str(&mut writer, meta.target())?;
+        if let Some(span) = ctx.parent_span() {
+            let extensions = span.extensions();
+            let stored = extensions
+                .get::<FormattedFields<JsonFields>>()
+                .map(|fields| fields.fields.as_str())
+                .unwrap_or("{}");
+            // `{"a":1,"b":2}` as `"a":1,"b":2`: the span's fields are already a JSON object.
+            let inner = stored
+                .strip_prefix('{')
+                .and_then(|rest| rest.strip_suffix('}'))
+                .unwrap_or("")
+                .trim();
+            writer.write_str(",\"span\":{")?;
+            if !inner.is_empty() {
+                writer.write_str(inner)?;
+                writer.write_char(',')?;
+            }
+            writer.write_str("\"name\":")?;
+            write_json_str(&mut writer, span.name())?;
+            writer.write_char('}')?;
+        }
+        writer.write_str("}\n")
+    }
+}
+
+/// Writes an event's fields as `"name":value` pairs.
+struct FieldsVisitor<'a, 'w> {
+    writer: &'a mut Writer<'w>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl FieldsVisitor<'_, '_> {
+    fn entry(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
+        if self.result.is_err() {
+            return;
+        }
+        let separator = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            ","
+        };
+        self.result = self
+            .writer
+            .write_str(separator)
+            .and_then(|()| write_json_str(self.writer, field.name()))
+            .and_then(|()| self.writer.write_char(':'))
+            .and_then(|()| value(self.writer));
+    }
+}
+
+impl Visit for FieldsVisitor<'_, '_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.entry(field, |w| {
+            w.write_char('"')?;
+            write!(JsonEscaped(w), "{value:?}")?;
+            w.write_char('"')
+        });
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.entry(field, |w| write_json_str(w, value));
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.entry(field, |w| {
+            w.write_char('"')?;
+            write!(JsonEscaped(w), "{value}")?;
+            w.write_char('"')
+        });
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.entry(field, |w| write!(w, "{value}"));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.entry(field, |w| write!(w, "{value}"));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.entry(field, |w| write!(w, "{value}"));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        // JSON has no NaN or infinity; tracing's formatter writes `null` for them too.
+        self.entry(field, |w| {
+            if value.is_finite() {
+                write!(w, "{value}")
+            } else {
+                w.write_str("null")
+            }
+        });
+    }
+}
+
+/// `text` as a JSON string, quotes included.
+fn write_json_str(w: &mut impl Write, text: &str) -> fmt::Result {
+    w.write_char('"')?;
+    JsonEscaped(w).write_str(text)?;
+    w.write_char('"')
+}
+
+/// Writes what it is given as the inside of a JSON string: quote, backslash and the C0
+/// controls escaped, everything else as it is.
+struct JsonEscaped<'a, W: Write>(&'a mut W);
+
+impl<W: Write> Write for JsonEscaped<'_, W> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let mut plain_from = 0;
+        for (at, byte) in text.bytes().enumerate() {
+            let escape = match byte {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                0..0x20 => "",
+                _ => continue,
+            };
+            // Every byte escaped here is ASCII, so `at` is on a character boundary.
+            self.0.write_str(&text[plain_from..at])?;
+            if escape.is_empty() {
+                write!(self.0, "\\u{byte:04x}")?;
+            } else {
+                self.0.write_str(escape)?;
+            }
+            plain_from = at + 1;
+        }
+        self.0.write_str(&text[plain_from..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_escape_what_json_requires() {
+        let mut text = String::new();
+        write_json_str(&mut text, "a\"b\\c\nd\re\tf\u{1}g\u{1b}[2Jé\u{202e}").unwrap();
+        assert_eq!(
+            text,
+            "\"a\\\"b\\\\c\\nd\\re\\tf\\u0001g\\u001b[2Jé\u{202e}\""
+        );
+        let back: String = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, "a\"b\\c\nd\re\tf\u{1}g\u{1b}[2Jé\u{202e}");
+    }
+
+    /// The lines a subscriber wrote, through `install`'s formatter, for the same events.
+    fn lines_from(
+        install: impl FnOnce(
+            tracing_subscriber::fmt::SubscriberBuilder<
+                JsonFields,
+                tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Json>,
+                tracing_subscriber::filter::LevelFilter,
+                Captured,
+            >,
+        ) -> Box<dyn Subscriber + Send + Sync>,
+    ) -> Vec<serde_json::Value> {
+        let captured = Captured::default();
+        let builder = tracing_subscriber::fmt()
+            .json()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(captured.clone());
+        tracing::subscriber::with_default(install(builder), || {
+            tracing::warn!(count = 3_u64, ratio = 0.5, ok = true, "outside any span");
+            let span = tracing::info_span!("alloc", alloc_id = "a-1", job = "web \"x\"");
+            let _in = span.enter();
+            tracing::info!(target: "caravan::guest", context = "ctx", "line\twith \"quotes\"");
+            let error = std::io::Error::other("disk full");
+            tracing::error!(
+                error = &error as &dyn std::error::Error,
+                delta = -2_i64,
+                "failed"
+            );
+        });
+        let bytes = captured.0.lock().unwrap().clone();
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+                value.as_object_mut().unwrap().remove("timestamp");
+                value
+            })
+            .collect()
+    }
+
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn lines_say_what_tracings_own_json_formatter_says() {
+        let ours = lines_from(|builder| Box::new(builder.event_format(JsonLine).finish()));
+        let theirs = lines_from(|builder| {
+            Box::new(
+                builder
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .finish(),
+            )
+        });
+        assert_eq!(ours.len(), 3);
+        assert_eq!(ours, theirs);
+    }
+}

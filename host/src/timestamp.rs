@@ -1,0 +1,119 @@
+//! RFC 3339 UTC timestamps for log lines (`2026-12-01T18:09:42.791781Z`), the agent log's and
+//! the alloc log files'. Both write one for every line a guest logs, so the date and time of
+//! day are formatted once per second per thread and only the fraction each time.
+//!
+//! A leaf: it knows the clock and the calendar, nothing of logs.
+
+use std::cell::RefCell;
+use std::fmt::{self, Write};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// How many digits of the second a timestamp has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fraction {
+    /// `.816`
+    Millis,
+    /// `.816123`
+    Micros,
+}
+
+thread_local! {
+    /// The last second this thread formatted, and its `YYYY-MM-DDTHH:MM:SS`.
+    static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
+/// Writes `at` as `YYYY-MM-DDTHH:MM:SS.fffZ` or `...ffffffZ`, in UTC.
+pub fn write_utc(w: &mut impl Write, at: SystemTime, fraction: Fraction) -> fmt::Result {
+    // A clock before 1970 is shown as 1970: a log line is no place to fail.
+    let since_epoch = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let seconds = since_epoch.as_secs();
+    SECOND.with_borrow_mut(|(cached, text)| {
+        if *cached != seconds {
+            text.clear();
+            write_date_time(text, seconds)?;
+            *cached = seconds;
+        }
+        w.write_str(text)
+    })?;
+    match fraction {
+        Fraction::Millis => write!(w, ".{:03}Z", since_epoch.subsec_millis()),
+        Fraction::Micros => write!(w, ".{:06}Z", since_epoch.subsec_micros()),
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` of a Unix time, in the proleptic Gregorian calendar.
+fn write_date_time(w: &mut impl Write, unix_seconds: u64) -> fmt::Result {
+    let (year, month, day) = civil_from_days(unix_seconds / 86_400);
+    let of_day = unix_seconds % 86_400;
+    write!(
+        w,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60
+    )
+}
+
+/// The calendar date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`): eras of
+/// 400 years (146,097 days) that start on 1 March, so a leap day ends its year.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let shifted = days + 719_468; // days from 0000-03-01 to 1970-01-01
+    let era = shifted / 146_097;
+    let day_of_era = shifted % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn utc(unix_micros: u64, fraction: Fraction) -> String {
+        let mut text = String::new();
+        write_utc(
+            &mut text,
+            UNIX_EPOCH + Duration::from_micros(unix_micros),
+            fraction,
+        )
+        .unwrap();
+        text
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        use Fraction::*;
+        assert_eq!(utc(0, Micros), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            utc(1_796_058_410_964_123, Micros),
+            "2026-11-30T17:06:50.964123Z"
+        );
+        assert_eq!(
+            utc(1_796_058_410_964_123, Millis),
+            "2026-11-30T17:06:50.964Z"
+        );
+        // Leap days, and the turn of a century that is not a leap year.
+        assert_eq!(utc(951_782_400_000_000, Millis), "2000-02-29T00:00:00.000Z");
+        assert_eq!(
+            utc(4_107_542_399_000_000, Millis),
+            "2100-02-28T23:59:59.000Z"
+        );
+        assert_eq!(
+            utc(4_107_542_400_000_000, Millis),
+            "2100-03-01T00:00:00.000Z"
+        );
+        // The cached second is not reused for the next one.
+        assert_eq!(utc(1_500_000, Micros), "1970-01-01T00:00:01.500000Z");
+        assert_eq!(utc(2_000_001, Micros), "1970-01-01T00:00:02.000001Z");
+    }
+}
