@@ -54,6 +54,34 @@ impl Histogram {
     }
 }
 
+/// The bucket bound at or under which quantile `q` (0 to 1) of histogram `name` falls, read
+/// from Prometheus text as [`Histogram::write_prometheus`] writes it: `Some(None)` when it
+/// falls beyond the last bound, `None` when `text` has no observation of `name`.
+pub fn quantile_bound(text: &str, name: &str, q: f64) -> Option<Option<Duration>> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(&str, u64)> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (bound, count) = rest.split_once("\"} ")?;
+            Some((bound, count.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.iter().find(|(bound, _)| *bound == "+Inf")?.1;
+    if total == 0 {
+        return None;
+    }
+    let wanted = (q * total as f64).ceil().max(1.0) as u64;
+    let (bound, _) = buckets
+        .iter()
+        .find(|(_, cumulative)| *cumulative >= wanted)?;
+    let finite = bound
+        .parse::<f64>()
+        .ok()
+        .filter(|seconds| seconds.is_finite());
+    Some(finite.and_then(|seconds| Duration::try_from_secs_f64(seconds).ok()))
+}
+
 /// The runtime's instantiation latency (see [`crate::runtime::Runtime::instantiation_latency`])
 /// as `/v1/metrics` shows it.
 pub fn write_instantiation_latency(histogram: &Histogram, out: &mut String) {
@@ -78,6 +106,11 @@ mod tests {
         histogram.write_prometheus("x", "help", &mut text);
         assert!(text.contains("x_bucket{le=\"0.00005\"} 1\n"), "{text}");
         assert!(text.contains("x_bucket{le=\"0.005\"} 2\n"), "{text}");
+        let bound = |q| quantile_bound(&text, "x", q);
+        assert_eq!(bound(0.3), Some(Some(Duration::from_micros(50))));
+        assert_eq!(bound(0.5), Some(Some(Duration::from_millis(5))));
+        assert_eq!(bound(0.99), Some(None), "beyond the last bound");
+        assert_eq!(quantile_bound(&text, "y", 0.5), None, "no such histogram");
         assert!(text.contains("x_bucket{le=\"10\"} 2\n"), "{text}");
         assert!(text.contains("x_bucket{le=\"+Inf\"} 3\n"), "{text}");
         assert!(text.contains("x_count 3\n"), "{text}");

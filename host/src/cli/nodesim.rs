@@ -102,7 +102,12 @@ impl NodesimCommand {
         };
         // A bad server address or cluster setting is refused before anything is warned
         // about or started.
-        let (servers, target, _members) = self.servers(&config).await?;
+        let Servers {
+            nodes: servers,
+            target,
+            agent,
+            members: _members,
+        } = self.servers(&config).await?;
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
         let mut stop = shutdown.listener();
@@ -150,26 +155,32 @@ impl NodesimCommand {
                 }
             }
         }
-        println!("{}", report(&sim.summary()));
+        let mut report = report(&sim.summary());
+        if let Some(agent) = agent {
+            report.push_str(&watch_lag_line(&agent).await);
+        }
+        println!("{report}");
         tokio::select! {
             _ = sim.stop() => Ok(ExitCode::SUCCESS),
             _ = stop.abandoning() => bail!("interrupted again: stopped without waiting for the nodes"),
         }
     }
 
-    /// What each node talks to, what to call it, and the cluster memberships that must live
-    /// as long as the nodes: an agent over HTTP, or the etcd cluster, which every node joins
-    /// (a lease and a live key, as an agent's node has) before it starts.
-    async fn servers(
-        &self,
-        config: &NodeSimConfig,
-    ) -> anyhow::Result<(NodeServers, String, Vec<crate::cluster::Member>)> {
+    /// What each node talks to: an agent over HTTP, or the etcd cluster, which every node
+    /// joins (a lease and a live key, as an agent's node has) before it starts.
+    async fn servers(&self, config: &NodeSimConfig) -> anyhow::Result<Servers> {
         match self.cluster.as_deref() {
             None | Some("embedded") => {
                 let server = HttpServer::new(&self.server, self.token.clone())?;
-                let servers: NodeServers =
+                let agent = server.clone();
+                let nodes: NodeServers =
                     Arc::new(move |node: &str| server.node(node) as Arc<dyn ServerApi>);
-                Ok((servers, self.server.clone(), Vec::new()))
+                Ok(Servers {
+                    nodes,
+                    target: self.server.clone(),
+                    agent: Some(agent),
+                    members: Vec::new(),
+                })
             }
             Some("etcd") => {
                 let endpoints: Vec<String> = match &self.etcd_endpoints {
@@ -200,13 +211,53 @@ impl NodesimCommand {
                     })
                     .collect();
                 let api = EtcdServerApi::new(store.clone());
-                let servers: NodeServers =
-                    Arc::new(move |_: &str| api.clone() as Arc<dyn ServerApi>);
-                Ok((servers, format!("etcd at {}", store.endpoints()), members))
+                let nodes: NodeServers = Arc::new(move |_: &str| api.clone() as Arc<dyn ServerApi>);
+                Ok(Servers {
+                    nodes,
+                    target: format!("etcd at {}", store.endpoints()),
+                    agent: None,
+                    members,
+                })
             }
             Some(other) => bail!("--cluster must be etcd or embedded, not {other:?}"),
         }
     }
+}
+
+/// What the nodes talk to, from [`NodesimCommand::servers`].
+struct Servers {
+    /// Each node's server.
+    nodes: NodeServers,
+    /// What they are, for people.
+    target: String,
+    /// The agent whose embedded server they use, whose metrics the report reads.
+    agent: Option<HttpServer>,
+    /// The nodes' cluster memberships, which must live as long as the nodes.
+    members: Vec<crate::cluster::Member>,
+}
+
+/// The report's watch lag line, from the server's own histogram (only the server knows when
+/// a node's allocs changed): bucket bounds, so "under".
+async fn watch_lag_line(agent: &HttpServer) -> String {
+    const HISTOGRAM: &str = "caravan_server_watch_lag_seconds";
+    let text = match agent.metrics_text().await {
+        Ok(text) => text,
+        Err(error) => return format!("\n  watch lag     unknown: {error}"),
+    };
+    let bound = |q| match crate::histogram::quantile_bound(&text, HISTOGRAM, q) {
+        // Debug shows 250µs, 2.5ms and 10s alike.
+        Some(Some(bound)) => format!("under {bound:?}"),
+        Some(None) => format!(
+            "over {}s",
+            crate::histogram::BUCKETS_SECONDS[crate::histogram::BUCKETS_SECONDS.len() - 1]
+        ),
+        None => "-".into(),
+    };
+    format!(
+        "\n  watch lag     p50 {}, p99 {} (the server's, all its nodes': from a change to a node's allocs to its watch answering)",
+        bound(0.5),
+        bound(0.99)
+    )
 }
 
 fn millis(duration: Option<Duration>) -> String {

@@ -131,13 +131,26 @@ impl HttpServer {
         })
     }
 
-    async fn call<T: serde::de::DeserializeOwned>(
+    /// The agent's `/v1/metrics`, in Prometheus' text format (for a report: not part of
+    /// the client-server seam).
+    pub async fn metrics_text(&self) -> Result<String, ServerError> {
+        let path = "/v1/metrics";
+        let (status, bytes) = self
+            .exchange(hyper::Method::GET, path, None, CALL_TIMEOUT)
+            .await?;
+        if !status.is_success() {
+            return Err(ServerError::Refused(format!("{path}: {}", status.as_u16())));
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    async fn exchange(
         &self,
         method: hyper::Method,
         path: &str,
         body: Option<Vec<u8>>,
         timeout: Duration,
-    ) -> Result<T, ServerError> {
+    ) -> Result<(hyper::StatusCode, Bytes), ServerError> {
         let unavailable = |why: String| ServerError::Unavailable(format!("{}: {why}", self.base));
         let mut request = hyper::Request::builder()
             .method(method)
@@ -163,9 +176,20 @@ impl HttpServer {
                 .to_bytes();
             Ok::<_, ServerError>((status, bytes))
         };
-        let (status, bytes) = tokio::time::timeout(timeout, exchange)
+        tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| unavailable(format!("no answer within {}s", timeout.as_secs())))??;
+            .map_err(|_| unavailable(format!("no answer within {}s", timeout.as_secs())))?
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<T, ServerError> {
+        let unavailable = |why: String| ServerError::Unavailable(format!("{}: {why}", self.base));
+        let (status, bytes) = self.exchange(method, path, body, timeout).await?;
         if status.is_success() {
             return serde_json::from_slice(&bytes)
                 .map_err(|e| unavailable(format!("unreadable answer to {path}: {e}")));

@@ -167,6 +167,8 @@ async fn simulated_nodes_run_collect_and_restore_a_jobs_allocs() {
     assert_eq!(code, Some(0), "{report:?}");
     let report = report.join("\n");
     assert!(report.contains("nodesim report"), "{report}");
+    // Every node's watch was answered with its allocs, so the server's histogram has them.
+    assert!(report.contains("watch lag     p50 under "), "{report}");
     assert!(
         report.contains(&format!("{NODES} ({NODES} registered")),
         "{report}"
