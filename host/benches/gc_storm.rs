@@ -20,28 +20,24 @@
 //! in flight at once (`caravan_gc_destroys_in_flight_peak`) and how long the storm lasted.
 
 mod common;
+#[path = "common/one_node.rs"]
+mod one_node;
 
 use caravan_host::allocrunner::AllocRunnerFactory;
-use caravan_host::client::gc::{DiskStats, GcConfig, StatsSource};
-use caravan_host::client::{Client, ClientConfig};
+use caravan_host::client::gc::GcConfig;
 use caravan_host::nodesim::{Observed, SimStats};
-use caravan_host::rpc::ServerApi;
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use caravan_host::state::{MemoryStateDb, StateDb};
-use caravan_host::structs::{Alloc, Task};
 use caravan_host::testing::InMemoryServer;
-use caravan_test_artifacts::SIM;
 use common::count_arg;
+use one_node::{LOOK, LOOK_AT_METRICS, NODE, collected, sim_alloc, wait_until};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const NODE: &str = "storm-node";
 const PARALLEL_DESTROYS: i64 = 2;
 /// The storm's `gc_max_allocs`: Nomad's default.
 const STORM_MAX_ALLOCS: usize = 50;
 const WAVE_GAP: Duration = Duration::from_millis(50);
-/// Longest wait for any phase; a bench that stalls says where, rather than hanging.
-const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
 
 struct Sizes {
     terminal: usize,
@@ -65,69 +61,14 @@ struct Storm {
     collected_at_last_start: u64,
 }
 
-/// Disk usage that never crosses a threshold: only the alloc count triggers this GC.
-struct NoDiskPressure;
-
-impl StatsSource for NoDiskPressure {
-    fn stats(&self) -> std::io::Result<DiskStats> {
-        Ok(DiskStats {
-            used_percent: 0.0,
-            inodes_used_percent: 0.0,
-        })
-    }
-}
-
-fn sim_alloc(id: String, job: &str, config: &[(&str, &str)]) -> Alloc {
-    let mut task = Task::named("main");
-    task.config = config
-        .iter()
-        .map(|(key, value)| (key.to_string(), value.to_string()))
-        .collect();
-    Alloc::new(id, job, SIM, vec![task])
-}
-
-fn client(
-    server: Arc<dyn ServerApi>,
-    factory: &AllocRunnerFactory,
-    db: &Arc<dyn StateDb>,
-    data_dir: &std::path::Path,
-    max_allocs: usize,
-) -> Client {
-    let mut config = ClientConfig::new(NODE, data_dir);
-    config.gc = GcConfig {
+/// The GC of a round's client: `max_allocs`, two destroys at a time.
+fn gc_keeping(max_allocs: usize) -> GcConfig {
+    GcConfig {
         max_allocs,
         parallel_destroys: PARALLEL_DESTROYS,
         ..GcConfig::default()
-    };
-    Client::with_state(
-        config,
-        server,
-        factory.clone(),
-        Arc::new(NoDiskPressure),
-        db.clone(),
-    )
-}
-
-fn collected(client: &Client) -> u64 {
-    client.metrics().allocs_collected.values().sum()
-}
-
-/// Waits until `done`, looking every `every`.
-async fn wait_until(what: &str, every: Duration, mut done: impl FnMut() -> bool) {
-    let since = Instant::now();
-    while !done() {
-        assert!(
-            since.elapsed() < PHASE_TIMEOUT,
-            "gave up after {PHASE_TIMEOUT:?} waiting for {what}"
-        );
-        tokio::time::sleep(every).await;
     }
 }
-
-/// How often a cheap condition is looked at.
-const LOOK: Duration = Duration::from_millis(5);
-/// How often the client's metrics are: they count every runner, too dear to ask often.
-const LOOK_AT_METRICS: Duration = Duration::from_millis(50);
 
 async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Round {
     let dir = tempfile::tempdir().unwrap();
@@ -135,7 +76,13 @@ async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Roun
     let db: Arc<dyn StateDb> = Arc::new(MemoryStateDb::new());
     let keep_all = sizes.terminal + sizes.new + STORM_MAX_ALLOCS;
 
-    let finishing = client(server.clone(), factory, &db, dir.path(), keep_all);
+    let finishing = one_node::client(
+        server.clone(),
+        factory,
+        &db,
+        dir.path(),
+        gc_keeping(keep_all),
+    );
     finishing.restore().await.unwrap();
     finishing.start();
     server.place_many(
@@ -154,12 +101,12 @@ async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Roun
 
     let stats = Arc::new(SimStats::default());
     let max_allocs = if storm { STORM_MAX_ALLOCS } else { keep_all };
-    let restarted = client(
+    let restarted = one_node::client(
         Observed::new(server.clone(), stats.clone()),
         factory,
         &db,
         dir.path(),
-        max_allocs,
+        gc_keeping(max_allocs),
     );
     restarted.restore().await.unwrap();
     let storm_began = Instant::now();
