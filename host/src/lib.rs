@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`agent`]: `caravan agent`, the composition root: server, client and HTTP API.
+//! - [`alloc_fs`]: an alloc dir read for its operator, confined to it (`alloc fs`).
 //! - [`alloc_logs`]: alloc log files, their one owner: layout, queued writing, rotation,
 //!   reading, following and deletion.
 //! - [`structs`]: plain data shared by every layer (allocs, alloc state).
@@ -38,6 +39,7 @@
 //! a leaf; `alloc_logs` and `telemetry` -> `timestamp`, another.
 
 pub mod agent;
+pub mod alloc_fs;
 pub mod alloc_logs;
 pub mod allocrunner;
 pub mod capabilities;

@@ -4,11 +4,11 @@
 //! 400 for a bad request, 401/403 for a missing or wrong token, 404 for an unknown id and 409
 //! for a request the alloc's state does not allow; 500 when an alloc's log files cannot be
 //! read. A rejected request changes nothing. With an ACL token configured, every write (POST,
-//! PUT, DELETE) needs `Authorization: Bearer`.
+//! PUT, DELETE) needs `Authorization: Bearer`, and so does reading an alloc's files.
 //!
 //! Handlers only translate: the work is the server's, the client's and the alloc logs'
 //! ([`crate::alloc_logs`]); each metric family renders itself next to its counters. The
-//! signal and restart handlers live in `alloc_actions`.
+//! signal and restart handlers live in `alloc_actions`, the alloc files' in `alloc_fs`.
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 mod alloc_actions;
+mod alloc_fs;
 pub mod forward;
 mod node_rpc;
 mod views;
@@ -76,6 +77,8 @@ pub fn router(state: ApiState) -> Router {
             "/v1/client/allocation/{id}/restart",
             post(restart_allocation),
         )
+        .route("/v1/client/fs/ls/{id}", get(alloc_fs::list))
+        .route("/v1/client/fs/cat/{id}", get(alloc_fs::cat))
         .route("/v1/client/gc", post(collect_all))
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))

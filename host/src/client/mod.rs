@@ -89,6 +89,11 @@ pub struct Client {
     inner: Arc<ClientInner>,
 }
 
+/// An alloc's directory under a client's data dir.
+fn alloc_dir_in(data_dir: &std::path::Path, alloc_id: &str) -> std::path::PathBuf {
+    data_dir.join("allocs").join(alloc_id)
+}
+
 struct ClientInner {
     config: ClientConfig,
     server: Arc<dyn ServerApi>,
@@ -230,6 +235,11 @@ impl Client {
             .runnerless_lock()
             .get(alloc_id)
             .map(|(_, state)| state.clone())
+    }
+
+    /// Where the alloc's directory is (or would be) on this node.
+    pub fn alloc_dir(&self, alloc_id: &str) -> std::path::PathBuf {
+        alloc_dir_in(&self.inner.config.data_dir, alloc_id)
     }
 
     /// The runner of an alloc, if the client holds one.
@@ -478,7 +488,7 @@ impl ClientInner {
                 client: Arc::downgrade(self),
             }),
             limits: self.config.limits,
-            alloc_dir: self.config.data_dir.join("allocs").join(&alloc.id),
+            alloc_dir: alloc_dir_in(&self.config.data_dir, &alloc.id),
             restored,
             last_state,
             log_writer: Some(self.config.alloc_logs.writer(&alloc.id)),

@@ -183,3 +183,72 @@ fn an_operator_runs_the_sleeper_example_stops_it_restarts_the_agent_and_finds_ev
     assert!(stdout(&job).contains("sleeper"), "{}", stdout(&job));
     agent.stop();
 }
+
+#[test]
+fn alloc_fs_lists_and_prints_an_allocs_files_and_nothing_outside_its_dir() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start_on(data_dir.path());
+    let job_file = data_dir.path().join("files.toml");
+    std::fs::write(
+        &job_file,
+        format!("[job]\nid = \"files\"\ntype = \"service\"\ncount = 1\nrunner = {SLEEPER:?}\n[[job.tasks]]\nname = \"main\"\n"),
+    )
+    .unwrap();
+    let run = agent.caravan(&["job", "run", job_file.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(0), "{}", stdout(&run));
+    let status = agent.caravan(&["job", "status", "files", "--json"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let alloc_id = status["allocations"][0]["id"].as_str().unwrap().to_string();
+    // What a runner might leave, and links planted to lead out of the dir.
+    let alloc_dir = data_dir.path().join("allocs").join(&alloc_id);
+    std::fs::create_dir_all(alloc_dir.join("out")).unwrap();
+    std::fs::write(alloc_dir.join("out/result.json"), "{\"answer\":42}\n").unwrap();
+    std::fs::write(data_dir.path().join("secret.txt"), "not the runner's").unwrap();
+    std::os::unix::fs::symlink("../../secret.txt", alloc_dir.join("link-out")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", alloc_dir.join("link-abs")).unwrap();
+    let fs = |path: Option<&str>| {
+        let mut args = vec!["alloc", "fs", &alloc_id[..8]];
+        args.extend(path);
+        agent.caravan(&args)
+    };
+
+    let listed = fs(None);
+    assert_eq!(listed.status.code(), Some(0), "{listed:?}");
+    let table = stdout(&listed);
+    assert!(table.contains("Kind") && table.contains("out"), "{table}");
+    assert!(
+        table.contains("symlink"),
+        "links are listed, not followed: {table}"
+    );
+    for path in ["out/result.json", "/alloc/out/result.json"] {
+        let printed = fs(Some(path));
+        assert_eq!(stdout(&printed), "{\"answer\":42}\n", "{path}: {printed:?}");
+    }
+    for path in ["../secret.txt", "/etc/passwd", "link-out", "link-abs"] {
+        let refused = fs(Some(path));
+        let error = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{path}: {error}");
+        assert!(
+            error.contains("is outside the alloc dir") && error.contains("(400)"),
+            "{path}: {error}"
+        );
+        assert!(!stdout(&refused).contains("not the runner's"));
+    }
+    // Times read as dates; a flag a command cannot honour is refused, not ignored.
+    let alloc = stdout(&agent.caravan(&["alloc", "status", &alloc_id[..8]]));
+    assert!(
+        alloc.contains("Time (UTC)") && alloc.contains("Z  "),
+        "{alloc}"
+    );
+    let logs_as_json = agent.caravan(&["alloc", "logs", &alloc_id[..8], "--json"]);
+    assert_eq!(logs_as_json.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&logs_as_json.stderr).contains("leave out --json"));
+
+    let missing = fs(Some("out/nope.txt"));
+    let error = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        error.contains("does not exist in the alloc dir") && error.contains("(404)"),
+        "{error}"
+    );
+    agent.stop();
+}

@@ -86,9 +86,13 @@ fn unavailable(message: String) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
 }
 
-/// The alloc id (or id prefix) of a `/v1/client/allocation/{id}/...` path.
+/// The alloc id (or id prefix) of a `/v1/client/allocation/{id}/...` or
+/// `/v1/client/fs/{ls,cat}/{id}` path.
 fn client_alloc(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("/v1/client/allocation/")?;
+    let rest = path
+        .strip_prefix("/v1/client/allocation/")
+        .or_else(|| path.strip_prefix("/v1/client/fs/ls/"))
+        .or_else(|| path.strip_prefix("/v1/client/fs/cat/"))?;
     rest.split('/').next().filter(|id| !id.is_empty())
 }
 

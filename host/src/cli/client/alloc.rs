@@ -37,6 +37,17 @@ pub enum AllocCommand {
         #[arg(long)]
         task: Option<String>,
     },
+    /// List a directory of the alloc's files, or print a file (as Nomad's `alloc fs`).
+    ///
+    /// PATH is relative to the alloc dir, or starts with /alloc as the runner sees it
+    /// (default: the alloc dir). A file is printed as it is when stdout is not a terminal;
+    /// on a terminal its control characters are escaped.
+    Fs {
+        /// An alloc id or a unique prefix of one.
+        id: String,
+        /// A file or directory in the alloc dir.
+        path: Option<String>,
+    },
     /// Print what the alloc's runner logged (its guest lines, as kept in the alloc's log file).
     Logs {
         /// An alloc id or a unique prefix of one.
@@ -58,6 +69,7 @@ impl AllocCommand {
             }
             AllocCommand::Restart { id, task } => restart(remote, &id, task.as_deref()).await,
             AllocCommand::Logs { id, follow } => logs(remote, &id, follow).await,
+            AllocCommand::Fs { id, path } => fs(remote, &id, path.as_deref().unwrap_or("")).await,
         }
     }
 }
@@ -78,13 +90,13 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
                 .flatten()
                 .map(|e| {
                     vec![
-                        e["time_unix_ms"].to_string(),
+                        utc_time(&e["time_unix_ms"]),
                         e["kind"].as_str().unwrap_or("").into(),
                         e["message"].as_str().unwrap_or("").into(),
                     ]
                 })
                 .collect();
-            print_table(&["Time (unix ms)", "Type", "Description"], &rows);
+            print_table(&["Time (UTC)", "Type", "Description"], &rows);
         }
     });
     Ok(())
@@ -146,10 +158,98 @@ async fn restart(remote: &Remote, id: &str, task: Option<&str>) -> anyhow::Resul
     Ok(())
 }
 
-/// `alloc logs [-f] ID`: the log as it arrives, whatever `--json` says.
+/// `alloc logs [-f] ID`: the log as it is kept, line by line.
 async fn logs(remote: &Remote, id: &str, follow: bool) -> anyhow::Result<()> {
+    if remote.json {
+        anyhow::bail!(
+            "alloc logs prints the alloc's log as it is kept, not as JSON: leave out --json"
+        );
+    }
     remote
         .api
         .stream_to_stdout(&format!("/v1/client/allocation/{id}/logs?follow={follow}"))
         .await
+}
+
+/// `alloc fs ID [PATH]`: a directory's entries as a table, or a file's bytes.
+async fn fs(remote: &Remote, id: &str, path: &str) -> anyhow::Result<()> {
+    let query = query_value(path);
+    let stat = remote
+        .api
+        .call("GET", &format!("/v1/client/fs/ls/{id}?path={query}"), None)
+        .await?;
+    if stat["kind"] == "file" && !remote.json {
+        let bytes = remote
+            .api
+            .get_bytes(&format!("/v1/client/fs/cat/{id}?path={query}"))
+            .await?;
+        return print_file(&bytes);
+    }
+    remote.print(&stat, |s| {
+        let rows: Vec<Vec<String>> = s["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                vec![
+                    text(&e["kind"]),
+                    e["size"].to_string(),
+                    utc_time(&e["modified_unix_ms"]),
+                    text(&e["name"]),
+                ]
+            })
+            .collect();
+        print_table(&["Kind", "Size", "Modified", "Name"], &rows);
+        if let Some(more) = s["entries_not_listed"].as_u64().filter(|n| *n > 0) {
+            println!("({more} more entries not listed)");
+        }
+    });
+    Ok(())
+}
+
+/// `path` for a query string: every byte but unreserved ones percent-encoded.
+fn query_value(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A guest's file on stdout: as it is into a pipe or file, escaped for a terminal.
+fn print_file(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::{IsTerminal, Write};
+    let mut stdout = std::io::stdout();
+    if stdout.is_terminal() {
+        let text = String::from_utf8_lossy(bytes);
+        for line in text.split_inclusive('\n') {
+            let body = line.strip_suffix('\n');
+            write!(
+                stdout,
+                "{}",
+                crate::text::escape_controls(body.unwrap_or(line))
+            )?;
+            if body.is_some() {
+                writeln!(stdout)?;
+            }
+        }
+    } else {
+        stdout.write_all(bytes)?;
+    }
+    stdout.flush()?;
+    Ok(())
+}
+
+/// Milliseconds since the epoch as UTC date and time, to the second.
+fn utc_time(unix_ms: &serde_json::Value) -> String {
+    let Some(ms) = unix_ms.as_i64().and_then(|ms| u64::try_from(ms).ok()) else {
+        return "-".into();
+    };
+    let mut text = String::new();
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    let _ = crate::timestamp::write_utc(&mut text, at, crate::timestamp::Fraction::Millis);
+    text
 }

@@ -63,14 +63,7 @@ impl Api {
         path: &str,
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
-        let response = self.send(method, path, body).await?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .context("reading the agent's answer")?
-            .to_bytes();
+        let (status, bytes) = self.exchange(method, path, body).await?;
         let value: Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
         if !status.is_success() {
@@ -81,6 +74,34 @@ impl Api {
             bail!("{message} ({})", status.as_u16());
         }
         Ok(value)
+    }
+
+    /// Sends a GET and returns the body of a 2xx answer as it is (a file, say), or the
+    /// API's error message.
+    pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        let (status, bytes) = self.exchange("GET", path, None).await?;
+        if !status.is_success() {
+            bail!("{} ({})", error_message(&bytes), status.as_u16());
+        }
+        Ok(bytes.to_vec())
+    }
+
+    /// Sends one request and reads its whole answer.
+    async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(hyper::StatusCode, bytes::Bytes)> {
+        let response = self.send(method, path, body).await?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .context("reading the agent's answer")?
+            .to_bytes();
+        Ok((status, bytes))
     }
 
     /// Sends a GET and copies the body to stdout as it arrives (for followed logs).
@@ -95,12 +116,7 @@ impl Api {
                 .await
                 .context("reading the agent's answer")?
                 .to_bytes();
-            let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            bail!(
-                "{} ({})",
-                value["error"].as_str().unwrap_or("request failed"),
-                status.as_u16()
-            );
+            bail!("{} ({})", error_message(&bytes), status.as_u16());
         }
         let mut stdout = std::io::stdout();
         while let Some(frame) = body.frame().await {
@@ -111,4 +127,13 @@ impl Api {
         }
         Ok(())
     }
+}
+
+/// The `error` of an API error body.
+fn error_message(body: &[u8]) -> String {
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    value["error"]
+        .as_str()
+        .unwrap_or("request failed")
+        .to_string()
 }
