@@ -18,7 +18,8 @@ use std::path::Path;
 
 /// The largest file [`read`] returns.
 pub const READ_MAX_BYTES: u64 = 16 << 20;
-/// The most entries [`stat`] lists of one directory; the rest are counted, not listed.
+/// The most entries [`stat`] lists of one directory: the first the directory gives, in its
+/// own order (then sorted); the rest are counted, not listed.
 pub const LIST_MAX_ENTRIES: usize = 10_000;
 /// Where a runner sees its alloc dir.
 pub const GUEST_MOUNT: &str = "/alloc";
@@ -39,6 +40,10 @@ pub enum FsError {
     IsADirectory { path: String },
     #[error("{path:?} is neither a file nor a directory")]
     NotAFile { path: String },
+    #[error("{path:?} goes through too many symbolic links (a loop?)")]
+    LinkLoop { path: String },
+    #[error("{path:?} is not a path (it holds a NUL byte)")]
+    NotAPath { path: String },
     #[error("{path:?} is {size} bytes; alloc fs prints files of at most {READ_MAX_BYTES} bytes")]
     TooLarge { path: String, size: u64 },
     #[error("cannot read {path:?}: {error}")]
@@ -68,7 +73,8 @@ pub struct Stat {
     pub kind: &'static str,
     /// Bytes.
     pub size: u64,
-    /// A directory's entries, sorted by name, at most [`LIST_MAX_ENTRIES`].
+    /// A directory's entries, sorted by name: the first [`LIST_MAX_ENTRIES`] the directory
+    /// gives.
     pub entries: Vec<Entry>,
     /// Entries beyond [`LIST_MAX_ENTRIES`], not listed.
     pub entries_not_listed: usize,
@@ -105,21 +111,30 @@ fn open_beneath(alloc_dir: &Path, path: &str) -> Result<OwnedFd, FsError> {
     // NONBLOCK: opening a FIFO a guest could not make, but another process could, must not
     // hang the agent.
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
-    match rustix::fs::openat2(
-        &root,
-        relative,
-        flags | OFlags::NONBLOCK,
-        Mode::empty(),
-        resolve,
-    ) {
-        Ok(fd) => Ok(fd),
-        Err(Errno::XDEV | Errno::LOOP) => Err(FsError::Outside {
-            path: path.to_string(),
-        }),
-        Err(Errno::NOENT | Errno::NOTDIR) => Err(FsError::NotFound {
-            path: path.to_string(),
-        }),
-        Err(error) => Err(io_error(path, error)),
+    let path = path.to_string();
+    let mut attempts = 0;
+    loop {
+        let opened = rustix::fs::openat2(
+            &root,
+            relative,
+            flags | OFlags::NONBLOCK,
+            Mode::empty(),
+            resolve,
+        );
+        return match opened {
+            Ok(fd) => Ok(fd),
+            // A link leading out, or an absolute one.
+            Err(Errno::XDEV) => Err(FsError::Outside { path }),
+            Err(Errno::LOOP) => Err(FsError::LinkLoop { path }),
+            Err(Errno::NOENT | Errno::NOTDIR) => Err(FsError::NotFound { path }),
+            Err(Errno::INVAL) if relative.contains('\0') => Err(FsError::NotAPath { path }),
+            // The kernel saw a rename while resolving and asks for another try.
+            Err(Errno::AGAIN) if attempts < 3 => {
+                attempts += 1;
+                continue;
+            }
+            Err(error) => Err(io_error(&path, error)),
+        };
     }
 }
 
@@ -322,6 +337,19 @@ mod tests {
                 "{path}: {outcome:?}"
             );
         }
+        symlink("loop-b", alloc.join("loop-a")).unwrap();
+        symlink("loop-a", alloc.join("loop-b")).unwrap();
+        // Refused, however the kernel names it (here: the walk left the tree).
+        let looped = read(&alloc, "loop-a");
+        assert!(
+            matches!(
+                looped,
+                Err(FsError::Outside { .. } | FsError::LinkLoop { .. })
+            ),
+            "{looped:?}"
+        );
+        let nul = read(&alloc, "a\0b");
+        assert!(matches!(nul, Err(FsError::NotAPath { .. })), "{nul:?}");
         let gone = dir.path().join("collected");
         assert!(matches!(read(&gone, "x"), Err(FsError::NoAllocDir)));
     }

@@ -240,9 +240,14 @@ struct Servers {
 /// a node's allocs changed): bucket bounds, so "under".
 async fn watch_lag_line(agent: &HttpServer) -> String {
     const HISTOGRAM: &str = "caravan_server_watch_lag_seconds";
-    let text = match agent.metrics_text().await {
-        Ok(text) => text,
-        Err(error) => return format!("\n  watch lag     unknown: {error}"),
+    // The report is printed on Ctrl-C: an agent that does not answer must not hold it.
+    let answer = tokio::time::timeout(Duration::from_secs(2), agent.metrics_text()).await;
+    let text = match answer {
+        Ok(Ok(text)) => text,
+        Ok(Err(error)) => return format!("\n  watch lag     unknown: {error}"),
+        Err(_) => {
+            return "\n  watch lag     unknown: the agent's metrics did not come within 2s".into();
+        }
     };
     let bound = |q| match crate::histogram::quantile_bound(&text, HISTOGRAM, q) {
         // Debug shows 250µs, 2.5ms and 10s alike.

@@ -107,6 +107,8 @@ struct ClientInner {
     gc: Arc<GarbageCollector>,
     metrics: Arc<Metrics>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Set by [`Client::shutdown_all`]: no runner starts after it.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ClientInner {
@@ -178,6 +180,7 @@ impl Client {
                 runnerless: Mutex::new(HashMap::new()),
                 metrics,
                 tasks: Mutex::new(Vec::new()),
+                stopping: std::sync::atomic::AtomicBool::new(false),
             }
         });
         Client { inner }
@@ -339,9 +342,19 @@ impl Client {
     }
 
     /// Shuts every runner down (the agent is stopping, not the allocs), waits for each, and
-    /// waits for their last states and checkpoints to be saved.
+    /// waits for their last states and checkpoints to be saved. From its call on the client
+    /// starts no runner: an alloc whose runner was being built is left to the node's next
+    /// run, which finds it in the saved state or on the server (a runner started after the
+    /// list below was taken would run on beside the next run's, twice).
     pub async fn shutdown_all(&self) {
-        let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
+        let runners: Vec<_> = {
+            let runners = self.inner.runners_lock();
+            // Under the lock: a runner is either in this list or sees the flag.
+            self.inner
+                .stopping
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            runners.values().cloned().collect()
+        };
         for runner in &runners {
             runner.shutdown();
         }
@@ -466,8 +479,13 @@ impl ClientInner {
     /// Puts a built runner in the map; runs it unless it is restored terminal, in which
     /// case it only waits for collection.
     fn start_runner(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
-        self.runners_lock()
-            .insert(alloc_id.to_string(), runner.clone());
+        {
+            let mut runners = self.runners_lock();
+            if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            runners.insert(alloc_id.to_string(), runner.clone());
+        }
         if runner.alloc_state().client_status.is_terminal() {
             self.gc.mark_for_collection(alloc_id, runner);
         } else {

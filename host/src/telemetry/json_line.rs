@@ -14,6 +14,7 @@ use std::fmt::{self, Write};
 use std::time::SystemTime;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
+use tracing_log::NormalizeEvent;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
@@ -32,7 +33,10 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let meta = event.metadata();
+        // A `log` crate record (wasmtime's, say) arrives as an event of target `log`; its
+        // own target and level are in its fields, as tracing's formatter shows them.
+        let normalized = event.normalized_metadata();
+        let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
         writer.write_str("{\"timestamp\":\"")?;
         crate::timestamp::write_utc(&mut writer, SystemTime::now(), Fraction::Micros)?;
         write!(writer, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
@@ -130,13 +134,10 @@ impl Visit for FieldsVisitor<'_, '_> {
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        // JSON has no NaN or infinity; tracing's formatter writes `null` for them too.
-        self.entry(field, |w| {
-            if value.is_finite() {
-                write!(w, "{value}")
-            } else {
-                w.write_str("null")
-            }
+        // As serde_json writes it (`1.0`, not `1`); JSON has no NaN or infinity: `null`.
+        self.entry(field, |w| match serde_json::Number::from_f64(value) {
+            Some(number) => write!(w, "{number}"),
+            None => w.write_str("null"),
         });
     }
 }
@@ -219,8 +220,21 @@ mod tests {
             tracing::error!(
                 error = &error as &dyn std::error::Error,
                 delta = -2_i64,
+                whole = 1.0,
                 "failed"
             );
+            // A `log` crate record, as wasmtime's arrive.
+            tracing_log::format_trace(
+                &tracing_log::log::Record::builder()
+                    .args(format_args!("from the log crate"))
+                    .level(tracing_log::log::Level::Warn)
+                    .target("cranelift_codegen::timing")
+                    .module_path_static(Some("cranelift_codegen::timing"))
+                    .file_static(Some("timing.rs"))
+                    .line(Some(7))
+                    .build(),
+            )
+            .unwrap();
         });
         let bytes = captured.0.lock().unwrap().clone();
         String::from_utf8(bytes)
@@ -267,7 +281,12 @@ mod tests {
                     .finish(),
             )
         });
-        assert_eq!(ours.len(), 3);
+        assert_eq!(ours.len(), 4);
+        assert_eq!(
+            ours[3]["target"], "cranelift_codegen::timing",
+            "{:?}",
+            ours[3]
+        );
         assert_eq!(ours, theirs);
     }
 }

@@ -1,7 +1,7 @@
 //! The process's one tracing subscriber: every line, host or guest, in the same format.
 //! Set up once, by the CLI; library code only emits events, never installs a subscriber.
 //! Lines reach stderr through `stderr_writer`, off the thread that logs; the CLI calls
-//! [`flush`] before the process exits.
+//! [`flush`] before the process exits, and a panic before its message is printed.
 
 mod json_line;
 mod stderr_writer;
@@ -60,5 +60,12 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
             .fmt_fields(escaped_text_fields())
             .try_init()
     };
-    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))?;
+    // A panic's message goes straight to stderr: the lines logged before it go first.
+    let print_panic = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        flush();
+        print_panic(info);
+    }));
+    Ok(())
 }

@@ -648,3 +648,42 @@ async fn an_update_for_an_unknown_alloc_is_logged_and_ignored() {
     assert_eq!(warning[0]["fields"]["alloc_id"], "stray");
     assert!(client.runner("stray").is_none());
 }
+
+/// A node shutting down (as a simulated restart does) must not start a runner whose build
+/// was under way: the node's next run starts it, and two would run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_runner_starts_once_the_client_is_shutting_down() {
+    let server = InMemoryServer::new();
+    let (building_tx, building) = std::sync::mpsc::channel::<()>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = std::sync::Mutex::new(release_rx);
+    let factory: AllocRunnerFactory = Arc::new(move |config: AllocRunnerConfig| {
+        // Each build waits for the test's word.
+        let _ = building_tx.send(());
+        let _ = release_rx.lock().unwrap().recv();
+        Ok(Arc::new(EmptyAllocRunner::new(config)) as Arc<dyn AllocRunner>)
+    });
+    let client = client(&server, factory, gc_config(50, 2), Arc::default());
+    let building = Arc::new(std::sync::Mutex::new(building));
+    let build_begins = |what: &'static str| {
+        let building = building.clone();
+        within(what, async move {
+            tokio::task::spawn_blocking(move || building.lock().unwrap().recv().unwrap())
+                .await
+                .unwrap()
+        })
+    };
+    // The watch adds a node's new allocs one after another: the second build begins only
+    // once the first alloc's add is over.
+    server.place_many(NODE, allocs("late", 2));
+    build_begins("the first build to begin").await;
+    client.shutdown_all().await;
+    release.send(()).unwrap();
+    build_begins("the second build to begin").await;
+    assert!(
+        client.runner("late-000").is_none(),
+        "a runner started after shutdown_all"
+    );
+    release.send(()).unwrap();
+    client.flush_state().await;
+}

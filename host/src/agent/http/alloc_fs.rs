@@ -35,6 +35,8 @@ fn fs_error(error: FsError) -> ApiError {
     let status = match &error {
         FsError::NotFound { .. } | FsError::NoAllocDir => StatusCode::NOT_FOUND,
         FsError::Outside { .. }
+        | FsError::LinkLoop { .. }
+        | FsError::NotAPath { .. }
         | FsError::IsADirectory { .. }
         | FsError::NotAFile { .. }
         | FsError::TooLarge { .. } => StatusCode::BAD_REQUEST,
