@@ -6,6 +6,8 @@
 //! - [`metrics`]: the counters the agent exposes.
 //! - [`persist`]: saving allocs, states and checkpoints to the state store.
 //! - `restore`: at start, gives every saved alloc its runner back (its own invariants).
+//! - `runners`: each runner built and started (or its alloc failed), updated, pruned; the
+//!   state updater through which runners report.
 //! - `watch`: registers the node, watches the server and applies each answer (its own
 //!   invariants).
 //!
@@ -28,16 +30,16 @@ mod leftovers;
 pub mod metrics;
 pub mod persist;
 mod restore;
+mod runners;
 pub mod sync;
 mod watch;
 
 pub use watch::{AllocDiff, diff_allocs};
 
+use runners::{alloc_dir_in, check_alloc_id};
+
 use crate::alloc_logs::AllocLogs;
-use crate::allocrunner::{
-    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, CheckpointSaved, NotRunningReason,
-    StateUpdater, TaskActionError, alloc_span,
-};
+use crate::allocrunner::{AllocRunner, AllocRunnerFactory, NotRunningReason, TaskActionError};
 use crate::locks::LockUnpoisoned;
 use crate::rpc::ServerApi;
 use crate::state::{MemoryStateDb, StateDb};
@@ -87,11 +89,6 @@ impl ClientConfig {
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
-}
-
-/// An alloc's directory under a client's data dir.
-fn alloc_dir_in(data_dir: &std::path::Path, alloc_id: &str) -> std::path::PathBuf {
-    data_dir.join("allocs").join(alloc_id)
 }
 
 struct ClientInner {
@@ -450,168 +447,5 @@ impl ClientInner {
             .iter()
             .filter(|runner| !runner.is_destroyed())
             .count()
-    }
-
-    /// Builds and starts the runner of a saved alloc (restored with its last checkpoint and
-    /// state when it comes from an earlier run).
-    async fn add_alloc(
-        self: &Arc<Self>,
-        alloc: Arc<Alloc>,
-        restored: Option<Vec<u8>>,
-        last_state: Option<AllocState>,
-    ) {
-        let config = self.runner_config(&alloc, restored, last_state);
-        let span = config.span.clone();
-        // A factory may read and compile a component (tens of milliseconds, seconds for some
-        // languages): keep that off the async workers.
-        let factory = self.factory.clone();
-        let built = tokio::task::spawn_blocking(move || factory(config))
-            .await
-            .unwrap_or_else(|join_error| {
-                Err(anyhow::anyhow!("the runner factory panicked: {join_error}"))
-            });
-        match built {
-            Ok(runner) => self.start_runner(&alloc.id, runner),
-            Err(error) => self.fail_alloc(alloc, &span, format!("{error:#}")),
-        }
-    }
-
-    /// Puts a built runner in the map; runs it unless it is restored terminal, in which
-    /// case it only waits for collection.
-    fn start_runner(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
-        {
-            let mut runners = self.runners_lock();
-            if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            runners.insert(alloc_id.to_string(), runner.clone());
-        }
-        if runner.alloc_state().client_status.is_terminal() {
-            self.gc.mark_for_collection(alloc_id, runner);
-        } else {
-            runner.run();
-        }
-    }
-
-    fn runner_config(
-        self: &Arc<Self>,
-        alloc: &Arc<Alloc>,
-        restored: Option<Vec<u8>>,
-        last_state: Option<AllocState>,
-    ) -> AllocRunnerConfig {
-        AllocRunnerConfig {
-            alloc: alloc.clone(),
-            span: alloc_span(alloc),
-            state_updater: Arc::new(ClientStateUpdater {
-                client: Arc::downgrade(self),
-            }),
-            limits: self.config.limits,
-            alloc_dir: alloc_dir_in(&self.config.data_dir, &alloc.id),
-            restored,
-            last_state,
-            log_writer: Some(self.config.alloc_logs.writer(&alloc.id)),
-        }
-    }
-
-    /// Fails an alloc whose runner cannot be built: reported, remembered, never retried.
-    fn fail_alloc(&self, alloc: Arc<Alloc>, span: &tracing::Span, description: String) {
-        tracing::warn!(parent: span, error = %description, "failed to build the alloc's runner");
-        self.metrics.runner_build_failed();
-        let state = AllocState::failed(description);
-        self.runnerless_lock()
-            .insert(alloc.id.clone(), (alloc.clone(), state.clone()));
-        self.report_state(&alloc.id, &state);
-    }
-
-    fn update_alloc(&self, alloc: Arc<Alloc>) {
-        let Some(runner) = self.runners_lock().get(&alloc.id).cloned() else {
-            tracing::warn!(alloc_id = %alloc.id, "cannot update nonexistent alloc");
-            return;
-        };
-        runner.update(alloc);
-    }
-
-    /// The server dropped the alloc: prune it, collect it if it still holds anything, then
-    /// delete its records.
-    fn remove_alloc(self: &Arc<Self>, alloc_id: &str) {
-        self.sync.forget(alloc_id);
-        if self.runnerless_lock().remove(alloc_id).is_some() {
-            self.persister.delete(alloc_id);
-            return;
-        }
-        let Some(runner) = self.runners_lock().remove(alloc_id) else {
-            return;
-        };
-        tracing::debug!(alloc_id, "pruning allocation the server dropped");
-        if runner.is_destroyed() {
-            self.gc.forget(alloc_id);
-            self.persister.delete(alloc_id);
-            return;
-        }
-        // Marked now, not after the destroy: a stop of the agent before the destroy ends must
-        // not restore an alloc the server has already dropped.
-        self.persister.mark_collected(alloc_id);
-        let (gc, persister) = (self.gc.clone(), self.persister.clone());
-        let alloc_id = alloc_id.to_string();
-        tokio::spawn(async move {
-            gc.collect_removed(&alloc_id, runner).await;
-            persister.delete(&alloc_id);
-        });
-    }
-}
-
-/// An alloc id names a directory on this machine, so it must be one plain path component.
-fn check_alloc_id(id: &str) -> Result<(), String> {
-    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if id.is_empty() || id.len() > 128 || id == "." || id == ".." || !id.chars().all(plain) {
-        return Err(format!(
-            "invalid alloc id {id:?}: expected 1 to 128 letters, digits, '-', '_' or '.', and not . or .."
-        ));
-    }
-    Ok(())
-}
-
-/// Routes one runner's reports into the client: saved, then to the sync, and to the GC once
-/// terminal; checkpoints are saved before the guest hears `ok`.
-struct ClientStateUpdater {
-    client: Weak<ClientInner>,
-}
-
-impl StateUpdater for ClientStateUpdater {
-    fn alloc_state_updated(&self, alloc_id: &str, state: &AllocState) {
-        if let Some(client) = self.client.upgrade() {
-            client.report_state(alloc_id, state);
-        }
-    }
-
-    fn checkpoint_saved(&self, alloc_id: &str, data: &[u8]) -> CheckpointSaved {
-        match self.client.upgrade() {
-            Some(client) => Box::pin(client.persister.save_checkpoint(alloc_id, data)),
-            None => Box::pin(std::future::ready(
-                Err("the client is stopping".to_string()),
-            )),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_alloc_id_must_be_one_plain_path_component() {
-        assert!(check_alloc_id("0b5e3c1e-9f1a-4c1e-8d1b-3f8e2a1c9d00").is_ok());
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../etc",
-            "/",
-            "a/b",
-            "a\\b",
-            &"x".repeat(129),
-        ] {
-            assert!(check_alloc_id(bad).is_err(), "{bad:?} accepted");
-        }
     }
 }
