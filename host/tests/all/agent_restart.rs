@@ -178,10 +178,13 @@ async fn kill_9_at_any_point_loses_no_alloc_and_resurrects_none() {
             panic!("alloc {id}: no resume after ticking to {last}; lines: {after_finish:#?}")
         });
         // The tick line is logged just before its checkpoint is saved: the kill may fall
-        // between the two.
+        // between the two (one behind). The agent log is written by its own thread, so the
+        // kill may also take the last tick's line with it after its checkpoint was saved
+        // (one ahead; docs/decisions.md, "The agent log has its own JSON line").
         assert!(
-            from == last || from + 1 == last,
-            "alloc {id}: resumed from {from}, last tick logged {last}"
+            from + 1 >= last && from <= last + 1,
+            "alloc {id}: resumed from {from}, last tick logged {last}: a checkpoint was lost \
+             (behind) or the log lost more than its last line (ahead)"
         );
     }
 
