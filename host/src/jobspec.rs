@@ -119,9 +119,56 @@ struct RawTask {
 
 /// Parses a TOML job file.
 pub fn parse_toml(text: &str) -> Result<JobSpec, SpecError> {
-    let raw: RawDocument =
-        toml::from_str(text).map_err(|e| error("job", format!("invalid TOML: {}", e.message())))?;
+    let raw: RawDocument = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
     validate(raw.job)
+}
+
+/// A TOML error as one line: where it is (line and column, from 1), what is wrong, and a
+/// hint for the mistakes job files are known for.
+fn toml_error(text: &str, toml_error: &toml::de::Error) -> SpecError {
+    let mut message = String::from("invalid TOML");
+    let mut line_text = "";
+    if let Some(before) = toml_error.span().and_then(|span| text.get(..span.start)) {
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |at| at + 1);
+        let column = before[line_start..].chars().count() + 1;
+        line_text = text[line_start..].lines().next().unwrap_or_default();
+        message.push_str(&format!(" at line {line}, column {column}"));
+    }
+    let what = toml_error.message().trim_end();
+    message.push_str(&format!(": {what}"));
+    if what.contains("expected a sequence") && line_text.contains("tasks") {
+        message.push_str(
+            "; tasks are a list: write each one under `[[job.tasks]]`, with two brackets",
+        );
+    } else if what.contains("missing field `job`") || what.contains("expected `job`") {
+        message.push_str("; a job file starts with a `[job]` table");
+    }
+    error("job", message)
+}
+
+/// `path` with its `.` segments left out and each `..` taking out the segment before it,
+/// without looking at the file system (a symlink stays a symlink: pointing it at a new build
+/// is how some operators upgrade). A `..` above the root or the start stays.
+pub fn normalise_path(path: &str) -> String {
+    use std::path::{Component, Path, PathBuf};
+    let mut normal = PathBuf::new();
+    for component in Path::new(path).components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(normal.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                normal.pop();
+            }
+            Component::ParentDir if normal.has_root() => {}
+            other => normal.push(other),
+        }
+    }
+    if normal.as_os_str().is_empty() {
+        return ".".into();
+    }
+    normal.to_string_lossy().into_owned()
 }
 
 /// Parses the JSON form (`{"job": {...}}`), as the HTTP API takes it.
@@ -157,7 +204,12 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         }
     };
     let count = match raw.count {
-        None => return Err(error("job.count", "missing")),
+        None => {
+            return Err(error(
+                "job.count",
+                "missing; how many allocs to run, such as `count = 3`",
+            ));
+        }
         Some(count) if !(0..=100_000).contains(&count) => {
             return Err(error(
                 "job.count",
@@ -172,6 +224,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
             "missing; the path of the runner component (.wasm)",
         )
     })?;
+    let runner = normalise_path(&runner);
     let limits = LimitOverrides::from_raw(&raw.limits)
         .map_err(|e| error(e.field("job.limits"), e.problem()))?;
     let caps = &raw.capabilities;
@@ -235,6 +288,51 @@ pub const MAX_JOB_BYTES: usize = 256 << 10;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn toml_errors_say_where_and_hint_at_the_usual_mistakes() {
+        let single_brackets = "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\n\
+                               runner = \"r.wasm\"\n[job.tasks]\nname = \"main\"\n";
+        let refused = parse_toml(single_brackets).unwrap_err().to_string();
+        assert!(
+            refused.starts_with("job: invalid TOML at line 6, column 1: ")
+                && refused.ends_with("write each one under `[[job.tasks]]`, with two brackets"),
+            "{refused}"
+        );
+        let no_table = parse_toml("id = \"web\"\n").unwrap_err().to_string();
+        assert!(
+            no_table.ends_with("a job file starts with a `[job]` table"),
+            "{no_table}"
+        );
+        let bad_value = parse_toml("[job]\nid = \"web\"\ncount = three\n").unwrap_err();
+        assert!(
+            bad_value
+                .message
+                .starts_with("invalid TOML at line 3, column 9: "),
+            "{bad_value}"
+        );
+        let no_count = parse_toml("[job]\nid = \"web\"\ntype = \"batch\"\nrunner = \"r.wasm\"\n");
+        assert_eq!(
+            no_count.unwrap_err().to_string(),
+            "job.count: missing; how many allocs to run, such as `count = 3`"
+        );
+    }
+
+    #[test]
+    fn runner_paths_are_normalised_without_touching_the_disk() {
+        for (written, stored) in [
+            (
+                "/opt/runners/../caravan/./sleeper.wasm",
+                "/opt/caravan/sleeper.wasm",
+            ),
+            ("/../x.wasm", "/x.wasm"),
+            ("../a/./b/../r.wasm", "../a/r.wasm"),
+            ("r.wasm", "r.wasm"),
+            ("./", "."),
+        ] {
+            assert_eq!(normalise_path(written), stored, "{written}");
+        }
+    }
 
     #[test]
     fn a_job_too_large_to_store_is_refused() {

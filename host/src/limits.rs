@@ -349,6 +349,14 @@ macro_rules! declare_limits {
                 }
             }
 
+            /// Every limit as a job file writes it, key and value, in the order of the table
+            /// (`wall_time` last, `none` when unset).
+            pub fn shown(&self) -> Vec<(&'static str, String)> {
+                let mut shown = vec![$( ($key, <$kind as LimitKind>::show(self.$field)), )*];
+                shown.push(("wall_time", self.wall_time.map_or_else(|| "none".into(), Time::show)));
+                shown
+            }
+
             /// Every limit set, as overrides: what checking the agent's own defaults against
             /// its caps needs.
             pub fn as_overrides(&self) -> LimitOverrides {

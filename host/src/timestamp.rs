@@ -1,4 +1,4 @@
-//! RFC 3339 UTC timestamps for log lines (`2026-12-01T18:09:42.791781Z`), the agent log's and
+//! The clock as Unix milliseconds, and RFC 3339 UTC timestamps for log lines (`2026-12-01T18:09:42.791781Z`), the agent log's and
 //! the alloc log files'. Both write one for every line a guest logs, so the date and time of
 //! day are formatted once per second per thread and only the fraction each time.
 //!
@@ -20,6 +20,14 @@ pub enum Fraction {
 thread_local! {
     /// The last second this thread formatted, and its `YYYY-MM-DDTHH:MM:SS`.
     static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
+/// Milliseconds since the Unix epoch now, as events and records carry times (0 for a clock
+/// before 1970).
+pub fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Writes `at` as `YYYY-MM-DDTHH:MM:SS.fffZ` or `...ffffffZ`, in UTC.

@@ -103,6 +103,16 @@ pub fn format_bytes(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
+/// Prints a byte size for reading, not for parsing: `17.7 MiB`, `102.6 KiB`, `512 bytes`.
+pub fn format_bytes_approx(bytes: u64) -> String {
+    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= size {
+            return format!("{:.1} {unit}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
 /// Prints a duration compactly: `5s`, `250ms`, `1m30s`.
 pub fn format_duration(duration: Duration) -> String {
     let millis = duration.as_millis();
@@ -176,6 +186,8 @@ mod tests {
     #[test]
     fn formatting_round_trips() {
         assert_eq!(format_bytes(64 << 20), "64 MiB");
+        assert_eq!(format_bytes_approx(18_512_905), "17.7 MiB");
+        assert_eq!(format_bytes_approx(512), "512 bytes");
         assert_eq!(format_bytes(1000), "1000 bytes");
         assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");

@@ -5,6 +5,8 @@
 // - `run_for`: how long the task runs, such as `500ms`, `5s`, `2m` (default: until killed).
 // - `exit_code`: the code it exits with; anything but 0 fails the task (default 0).
 // - `log_every`: log a progress line this often while running (default: never).
+// - `crash_after`: crash this long after the task starts, as a bug would: a message on stderr,
+//   then abort() (default: never). The host fails the alloc naming the trap and the message.
 
 #include "alloc_runner.h"
 
@@ -35,7 +37,7 @@ typedef struct {
   bool running, failed;
   uint32_t restarts;
   int64_t exit_code;
-  uint64_t ends_at, log_every, next_log; // milliseconds; NO_TIME when unset
+  uint64_t ends_at, log_every, next_log, crash_after, crashes_at; // ms; NO_TIME when unset
   event_t events[MAX_EVENTS];
   size_t event_count;
 } task_t;
@@ -125,9 +127,9 @@ static bool start_task(task_t *task, const caravan_runner_types_task_t *spec, ui
   memset(task, 0, sizeof *task);
   task->name = spec->name;
   task->running = true;
-  task->ends_at = task->log_every = task->next_log = NO_TIME;
+  task->ends_at = task->log_every = task->next_log = task->crash_after = task->crashes_at = NO_TIME;
   uint64_t run_for = NO_TIME;
-  bool seen_run_for = false, seen_log_every = false, seen_exit_code = false;
+  bool seen_run_for = false, seen_log_every = false, seen_exit_code = false, seen_crash_after = false;
   // The first setting of a key counts, as in the Rust runner.
   for (size_t i = 0; i < spec->config.len; i++) {
     const alloc_runner_string_t *key = &spec->config.ptr[i].f0, *value = &spec->config.ptr[i].f1;
@@ -144,10 +146,15 @@ static bool start_task(task_t *task, const caravan_runner_types_task_t *spec, ui
       seen_exit_code = true;
       if (!parse_exit_code(v, value->len, &task->exit_code))
         return invalid_config(err, task, "exit_code", v, value->len, "a whole number");
+    } else if (key->len == 11 && !memcmp(key->ptr, "crash_after", 11) && !seen_crash_after) {
+      seen_crash_after = true;
+      if (!parse_duration_ms(v, value->len, &task->crash_after))
+        return invalid_config(err, task, "crash_after", v, value->len, "a duration such as 500ms, 5s or 2m");
     }
   }
   if (run_for != NO_TIME) task->ends_at = started + run_for;
   if (task->log_every != NO_TIME) task->next_log = started + task->log_every;
+  if (task->crash_after != NO_TIME) task->crashes_at = started + task->crash_after;
   add_event(task, "Received", "Task received by client");
   add_event(task, "Started", "Task started by client");
   if (run_for == NO_TIME) {
@@ -244,6 +251,11 @@ static bool wake_up(task_t *tasks, size_t count, exports_caravan_runner_runner_r
   for (size_t i = 0; i < count; i++) {
     task_t *task = &tasks[i];
     if (!task->running) continue;
+    if (task->crashes_at != NO_TIME && task->crashes_at <= now) {
+      fprintf(stderr, "task %.*s crashed on purpose (crash_after %llums)\n", NAME(task),
+              (unsigned long long)task->crash_after);
+      abort();
+    }
     if (task->ends_at != NO_TIME && task->ends_at <= now) {
       char message[64];
       snprintf(message, sizeof message, "Exit Code: %lld", (long long)task->exit_code);
@@ -276,6 +288,7 @@ static bool run(const exports_caravan_runner_runner_alloc_t *alloc, task_t *task
       if (!tasks[i].running) continue;
       if (tasks[i].ends_at < next) next = tasks[i].ends_at;
       if (tasks[i].next_log < next) next = tasks[i].next_log;
+      if (tasks[i].crashes_at < next) next = tasks[i].crashes_at;
     }
     uint64_t timeout = next == NO_TIME ? FOREVER : (next > now ? next - now : 0);
     caravan_runner_host_event_t event;

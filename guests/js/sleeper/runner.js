@@ -6,6 +6,8 @@
 // - `run_for`: how long the task runs, such as `500ms`, `5s`, `2m` (default: until killed).
 // - `exit_code`: the code it exits with; anything but 0 fails the task (default 0).
 // - `log_every`: log a progress line this often while running (default: never).
+// - `crash_after`: crash this long after the task starts, as a bug would: an exception nothing
+//   catches (default: never). The host fails the alloc naming the trap and the exception.
 
 import { nextEvent, updateState } from "caravan:runner/host@0.1.0";
 import { log as wasiLog } from "wasi:logging/logging@0.1.0-draft";
@@ -47,9 +49,11 @@ class Task {
       return BigInt(v);
     }) ?? 0n;
     this.logEvery = setting("log_every", parseDurationMs);
+    this.crashAfter = setting("crash_after", parseDurationMs);
     this.name = name;
     this.endsAt = runFor === undefined ? undefined : startedMs + runFor;
     this.nextLog = this.logEvery === undefined ? undefined : startedMs + this.logEvery;
+    this.crashesAt = this.crashAfter === undefined ? undefined : startedMs + this.crashAfter;
     this.state = {
       name,
       state: "running",
@@ -102,6 +106,9 @@ function report(tasks, status = derivedStatus(tasks)) {
 function wakeUp(tasks) {
   const now = nowMs();
   for (const task of tasks.filter((t) => t.running)) {
+    if (task.crashesAt !== undefined && task.crashesAt <= now) {
+      throw new Error(`task ${task.name} crashed on purpose (crash_after ${task.crashAfter}ms)`);
+    }
     if (task.endsAt !== undefined && task.endsAt <= now) {
       const message = `Exit Code: ${task.exitCode}`;
       if (task.exitCode === 0n) {
@@ -126,7 +133,7 @@ export const runner = {
     for (;;) {
       const wakeups = tasks
         .filter((t) => t.running)
-        .flatMap((t) => [t.endsAt, t.nextLog])
+        .flatMap((t) => [t.endsAt, t.nextLog, t.crashesAt])
         .filter((at) => at !== undefined);
       const timeout = wakeups.length === 0
         ? FOREVER

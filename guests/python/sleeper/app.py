@@ -5,6 +5,8 @@ Task config (all optional), named after Nomad's mock driver:
 - `run_for`: how long the task runs, such as `500ms`, `5s`, `2m` (default: until killed).
 - `exit_code`: the code it exits with; anything but 0 fails the task (default 0).
 - `log_every`: log a progress line this often while running (default: never).
+- `crash_after`: crash this long after the task starts, as a bug would: an exception nothing
+  catches (default: never). The host fails the alloc naming the trap and the exception.
 """
 
 import json
@@ -82,9 +84,11 @@ class Task:
         run_for = setting("run_for", parse_duration_ms)
         self.exit_code = setting("exit_code", parse_exit_code) or 0
         self.log_every = setting("log_every", parse_duration_ms)
+        self.crash_after = setting("crash_after", parse_duration_ms)
         self.name = name
         self.ends_at = None if run_for is None else started_ms + run_for
         self.next_log = None if self.log_every is None else started_ms + self.log_every
+        self.crashes_at = None if self.crash_after is None else started_ms + self.crash_after
         self.state = TaskState(
             name,
             TaskLifecycle.RUNNING,
@@ -115,7 +119,9 @@ class Runner(exports.Runner):
         tasks = [Task(t.name, t.config, started) for t in alloc.tasks]
         self.report(tasks, None)
         while True:
-            wakeups = [at for t in tasks if t.running() for at in (t.ends_at, t.next_log) if at is not None]
+            wakeups = [
+                at for t in tasks if t.running() for at in (t.ends_at, t.next_log, t.crashes_at) if at is not None
+            ]
             timeout = FOREVER if not wakeups else max(0, min(wakeups) - now_ms())
             next_event = host.next_event(timeout)
             if next_event is None:
@@ -153,6 +159,8 @@ class Runner(exports.Runner):
         for task in tasks:
             if not task.running():
                 continue
+            if task.crashes_at is not None and task.crashes_at <= now:
+                raise RuntimeError(f"task {task.name} crashed on purpose (crash_after {task.crash_after}ms)")
             if task.ends_at is not None and task.ends_at <= now:
                 message = f"Exit Code: {task.exit_code}"
                 if task.exit_code == 0:

@@ -4,6 +4,8 @@
 //! - `run_for`: how long the task runs, such as `500ms`, `5s`, `2m` (default: until killed).
 //! - `exit_code`: the code it exits with; anything but 0 fails the task (default 0).
 //! - `log_every`: log a progress line this often while running (default: never).
+//! - `crash_after`: crash this long after the task starts, as a bug would: the runner panics
+//!   (default: never). The host fails the alloc naming the trap and the panic message.
 //!
 //! A signal is logged (`received signal SIGUSR1 for task web`) and shown as a `Signaling`
 //! event; it changes nothing else. A restart counts in the task's `restarts`, with Nomad's
@@ -25,6 +27,8 @@ struct SleepingTask {
     exit_code: i64,
     log_every: Option<Duration>,
     next_log: Option<Instant>,
+    crash_after: Option<Duration>,
+    crashes_at: Option<Instant>,
     done: bool,
 }
 
@@ -46,6 +50,7 @@ impl Runner for Sleeper {
                 None => 0,
             };
             let log_every = config.duration("log_every")?;
+            let crash_after = config.duration("crash_after")?;
             match run_for {
                 Some(d) => info!("task {} started; runs for {}ms", task.name, d.as_millis()),
                 None => info!("task {} started; runs until killed", task.name),
@@ -58,6 +63,8 @@ impl Runner for Sleeper {
                 exit_code,
                 log_every,
                 next_log: log_every.map(|d| now + d),
+                crash_after,
+                crashes_at: crash_after.map(|d| now + d),
                 done: false,
             });
         }
@@ -69,7 +76,7 @@ impl Runner for Sleeper {
             self.tasks
                 .iter()
                 .filter(|t| !t.done)
-                .flat_map(|t| [t.ends_at, t.next_log])
+                .flat_map(|t| [t.ends_at, t.next_log, t.crashes_at])
                 .flatten(),
         )
     }
@@ -77,6 +84,15 @@ impl Runner for Sleeper {
     fn on_wakeup(&mut self, state: &mut State) -> Result<(), RunnerError> {
         let now = Instant::now();
         for task in self.tasks.iter_mut().filter(|t| !t.done) {
+            if let (Some(after), Some(at)) = (task.crash_after, task.crashes_at)
+                && at <= now
+            {
+                panic!(
+                    "task {} crashed on purpose (crash_after {}ms)",
+                    task.name,
+                    after.as_millis()
+                );
+            }
             if task.ends_at.is_some_and(|end| end <= now) {
                 task.done = true;
                 let message = format!("Exit Code: {}", task.exit_code);
@@ -116,6 +132,7 @@ impl Runner for Sleeper {
         let now = Instant::now();
         task.ends_at = task.run_for.map(|d| now + d);
         task.next_log = task.log_every.map(|d| now + d);
+        task.crashes_at = task.crash_after.map(|d| now + d);
         task.done = false;
         state.task_event(&name, "Restart Signaled", "User requested task to restart");
         state.task_restarted(&name, "Task restarting in 0s");

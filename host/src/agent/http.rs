@@ -8,13 +8,13 @@
 //!
 //! Handlers only translate: the work is the server's, the client's and the alloc logs'
 //! ([`crate::alloc_logs`]); each metric family renders itself next to its counters. The
-//! signal and restart handlers live in `alloc_actions`, the alloc files' in `alloc_fs`.
+//! signal and restart handlers live in `alloc_actions`, the alloc files' in `alloc_fs`, job
+//! submission, validation and plans (and the checks they share) in `jobs`.
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
 use crate::client::gc::GcError;
 use crate::histogram::write_instantiation_latency;
-use crate::jobspec;
 use crate::server::{AllocRecord, EmbeddedServer, RequestError};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -28,10 +28,11 @@ use std::sync::Arc;
 mod alloc_actions;
 mod alloc_fs;
 pub mod forward;
+mod jobs;
 mod node_rpc;
 mod views;
 use alloc_actions::{restart_allocation, signal_allocation};
-pub use views::{AllocView, JobView};
+pub use views::{AllocView, JobView, LocalAllocView};
 use views::{alloc_view, job_view};
 
 /// What every handler can reach.
@@ -63,7 +64,9 @@ pub struct ApiState {
 /// The API's routes.
 pub fn router(state: ApiState) -> Router {
     Router::new()
-        .route("/v1/jobs", get(list_jobs).post(register_job))
+        .route("/v1/jobs", get(list_jobs).post(jobs::register_job))
+        .route("/v1/validate/job", post(jobs::validate_job))
+        .route("/v1/job/{id}/plan", post(jobs::plan_job))
         .route("/v1/job/{id}", get(get_job).delete(stop_job))
         .route("/v1/job/{id}/allocations", get(job_allocations))
         .route("/v1/job/{id}/scale", post(scale_job))
@@ -214,38 +217,6 @@ async fn list_jobs(State(state): State<ApiState>) -> ApiResult<Json<Vec<JobView>
     ))
 }
 
-async fn register_job(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    body: String,
-) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&state, &headers)?;
-    let spec = jobspec::parse_json(&body)
-        .map_err(|e| ApiError::bad_request(e.field.clone(), e.to_string()))?;
-    state
-        .limit_caps
-        .check(&spec.limits)
-        .map_err(|over| ApiError::bad_request(over.field(), over.to_string()))?;
-    if let Some(conflict) = state.default_limits.with_overrides(&spec.limits).conflict() {
-        return Err(ApiError::bad_request(
-            "job.limits",
-            format!("job.limits: {conflict}"),
-        ));
-    }
-    state
-        .capabilities
-        .check(&spec.capabilities)
-        .map_err(|refused| ApiError::bad_request(refused.key.clone(), refused.to_string()))?;
-    let job_id = spec.id.clone();
-    let registration = state.server()?.register_job(spec)?;
-    Ok(Json(serde_json::json!({
-        "job_id": job_id,
-        "created": registration.created,
-        "placed": registration.placed,
-        "stopped": registration.stopped,
-    })))
-}
-
 async fn get_job(
     State(state): State<ApiState>,
     Path(id): Path<String>,
@@ -353,7 +324,24 @@ async fn get_allocation(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<AllocView>> {
-    Ok(Json(alloc_view(&find_alloc(&state, &id)?)))
+    let record = find_alloc(&state, &id)?;
+    let mut view = alloc_view(&record);
+    if state.client.runner(&record.alloc.id).is_some() {
+        let limits = state.default_limits.with_overrides(&record.alloc.limits);
+        view.local = Some(LocalAllocView {
+            alloc_dir: state
+                .client
+                .alloc_dir(&record.alloc.id)
+                .display()
+                .to_string(),
+            limits: limits
+                .shown()
+                .into_iter()
+                .map(|(key, value)| (key.to_string(), value))
+                .collect(),
+        });
+    }
+    Ok(Json(view))
 }
 
 async fn stop_allocation(

@@ -158,12 +158,30 @@ pub type AllocRunnerFactory =
     Arc<dyn Fn(AllocRunnerConfig) -> anyhow::Result<Arc<dyn AllocRunner>> + Send + Sync>;
 
 /// The span for one alloc's runner, carrying the fields every one of its log lines needs.
+/// The runner is named by its file name, not its path (the job has the path, and every line
+/// would repeat it); which build it is, `runner_sha256`, is recorded once its component is
+/// loaded (see [`record_runner_hash`]).
 pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
+    let runner = std::path::Path::new(&alloc.runner)
+        .file_name()
+        .map_or(alloc.runner.as_str().into(), |name| name.to_string_lossy());
     tracing::info_span!(
         "alloc",
         alloc_id = %alloc.id,
         job = %alloc.job_id,
         group = %alloc.group,
-        runner = %alloc.runner,
+        runner = %runner,
+        runner_sha256 = tracing::field::Empty,
     )
+}
+
+/// How many hex digits of a runner's SHA-256 name its build in logs and statuses: enough to
+/// tell builds apart, short enough to read.
+pub const SHORT_HASH_DIGITS: usize = 12;
+
+/// Records in an alloc's span which build of its runner runs: the first
+/// [`SHORT_HASH_DIGITS`] of the component's SHA-256 (`sha256_hex`).
+pub fn record_runner_hash(span: &tracing::Span, sha256_hex: &str) {
+    let short = sha256_hex.get(..SHORT_HASH_DIGITS).unwrap_or(sha256_hex);
+    span.record("runner_sha256", tracing::field::display(short));
 }

@@ -62,6 +62,7 @@ impl RunCommand {
                 "alloc_id": alloc.id,
                 "client_status": state.client_status,
                 "description": state.description,
+                "task_states": state.task_states,
             });
             println!("{summary}");
         } else {

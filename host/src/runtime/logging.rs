@@ -6,9 +6,11 @@
 //! once per [`DROP_REPORT_INTERVAL`], so a flooding guest can neither flood the agent's log
 //! nor grow a queue. Admitted lines also go to the alloc's log file through its
 //! [`AllocLogWriter`], which queues them and returns at once: the file is
-//! [`crate::alloc_logs`]'s business, never this module's.
+//! [`crate::alloc_logs`]'s business, never this module's. Lines on stderr or at ERROR are also
+//! heard as the runner's [`LastWords`], admitted or not.
 
 use super::bindings::{Level, LoggingImports};
+use super::last_words::LastWords;
 use super::token_bucket::TokenBucket;
 use crate::alloc_logs::AllocLogWriter;
 use crate::locks::LockUnpoisoned;
@@ -64,6 +66,7 @@ pub struct GuestLogSink {
     span: tracing::Span,
     limits: LogLimits,
     limiter: Arc<Mutex<RateLimiter>>,
+    last_words: Arc<Mutex<LastWords>>,
     log_writer: Option<AllocLogWriter>,
 }
 
@@ -75,6 +78,7 @@ impl GuestLogSink {
             span,
             limits,
             limiter: Arc::new(Mutex::new(RateLimiter::new(&limits))),
+            last_words: Arc::default(),
             log_writer,
         }
     }
@@ -91,6 +95,9 @@ impl GuestLogSink {
             }
             stream => stream,
         };
+        if level == tracing::Level::ERROR || matches!(origin, Origin::Stream("stderr")) {
+            self.last_words.lock_unpoisoned().hear(&message);
+        }
         let bytes = message.len()
             + match origin {
                 Origin::Logging(context) => context.len(),
@@ -126,6 +133,11 @@ impl GuestLogSink {
         if let Some(dropped) = report {
             self.report_dropped(dropped);
         }
+    }
+
+    /// The runner's last words so far (see [`LastWords::summary`]).
+    pub fn last_words(&self) -> Option<String> {
+        self.last_words.lock_unpoisoned().summary()
     }
 
     fn report_dropped(&self, dropped: u64) {
@@ -217,6 +229,11 @@ impl GuestLogging {
     /// Reports any lines still counted as dropped; called when the run ends.
     pub fn flush(&self) {
         self.sink.flush();
+    }
+
+    /// What the runner last wrote to stderr or logged at ERROR (see [`LastWords`]).
+    pub fn last_words(&self) -> Option<String> {
+        self.sink.last_words()
     }
 }
 

@@ -9,7 +9,8 @@
 //! Layout:
 //! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
 //! - `host_api`: the `caravan:runner/host` import.
-//! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing.
+//! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing; `last_words`,
+//!   what a runner last wrote to stderr or logged at ERROR, for the description of its trap.
 //! - `store_limits`: the memory limiter, instance counts and the epoch tick; `cpu_meter`: the CPU
 //!   budget, the guest's computing and the host's work for it.
 //! - [`disk_cache`]: compiled components on disk, checksummed.
@@ -37,6 +38,7 @@ pub mod disk_cache;
 mod disk_ledger;
 mod disk_watch;
 mod host_api;
+mod last_words;
 mod lifecycle;
 mod logging;
 mod outcome;
@@ -395,12 +397,29 @@ impl Runtime {
         let (component, origin) = match disk_cache.and_then(|c| c.load(&self.inner.engine, &hash)) {
             Some(component) => (component, Origin::DiskCache),
             None => {
+                // A large runner (a Python one is tens of MB) takes seconds to compile: say so
+                // before, and how long it took after, so a pending alloc is not a mystery.
+                let name = path
+                    .file_name()
+                    .unwrap_or(path.as_os_str())
+                    .to_string_lossy();
+                tracing::info!(
+                    runner = %name,
+                    runner_sha256 = %&hash[..crate::allocrunner::SHORT_HASH_DIGITS],
+                    "compiling runner {name} ({})",
+                    crate::units::format_bytes_approx(bytes.len() as u64)
+                );
                 let component = Component::new(&self.inner.engine, bytes).map_err(|error| {
                     LoadError::Uncompilable {
                         path: path.to_path_buf(),
                         reason: format!("{error:#}"),
                     }
                 })?;
+                tracing::info!(
+                    runner = %name,
+                    "compiled runner {name} in {:.1?}",
+                    started.elapsed()
+                );
                 (component, Origin::Compiled)
             }
         };

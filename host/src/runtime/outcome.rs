@@ -4,8 +4,9 @@
 
 use super::StoreData;
 use super::bindings::{self, RunnerError};
+use super::host_api::MAX_EVENTS_PER_TASK;
 use crate::limits::as_len;
-use crate::structs::{AllocState, ClientStatus, Limits};
+use crate::structs::{AllocState, ClientStatus, Limits, TaskEvent, TaskLifecycle};
 use crate::text::cut;
 use crate::units::{format_bytes, format_duration};
 
@@ -25,7 +26,8 @@ pub(super) enum RunOutcome {
 }
 
 /// Names what ended a run that did not return: a limit first (the trap it caused is only a
-/// symptom), then the trap with the guest function it happened in.
+/// symptom), then the trap with the guest function it happened in and the guest's last words
+/// (what it wrote to stderr or logged at ERROR just before: a panic message, an exception).
 pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, context: &str) -> String {
     if let Some(limit) = data.memory.failure().or_else(|| data.cpu.failure()) {
         return limit;
@@ -62,8 +64,13 @@ pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, contex
                 user.map(|name| format!(" in {name}"))
             })
             .unwrap_or_default();
+        let last_words = data
+            .logging
+            .last_words()
+            .map(|words| format!("; its last words: {words}"))
+            .unwrap_or_default();
         // `Trap`'s own text starts with "wasm trap: "; the function's name is the guest's.
-        return cut(&format!("{trap}{location}"), text_bytes).into_owned();
+        return cut(&format!("{trap}{location}{last_words}"), text_bytes).into_owned();
     }
     // Every cause but the backtrace, which spans many lines and means nothing to an operator
     // without the guest's sources.
@@ -103,12 +110,15 @@ fn is_runtime_frame(name: &str) -> bool {
 }
 
 /// The state an alloc ends in. A terminal report from the guest stands; otherwise the way the
-/// run ended decides (see the contract in `wit/runner.wit`).
+/// run ended decides (see the contract in `wit/runner.wit`), and every task the guest left
+/// unfinished ends `dead` (failed, if the alloc failed) with a `Terminated` event at
+/// `now_unix_ms` giving the reason, as Nomad's tasks do when their alloc ends.
 pub(super) fn final_state(
     last: AllocState,
     outcome: RunOutcome,
     shut_down: bool,
     limits: &Limits,
+    now_unix_ms: u64,
 ) -> AllocState {
     if last.client_status.is_terminal() {
         return last;
@@ -139,9 +149,125 @@ pub(super) fn final_state(
             "alloc was stopped before it started".to_string(),
         ),
     };
+    let mut task_states = last.task_states;
+    for task in task_states
+        .iter_mut()
+        .filter(|task| task.state != TaskLifecycle::Dead)
+    {
+        task.state = TaskLifecycle::Dead;
+        task.failed = status == ClientStatus::Failed;
+        if task.events.len() == MAX_EVENTS_PER_TASK {
+            task.events.remove(0);
+        }
+        task.events.push(TaskEvent {
+            kind: "Terminated".into(),
+            message: description.clone(),
+            time_unix_ms: now_unix_ms,
+        });
+    }
     AllocState {
         client_status: status,
         description,
-        task_states: last.task_states,
+        task_states,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::structs::TaskState;
+
+    fn task(name: &str, state: TaskLifecycle, failed: bool) -> TaskState {
+        TaskState {
+            name: name.into(),
+            state,
+            failed,
+            restarts: 0,
+            events: Vec::new(),
+        }
+    }
+
+    fn running_with(tasks: Vec<TaskState>) -> AllocState {
+        AllocState {
+            client_status: ClientStatus::Running,
+            description: "Tasks are running".into(),
+            task_states: tasks,
+        }
+    }
+
+    #[test]
+    fn a_trap_ends_every_unfinished_task_dead_and_failed_saying_why() {
+        let last = running_with(vec![
+            task("main", TaskLifecycle::Running, false),
+            task("setup", TaskLifecycle::Dead, false),
+            task("later", TaskLifecycle::Pending, false),
+        ]);
+        let outcome = RunOutcome::Failed("wasm trap: unreachable".into());
+        let ended = final_state(last, outcome, false, &Limits::default(), 42);
+        assert_eq!(ended.client_status, ClientStatus::Failed);
+        let summary: Vec<_> = ended
+            .task_states
+            .iter()
+            .map(|t| (t.name.as_str(), t.state, t.failed, t.events.len()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("main", TaskLifecycle::Dead, true, 1),
+                ("setup", TaskLifecycle::Dead, false, 0),
+                ("later", TaskLifecycle::Dead, true, 1),
+            ],
+            "a task that had finished keeps its own ending"
+        );
+        let event = &ended.task_states[0].events[0];
+        assert_eq!(
+            (
+                event.kind.as_str(),
+                event.message.as_str(),
+                event.time_unix_ms
+            ),
+            ("Terminated", "wasm trap: unreachable", 42)
+        );
+    }
+
+    #[test]
+    fn the_terminated_event_keeps_the_task_within_its_event_limit() {
+        let mut main = task("main", TaskLifecycle::Running, false);
+        main.events = (0..MAX_EVENTS_PER_TASK)
+            .map(|n| TaskEvent {
+                kind: "Tick".into(),
+                message: n.to_string(),
+                time_unix_ms: 0,
+            })
+            .collect();
+        let ended = final_state(
+            running_with(vec![main]),
+            RunOutcome::Returned(Ok(())),
+            false,
+            &Limits::default(),
+            7,
+        );
+        let events = &ended.task_states[0].events;
+        assert_eq!(events.len(), MAX_EVENTS_PER_TASK);
+        assert_eq!(events[0].message, "1", "the oldest event made room");
+        assert_eq!(
+            (events[9].kind.as_str(), ended.task_states[0].failed),
+            ("Terminated", false),
+            "a runner that returned completes its tasks"
+        );
+    }
+
+    #[test]
+    fn a_terminal_report_from_the_guest_stands_as_it_is() {
+        let mut last = running_with(vec![task("main", TaskLifecycle::Running, false)]);
+        last.client_status = ClientStatus::Complete;
+        let ended = final_state(
+            last.clone(),
+            RunOutcome::Failed("late trap".into()),
+            false,
+            &Limits::default(),
+            1,
+        );
+        assert_eq!(ended, last);
     }
 }

@@ -69,6 +69,7 @@ impl WasmAllocRunnerFactory {
     /// Builds the runner for one alloc; fails when its component cannot be loaded.
     pub fn build(&self, config: AllocRunnerConfig) -> anyhow::Result<Arc<WasmAllocRunner>> {
         let component = self.runtime.load_file(Path::new(&config.alloc.runner))?;
+        crate::allocrunner::record_runner_hash(&config.span, &component.hash);
         Ok(Arc::new(WasmAllocRunner::new(
             self.runtime.clone(),
             component,
@@ -314,7 +315,13 @@ impl Shared {
             ),
             _ => {}
         }
-        let final_state = final_state(self.state.get(), outcome, shut_down_only, &self.limits);
+        let final_state = final_state(
+            self.state.get(),
+            outcome,
+            shut_down_only,
+            &self.limits,
+            crate::timestamp::unix_ms_now(),
+        );
         tracing::info!(
             parent: span,
             client_status = %final_state.client_status,

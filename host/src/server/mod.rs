@@ -215,6 +215,16 @@ impl EmbeddedServer {
         self.request(|state, index| state.register(spec, index))
     }
 
+    /// What registering `spec` would do, changing nothing: the job's current version (`None`
+    /// for a new job) and the plan [`Self::register_job`] would apply.
+    pub fn plan_job(&self, spec: &JobSpec) -> (Option<u64>, reconcile::JobPlan) {
+        let state = self.lock();
+        let existing = state.jobs.get(&spec.id);
+        let current = existing.filter(|job| !job.purged).map(|job| job.version);
+        let plan = reconcile::reconcile_job(existing, spec, &state.nodes, state.allocs.values());
+        (current, plan)
+    }
+
     /// Changes a job's count, as registering it again with that count would.
     /// A stopped job is not scaled (409): registering it again starts it.
     pub fn scale_job(&self, job_id: &str, count: u32) -> Result<Registration, RequestError> {

@@ -105,15 +105,9 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("server records serialize to JSON")
 }
 
-fn unix_ms_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 impl SavedAllocRecord {
     pub(super) fn from_record(record: &AllocRecord) -> Self {
-        let (now, unix_now) = (Instant::now(), unix_ms_now());
+        let (now, unix_now) = (Instant::now(), crate::timestamp::unix_ms_now());
         SavedAllocRecord {
             alloc: Alloc::clone(&record.alloc),
             node_id: record.node_id.clone(),
@@ -128,7 +122,7 @@ impl SavedAllocRecord {
     }
 
     pub(super) fn into_record(self) -> AllocRecord {
-        let (now, unix_now) = (Instant::now(), unix_ms_now());
+        let (now, unix_now) = (Instant::now(), crate::timestamp::unix_ms_now());
         AllocRecord {
             alloc: Arc::new(self.alloc),
             node_id: self.node_id,

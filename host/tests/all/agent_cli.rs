@@ -2,7 +2,7 @@
 //! talking to it over HTTP.
 
 use crate::support::AgentProcess;
-use caravan_test_artifacts::SLEEPER;
+use caravan_test_artifacts::{FIXTURE_WRONG_WORLD, SLEEPER};
 use serde_json::Value;
 use std::process::{Command, Output};
 
@@ -36,7 +36,7 @@ fn an_operator_runs_inspects_scales_and_stops_a_job_through_the_cli() {
     let alloc_id = status["allocations"][0]["id"].as_str().unwrap().to_string();
     let alloc = agent.caravan(&["alloc", "status", &alloc_id[..8]]);
     assert!(
-        stdout(&alloc).contains("Task web is running"),
+        stdout(&alloc).contains("Task \"web\" is \"running\""),
         "found by unique prefix"
     );
 
@@ -58,6 +58,81 @@ fn an_operator_runs_inspects_scales_and_stops_a_job_through_the_cli() {
     let (code, lines) = agent.stop();
     assert_eq!(code, Some(0), "the agent stops cleanly on Ctrl-C");
     assert!(lines.iter().any(|l| l.contains("agent stopped")));
+}
+
+#[test]
+fn alloc_status_explains_a_crash_without_the_agent_log() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("crashy.toml");
+    std::fs::write(
+        &job_file,
+        format!("[job]\nid = \"crashy\"\ntype = \"service\"\ncount = 1\nrunner = {SLEEPER:?}\n[[job.tasks]]\nname = \"web\"\nconfig = {{ crash_after = \"50ms\" }}\n"),
+    )
+    .unwrap();
+    // It may exit 1 here: the alloc can fail before `job run` sees it running.
+    let run = agent.caravan(&["job", "run", job_file.to_str().unwrap()]);
+    assert!(
+        stdout(&run).contains("job crashy registered"),
+        "{}",
+        stdout(&run)
+    );
+
+    let failed_alloc = || {
+        let allocs = agent.caravan(&["job", "status", "crashy", "--json"]);
+        let allocs: Value = serde_json::from_slice(&allocs.stdout).unwrap();
+        allocs["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["client_status"] == "failed")
+            .map(|a| a["id"].as_str().unwrap().to_string())
+    };
+    let alloc_id = (0..300)
+        .find_map(|_| {
+            failed_alloc().or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                None
+            })
+        })
+        .expect("the alloc crashes within 15 s");
+
+    let status = stdout(&agent.caravan(&["alloc", "status", &alloc_id[..8]]));
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim_start().strip_prefix("= "))
+            .unwrap_or_else(|| panic!("no {name} in:\n{status}"))
+            .to_string()
+    };
+    assert_eq!(field("ID"), alloc_id, "the full id");
+    assert_eq!(field("Runner"), SLEEPER);
+    assert_eq!(field("Client Status"), "failed");
+    let description = field("Client Description");
+    assert!(
+        description.starts_with("wasm trap: ")
+            && description.contains(
+                "; its last words: thread '<unnamed>' (1) panicked at sleeper/src/lib.rs:"
+            )
+            && description.ends_with(" / task web crashed on purpose (crash_after 50ms)"),
+        "{status}"
+    );
+    assert!(
+        std::path::Path::new(&field("Alloc Dir")).ends_with(format!("allocs/{alloc_id}")),
+        "{status}"
+    );
+    assert!(field("Limits").contains("memory=64 MiB"), "{status}");
+    let (_, recent_log) = status.split_once("Recent Log Lines:\n").expect(&status);
+    assert!(
+        recent_log.contains("WARN stderr: task web crashed on purpose"),
+        "{status}"
+    );
+    assert!(
+        status.contains("Task \"web\" is \"dead\" (failed, 0 restarts)"),
+        "{status}"
+    );
+    assert!(status.contains("Terminated  wasm trap: "), "{status}");
+    agent.stop();
 }
 
 #[test]
@@ -123,7 +198,7 @@ fn an_operator_runs_the_sleeper_example_stops_it_restarts_the_agent_and_finds_ev
     assert_eq!(ids.len(), 3);
     let alloc = agent.caravan(&["alloc", "status", &ids[0]]);
     assert!(
-        stdout(&alloc).contains("Task web is running"),
+        stdout(&alloc).contains("Task \"web\" is \"running\""),
         "{}",
         stdout(&alloc)
     );
@@ -248,6 +323,135 @@ fn alloc_fs_lists_and_prints_an_allocs_files_and_nothing_outside_its_dir() {
     let error = String::from_utf8_lossy(&missing.stderr);
     assert!(
         error.contains("does not exist in the alloc dir") && error.contains("(404)"),
+        "{error}"
+    );
+    agent.stop();
+}
+
+#[test]
+fn job_validate_and_plan_change_nothing_and_a_broken_job_never_registers() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("sleepy.toml");
+    // The runner's path as an operator might write it, with `.` and `..` in it.
+    let sleeper = std::path::Path::new(SLEEPER);
+    let (runner_dir, runner_name) = (sleeper.parent().unwrap(), sleeper.file_name().unwrap());
+    let winding = format!(
+        "{}/./../{}/{}",
+        runner_dir.display(),
+        runner_dir.file_name().unwrap().to_string_lossy(),
+        runner_name.to_string_lossy()
+    );
+    let write_job = |count: u32, runner: &str, log_every: &str| {
+        std::fs::write(
+            &job_file,
+            format!("[job]\nid = \"sleepy\"\ntype = \"service\"\ncount = {count}\nrunner = {runner:?}\n[[job.tasks]]\nname = \"web\"\nconfig = {{ log_every = {log_every:?} }}\n"),
+        )
+        .unwrap();
+    };
+    let job_file_arg = job_file.to_str().unwrap();
+    let jobs = || stdout(&agent.caravan(&["job", "status", "--json"]));
+
+    write_job(2, &winding, "1s");
+    let valid = agent.caravan(&["job", "validate", job_file_arg]);
+    assert_eq!(valid.status.code(), Some(0), "{}", stdout(&valid));
+    assert!(
+        stdout(&valid).starts_with(&format!("job sleepy is valid: runner {SLEEPER} (sha256 ")),
+        "the path normalised: {}",
+        stdout(&valid)
+    );
+    let plan = stdout(&agent.caravan(&["job", "plan", job_file_arg]));
+    assert!(
+        plan.contains("+ job sleepy: new, version 1")
+            && plan.contains("place 2 allocs (2 on local)")
+            && plan.contains("nothing was changed"),
+        "{plan}"
+    );
+    assert_eq!(jobs().trim(), "[]", "validate and plan registered nothing");
+
+    let run = agent.caravan(&["job", "run", job_file_arg]);
+    assert_eq!(run.status.code(), Some(0), "{}", stdout(&run));
+    let before = stdout(&agent.caravan(&["job", "status", "sleepy", "--json"]));
+    let plan_again = stdout(&agent.caravan(&["job", "plan", job_file_arg]));
+    assert!(
+        plan_again.contains("job sleepy: no change (version 1)"),
+        "{plan_again}"
+    );
+    write_job(3, &winding, "1s");
+    let scale = stdout(&agent.caravan(&["job", "plan", job_file_arg]));
+    assert!(
+        scale.contains("count changed, version 1 stays") && scale.contains("place 1 allocs"),
+        "{scale}"
+    );
+    write_job(2, &winding, "2s");
+    let replace = stdout(&agent.caravan(&["job", "plan", job_file_arg]));
+    assert!(
+        replace.contains("version 1 -> 2")
+            && replace.contains("place 2 allocs")
+            && replace.contains("stop 2 allocs: "),
+        "{replace}"
+    );
+    let after = stdout(&agent.caravan(&["job", "status", "sleepy", "--json"]));
+    let versions_and_ids = |status: &str| {
+        let status: Value = serde_json::from_str(status).unwrap();
+        let ids: Vec<String> = status["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_string())
+            .collect();
+        (status["job"]["version"].clone(), ids)
+    };
+    assert_eq!(
+        versions_and_ids(&after),
+        versions_and_ids(&before),
+        "plans changed nothing"
+    );
+
+    // A job whose runner is missing or is no runner is refused before it registers, by
+    // validate and by run alike, naming the runner.
+    for (runner, named) in [
+        (
+            "/no/such/runner.wasm".to_string(),
+            "runner component /no/such/runner.wasm does not exist",
+        ),
+        (
+            FIXTURE_WRONG_WORLD.to_string(),
+            "does not export `caravan:runner/runner@0.1.0`",
+        ),
+    ] {
+        std::fs::write(
+            &job_file,
+            format!("[job]\nid = \"broken\"\ntype = \"batch\"\ncount = 1\nrunner = {runner:?}\n"),
+        )
+        .unwrap();
+        for command in ["validate", "run"] {
+            let refused = agent.caravan(&["job", command, job_file_arg]);
+            let error = String::from_utf8_lossy(&refused.stderr);
+            assert_eq!(
+                refused.status.code(),
+                Some(1),
+                "{command} {runner}: {error}"
+            );
+            assert!(
+                error.contains("job.runner: ") && error.contains(named) && error.contains("(400)"),
+                "{command} {runner}: {error}"
+            );
+        }
+    }
+    let missing = agent.caravan(&["job", "status", "broken"]);
+    assert_eq!(missing.status.code(), Some(1), "never registered");
+
+    // A TOML mistake is placed, with a hint.
+    std::fs::write(
+        &job_file,
+        "[job]\nid = \"sleepy\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n[job.tasks]\nname = \"web\"\n",
+    )
+    .unwrap();
+    let single_brackets = agent.caravan(&["job", "validate", job_file_arg]);
+    let error = String::from_utf8_lossy(&single_brackets.stderr);
+    assert!(
+        error.contains("invalid TOML at line 6, column 1") && error.contains("`[[job.tasks]]`"),
         "{error}"
     );
     agent.stop();

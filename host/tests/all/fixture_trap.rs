@@ -1,7 +1,8 @@
-//! A guest that traps fails its alloc with the trap and where it happened.
+//! A guest that traps fails its alloc with the trap, where it happened and its last words,
+//! and its task ends dead and failed.
 
 use crate::support::*;
-use caravan_host::structs::ClientStatus;
+use caravan_host::structs::{ClientStatus, TaskLifecycle};
 use caravan_test_artifacts::FIXTURE_TRAP;
 
 #[tokio::test]
@@ -25,4 +26,20 @@ async fn a_trap_fails_the_alloc_naming_the_trap_and_the_guest_function() {
     );
     assert_eq!(panic_line[0]["fields"]["stream"], "stderr");
     assert_eq!(panic_line[0]["level"], "WARN");
+    let (_, last_words) = state
+        .description
+        .split_once("; its last words: ")
+        .unwrap_or_else(|| panic!("no last words: {}", state.description));
+    assert!(
+        last_words.starts_with("thread '<unnamed>' (1) panicked at fixtures/trap/src/lib.rs:")
+            && last_words.ends_with(" / the trap fixture panics on purpose"),
+        "the panic's location and message, not Rust's RUST_BACKTRACE advice: {last_words}"
+    );
+    let main = &state.task_states[0];
+    assert_eq!(
+        (main.state, main.failed),
+        (TaskLifecycle::Dead, true),
+        "{main:?}"
+    );
+    assert_eq!(main.events.last().unwrap().kind, "Terminated");
 }

@@ -1,7 +1,7 @@
 //! The hostile suite under a real agent: the `caravan` binary, with a healthy sleeper beside
 //! the attackers. Each attack runs as a batch job of its own, one after the other, and must
 //! end only its own alloc (failed with its cause named, or, for a probe or a flood, complete
-//! with nothing reached), while the agent keeps answering, the neighbour keeps ticking, and
+//! with nothing reached; a runner the agent cannot load is refused at submit, named), while the agent keeps answering, the neighbour keeps ticking, and
 //! the agent's memory, descriptors and disk stay within the bounds `docs/security.md` states.
 //!
 //! What each attack does to the host in detail is the business of the per-fixture tests
@@ -23,13 +23,17 @@ const FD_GROWTH_BOUND: u64 = 64;
 /// How much the data dir may grow over the whole suite (the disk-fill writes 4 MiB of it).
 const DISK_GROWTH_BOUND_KIB: u64 = 64 * 1024;
 
+/// The end of an attack whose runner cannot be loaded: its job is refused with 400.
+const REFUSED_AT_SUBMIT: &str = "refused at submit";
+
 struct Attack {
     name: &'static str,
     runner: String,
     config: Value,
     limits: Value,
     /// The status the attacker's alloc ends in: `failed` for an attack the host stops, or
-    /// `complete` for a probe that reports what it reached and a flood that is throttled.
+    /// `complete` for a probe that reports what it reached and a flood that is throttled;
+    /// [`REFUSED_AT_SUBMIT`] for a runner the agent cannot load, whose job never registers.
     ends: &'static str,
     /// Whether the attack is in answering `kill`: its job is stopped once the alloc runs.
     stop_when_running: bool,
@@ -151,12 +155,14 @@ fn attacks(runners_dir: &Path, agent_api: std::net::SocketAddr) -> Vec<Attack> {
             runner: FIXTURE_UNKNOWN_IMPORT.into(),
             config: json!({}),
             limits: json!({}),
+            ends: REFUSED_AT_SUBMIT,
             named: |d| d.contains("fixture:elsewhere/secrets"),
             ..Attack::default()
         },
         Attack {
             name: "many-memories",
             runner: many_memories_runner(runners_dir),
+            ends: REFUSED_AT_SUBMIT,
             named: |d| d.contains("cannot be compiled for this host") && d.contains("memories"),
             ..Attack::default()
         },
@@ -320,6 +326,19 @@ fn each_attack_fails_only_itself_under_a_real_agent_beside_a_healthy_neighbour()
             "limits": attack.limits,
         }});
         let (status, body) = api("POST", "/v1/jobs", Some(&job.to_string()));
+        if attack.ends == REFUSED_AT_SUBMIT {
+            // Its runner cannot be loaded: the job is refused before anything is registered.
+            assert_eq!(status, 400, "{}: {body}", attack.name);
+            let (unknown, _) = api("GET", &format!("/v1/job/{}", attack.name), None);
+            assert_eq!(unknown, 404, "{}: registered anyway", attack.name);
+            let error = body["error"].as_str().unwrap_or_default();
+            assert!(
+                (attack.named)(error),
+                "{}: the cause is not named: {error}",
+                attack.name
+            );
+            continue;
+        }
         assert_eq!(status, 200, "{}: {body}", attack.name);
         let ended = (0..6000)
             .find_map(|_| {
@@ -359,10 +378,8 @@ fn each_attack_fails_only_itself_under_a_real_agent_beside_a_healthy_neighbour()
             "{}: {neighbour_state}",
             attack.name
         );
-        // A runner that cannot be built (the unknown import) never starts, so never stops.
         read_until("the attacker's end", &|line| {
-            ["runner stopped", "failed to build the alloc's runner"].contains(&message(line))
-                && line["span"]["job"] == attack.name
+            message(line) == "runner stopped" && line["span"]["job"] == attack.name
         });
         read_until("a tick of the neighbour after the attack", &|line| {
             tick_time(line).is_some()

@@ -1,6 +1,7 @@
 //! The Python, JavaScript and C runners through the real binary: `caravan runner check`
 //! passes for each, and a `caravan run` of each sleeper sends its guest lines through the
-//! host's logger with the right level and alloc id.
+//! host's logger with the right level and alloc id. Every sleeper, Rust's too, takes the same
+//! config, refuses bad config in the same words, and has its crash explained alike.
 
 use crate::support::run_caravan;
 use caravan_test_artifacts::{TEST_CACHE_DIR, other_language_runner};
@@ -97,14 +98,66 @@ fn c_runners_pass_the_checks_and_log_through_the_host() {
     passes_the_checks_and_logs_through_the_host("c");
 }
 
-#[test]
-fn a_bad_config_gets_the_same_error_from_every_sleeper() {
-    let sleepers = std::iter::once(("rust", caravan_test_artifacts::SLEEPER.to_string())).chain(
+/// The sleeper of every language: Rust's, then the others'.
+fn every_sleeper() -> impl Iterator<Item = (&'static str, String)> {
+    std::iter::once(("rust", caravan_test_artifacts::SLEEPER.to_string())).chain(
         caravan_test_artifacts::OTHER_LANGUAGES
             .into_iter()
             .map(|language| (language, runner(language, "sleeper"))),
-    );
-    for (language, sleeper) in sleepers {
+    )
+}
+
+#[test]
+fn a_crash_in_any_language_fails_the_alloc_with_the_runners_last_words() {
+    // What each language's crash leaves on stderr that says what happened.
+    let own_words = |language: &str| match language {
+        // The panic hook's location line, then the message.
+        "rust" => "panicked at sleeper/src/lib.rs:",
+        // The traceback's last line.
+        "python" => "RuntimeError: task main crashed on purpose (crash_after 20ms)",
+        // componentize-js names the exception it could not return as a runner error.
+        "js" => "(received `Error: task main crashed on purpose (crash_after 20ms)`)",
+        _ => "task main crashed on purpose (crash_after 20ms)",
+    };
+    for (language, sleeper) in every_sleeper() {
+        let run = run_caravan(
+            &[
+                "run",
+                &sleeper,
+                "--log-json",
+                "--cache-dir",
+                TEST_CACHE_DIR,
+                "--config",
+                "crash_after=20ms",
+            ],
+            None,
+        );
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{language}: {stderr}");
+        let result: Value = serde_json::from_slice(&run.stdout).expect("a JSON result line");
+        let description = result["description"].as_str().unwrap();
+        assert!(
+            description.starts_with("wasm trap: wasm `unreachable` instruction executed in ")
+                && description.contains("; its last words: ")
+                && description.contains(own_words(language))
+                && description.contains("task main crashed on purpose"),
+            "{language}: {description}\nagent log:\n{stderr}"
+        );
+        let main = &result["task_states"][0];
+        assert_eq!(
+            (&main["state"], &main["failed"]),
+            (&Value::from("dead"), &Value::from(true)),
+            "{language}: the crashed task ends dead and failed: {main}"
+        );
+        let last_event = main["events"].as_array().unwrap().last().unwrap();
+        assert_eq!(last_event["kind"], "Terminated", "{language}: {main}");
+        assert_eq!(last_event["message"], result["description"], "{language}");
+    }
+}
+
+#[test]
+fn a_bad_config_gets_the_same_error_from_every_sleeper() {
+    for (language, sleeper) in every_sleeper() {
         for (setting, expected) in [
             (
                 "run_for=soon",
@@ -113,6 +166,10 @@ fn a_bad_config_gets_the_same_error_from_every_sleeper() {
             (
                 "exit_code=3x",
                 r#"invalid config: task "main": exit_code: "3x" is not a whole number"#,
+            ),
+            (
+                "crash_after=later",
+                r#"invalid config: task "main": crash_after: "later" is not a duration such as 500ms, 5s or 2m"#,
             ),
         ] {
             let run = run_caravan(

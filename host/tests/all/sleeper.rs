@@ -70,7 +70,15 @@ async fn guest_log_lines_arrive_with_their_level_and_alloc_id() {
         assert_eq!(line["fields"]["context"], "sleeper");
         assert_eq!(line["span"]["alloc_id"], started.alloc.id.as_str());
         assert_eq!(line["span"]["job"], "test-job");
-        assert_eq!(line["span"]["runner"], SLEEPER);
+        assert_eq!(
+            line["span"]["runner"], "sleeper.wasm",
+            "its file name, not its path"
+        );
+        let hash = line["span"]["runner_sha256"].as_str().unwrap_or_default();
+        assert!(
+            hash.len() == 12 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+            "which build runs: {line}"
+        );
     }
 }
 

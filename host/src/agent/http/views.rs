@@ -33,6 +33,12 @@ pub struct AllocView {
     pub id: String,
     /// Its job.
     pub job_id: String,
+    /// The job version it was made for.
+    #[serde(default)]
+    pub job_version: u64,
+    /// The runner component's path, as the job gives it.
+    #[serde(default)]
+    pub runner: String,
     /// The node it is placed on, if any yet.
     pub node_id: Option<String>,
     /// What the scheduler wants.
@@ -45,6 +51,19 @@ pub struct AllocView {
     pub modify_index: u64,
     /// Its tasks' states, as last reported.
     pub task_states: Vec<TaskState>,
+    /// What only the agent running it knows, in `GET /v1/allocation/{id}` from that agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<LocalAllocView>,
+}
+
+/// What the agent whose client runs an alloc adds to its view.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct LocalAllocView {
+    /// The alloc's directory on this machine (`/alloc` to its runner).
+    pub alloc_dir: String,
+    /// The limits it runs under, the job's overrides over this agent's defaults: key (as a
+    /// job file writes it) and value.
+    pub limits: Vec<(String, String)>,
 }
 
 pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {
@@ -52,6 +71,8 @@ pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {
     AllocView {
         id: record.alloc.id.clone(),
         job_id: record.alloc.job_id.clone(),
+        job_version: record.job_version,
+        runner: record.alloc.runner.clone(),
         node_id: record.node_id.clone(),
         desired_status: record.alloc.desired_status,
         client_status: state
@@ -63,6 +84,7 @@ pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {
             .unwrap_or_default(),
         modify_index: record.alloc.modify_index,
         task_states: state.map(|s| s.task_states).unwrap_or_default(),
+        local: None,
     }
 }
 

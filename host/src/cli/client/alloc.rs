@@ -2,8 +2,7 @@
 //! [`AllocCommand`] and one function here.
 
 use super::Remote;
-use super::table::{print_allocs, print_table, text};
-use serde_json::Value;
+use super::table::{print_table, text};
 
 /// `caravan alloc`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -74,31 +73,104 @@ impl AllocCommand {
     }
 }
 
-/// `alloc status ID`: the alloc, then each task's state and events.
+/// How many of the alloc log's last lines `alloc status` shows.
+const RECENT_LOG_LINES: usize = 5;
+
+/// The limits `alloc status` shows (every one is in its JSON).
+const SHOWN_LIMITS: [&str; 6] = [
+    "memory",
+    "cpu",
+    "cpu_share",
+    "disk",
+    "kill_timeout",
+    "wall_time",
+];
+
+/// `alloc status ID`: the alloc as Nomad shows one (its ids, where it runs, its status and
+/// why), what its agent adds (its dir, its limits, its last log lines), then each task's
+/// state and events.
 async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
     let alloc = remote
         .api
         .call("GET", &format!("/v1/allocation/{id}"), None)
         .await?;
-    remote.print(&alloc, |a| {
-        print_allocs(&Value::Array(vec![a.clone()]));
-        for task in a["task_states"].as_array().into_iter().flatten() {
-            println!("\nTask {} is {}", text(&task["name"]), text(&task["state"]));
-            let rows: Vec<Vec<String>> = task["events"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| {
-                    vec![
-                        utc_time(&e["time_unix_ms"]),
-                        e["kind"].as_str().unwrap_or("").into(),
-                        e["message"].as_str().unwrap_or("").into(),
-                    ]
-                })
-                .collect();
-            print_table(&["Time (UTC)", "Type", "Description"], &rows);
+    if remote.json {
+        remote.print(&alloc, |_| {});
+        return Ok(());
+    }
+    let local = &alloc["local"];
+    // The log is only on the agent whose client runs the alloc; elsewhere there is none.
+    let recent_log = if local.is_object() {
+        let path = format!("/v1/client/allocation/{}/logs", text(&alloc["id"]));
+        remote.api.get_bytes(&path).await.ok()
+    } else {
+        None
+    };
+    let mut rows = vec![
+        ("ID", text(&alloc["id"])),
+        (
+            "Job ID",
+            format!(
+                "{} (version {})",
+                text(&alloc["job_id"]),
+                text(&alloc["job_version"])
+            ),
+        ),
+        ("Node ID", text(&alloc["node_id"])),
+        ("Runner", text(&alloc["runner"])),
+        ("Desired Status", text(&alloc["desired_status"])),
+        ("Client Status", text(&alloc["client_status"])),
+        ("Client Description", text(&alloc["description"])),
+    ];
+    if local.is_object() {
+        rows.push(("Alloc Dir", text(&local["alloc_dir"])));
+        let limits: Vec<String> = local["limits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|pair| SHOWN_LIMITS.iter().any(|key| pair[0] == *key))
+            .map(|pair| format!("{}={}", text(&pair[0]), text(&pair[1])))
+            .collect();
+        rows.push(("Limits", limits.join(", ")));
+    }
+    let width = rows.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
+    for (key, value) in rows {
+        println!("{key:<width$} = {value}");
+    }
+    if let Some(log) = recent_log {
+        let log = String::from_utf8_lossy(&log);
+        let lines: Vec<&str> = log.lines().collect();
+        println!("\nRecent Log Lines:");
+        for line in &lines[lines.len().saturating_sub(RECENT_LOG_LINES)..] {
+            println!("{}", crate::text::escape_controls(line));
         }
-    });
+    }
+    for task in alloc["task_states"].as_array().into_iter().flatten() {
+        let failed = if task["failed"] == true {
+            "failed, "
+        } else {
+            ""
+        };
+        println!(
+            "\nTask {:?} is {:?} ({failed}{} restarts)",
+            text(&task["name"]),
+            text(&task["state"]),
+            text(&task["restarts"])
+        );
+        let rows: Vec<Vec<String>> = task["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                vec![
+                    utc_time(&e["time_unix_ms"]),
+                    e["kind"].as_str().unwrap_or("").into(),
+                    e["message"].as_str().unwrap_or("").into(),
+                ]
+            })
+            .collect();
+        print_table(&["Time (UTC)", "Type", "Description"], &rows);
+    }
     Ok(())
 }
 

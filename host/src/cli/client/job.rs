@@ -23,6 +23,18 @@ pub enum JobCommand {
         #[arg(long)]
         detach: bool,
     },
+    /// Check a job file as `job run` would (the file, the limits and capabilities against the
+    /// agent's, the runner component) and change nothing.
+    Validate {
+        /// The job file.
+        file: PathBuf,
+    },
+    /// Show what `job run` of a job file would do (allocs placed, stopped or replaced, as
+    /// Nomad's plan shows) and change nothing.
+    Plan {
+        /// The job file.
+        file: PathBuf,
+    },
     /// List jobs, or show one job and its allocs.
     Status {
         /// A job id.
@@ -50,6 +62,8 @@ impl JobCommand {
     pub async fn execute(self, remote: &Remote) -> anyhow::Result<()> {
         match self {
             JobCommand::Run { file, detach } => run(remote, &file, detach).await,
+            JobCommand::Validate { file } => validate(remote, &file).await,
+            JobCommand::Plan { file } => plan(remote, &file).await,
             JobCommand::Status { id: None } => list(remote).await,
             JobCommand::Status { id: Some(id) } => status(remote, &id).await,
             JobCommand::Stop { id, purge } => stop(remote, &id, purge).await,
@@ -138,9 +152,77 @@ pub fn job_document(path: &Path) -> anyhow::Result<(String, Value)> {
             .unwrap_or(Path::new("."));
         let absolute =
             std::path::absolute(base.join(runner)).context("resolving the runner path")?;
-        document["job"]["runner"] = Value::String(absolute.display().to_string());
+        document["job"]["runner"] =
+            Value::String(jobspec::normalise_path(&absolute.to_string_lossy()));
     }
     Ok((spec.id, document))
+}
+
+/// `job validate FILE`.
+async fn validate(remote: &Remote, path: &Path) -> anyhow::Result<()> {
+    let (job_id, document) = job_document(path)?;
+    let answer = remote
+        .api
+        .call("POST", "/v1/validate/job", Some(document))
+        .await?;
+    remote.print(&answer, |a| {
+        println!(
+            "job {job_id} is valid: runner {} (sha256 {})",
+            text(&a["runner"]),
+            text(&a["runner_sha256"])
+        )
+    });
+    Ok(())
+}
+
+/// `job plan FILE`: what registering it would do, in words.
+async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
+    let (job_id, document) = job_document(path)?;
+    let answer = remote
+        .api
+        .call("POST", &format!("/v1/job/{job_id}/plan"), Some(document))
+        .await?;
+    remote.print(&answer, |a| {
+        let version = text(&a["version"]);
+        let headline = match a["change"].as_str().unwrap_or_default() {
+            "create" => format!("+ job {job_id}: new, version {version}"),
+            "replace" => format!(
+                "+/- job {job_id}: version {} -> {version}: its runner, tasks, limits or \
+                 capabilities changed, so every alloc is replaced",
+                text(&a["current_version"])
+            ),
+            "scale" => format!("+/- job {job_id}: count changed, version {version} stays"),
+            _ => format!("job {job_id}: no change (version {version})"),
+        };
+        println!("{headline}");
+        let nodes: Vec<String> = a["place_by_node"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(node, n)| format!("{n} on {}", crate::text::escape_controls(node)))
+            .collect();
+        if !nodes.is_empty() {
+            println!(
+                "  place {} allocs ({})",
+                text(&a["place"]),
+                nodes.join(", ")
+            );
+        }
+        let stop: Vec<String> = a["stop"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|id| text(id).chars().take(8).collect())
+            .collect();
+        if !stop.is_empty() {
+            println!("  stop {} allocs: {}", stop.len(), stop.join(", "));
+        }
+        println!(
+            "runner sha256 {}; nothing was changed",
+            text(&a["runner_sha256"])
+        );
+    });
+    Ok(())
 }
 
 /// `job run`: registers the job, then waits until every alloc it placed is running or

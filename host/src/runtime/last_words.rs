@@ -1,0 +1,123 @@
+//! A runner's last words: the last few lines it wrote to stderr or logged at ERROR, kept so
+//! that when it traps, the alloc's description can say what the guest said before it died (a
+//! Rust panic's location and message, a Python traceback's last line, a JavaScript
+//! exception), not only which wasm instruction stopped it.
+//!
+//! Bounded whatever the guest writes: at most [`LINES`] lines of at most [`LINE_BYTES`] bytes
+//! each, their buffers reused. Lines are heard whether or not the log's rate limit admitted
+//! them, so a runner that floods its log and then panics still has its panic named. Stack
+//! frames (indented lines) and the toolchains' boilerplate are not words: they would push the
+//! message out and mean nothing to an operator without the guest's sources.
+//!
+//! This module only keeps text; [`super::logging`] feeds it and [`super::outcome`] reads it.
+
+use std::collections::VecDeque;
+
+/// How many lines are kept: a Rust panic takes two (where, then what).
+pub const LINES: usize = 3;
+
+/// The longest line kept, in bytes; longer ones are cut with a marker.
+pub const LINE_BYTES: usize = 240;
+
+/// The last [`LINES`] lines heard, oldest first.
+#[derive(Default)]
+pub struct LastWords {
+    lines: VecDeque<String>,
+}
+
+impl LastWords {
+    /// Keeps `line` as the newest of the last words, unless it is a stack frame or a
+    /// toolchain's boilerplate.
+    pub fn hear(&mut self, line: &str) {
+        if !is_words(line) {
+            return;
+        }
+        let mut slot = if self.lines.len() == LINES {
+            self.lines.pop_front().unwrap_or_default()
+        } else {
+            String::new()
+        };
+        slot.clear();
+        slot.push_str(&crate::text::cut(line.trim_end(), LINE_BYTES));
+        self.lines.push_back(slot);
+    }
+
+    /// The lines kept, oldest first, joined on one line; `None` when the guest said nothing.
+    pub fn summary(&self) -> Option<String> {
+        if self.lines.is_empty() {
+            return None;
+        }
+        Some(
+            self.lines
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(" / "),
+        )
+    }
+}
+
+/// False for what every crash prints around its message: stack frames (Rust, Python and
+/// JavaScript all indent them), the headers above them, and Rust's advice to set
+/// `RUST_BACKTRACE`, which a sandbox without the agent's environment cannot follow.
+fn is_words(line: &str) -> bool {
+    const BOILERPLATE: [&str; 6] = [
+        "note: run with `RUST_BACKTRACE=1`",
+        "note: Some details are omitted",
+        "stack backtrace:",
+        "Traceback (most recent call last):",
+        // componentize-js, after an exception's message
+        "Stack:",
+        "Redirecting call to abort() to mozalloc_abort",
+    ];
+    !line.trim().is_empty()
+        && !line.starts_with([' ', '\t'])
+        && !BOILERPLATE.iter().any(|prefix| line.starts_with(prefix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn heard(lines: &str) -> Option<String> {
+        let mut words = LastWords::default();
+        lines.lines().for_each(|line| words.hear(line));
+        words.summary()
+    }
+
+    #[test]
+    fn a_rust_panic_is_its_location_and_message() {
+        let panic = "thread '<unnamed>' panicked at src/lib.rs:24:5:\n\
+                     config says crash\n\
+                     note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace";
+        assert_eq!(
+            heard(panic).as_deref(),
+            Some("thread '<unnamed>' panicked at src/lib.rs:24:5: / config says crash")
+        );
+    }
+
+    #[test]
+    fn a_python_traceback_is_its_last_line() {
+        let traceback = "Traceback (most recent call last):\n  \
+                         File \"app.py\", line 12, in run\n    \
+                         x = config[\"k\"]\n\
+                         KeyError: 'k'";
+        assert_eq!(heard(traceback).as_deref(), Some("KeyError: 'k'"));
+    }
+
+    #[test]
+    fn only_the_newest_lines_are_kept_each_cut_to_its_limit() {
+        let mut words = LastWords::default();
+        for n in 0..1000 {
+            words.hear(&format!("line {n}"));
+        }
+        words.hear(&"x".repeat(10_000));
+        let summary = words.summary().unwrap();
+        assert!(
+            summary.starts_with("line 998 / line 999 / xxx"),
+            "{summary}"
+        );
+        assert!(summary.ends_with("[truncated 9760 bytes]"), "{summary}");
+        assert_eq!(heard("\n   \n"), None, "blank lines are not words");
+    }
+}
