@@ -246,10 +246,13 @@ async fn stop_job(
 ) -> ApiResult<Json<serde_json::Value>> {
     authorize(&state, &headers)?;
     let purge = flag(&query, "purge")?;
-    let stopped = state.server()?.stop_job(&id, purge)?;
-    Ok(Json(
-        serde_json::json!({ "job_id": id, "stopped": stopped, "purged": purge }),
-    ))
+    let server = state.server()?;
+    let stopped = server.stop_job(&id, purge)?;
+    // A purged job goes with its last alloc: at once when it has none left.
+    let removed = purge && server.job_allocs(&id).is_empty();
+    Ok(Json(serde_json::json!({
+        "job_id": id, "stopped": stopped, "purged": purge, "removed": removed,
+    })))
 }
 
 #[derive(Deserialize)]
@@ -326,8 +329,9 @@ async fn get_allocation(
 ) -> ApiResult<Json<AllocView>> {
     let record = find_alloc(&state, &id)?;
     let mut view = alloc_view(&record);
-    if state.client.runner(&record.alloc.id).is_some() {
+    if let Some(runner) = state.client.runner(&record.alloc.id) {
         let limits = state.default_limits.with_overrides(&record.alloc.limits);
+        let usage = runner.usage();
         view.local = Some(LocalAllocView {
             alloc_dir: state
                 .client
@@ -339,6 +343,8 @@ async fn get_allocation(
                 .into_iter()
                 .map(|(key, value)| (key.to_string(), value))
                 .collect(),
+            cpu_used_us: usage.map(|u| u.cpu_used.as_micros() as u64),
+            memory_peak_bytes: usage.map(|u| u.memory_peak_bytes),
         });
     }
     Ok(Json(view))

@@ -25,6 +25,23 @@ pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) ->
     line
 }
 
+/// One line of the file, taken apart: the inverse of [`format_line`]. `None` for a line not in
+/// that format. A source holding `": "` is split at its first one (sources are the runner's
+/// `wasi:logging` contexts, or `stdout` and `stderr`).
+pub fn parse_line(line: &str) -> Option<super::LogLine<'_>> {
+    let (time, rest) = line.split_once(' ')?;
+    let rest = rest.trim_start();
+    let (level, rest) = rest.split_once(' ')?;
+    let (source, message) = rest.split_once(": ")?;
+    let known = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level);
+    (known && time.ends_with('Z')).then_some(super::LogLine {
+        time,
+        level,
+        source,
+        message: message.strip_suffix('\n').unwrap_or(message),
+    })
+}
+
 /// `<id>.log` -> `<id>.log.N`.
 pub(super) fn rotated(path: &Path, n: usize) -> PathBuf {
     let mut name = path.as_os_str().to_owned();

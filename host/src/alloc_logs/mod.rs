@@ -36,7 +36,22 @@ mod log;
 #[cfg(test)]
 mod tests;
 
+pub use file::parse_line;
 pub use follow::LogFollower;
+
+/// One line of an alloc's log file, taken apart by [`parse_line`]: its parts as kept, the
+/// guest's text with its control characters escaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LogLine<'a> {
+    /// RFC 3339 UTC, to the millisecond.
+    pub time: &'a str,
+    /// `TRACE` to `ERROR`.
+    pub level: &'a str,
+    /// The `wasi:logging` context, or `stdout` or `stderr`.
+    pub source: &'a str,
+    /// What the runner wrote.
+    pub message: &'a str,
+}
 
 use crate::locks::LockUnpoisoned;
 use log::AllocLog;

@@ -271,3 +271,21 @@ fn without_a_runtime_the_writing_thread_writes() {
     let text = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
     assert!(text.ends_with("ERROR app: no runtime here\n"), "{text}");
 }
+
+#[test]
+fn a_line_as_written_is_taken_apart_into_its_parts() {
+    let line = file::format_line(tracing::Level::WARN, "stderr", "it said: \"no\"\nthen left");
+    let parsed = parse_line(&line).expect("a line of the format");
+    assert_eq!(
+        (parsed.level, parsed.source, parsed.message),
+        ("WARN", "stderr", "it said: \"no\"\\nthen left")
+    );
+    assert!(
+        parsed.time.ends_with('Z') && parsed.time.len() == 24,
+        "{}",
+        parsed.time
+    );
+    let info = file::format_line(tracing::Level::INFO, "sleeper", "tick");
+    assert_eq!(parse_line(&info).unwrap().level, "INFO");
+    assert_eq!(parse_line("not a log line"), None);
+}

@@ -99,6 +99,22 @@ pub trait AllocRunner: Send + Sync {
 
     /// Completes when [`AllocRunner::destroy`] has freed everything.
     fn destroyed(&self) -> Latch;
+
+    /// What the runner has used since this agent started it, for operators; `None` from a
+    /// runner that does not measure (the native ones). Cheap, and callable at any time.
+    fn usage(&self) -> Option<AllocUsage> {
+        None
+    }
+}
+
+/// What one alloc's runner has used, as [`AllocRunner::usage`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocUsage {
+    /// CPU time spent for it: the guest's computing and the host's work on its behalf, as
+    /// its `cpu` limit counts them.
+    pub cpu_used: std::time::Duration,
+    /// The most memory its instance held at once, all its linear memories together.
+    pub memory_peak_bytes: u64,
 }
 
 /// Receives what a runner reports. Called from the runner's own task.

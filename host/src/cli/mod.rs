@@ -107,6 +107,20 @@ impl Command {
     }
 }
 
+/// Lets a short-lived command whose output is piped into a reader that stops early
+/// (`caravan alloc status ID | head`) end as Unix tools do, killed by SIGPIPE, instead of
+/// panicking: Rust's runtime ignores SIGPIPE, so every `println!` after the reader left would
+/// panic. The agent and nodesim keep ignoring it: a closed client connection or log pipe
+/// must not kill a server.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: restoring a signal's default disposition has no memory-safety precondition;
+    // it is done before the async runtime starts any thread.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 impl Cli {
     /// Runs the parsed command line to its exit status.
     pub fn execute(self) -> ExitCode {
@@ -118,6 +132,9 @@ impl Cli {
                 return ExitCode::from(2);
             }
         };
+        if !matches!(command, Command::Agent(_) | Command::Nodesim(_)) {
+            end_quietly_on_a_closed_pipe();
+        }
         let error_exit_code = command.error_exit_code();
         let outcome = runtime.block_on(command.execute(&global));
         // Everything a command must finish it has awaited; what is left is work a Ctrl-C

@@ -140,6 +140,10 @@ impl ClientInner {
         .await
         .unwrap_or_default();
         let (mut running, mut finished) = (0usize, 0usize);
+        // Finished allocs whose runner cannot be rebuilt (often: it was deleted since, as a
+        // finished job's file may well be): one line for all of them, not a WARN each.
+        let mut runnerless = 0usize;
+        let mut first_reason = None;
         for (alloc, span, last_state, result) in built {
             match (result, last_state) {
                 (Ok(runner), _) => {
@@ -153,13 +157,23 @@ impl ClientInner {
                 (Err(error), Some(last)) if last.client_status.is_terminal() => {
                     // Finished already: its runner is not needed to answer for it, and
                     // failing it now would rewrite history (and replace a service alloc).
-                    tracing::warn!(parent: &span, error = %format!("{error:#}"), "cannot rebuild a finished alloc's runner; keeping its final state");
+                    let reason = format!("{error:#}");
+                    tracing::debug!(parent: &span, error = %reason, "cannot rebuild a finished alloc's runner; keeping its final state");
+                    first_reason.get_or_insert(reason);
+                    runnerless += 1;
                     finished += 1;
                     self.runnerless_lock()
                         .insert(alloc.id.clone(), (alloc, last));
                 }
                 (Err(error), _) => self.fail_alloc(alloc, &span, format!("{error:#}")),
             }
+        }
+        if let Some(reason) = first_reason {
+            tracing::info!(
+                count = runnerless,
+                first_reason = %reason,
+                "{runnerless} finished allocs keep their final state without their runner, which cannot be rebuilt"
+            );
         }
         let (swept, left_over) = swept.await.unwrap_or_default();
         self.metrics.set_leftover_dirs(left_over as u64);

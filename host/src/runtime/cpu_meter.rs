@@ -25,6 +25,7 @@
 //! starts), and a guest in debt is paused, not failed, until the credit is back to zero.
 //! This module acts on one store only and never reaches past it.
 
+use super::store_limits::UsageGauges;
 use crate::units::format_duration;
 use std::future::Future;
 use std::pin::Pin;
@@ -44,6 +45,7 @@ pub struct CpuMeter {
     exhausted: bool,
     /// The share of a core the guest may use, when under a whole one.
     share: Option<ShareCredit>,
+    gauges: Option<Arc<UsageGauges>>,
 }
 
 /// The longest one pause for a CPU share lasts.
@@ -188,6 +190,15 @@ impl CpuMeter {
             stretch: None,
             exhausted: false,
             share,
+            gauges: None,
+        }
+    }
+
+    /// The same meter, publishing what it charges in `gauges`.
+    pub fn reporting_to(self, gauges: Arc<UsageGauges>) -> Self {
+        CpuMeter {
+            gauges: Some(gauges),
+            ..self
         }
     }
 
@@ -232,12 +243,20 @@ impl CpuMeter {
 
     fn charge_guest(&mut self, computed: Duration) -> wasmtime::Result<()> {
         self.guest_time += computed;
+        self.publish();
         self.check_budget()
     }
 
     fn charge_host(&mut self, work: Duration) -> wasmtime::Result<()> {
         self.host_work += work;
+        self.publish();
         self.check_budget()
+    }
+
+    fn publish(&self) {
+        if let Some(gauges) = &self.gauges {
+            gauges.set_cpu_used(self.guest_time + self.host_work);
+        }
     }
 
     /// The epoch deadline passed (the stretch of wasm before it is already charged): stop

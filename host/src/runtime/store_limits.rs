@@ -6,8 +6,39 @@
 //! description instead of showing a bare trap. It acts on one store only and never reaches
 //! past it.
 
+use crate::allocrunner::AllocUsage;
 use crate::units::format_bytes;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// What the meters inside an alloc's store have counted, readable from outside it while the
+/// guest runs: the store belongs to the run's task, and an operator asks from the API.
+#[derive(Debug, Default)]
+pub struct UsageGauges {
+    cpu_nanos: AtomicU64,
+    memory_peak_bytes: AtomicU64,
+}
+
+impl UsageGauges {
+    /// The usage counted so far.
+    pub fn snapshot(&self) -> AllocUsage {
+        AllocUsage {
+            cpu_used: Duration::from_nanos(self.cpu_nanos.load(Ordering::Relaxed)),
+            memory_peak_bytes: self.memory_peak_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The CPU time charged in all, guest and host together.
+    pub fn set_cpu_used(&self, used: Duration) {
+        let nanos = u64::try_from(used.as_nanos()).unwrap_or(u64::MAX);
+        self.cpu_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    fn memory_held(&self, bytes: u64) {
+        self.memory_peak_bytes.fetch_max(bytes, Ordering::Relaxed);
+    }
+}
 
 /// How often the engine's epoch advances. Every running guest yields to tokio at each tick,
 /// where its CPU budget is checked.
@@ -41,6 +72,7 @@ pub struct MemoryLimiter {
     last_memory_grant: u64,
     last_table_grant: usize,
     exceeded: bool,
+    gauges: Option<Arc<UsageGauges>>,
 }
 
 impl MemoryLimiter {
@@ -52,6 +84,15 @@ impl MemoryLimiter {
             last_memory_grant: 0,
             last_table_grant: 0,
             exceeded: false,
+            gauges: None,
+        }
+    }
+
+    /// The same limiter, recording the most memory held in `gauges`.
+    pub fn reporting_to(self, gauges: Arc<UsageGauges>) -> Self {
+        MemoryLimiter {
+            gauges: Some(gauges),
+            ..self
         }
     }
 
@@ -86,6 +127,9 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         }
         self.last_memory_grant = total.saturating_sub(self.total_bytes);
         self.total_bytes = total;
+        if let Some(gauges) = &self.gauges {
+            gauges.memory_held(total);
+        }
         Ok(true)
     }
 

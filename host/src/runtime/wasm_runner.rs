@@ -12,12 +12,12 @@ use super::host_api::{HostApi, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::logging::{GuestLogSink, GuestLogging, LogLimits};
 use super::outcome::{RunOutcome, describe_failure, final_state};
-use super::store_limits::MemoryLimiter;
+use super::store_limits::{MemoryLimiter, UsageGauges};
 use super::wasi_ctx::sandbox_wasi;
 use super::{LoadedComponent, Runtime, StoreData};
 use crate::allocrunner::{
-    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger, NotRunningReason,
-    TaskActionError, signal_name, target_tasks,
+    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, AllocUsage, Latch, LatchTrigger,
+    NotRunningReason, TaskActionError, signal_name, target_tasks,
 };
 use crate::capabilities::CapabilityPolicy;
 use crate::locks::LockUnpoisoned;
@@ -118,6 +118,8 @@ struct Shared {
     lifecycle: Mutex<Lifecycle>,
     /// Signals and task restarts sent and not yet taken by the guest (it decrements).
     queued_task_actions: Arc<AtomicUsize>,
+    /// What the store's meters have counted, for [`AllocRunner::usage`].
+    usage: Arc<UsageGauges>,
     run_task: Mutex<Option<tokio::task::AbortHandle>>,
     stopped: LatchTrigger,
     destroyed: LatchTrigger,
@@ -163,6 +165,7 @@ impl WasmAllocRunner {
                 receiver: Mutex::new(Some(receiver)),
                 lifecycle: Mutex::new(Lifecycle::new(finished)),
                 queued_task_actions: Arc::new(AtomicUsize::new(0)),
+                usage: Arc::default(),
                 run_task: Mutex::new(None),
                 stopped,
                 destroyed: Latch::new().0,
@@ -460,8 +463,9 @@ impl Shared {
                 &self.limits,
             ),
             logging: GuestLogging::new(sink),
-            memory: MemoryLimiter::new(self.limits.memory_bytes),
-            cpu: CpuMeter::new(self.limits.cpu, self.limits.cpu_share),
+            memory: MemoryLimiter::new(self.limits.memory_bytes).reporting_to(self.usage.clone()),
+            cpu: CpuMeter::new(self.limits.cpu, self.limits.cpu_share)
+                .reporting_to(self.usage.clone()),
             limits: self.limits,
             disk,
         };
@@ -487,6 +491,10 @@ impl Shared {
 impl AllocRunner for WasmAllocRunner {
     fn alloc(&self) -> Arc<Alloc> {
         self.shared.alloc()
+    }
+
+    fn usage(&self) -> Option<AllocUsage> {
+        Some(self.shared.usage.snapshot())
     }
 
     fn run(&self) {

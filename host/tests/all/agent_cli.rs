@@ -52,8 +52,16 @@ fn an_operator_runs_inspects_scales_and_stops_a_job_through_the_cli() {
         scaled_line.contains("job sleepy scaled to 1: 0 placed, 1 stopped"),
         "{scaled_line}"
     );
-    let stopped = agent.caravan(&["job", "stop", "sleepy"]);
+    let stopped = agent.caravan(&["job", "stop", "--purge", "sleepy"]);
     assert_eq!(stopped.status.code(), Some(0));
+    assert!(
+        stdout(&stopped).contains(
+            "job sleepy stopped: 1 allocs asked to stop; purged: the job is removed once its \
+             allocs are collected"
+        ),
+        "the purge is confirmed: {}",
+        stdout(&stopped)
+    );
 
     let (code, lines) = agent.stop();
     assert_eq!(code, Some(0), "the agent stops cleanly on Ctrl-C");
@@ -122,6 +130,11 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
         "{status}"
     );
     assert!(field("Limits").contains("memory=64 MiB"), "{status}");
+    assert!(field("CPU Used").ends_with('s'), "{status}");
+    assert!(
+        field("Memory Peak").ends_with(" MiB") || field("Memory Peak").ends_with(" KiB"),
+        "a runner holds some memory: {status}"
+    );
     let (_, recent_log) = status.split_once("Recent Log Lines:\n").expect(&status);
     assert!(
         recent_log.contains("WARN stderr: task web crashed on purpose"),
@@ -309,15 +322,28 @@ fn alloc_fs_lists_and_prints_an_allocs_files_and_nothing_outside_its_dir() {
         );
         assert!(!stdout(&refused).contains("not the runner's"));
     }
-    // Times read as dates; a flag a command cannot honour is refused, not ignored.
+    // Times read as dates; --json gives the log line by line as objects.
     let alloc = stdout(&agent.caravan(&["alloc", "status", &alloc_id[..8]]));
     assert!(
         alloc.contains("Time (UTC)") && alloc.contains("Z  "),
         "{alloc}"
     );
     let logs_as_json = agent.caravan(&["alloc", "logs", &alloc_id[..8], "--json"]);
-    assert_eq!(logs_as_json.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&logs_as_json.stderr).contains("leave out --json"));
+    assert_eq!(logs_as_json.status.code(), Some(0));
+    let objects: Vec<Value> = stdout(&logs_as_json)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert!(!objects.is_empty());
+    for object in &objects {
+        assert!(
+            ["INFO", "WARN"].contains(&object["level"].as_str().unwrap_or_default())
+                && object["time"].as_str().is_some_and(|t| t.ends_with('Z'))
+                && object["source"].is_string()
+                && object["message"].is_string(),
+            "{object}"
+        );
+    }
 
     let missing = fs(Some("out/nope.txt"));
     let error = String::from_utf8_lossy(&missing.stderr);

@@ -1,7 +1,8 @@
 //! The real `caravan agent` killed with SIGKILL at several points, and stopped cleanly, then
 //! started again on the same data dir: every non-terminal alloc runs again from its last
 //! checkpoint, no finished alloc runs again, no collected alloc comes back, nothing is
-//! duplicated. Also: a state file this build cannot use is refused and left untouched.
+//! duplicated. Also: a state file this build cannot use is refused and left untouched, and
+//! finished allocs whose runner is gone are kept, in one INFO line.
 
 use crate::support::{AgentProcess, http, message, run_caravan};
 use caravan_test_artifacts::STATEFUL;
@@ -236,6 +237,68 @@ async fn kill_9_at_any_point_loses_no_alloc_and_resurrects_none() {
             "finished alloc {alloc_id} ran again: {text}"
         );
     }
+}
+
+#[tokio::test]
+async fn finished_allocs_whose_runner_is_gone_are_kept_and_counted_in_one_line() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let runners = tempfile::tempdir().unwrap();
+    let runner = runners.path().join("stateful.wasm");
+    std::fs::copy(STATEFUL, &runner).unwrap();
+    let agent = AgentProcess::start_on(data_dir.path());
+    let job = json!({"job": {"id": "quick", "type": "batch", "count": 3,
+        "runner": runner.to_str().unwrap(),
+        "tasks": [{"name": "count", "config": {"tick_every": 10, "stop_after": 2}}]}});
+    let (status, answer) = http(
+        agent.socket_addr(),
+        "POST",
+        "/v1/jobs",
+        Some(&job.to_string()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    wait_for_allocs(&agent, "the batch allocs to finish", |a| {
+        a.len() == 3 && a.values().all(|(_, status)| status == "complete")
+    })
+    .await;
+    let (code, _) = agent.stop();
+    assert_eq!(code, Some(0));
+    // The job is done; its runner's file goes, as a finished job's file may.
+    std::fs::remove_file(&runner).unwrap();
+
+    let agent = AgentProcess::start_on(data_dir.path());
+    let (restored, before) =
+        agent.wait_for("the restore", |l| message(l) == "restored allocations");
+    let lines: Vec<&Value> = before.iter().chain([&restored]).collect();
+    let kept: Vec<&&Value> = lines
+        .iter()
+        .filter(|l| message(l).contains("without their runner"))
+        .collect();
+    assert_eq!(kept.len(), 1, "one line for the three: {lines:#?}");
+    assert_eq!(kept[0]["level"], "INFO", "{}", kept[0]);
+    assert_eq!(kept[0]["fields"]["count"], 3, "{}", kept[0]);
+    assert!(
+        kept[0]["fields"]["first_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("does not exist")),
+        "{}",
+        kept[0]
+    );
+    let alloc_warnings: Vec<&&Value> = lines
+        .iter()
+        .filter(|l| l["level"] == "WARN" && l["span"]["alloc_id"].is_string())
+        .collect();
+    assert!(
+        alloc_warnings.is_empty(),
+        "no WARN per alloc: {alloc_warnings:#?}"
+    );
+    let after = allocs(&agent).await;
+    assert!(
+        after.values().all(|(_, status)| status == "complete"),
+        "finished stays finished: {after:?}"
+    );
+    agent.stop();
 }
 
 #[test]

@@ -213,3 +213,24 @@ async fn abandoning_stops_waiting_for_the_killed_alloc() {
         "interrupted again: stopped without waiting for the runner"
     );
 }
+
+#[test]
+fn output_into_a_reader_that_left_ends_the_command_quietly() {
+    // `caravan ... | head`: the reader is gone before the command prints anything.
+    let mut child = Command::new(CARAVAN)
+        .args(["run", SLEEPER, "--config", "run_for=10ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("caravan starts");
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        output.status.signal(),
+        Some(libc::SIGPIPE),
+        "ended by SIGPIPE, as Unix tools are: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -64,6 +64,13 @@ pub struct LocalAllocView {
     /// The limits it runs under, the job's overrides over this agent's defaults: key (as a
     /// job file writes it) and value.
     pub limits: Vec<(String, String)>,
+    /// CPU time spent for it since this agent started its runner, guest and host work, in
+    /// microseconds (absent for a runner that does not measure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_used_us: Option<u64>,
+    /// The most memory its instance held at once, in bytes (absent as above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak_bytes: Option<u64>,
 }
 
 pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {

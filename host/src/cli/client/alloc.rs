@@ -47,7 +47,8 @@ pub enum AllocCommand {
         /// A file or directory in the alloc dir.
         path: Option<String>,
     },
-    /// Print what the alloc's runner logged (its guest lines, as kept in the alloc's log file).
+    /// Print what the alloc's runner logged (its guest lines, as kept in the alloc's log file);
+    /// with --json, one object per line: time, level, source, message.
     Logs {
         /// An alloc id or a unique prefix of one.
         id: String,
@@ -132,6 +133,14 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
             .map(|pair| format!("{}={}", text(&pair[0]), text(&pair[1])))
             .collect();
         rows.push(("Limits", limits.join(", ")));
+        if let (Some(cpu_us), Some(memory)) = (
+            local["cpu_used_us"].as_u64(),
+            local["memory_peak_bytes"].as_u64(),
+        ) {
+            let cpu = std::time::Duration::from_micros(cpu_us);
+            rows.push(("CPU Used", format!("{cpu:.1?}")));
+            rows.push(("Memory Peak", crate::units::format_bytes_approx(memory)));
+        }
     }
     let width = rows.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
     for (key, value) in rows {
@@ -230,16 +239,35 @@ async fn restart(remote: &Remote, id: &str, task: Option<&str>) -> anyhow::Resul
     Ok(())
 }
 
-/// `alloc logs [-f] ID`: the log as it is kept, line by line.
+/// `alloc logs [-f] ID`: the log as it is kept, line by line; with `--json`, each line as an
+/// object (`time`, `level`, `source`, `message`).
 async fn logs(remote: &Remote, id: &str, follow: bool) -> anyhow::Result<()> {
-    if remote.json {
-        anyhow::bail!(
-            "alloc logs prints the alloc's log as it is kept, not as JSON: leave out --json"
-        );
+    let path = format!("/v1/client/allocation/{id}/logs?follow={follow}");
+    if !remote.json {
+        return remote.api.stream_to_stdout(&path).await;
     }
+    use std::io::Write;
+    let mut stdout = std::io::stdout();
+    let mut partial: Vec<u8> = Vec::new();
     remote
         .api
-        .stream_to_stdout(&format!("/v1/client/allocation/{id}/logs?follow={follow}"))
+        .stream(&path, |chunk| {
+            partial.extend_from_slice(chunk);
+            let Some(end) = partial.iter().rposition(|&b| b == b'\n') else {
+                return Ok(());
+            };
+            let complete: Vec<u8> = partial.drain(..=end).collect();
+            for line in String::from_utf8_lossy(&complete).lines() {
+                // Every line of the file parses; anything else is passed on whole.
+                let object = match crate::alloc_logs::parse_line(line) {
+                    Some(parsed) => serde_json::to_string(&parsed),
+                    None => serde_json::to_string(&serde_json::json!({ "message": line })),
+                }
+                .map_err(std::io::Error::other)?;
+                writeln!(stdout, "{object}")?;
+            }
+            stdout.flush()
+        })
         .await
 }
 

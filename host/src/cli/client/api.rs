@@ -107,6 +107,20 @@ impl Api {
     /// Sends a GET and copies the body to stdout as it arrives (for followed logs).
     pub async fn stream_to_stdout(&self, path: &str) -> anyhow::Result<()> {
         use std::io::Write;
+        let mut stdout = std::io::stdout();
+        self.stream(path, |data| {
+            stdout.write_all(data)?;
+            stdout.flush()
+        })
+        .await
+    }
+
+    /// GETs `path` and hands each chunk of the body to `sink` as it arrives.
+    pub async fn stream(
+        &self,
+        path: &str,
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> anyhow::Result<()> {
         let response = self.send("GET", path, None).await?;
         let status = response.status();
         let mut body = response.into_body();
@@ -118,11 +132,9 @@ impl Api {
                 .to_bytes();
             bail!("{} ({})", error_message(&bytes), status.as_u16());
         }
-        let mut stdout = std::io::stdout();
         while let Some(frame) = body.frame().await {
             if let Ok(data) = frame.context("reading the agent's answer")?.into_data() {
-                stdout.write_all(&data)?;
-                stdout.flush()?;
+                sink(&data)?;
             }
         }
         Ok(())

@@ -109,10 +109,16 @@ async fn stop(remote: &Remote, id: &str, purge: bool) -> anyhow::Result<()> {
         .call("DELETE", &format!("/v1/job/{id}?purge={purge}"), None)
         .await?;
     remote.print(&answer, |a| {
-        println!(
-            "job {id} stopped: {} allocs asked to stop",
-            a["stopped"].as_array().map_or(0, Vec::len)
-        )
+        let stopped = a["stopped"].as_array().map_or(0, Vec::len);
+        let purge = if a["removed"] == true {
+            "; purged: the job is removed"
+        } else if a["purged"] == true {
+            "; purged: the job is removed once its allocs are collected \
+             (`caravan system gc` collects them now)"
+        } else {
+            ""
+        };
+        println!("job {id} stopped: {stopped} allocs asked to stop{purge}")
     });
     Ok(())
 }
