@@ -14,12 +14,15 @@
 //!
 //! Optional: `[job.limits]` (any key of [`LimitOverrides::KEYS`]: see [`crate::limits`]),
 //! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values),
-//! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]).
+//! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]),
+//! `[job.reschedule]` (`attempts`, `interval`, `delay`, `delay_function`, `max_delay`,
+//! `unlimited`: see [`crate::reschedule`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
 use crate::capabilities::{self, Capabilities};
 use crate::limits::{LimitOverrides, RawLimits};
+use crate::reschedule::{RawReschedule, ReschedulePolicy};
 use crate::structs::Task;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -54,6 +57,10 @@ pub struct JobSpec {
     /// What each alloc may reach beyond its directory; nothing by default.
     #[serde(default, skip_serializing_if = "Capabilities::is_empty")]
     pub capabilities: Capabilities,
+    /// How failed allocs are replaced (`[job.reschedule]`); `None`: the job type's default
+    /// (see [`ReschedulePolicy::default_for`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reschedule: Option<ReschedulePolicy>,
 }
 
 /// Why a job spec was refused: the field at fault and what is wrong with it.
@@ -96,6 +103,7 @@ struct RawJob {
     meta: BTreeMap<String, String>,
     #[serde(default)]
     capabilities: RawCapabilities,
+    reschedule: Option<RawReschedule>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -230,6 +238,14 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
     let caps = &raw.capabilities;
     let capabilities = capabilities::parse_job(&caps.network, &caps.volumes, &caps.env)
         .map_err(|e| error(e.key, e.message))?;
+    let reschedule = match &raw.reschedule {
+        None => None,
+        Some(block) => Some(
+            block
+                .parse(DEFAULT_RESCHEDULE_ATTEMPTS)
+                .map_err(|e| error(format!("job.reschedule.{}", e.key), e.message))?,
+        ),
+    };
     let mut tasks: Vec<Task> = Vec::new();
     for (i, task) in raw.tasks.into_iter().enumerate() {
         let field = format!("job.tasks[{i}].name");
@@ -265,6 +281,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         tasks,
         meta: raw.meta.into_iter().collect(),
         capabilities,
+        reschedule,
     };
     let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
     if stored > MAX_JOB_BYTES {
@@ -279,6 +296,10 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
     }
     Ok(spec)
 }
+
+/// A `[job.reschedule]` block's `attempts` when it leaves it out (a job without the block
+/// takes the agent's `[server] restart_limit`, 3 by default, for a service job).
+pub const DEFAULT_RESCHEDULE_ATTEMPTS: u32 = 3;
 
 /// The largest job, as stored. A job and each of its allocs (which carry its tasks, meta and
 /// limits) are each one record; in cluster mode, one etcd request, which etcd refuses past
@@ -315,6 +336,39 @@ mod tests {
         assert_eq!(
             no_count.unwrap_err().to_string(),
             "job.count: missing; how many allocs to run, such as `count = 3`"
+        );
+    }
+
+    #[test]
+    fn a_reschedule_block_parses_and_a_bad_key_is_named_under_it() {
+        let with_block = |block: &str| {
+            parse_toml(&format!(
+                "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                 [job.reschedule]\n{block}\n"
+            ))
+        };
+        let policy = with_block("attempts = 1\ndelay = \"30s\"\nmax_delay = \"1m\"")
+            .unwrap()
+            .reschedule
+            .unwrap();
+        assert_eq!(
+            (policy.attempts, policy.delay, policy.max_delay),
+            (
+                1,
+                std::time::Duration::from_secs(30),
+                std::time::Duration::from_secs(60)
+            )
+        );
+        let refused = with_block("delay = \"0s\"").unwrap_err();
+        assert_eq!(refused.field, "job.reschedule.delay");
+        assert!(
+            refused.message.contains("would spin a crashing runner"),
+            "{refused}"
+        );
+        let unknown = with_block("retries = 3").unwrap_err();
+        assert!(
+            unknown.message.contains("unknown field `retries`"),
+            "{unknown}"
         );
     }
 

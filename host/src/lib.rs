@@ -18,6 +18,8 @@
 //! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`nodesim`]: many simulated client nodes in one process, behind `caravan nodesim`.
+//! - [`reschedule`]: a job's reschedule policy and the arithmetic of its decisions: when a
+//!   failed alloc is replaced, and when no more.
 //! - [`rpc`]: the client-server seam ([`rpc::ServerApi`]), the one module `client` and
 //!   `server` share, with what every server implementation promises.
 //! - [`server`]: the embedded server (jobs, placement, server-side GC) behind
@@ -28,7 +30,7 @@
 //! - [`shutdown`]: Ctrl-C and SIGTERM as shutdown stages the commands wait on.
 //! - [`telemetry`]: the process's tracing subscriber (text or JSON) and its stderr writer.
 //! - [`text`]: escaping what guests write before it is logged or shown.
-//! - [`timestamp`]: RFC 3339 UTC timestamps for log lines.
+//! - [`timestamp`]: the clock as Unix milliseconds, RFC 3339 UTC timestamps for log lines.
 //! - [`units`]: sizes and durations as operators type them.
 //! - `testing` (feature `testing` only): seams that fail on demand, an in-memory server.
 //!
@@ -53,6 +55,7 @@ pub mod jobspec;
 pub mod limits;
 pub mod locks;
 pub mod nodesim;
+pub mod reschedule;
 pub mod rpc;
 pub mod run;
 pub mod runtime;

@@ -65,6 +65,24 @@ pub struct Alloc {
     /// What the alloc may reach beyond its own directory; nothing by default.
     #[serde(default, skip_serializing_if = "Capabilities::is_empty")]
     pub capabilities: Capabilities,
+    /// Set on an alloc made to replace a failed one: when it may start, and its place in
+    /// the chain of replacements (see [`crate::reschedule`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reschedule: Option<Reschedule>,
+}
+
+/// What an alloc made to replace a failed one carries (Nomad's reschedule tracker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reschedule {
+    /// The failed alloc it replaces.
+    pub previous_alloc_id: String,
+    /// Which replacement of its chain this is, within the policy's interval (from 1).
+    pub attempt: u32,
+    /// Not started before this time (Unix ms): the failure plus the policy's delay.
+    pub start_after_unix_ms: u64,
+    /// When each replacement of its chain within the interval was made (Unix ms), this one
+    /// included, oldest first.
+    pub history_unix_ms: Vec<u64>,
 }
 
 impl Alloc {
@@ -90,6 +108,7 @@ impl Alloc {
             meta: Vec::new(),
             limits: LimitOverrides::default(),
             capabilities: Capabilities::default(),
+            reschedule: None,
         }
     }
 }

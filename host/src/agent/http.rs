@@ -16,6 +16,7 @@ use crate::client::Client;
 use crate::client::gc::GcError;
 use crate::histogram::write_instantiation_latency;
 use crate::server::{AllocRecord, EmbeddedServer, RequestError};
+use crate::timestamp::unix_ms_now;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -212,7 +213,10 @@ async fn list_jobs(State(state): State<ApiState>) -> ApiResult<Json<Vec<JobView>
         server
             .jobs()
             .iter()
-            .map(|job| job_view(job, &server.job_allocs(&job.spec.id)))
+            .map(|job| {
+                let allocs = server.job_allocs(&job.spec.id);
+                job_view(job, &allocs, server.restart_limit(), unix_ms_now())
+            })
             .collect(),
     ))
 }
@@ -223,7 +227,13 @@ async fn get_job(
 ) -> ApiResult<Json<JobView>> {
     let server = state.server()?;
     let job = server.job(&id)?;
-    Ok(Json(job_view(&job, &server.job_allocs(&id))))
+    let allocs = server.job_allocs(&id);
+    Ok(Json(job_view(
+        &job,
+        &allocs,
+        server.restart_limit(),
+        unix_ms_now(),
+    )))
 }
 
 /// Reads a boolean query parameter (`true` or `false`; absent is false), as JSON errors.

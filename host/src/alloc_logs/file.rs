@@ -25,7 +25,7 @@ pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) ->
     line
 }
 
-/// One line of the file, taken apart: the inverse of [`format_line`]. `None` for a line not in
+/// One line of the file, taken apart: the inverse of `format_line`. `None` for a line not in
 /// that format. A source holding `": "` is split at its first one (sources are the runner's
 /// `wasi:logging` contexts, or `stdout` and `stderr`).
 pub fn parse_line(line: &str) -> Option<super::LogLine<'_>> {

@@ -107,11 +107,12 @@ impl Command {
     }
 }
 
-/// Lets a short-lived command whose output is piped into a reader that stops early
-/// (`caravan alloc status ID | head`) end as Unix tools do, killed by SIGPIPE, instead of
-/// panicking: Rust's runtime ignores SIGPIPE, so every `println!` after the reader left would
-/// panic. The agent and nodesim keep ignoring it: a closed client connection or log pipe
-/// must not kill a server.
+/// Lets a command that only prints (the client commands, `runner check`) end as Unix tools
+/// do when its output is piped into a reader that stops early (`caravan alloc status ID |
+/// head`): killed by SIGPIPE, instead of panicking (Rust's runtime ignores SIGPIPE, so every
+/// `println!` after the reader left would panic). The agent and nodesim keep ignoring it (a
+/// closed connection or log pipe must not kill a server), and so does `caravan run`, which
+/// runs a guest that must be killed and cleaned up whatever happens to its output.
 fn end_quietly_on_a_closed_pipe() {
     // SAFETY: restoring a signal's default disposition has no memory-safety precondition;
     // it is done before the async runtime starts any thread.
@@ -125,6 +126,9 @@ impl Cli {
     /// Runs the parsed command line to its exit status.
     pub fn execute(self) -> ExitCode {
         let Cli { global, command } = self;
+        if matches!(command, Command::Client(_) | Command::Runner { .. }) {
+            end_quietly_on_a_closed_pipe();
+        }
         let runtime = match tokio::runtime::Runtime::new() {
             Ok(runtime) => runtime,
             Err(error) => {
@@ -132,9 +136,6 @@ impl Cli {
                 return ExitCode::from(2);
             }
         };
-        if !matches!(command, Command::Agent(_) | Command::Nodesim(_)) {
-            end_quietly_on_a_closed_pipe();
-        }
         let error_exit_code = command.error_exit_code();
         let outcome = runtime.block_on(command.execute(&global));
         // Everything a command must finish it has awaited; what is left is work a Ctrl-C

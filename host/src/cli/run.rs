@@ -57,22 +57,26 @@ impl RunCommand {
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
         let (alloc, state) = crate::run::run(options, shutdown.listener()).await?;
-        if global.log_json {
-            let summary = serde_json::json!({
+        let summary = if global.log_json {
+            serde_json::json!({
                 "alloc_id": alloc.id,
                 "client_status": state.client_status,
                 "description": state.description,
                 "task_states": state.task_states,
-            });
-            println!("{summary}");
+            })
+            .to_string()
         } else {
-            println!(
+            format!(
                 "alloc {} {}: {}",
                 alloc.id,
                 state.client_status,
                 crate::text::escape_controls(&state.description)
-            );
-        }
+            )
+        };
+        // The alloc has ended and been cleaned up; a reader that has gone away (`| head`)
+        // changes nothing of that, and the exit status still says how it ended.
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "{summary}");
         Ok(if state.client_status == ClientStatus::Complete {
             ExitCode::SUCCESS
         } else {

@@ -41,7 +41,9 @@ impl ClientInner {
     }
 
     /// Puts a built runner in the map; runs it unless it is restored terminal, in which
-    /// case it only waits for collection.
+    /// case it only waits for collection. A replacement of a failed alloc runs once its
+    /// reschedule delay is over (never earlier: the delay is what keeps a crashing runner
+    /// from spinning); a kill or a shutdown meanwhile means it never runs.
     pub(super) fn start_runner(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
         {
             let mut runners = self.runners_lock();
@@ -52,6 +54,15 @@ impl ClientInner {
         }
         if runner.alloc_state().client_status.is_terminal() {
             self.gc.mark_for_collection(alloc_id, runner);
+        } else if let Some(wait) = reschedule_wait(&runner.alloc()) {
+            // Stopped meanwhile (killed, shut down, destroyed): the runner is let go at once.
+            let stopped = runner.wait();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => runner.run(),
+                    () = stopped.wait() => {}
+                }
+            });
         } else {
             runner.run();
         }
@@ -156,6 +167,24 @@ impl StateUpdater for ClientStateUpdater {
             )),
         }
     }
+}
+
+/// How long a replacement alloc must still wait before it starts, by the wall clock (the
+/// server that set the time may be another machine), and never longer than the delay the
+/// server gave it: a server clock ahead of this one must not hold it back more.
+fn reschedule_wait(alloc: &Alloc) -> Option<std::time::Duration> {
+    let reschedule = alloc.reschedule.as_ref()?;
+    let decided_at = reschedule
+        .history_unix_ms
+        .last()
+        .copied()
+        .unwrap_or_default();
+    let delay = reschedule.start_after_unix_ms.saturating_sub(decided_at);
+    let left = reschedule
+        .start_after_unix_ms
+        .checked_sub(crate::timestamp::unix_ms_now())?;
+    let wait = left.min(delay);
+    (wait > 0).then(|| std::time::Duration::from_millis(wait))
 }
 
 #[cfg(test)]

@@ -4,14 +4,17 @@
 //! exception), not only which wasm instruction stopped it.
 //!
 //! Bounded whatever the guest writes: at most [`LINES`] lines of at most [`LINE_BYTES`] bytes
-//! each, their buffers reused. Lines are heard whether or not the log's rate limit admitted
-//! them, so a runner that floods its log and then panics still has its panic named. Stack
+//! each, their buffers reused; only lines heard within [`RECENT`] of the trap are told.
+//! Lines are heard whether or not the log's rate limit admitted them, so a runner that floods
+//! its log and then panics still has its panic named. Stack
 //! frames (indented lines) and the toolchains' boilerplate are not words: they would push the
 //! message out and mean nothing to an operator without the guest's sources.
 //!
 //! This module only keeps text; [`super::logging`] feeds it and [`super::outcome`] reads it.
 
 use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// How many lines are kept: a Rust panic takes two (where, then what).
 pub const LINES: usize = 3;
@@ -19,41 +22,46 @@ pub const LINES: usize = 3;
 /// The longest line kept, in bytes; longer ones are cut with a marker.
 pub const LINE_BYTES: usize = 240;
 
-/// The last [`LINES`] lines heard, oldest first.
+/// How recent a line must be to count as last words: a crash prints its message just before
+/// it traps, and a startup warning from an hour ago is not why it died.
+pub const RECENT: Duration = Duration::from_secs(5);
+
+/// The last [`LINES`] lines heard, oldest first, each with when it was heard.
 #[derive(Default)]
 pub struct LastWords {
-    lines: VecDeque<String>,
+    lines: VecDeque<(Instant, String)>,
 }
 
 impl LastWords {
-    /// Keeps `line` as the newest of the last words, unless it is a stack frame or a
-    /// toolchain's boilerplate.
-    pub fn hear(&mut self, line: &str) {
+    /// Keeps `line`, heard at `now`, as the newest of the last words, unless it is a stack
+    /// frame or a toolchain's boilerplate.
+    pub fn hear(&mut self, line: &str, now: Instant) {
         if !is_words(line) {
             return;
         }
         let mut slot = if self.lines.len() == LINES {
-            self.lines.pop_front().unwrap_or_default()
+            self.lines
+                .pop_front()
+                .map(|(_, text)| text)
+                .unwrap_or_default()
         } else {
             String::new()
         };
         slot.clear();
         slot.push_str(&crate::text::cut(line.trim_end(), LINE_BYTES));
-        self.lines.push_back(slot);
+        self.lines.push_back((now, slot));
     }
 
-    /// The lines kept, oldest first, joined on one line; `None` when the guest said nothing.
-    pub fn summary(&self) -> Option<String> {
-        if self.lines.is_empty() {
-            return None;
-        }
-        Some(
-            self.lines
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-                .join(" / "),
-        )
+    /// The lines kept that were heard within [`RECENT`] of `now`, oldest first, joined on
+    /// one line; `None` when the guest said nothing lately.
+    pub fn summary(&self, now: Instant) -> Option<String> {
+        let recent: Vec<&str> = self
+            .lines
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= RECENT)
+            .map(|(_, text)| text.as_str())
+            .collect();
+        (!recent.is_empty()).then(|| recent.join(" / "))
     }
 }
 
@@ -80,9 +88,21 @@ mod tests {
     use super::*;
 
     fn heard(lines: &str) -> Option<String> {
+        let now = Instant::now();
         let mut words = LastWords::default();
-        lines.lines().for_each(|line| words.hear(line));
-        words.summary()
+        lines.lines().for_each(|line| words.hear(line, now));
+        words.summary(now)
+    }
+
+    #[test]
+    fn words_said_long_before_the_end_are_not_last_words() {
+        let start = Instant::now();
+        let mut words = LastWords::default();
+        words.hear("warning: config file is old", start);
+        let later = start + RECENT + Duration::from_secs(1);
+        assert_eq!(words.summary(later), None);
+        words.hear("panicked", later);
+        assert_eq!(words.summary(later).as_deref(), Some("panicked"));
     }
 
     #[test]
@@ -107,12 +127,13 @@ mod tests {
 
     #[test]
     fn only_the_newest_lines_are_kept_each_cut_to_its_limit() {
+        let now = Instant::now();
         let mut words = LastWords::default();
         for n in 0..1000 {
-            words.hear(&format!("line {n}"));
+            words.hear(&format!("line {n}"), now);
         }
-        words.hear(&"x".repeat(10_000));
-        let summary = words.summary().unwrap();
+        words.hear(&"x".repeat(10_000), now);
+        let summary = words.summary(now).unwrap();
         assert!(
             summary.starts_with("line 998 / line 999 / xxx"),
             "{summary}"

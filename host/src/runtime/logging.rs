@@ -96,7 +96,10 @@ impl GuestLogSink {
             stream => stream,
         };
         if level == tracing::Level::ERROR || matches!(origin, Origin::Stream("stderr")) {
-            self.last_words.lock_unpoisoned().hear(&message);
+            // A logged message may hold a whole traceback: each of its lines is heard.
+            let now = Instant::now();
+            let mut last_words = self.last_words.lock_unpoisoned();
+            message.lines().for_each(|line| last_words.hear(line, now));
         }
         let bytes = message.len()
             + match origin {
@@ -137,7 +140,7 @@ impl GuestLogSink {
 
     /// The runner's last words so far (see [`LastWords::summary`]).
     pub fn last_words(&self) -> Option<String> {
-        self.last_words.lock_unpoisoned().summary()
+        self.last_words.lock_unpoisoned().summary(Instant::now())
     }
 
     fn report_dropped(&self, dropped: u64) {

@@ -6,7 +6,7 @@ use super::StoreData;
 use super::bindings::{self, RunnerError};
 use super::host_api::MAX_EVENTS_PER_TASK;
 use crate::limits::as_len;
-use crate::structs::{AllocState, ClientStatus, Limits, TaskEvent, TaskLifecycle};
+use crate::structs::{AllocState, ClientStatus, Limits, TaskEvent, TaskLifecycle, TaskState};
 use crate::text::cut;
 use crate::units::{format_bytes, format_duration};
 
@@ -150,21 +150,12 @@ pub(super) fn final_state(
         ),
     };
     let mut task_states = last.task_states;
-    for task in task_states
-        .iter_mut()
-        .filter(|task| task.state != TaskLifecycle::Dead)
-    {
-        task.state = TaskLifecycle::Dead;
-        task.failed = status == ClientStatus::Failed;
-        if task.events.len() == MAX_EVENTS_PER_TASK {
-            task.events.remove(0);
-        }
-        task.events.push(TaskEvent {
-            kind: "Terminated".into(),
-            message: description.clone(),
-            time_unix_ms: now_unix_ms,
-        });
-    }
+    end_unfinished_tasks(
+        &mut task_states,
+        status == ClientStatus::Failed,
+        &description,
+        now_unix_ms,
+    );
     AllocState {
         client_status: status,
         description,
@@ -172,10 +163,30 @@ pub(super) fn final_state(
     }
 }
 
+/// Every task not dead yet ends `dead` (`failed` as given) with a `Terminated` event at
+/// `now_unix_ms` saying `why`, its oldest events making room within the per-task limit.
+pub(super) fn end_unfinished_tasks(
+    tasks: &mut [TaskState],
+    failed: bool,
+    why: &str,
+    now_unix_ms: u64,
+) {
+    for task in tasks.iter_mut().filter(|t| t.state != TaskLifecycle::Dead) {
+        task.state = TaskLifecycle::Dead;
+        task.failed = failed;
+        let over = (task.events.len() + 1).saturating_sub(MAX_EVENTS_PER_TASK);
+        task.events.drain(..over);
+        task.events.push(TaskEvent {
+            kind: "Terminated".into(),
+            message: why.to_string(),
+            time_unix_ms: now_unix_ms,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::TaskState;
 
     fn task(name: &str, state: TaskLifecycle, failed: bool) -> TaskState {
         TaskState {

@@ -11,7 +11,7 @@ use super::disk_ledger::{DiskLedger, DiskQuota};
 use super::host_api::{HostApi, StateCell};
 use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::logging::{GuestLogSink, GuestLogging, LogLimits};
-use super::outcome::{RunOutcome, describe_failure, final_state};
+use super::outcome::{RunOutcome, describe_failure, end_unfinished_tasks, final_state};
 use super::store_limits::{MemoryLimiter, UsageGauges};
 use super::wasi_ctx::sandbox_wasi;
 use super::{LoadedComponent, Runtime, StoreData};
@@ -203,11 +203,18 @@ impl Shared {
             StopStep::NeverStarted => self.record_final(RunOutcome::NeverStarted),
             StopStep::AlreadyFinished => {
                 // Stopped already (after a shutdown, say) but not terminal: a kill makes it so.
-                let last = self.state.get();
+                let mut last = self.state.get();
                 if !last.client_status.is_terminal() {
+                    let description = "alloc was stopped";
+                    end_unfinished_tasks(
+                        &mut last.task_states,
+                        false,
+                        description,
+                        crate::timestamp::unix_ms_now(),
+                    );
                     self.state.finish(AllocState {
                         client_status: ClientStatus::Complete,
-                        description: "alloc was stopped".into(),
+                        description: description.into(),
                         task_states: last.task_states,
                     });
                 }

@@ -81,6 +81,7 @@ impl ServerApi for EmbeddedServer {
 
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
         let restart_limit = self.config.restart_limit;
+        let now_unix_ms = crate::timestamp::unix_ms_now();
         let mut reporting_nodes = std::collections::BTreeSet::new();
         let (accepted, saved) = self.change(|state, index| {
             let mut accepted = Vec::new();
@@ -105,7 +106,7 @@ impl ServerApi for EmbeddedServer {
                 }
                 record.client_state = Some(update.state.clone());
                 accepted.push(update.alloc_id.clone());
-                state.replace_if_failed(&update.alloc_id, restart_limit, index);
+                state.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
             }
             accepted
         });

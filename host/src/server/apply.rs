@@ -8,7 +8,7 @@ use super::reconcile::{self, JobPlan, Plan, Replacement};
 use super::records::{AllocRecord, JobRecord};
 use super::{Registration, State, gc, placement};
 use crate::jobspec::JobSpec;
-use crate::structs::{Alloc, AllocState, ClientStatus, DesiredStatus};
+use crate::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, Reschedule};
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -63,7 +63,9 @@ impl State {
         }
         plan.place
             .into_iter()
-            .map(|node_id| self.create_alloc(spec, version, node_id, index))
+            .map(|node_id| {
+                self.create_alloc(spec, version, node_id, plan.reschedule.clone(), index)
+            })
             .collect()
     }
 
@@ -84,10 +86,12 @@ impl State {
         spec: &JobSpec,
         version: u64,
         node_id: Option<String>,
+        reschedule: Option<Reschedule>,
         index: u64,
     ) -> String {
         let alloc = Alloc {
             modify_index: index,
+            reschedule,
             meta: spec.meta.clone(),
             limits: spec.limits.clone(),
             capabilities: spec.capabilities.clone(),
@@ -125,8 +129,15 @@ impl State {
         }
     }
 
-    /// Replaces a failed service alloc, within the job's restart limit.
-    pub(super) fn replace_if_failed(&mut self, alloc_id: &str, restart_limit: u32, index: u64) {
+    /// Replaces a failed alloc that failed at `now_unix_ms`, as its job's reschedule policy
+    /// says (see [`reconcile::replace_failed`]).
+    pub(super) fn replace_if_failed(
+        &mut self,
+        alloc_id: &str,
+        restart_limit: u32,
+        now_unix_ms: u64,
+        index: u64,
+    ) {
         let Some(record) = self.allocs.get(alloc_id) else {
             return;
         };
@@ -135,12 +146,19 @@ impl State {
             record,
             job,
             restart_limit,
+            now_unix_ms,
             &self.nodes,
             self.allocs.values(),
         );
         let (Replacement::Replace(plan), Some(job)) = (&decision, job) else {
-            if decision == Replacement::LimitReached {
-                tracing::warn!(job = %record.alloc.job_id, alloc_id, restart_limit, "not replacing failed allocation: restart limit reached");
+            if let Replacement::LimitReached { attempts, interval } = decision {
+                tracing::warn!(
+                    job = %record.alloc.job_id,
+                    alloc_id,
+                    attempts,
+                    interval = %crate::units::format_duration(interval),
+                    "not replacing failed allocation: restart limit reached"
+                );
             }
             return;
         };
@@ -148,9 +166,14 @@ impl State {
         if let Some(job) = self.job_mut(&spec.id) {
             job.restarts += 1;
         }
+        let attempt = plan.reschedule.as_ref().map_or(0, |r| r.attempt);
+        let start_after_unix_ms = plan
+            .reschedule
+            .as_ref()
+            .map_or(0, |r| r.start_after_unix_ms);
         let replacement = self.apply(plan, &spec, version, index);
         let replacement = replacement.first().map_or("", String::as_str);
-        tracing::info!(job = %spec.id, alloc_id, replacement, "replacing failed allocation");
+        tracing::info!(job = %spec.id, alloc_id, replacement, attempt, start_after_unix_ms, "replacing failed allocation");
     }
 
     pub(super) fn remove_empty_purged_jobs(&mut self) {

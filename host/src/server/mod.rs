@@ -58,7 +58,8 @@ pub struct ServerConfig {
     /// How long terminal allocs of stopped or finished jobs are kept (`job_gc_threshold`,
     /// default 4h).
     pub job_gc_threshold: Duration,
-    /// How many times a failed service alloc is replaced, per job (default 3).
+    /// The `attempts` of a service job without a `[job.reschedule]` block: replacements of a
+    /// failed alloc within an hour, per chain (default 3; see [`crate::reschedule`]).
     pub restart_limit: u32,
     /// How long a node may go without a watch open before it is down (`node_ttl`, default
     /// 30s); see [`EmbeddedServer::down_silent_nodes`].
@@ -213,6 +214,11 @@ impl EmbeddedServer {
     /// Registers a job, or updates it when the id exists (see [`reconcile`] for the rules).
     pub fn register_job(&self, spec: JobSpec) -> Result<Registration, RequestError> {
         self.request(|state, index| state.register(spec, index))
+    }
+
+    /// The attempts of a service job without a reschedule policy of its own.
+    pub fn restart_limit(&self) -> u32 {
+        self.config.restart_limit
     }
 
     /// What registering `spec` would do, changing nothing: the job's current version (`None`

@@ -14,9 +14,12 @@
 //! - Stopping a job sets desired status `stop` on its allocs; the client kills them and
 //!   reports them terminal. Nothing here deletes an alloc, so nothing is dropped that a client
 //!   still runs (deleting terminal ones is [`super::gc`]'s).
-//! - A failed service alloc is replaced by a new one, up to the job's restart limit, so a
-//!   crash-looping runner does not churn for ever. Only an alloc of the job's current version
-//!   that was still wanted is replaced: a deploy or a stop already took care of the others.
+//! - A failed alloc is replaced by a new one under its job's reschedule policy (a service
+//!   job's default: a few an hour, each after a growing delay; a batch job's: none), so a
+//!   crash-looping runner neither spins nor churns for ever. The delay is carried by the new
+//!   alloc, whose client starts it no earlier: no timer lives in the server. Only an alloc of
+//!   the job's current version that was still wanted is replaced: a deploy or a stop already
+//!   took care of the others.
 //! - Only wanted allocs (desired to run, not terminal, not replaced) count toward the job's
 //!   count, so a stopping or failed alloc never hides a missing one.
 //! - When a node goes down (cluster mode), every alloc on it that is not terminal is lost and
@@ -27,7 +30,8 @@
 use super::placement::{node_load, place};
 use super::records::{AllocRecord, JobRecord};
 use crate::jobspec::{JobSpec, JobType};
-use crate::structs::{ClientStatus, DesiredStatus};
+use crate::reschedule::{Decision, ReschedulePolicy};
+use crate::structs::{ClientStatus, DesiredStatus, Reschedule};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What to do to a job's allocs. Applied in field order: stops, then replacements, then new
@@ -41,6 +45,9 @@ pub struct Plan {
     /// Allocs to create, one per entry, on that node (`None`: no node yet, placed when one
     /// registers).
     pub place: Vec<Option<String>>,
+    /// For a replacement: when it may start and its place in its chain, set on the alloc
+    /// `place` creates.
+    pub reschedule: Option<Reschedule>,
 }
 
 /// What registering a job spec does.
@@ -59,19 +66,28 @@ pub struct JobPlan {
 pub enum Replacement {
     /// Nothing: it did not fail, or it is no longer one the job wants replaced.
     NotNeeded,
-    /// It failed, but the job has used all its restarts: it stays failed.
-    LimitReached,
+    /// It failed, and its chain of replacements used the policy's attempts within its
+    /// interval: it stays failed.
+    LimitReached {
+        /// The policy's attempts.
+        attempts: u32,
+        /// The policy's interval.
+        interval: std::time::Duration,
+    },
     /// Replace it: the plan marks it replaced and places one new alloc of the job's version.
     Replace(Plan),
 }
 
-/// True when two specs produce the same allocs, counts aside.
+/// True when two specs produce the same allocs, counts and reschedule policies aside (a
+/// policy applies to the next failure, not to what runs).
 pub fn same_allocs(old: &JobSpec, new: &JobSpec) -> bool {
     JobSpec {
         count: 0,
+        reschedule: None,
         ..old.clone()
     } == JobSpec {
         count: 0,
+        reschedule: None,
         ..new.clone()
     }
 }
@@ -131,13 +147,22 @@ pub fn stop_job<'a>(job_id: &str, allocs: impl IntoIterator<Item = &'a AllocReco
     }
 }
 
-/// Whether `reported`, just updated by its client, is a failed service alloc to replace:
-/// `job` is its job's record (if any), `allocs` every alloc the server holds (placement needs
-/// each node's load).
+/// The reschedule policy `job` runs under: its own, or its type's default, in which a
+/// service job gets `restart_limit` attempts (the agent's `[server] restart_limit`).
+pub fn reschedule_policy(job: &JobSpec, restart_limit: u32) -> Option<ReschedulePolicy> {
+    job.reschedule
+        .or_else(|| ReschedulePolicy::default_for(job.job_type == JobType::Service, restart_limit))
+}
+
+/// Whether `reported`, just updated by its client at `now_unix_ms`, is a failed alloc to
+/// replace under its job's reschedule policy (see [`reschedule_policy`]): `job` is its job's
+/// record (if any), `allocs` every alloc the server holds (placement needs each node's load).
+/// The replacement waits out the policy's delay (its [`Reschedule`]).
 pub fn replace_failed<'a>(
     reported: &AllocRecord,
     job: Option<&JobRecord>,
     restart_limit: u32,
+    now_unix_ms: u64,
     nodes: &BTreeSet<String>,
     allocs: impl IntoIterator<Item = &'a AllocRecord>,
 ) -> Replacement {
@@ -151,17 +176,41 @@ pub fn replace_failed<'a>(
     let Some(job) = job else {
         return Replacement::NotNeeded;
     };
-    if job.stopped || job.spec.job_type != JobType::Service || reported.job_version != job.version {
+    if job.stopped || reported.job_version != job.version {
         return Replacement::NotNeeded;
     }
-    if job.restarts >= restart_limit {
-        return Replacement::LimitReached;
+    let Some(policy) = reschedule_policy(&job.spec, restart_limit) else {
+        return Replacement::NotNeeded;
+    };
+    if !policy.unlimited && policy.attempts == 0 {
+        return Replacement::NotNeeded;
     }
-    Replacement::Replace(Plan {
-        replace: vec![reported.alloc.id.clone()],
-        place: place(&node_load(nodes, allocs), 1),
-        ..Plan::default()
-    })
+    let history = reported
+        .alloc
+        .reschedule
+        .as_ref()
+        .map_or(&[][..], |r| &r.history_unix_ms[..]);
+    match policy.decide(history, now_unix_ms) {
+        Decision::LimitReached { attempts, interval } => {
+            Replacement::LimitReached { attempts, interval }
+        }
+        Decision::Replace {
+            delay,
+            attempt,
+            history,
+        } => Replacement::Replace(Plan {
+            replace: vec![reported.alloc.id.clone()],
+            place: place(&node_load(nodes, allocs), 1),
+            reschedule: Some(Reschedule {
+                previous_alloc_id: reported.alloc.id.clone(),
+                attempt,
+                start_after_unix_ms: now_unix_ms
+                    .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+                history_unix_ms: history,
+            }),
+            ..Plan::default()
+        }),
+    }
 }
 
 /// How many allocs `job` lacks when a new leader takes over: its count, less every alloc of
@@ -245,6 +294,8 @@ pub fn lose_node<'a>(
 mod tests {
     use super::*;
     use crate::server::testkit::{alloc_on, failed, job, spec, stopping, terminal};
+    use crate::structs::Alloc;
+    use std::sync::Arc;
 
     fn ids(allocs: &[AllocRecord], sequences: &[u64]) -> Vec<String> {
         sequences
@@ -371,21 +422,65 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_service_alloc_is_replaced_up_to_the_restart_limit() {
-        let mut current = job(spec("web", JobType::Service, 1), 1);
-        let allocs = [failed(alloc_on("web", 1, Some("n1")))];
-        let decide =
-            |job: &JobRecord| replace_failed(&allocs[0], Some(job), 2, &one_node(), &allocs);
+    fn a_failed_service_alloc_is_replaced_after_a_delay_until_its_chain_runs_out() {
+        let current = job(spec("web", JobType::Service, 1), 1);
+        let first = failed(alloc_on("web", 1, Some("n1")));
+        let now = 1_000_000;
+        let decide = |alloc: &AllocRecord, at: u64| {
+            replace_failed(alloc, Some(&current), 2, at, &one_node(), [alloc])
+        };
+        let Replacement::Replace(plan) = decide(&first, now) else {
+            panic!("the first failure is replaced");
+        };
         assert_eq!(
-            decide(&current),
-            Replacement::Replace(Plan {
-                replace: ids(&allocs, &[1]),
-                place: vec![Some("n1".into())],
-                ..Plan::default()
-            })
+            (plan.replace.clone(), plan.place.clone()),
+            (
+                ids(std::slice::from_ref(&first), &[1]),
+                vec![Some("n1".into())]
+            )
         );
-        current.restarts = 2;
-        assert_eq!(decide(&current), Replacement::LimitReached);
+        let reschedule = plan.reschedule.clone().unwrap();
+        assert_eq!(
+            reschedule,
+            Reschedule {
+                previous_alloc_id: first.alloc.id.clone(),
+                attempt: 1,
+                start_after_unix_ms: now + 5_000,
+                history_unix_ms: vec![now],
+            },
+            "5 s later, the service default's first delay"
+        );
+        // The replacement fails in turn: its chain goes on, twice as slow.
+        let second = AllocRecord {
+            alloc: Arc::new(Alloc {
+                reschedule: Some(reschedule),
+                ..Alloc::clone(&first.alloc)
+            }),
+            ..first.clone()
+        };
+        let Replacement::Replace(plan) = decide(&second, now + 10_000) else {
+            panic!("the second failure is replaced");
+        };
+        let reschedule = plan.reschedule.unwrap();
+        assert_eq!(
+            (reschedule.attempt, reschedule.start_after_unix_ms),
+            (2, now + 10_000 + 10_000)
+        );
+        let third = AllocRecord {
+            alloc: Arc::new(Alloc {
+                reschedule: Some(reschedule),
+                ..Alloc::clone(&first.alloc)
+            }),
+            ..first.clone()
+        };
+        assert_eq!(
+            decide(&third, now + 30_000),
+            Replacement::LimitReached {
+                attempts: 2,
+                interval: std::time::Duration::from_secs(3600)
+            },
+            "two replacements within the hour: no third"
+        );
     }
 
     #[test]
@@ -422,21 +517,25 @@ mod tests {
             ),
             ("asked to stop", stopping(current.clone()), &service),
             ("of a stopped job", current.clone(), &stopped_job),
-            ("of a batch job", current.clone(), &batch),
+            (
+                "of a batch job without a reschedule block",
+                current.clone(),
+                &batch,
+            ),
         ];
         for (what, alloc, job) in cases {
             assert_eq!(
-                replace_failed(&alloc, Some(job), 3, &one_node(), [&alloc]),
+                replace_failed(&alloc, Some(job), 3, 0, &one_node(), [&alloc]),
                 Replacement::NotNeeded,
                 "an alloc {what} is not replaced"
             );
         }
         assert!(matches!(
-            replace_failed(&current, Some(&service), 3, &one_node(), [&current]),
+            replace_failed(&current, Some(&service), 3, 0, &one_node(), [&current]),
             Replacement::Replace(_)
         ));
         assert_eq!(
-            replace_failed(&current, None, 3, &one_node(), [&current]),
+            replace_failed(&current, None, 3, 0, &one_node(), [&current]),
             Replacement::NotNeeded,
             "no job: nothing to replace it with"
         );

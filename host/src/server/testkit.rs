@@ -19,6 +19,7 @@ pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
         tasks: vec![Task::named("main")],
         meta: vec![],
         capabilities: Capabilities::default(),
+        reschedule: None,
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::support::AgentProcess;
 use caravan_test_artifacts::{FIXTURE_WRONG_WORLD, SLEEPER};
 use serde_json::Value;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
@@ -12,16 +13,23 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Writes `<dir>/<id>.toml`, a service job of `count` sleeper allocs with one task `web` of
+/// `config` (the inside of a TOML inline table), followed by `more` TOML; returns its path.
+fn sleeper_job(dir: &Path, id: &str, count: u32, config: &str, more: &str) -> PathBuf {
+    let path = dir.join(format!("{id}.toml"));
+    let text = format!(
+        "[job]\nid = {id:?}\ntype = \"service\"\ncount = {count}\nrunner = {SLEEPER:?}\n\
+         [[job.tasks]]\nname = \"web\"\nconfig = {{ {config} }}\n{more}"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 #[test]
 fn an_operator_runs_inspects_scales_and_stops_a_job_through_the_cli() {
     let agent = AgentProcess::start();
     let dir = tempfile::tempdir().unwrap();
-    let job_file = dir.path().join("sleepy.toml");
-    std::fs::write(
-        &job_file,
-        format!("[job]\nid = \"sleepy\"\ntype = \"service\"\ncount = 2\nrunner = {SLEEPER:?}\n[[job.tasks]]\nname = \"web\"\nconfig = {{ log_every = \"1s\" }}\n"),
-    )
-    .unwrap();
+    let job_file = sleeper_job(dir.path(), "sleepy", 2, r#"log_every = "1s""#, "");
 
     let run = agent.caravan(&["job", "run", job_file.to_str().unwrap()]);
     assert_eq!(run.status.code(), Some(0));
@@ -72,12 +80,14 @@ fn an_operator_runs_inspects_scales_and_stops_a_job_through_the_cli() {
 fn alloc_status_explains_a_crash_without_the_agent_log() {
     let agent = AgentProcess::start();
     let dir = tempfile::tempdir().unwrap();
-    let job_file = dir.path().join("crashy.toml");
-    std::fs::write(
-        &job_file,
-        format!("[job]\nid = \"crashy\"\ntype = \"service\"\ncount = 1\nrunner = {SLEEPER:?}\n[[job.tasks]]\nname = \"web\"\nconfig = {{ crash_after = \"50ms\" }}\n"),
-    )
-    .unwrap();
+    let reschedule = "[job.reschedule]\nattempts = 1\ndelay = \"1s\"\n";
+    let job_file = sleeper_job(
+        dir.path(),
+        "crashy",
+        1,
+        r#"crash_after = "50ms""#,
+        reschedule,
+    );
     // It may exit 1 here: the alloc can fail before `job run` sees it running.
     let run = agent.caravan(&["job", "run", job_file.to_str().unwrap()]);
     assert!(
@@ -145,6 +155,43 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
         "{status}"
     );
     assert!(status.contains("Terminated  wasm trap: "), "{status}");
+
+    // Replaced once, a second after the crash; the replacement crashes too, and the job says
+    // there will be no more.
+    let restarts = (0..300)
+        .find_map(|_| {
+            let job = stdout(&agent.caravan(&["job", "status", "crashy"]));
+            let line = job
+                .lines()
+                .find(|l| l.starts_with("Restarts: restart limit"));
+            line.map(str::to_string).or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                None
+            })
+        })
+        .expect("the restart limit is reached within 15 s");
+    assert!(
+        restarts.starts_with("Restarts: restart limit reached: 1 in 60m (alloc ")
+            && restarts.contains(" failed: wasm trap: "),
+        "{restarts}"
+    );
+    let allocs = agent.caravan(&["job", "status", "crashy", "--json"]);
+    let allocs: Value = serde_json::from_slice(&allocs.stdout).unwrap();
+    let replacement = allocs["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] != alloc_id.as_str())
+        .expect("one replacement");
+    let replacement_id = replacement["id"].as_str().unwrap();
+    let replacement_status = stdout(&agent.caravan(&["alloc", "status", replacement_id]));
+    assert!(
+        replacement_status.contains(&format!(
+            "Replaces           = alloc {} (restart 1, not before ",
+            &alloc_id[..8]
+        )),
+        "{replacement_status}"
+    );
     agent.stop();
 }
 

@@ -98,6 +98,12 @@ fn c_runners_pass_the_checks_and_log_through_the_host() {
     passes_the_checks_and_logs_through_the_host("c");
 }
 
+/// `caravan run --log-json` of `runner` with one `--config` setting.
+fn run_with_config(runner: &str, setting: &str) -> std::process::Output {
+    let args = ["run", runner, "--log-json", "--cache-dir", TEST_CACHE_DIR];
+    run_caravan(&[&args[..], &["--config", setting]].concat(), None)
+}
+
 /// The sleeper of every language: Rust's, then the others'.
 fn every_sleeper() -> impl Iterator<Item = (&'static str, String)> {
     std::iter::once(("rust", caravan_test_artifacts::SLEEPER.to_string())).chain(
@@ -120,18 +126,7 @@ fn a_crash_in_any_language_fails_the_alloc_with_the_runners_last_words() {
         _ => "task main crashed on purpose (crash_after 20ms)",
     };
     for (language, sleeper) in every_sleeper() {
-        let run = run_caravan(
-            &[
-                "run",
-                &sleeper,
-                "--log-json",
-                "--cache-dir",
-                TEST_CACHE_DIR,
-                "--config",
-                "crash_after=20ms",
-            ],
-            None,
-        );
+        let run = run_with_config(&sleeper, "crash_after=20ms");
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert_eq!(run.status.code(), Some(1), "{language}: {stderr}");
         let result: Value = serde_json::from_slice(&run.stdout).expect("a JSON result line");
@@ -172,18 +167,7 @@ fn a_bad_config_gets_the_same_error_from_every_sleeper() {
                 r#"invalid config: task "main": crash_after: "later" is not a duration such as 500ms, 5s or 2m"#,
             ),
         ] {
-            let run = run_caravan(
-                &[
-                    "run",
-                    &sleeper,
-                    "--log-json",
-                    "--cache-dir",
-                    TEST_CACHE_DIR,
-                    "--config",
-                    setting,
-                ],
-                None,
-            );
+            let run = run_with_config(&sleeper, setting);
             assert_eq!(run.status.code(), Some(1), "{language} {setting}");
             let result: Value = serde_json::from_slice(&run.stdout).unwrap();
             assert_eq!(result["description"], expected, "{language} {setting}");

@@ -73,9 +73,10 @@ pub(super) async fn register_job(
     body: String,
 ) -> ApiResult<Json<Value>> {
     authorize(&state, &headers)?;
+    let server = state.server()?;
     let (spec, _) = check_job(&state, &body).await?;
     let job_id = spec.id.clone();
-    let registration = state.server()?.register_job(spec)?;
+    let registration = server.register_job(spec)?;
     Ok(Json(json!({
         "job_id": job_id,
         "created": registration.created,
@@ -84,11 +85,14 @@ pub(super) async fn register_job(
     })))
 }
 
-/// `POST /v1/validate/job`: the checks a registration gets, and nothing else.
+/// `POST /v1/validate/job`: the checks a registration gets, and nothing else. A write as far
+/// as the token goes: it makes the agent read and compile a file.
 pub(super) async fn validate_job(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     body: String,
 ) -> ApiResult<Json<Value>> {
+    authorize(&state, &headers)?;
     let (spec, runner_sha256) = check_job(&state, &body).await?;
     Ok(Json(json!({
         "job_id": spec.id,
@@ -99,12 +103,16 @@ pub(super) async fn validate_job(
 }
 
 /// `POST /v1/job/{id}/plan`: what registering the job would do, computed by the same
-/// reconciliation a registration applies, with nothing changed.
+/// reconciliation a registration applies, with nothing changed. Needs the token, as
+/// validation does.
 pub(super) async fn plan_job(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     Path(id): Path<String>,
     body: String,
 ) -> ApiResult<Json<Value>> {
+    authorize(&state, &headers)?;
+    let server = state.server()?;
     let (spec, runner_sha256) = check_job(&state, &body).await?;
     if spec.id != id {
         return Err(ApiError::bad_request(
@@ -112,7 +120,7 @@ pub(super) async fn plan_job(
             format!("job.id: {:?} is not the job of this path ({id:?})", spec.id),
         ));
     }
-    let (current_version, plan) = state.server()?.plan_job(&spec);
+    let (current_version, plan) = server.plan_job(&spec);
     let mut place_by_node: BTreeMap<String, usize> = BTreeMap::new();
     for node in &plan.plan.place {
         let node = node.clone().unwrap_or_else(|| "(no node yet)".into());

@@ -1,10 +1,13 @@
 //! How the API shows jobs and allocs: the JSON views built from the server's records.
 
 use crate::jobspec::JobType;
+use crate::server::reconcile;
 use crate::server::{AllocRecord, JobRecord};
-use crate::structs::{ClientStatus, DesiredStatus, TaskState};
+use crate::structs::{ClientStatus, DesiredStatus, Reschedule, TaskState};
+use crate::units::format_duration;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// A job as the API shows it.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -24,6 +27,10 @@ pub struct JobView {
     pub version: u64,
     /// The job's allocs by client status.
     pub allocs: BTreeMap<String, usize>,
+    /// When an alloc of the job failed: what happens next, and why (`restart 2/3 in 8s
+    /// (alloc 1a2b3c4d failed: ...)`, `restart limit reached: ...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<String>,
 }
 
 /// An alloc as the API shows it.
@@ -51,6 +58,9 @@ pub struct AllocView {
     pub modify_index: u64,
     /// Its tasks' states, as last reported.
     pub task_states: Vec<TaskState>,
+    /// Set when it replaces a failed alloc: which, its attempt, and when it may start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reschedule: Option<Reschedule>,
     /// What only the agent running it knows, in `GET /v1/allocation/{id}` from that agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local: Option<LocalAllocView>,
@@ -91,11 +101,19 @@ pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {
             .unwrap_or_default(),
         modify_index: record.alloc.modify_index,
         task_states: state.map(|s| s.task_states).unwrap_or_default(),
+        reschedule: record.alloc.reschedule.clone(),
         local: None,
     }
 }
 
-pub(super) fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
+/// `restart_limit`: the agent's `[server] restart_limit`, the attempts of a service job
+/// without a reschedule policy of its own; `now_unix_ms`: the time the view is for.
+pub(super) fn job_view(
+    job: &JobRecord,
+    allocs: &[AllocRecord],
+    restart_limit: u32,
+    now_unix_ms: u64,
+) -> JobView {
     let views: Vec<AllocView> = allocs.iter().map(alloc_view).collect();
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     for view in &views {
@@ -118,5 +136,59 @@ pub(super) fn job_view(job: &JobRecord, allocs: &[AllocRecord]) -> JobView {
         status: status.into(),
         version: job.version,
         allocs: by_status,
+        restarts: restarts_line(job, allocs, restart_limit, now_unix_ms),
     }
+}
+
+/// What `job status` says of a job whose allocs failed: the next restart, or that there will
+/// be none, with the failure that caused it.
+fn restarts_line(
+    job: &JobRecord,
+    allocs: &[AllocRecord],
+    restart_limit: u32,
+    now_unix_ms: u64,
+) -> Option<String> {
+    let policy = reconcile::reschedule_policy(&job.spec, restart_limit)?;
+    let failure = |alloc_id: &str| {
+        let failed = allocs.iter().find(|a| a.alloc.id == alloc_id);
+        let description = failed
+            .and_then(|a| a.client_state.as_ref())
+            .map_or("", |s| s.description.as_str());
+        let short: String = alloc_id.chars().take(8).collect();
+        format!("alloc {short} failed: {description}")
+    };
+    let waiting = allocs.iter().find_map(|a| {
+        let reschedule = a.alloc.reschedule.as_ref()?;
+        let pending = a.client_state.is_none()
+            || a.client_state
+                .as_ref()
+                .is_some_and(|s| s.client_status == ClientStatus::Pending);
+        (a.is_wanted() && pending && reschedule.start_after_unix_ms > now_unix_ms)
+            .then_some(reschedule)
+    });
+    if let Some(next) = waiting {
+        let wait = Duration::from_millis(next.start_after_unix_ms - now_unix_ms);
+        return Some(format!(
+            "restart {}/{} in {}s ({})",
+            next.attempt,
+            policy.attempts_text(),
+            wait.as_secs_f64().ceil() as u64,
+            failure(&next.previous_alloc_id)
+        ));
+    }
+    let given_up = allocs.iter().find(|a| {
+        !job.stopped
+            && !a.replaced
+            && a.job_version == job.version
+            && a.alloc.desired_status == DesiredStatus::Run
+            && a.client_state
+                .as_ref()
+                .is_some_and(|s| s.client_status == ClientStatus::Failed)
+    })?;
+    Some(format!(
+        "restart limit reached: {} in {} ({})",
+        policy.attempts_text(),
+        format_duration(policy.interval),
+        failure(&given_up.alloc.id)
+    ))
 }

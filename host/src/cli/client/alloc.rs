@@ -123,6 +123,21 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         ("Client Status", text(&alloc["client_status"])),
         ("Client Description", text(&alloc["description"])),
     ];
+    let reschedule = &alloc["reschedule"];
+    if reschedule.is_object() {
+        let previous: String = text(&reschedule["previous_alloc_id"])
+            .chars()
+            .take(8)
+            .collect();
+        rows.push((
+            "Replaces",
+            format!(
+                "alloc {previous} (restart {}, not before {})",
+                text(&reschedule["attempt"]),
+                utc_time(&reschedule["start_after_unix_ms"])
+            ),
+        ));
+    }
     if local.is_object() {
         rows.push(("Alloc Dir", text(&local["alloc_dir"])));
         let limits: Vec<String> = local["limits"]
@@ -246,7 +261,6 @@ async fn logs(remote: &Remote, id: &str, follow: bool) -> anyhow::Result<()> {
     if !remote.json {
         return remote.api.stream_to_stdout(&path).await;
     }
-    use std::io::Write;
     let mut stdout = std::io::stdout();
     let mut partial: Vec<u8> = Vec::new();
     remote
@@ -257,18 +271,26 @@ async fn logs(remote: &Remote, id: &str, follow: bool) -> anyhow::Result<()> {
                 return Ok(());
             };
             let complete: Vec<u8> = partial.drain(..=end).collect();
-            for line in String::from_utf8_lossy(&complete).lines() {
-                // Every line of the file parses; anything else is passed on whole.
-                let object = match crate::alloc_logs::parse_line(line) {
-                    Some(parsed) => serde_json::to_string(&parsed),
-                    None => serde_json::to_string(&serde_json::json!({ "message": line })),
-                }
-                .map_err(std::io::Error::other)?;
-                writeln!(stdout, "{object}")?;
-            }
-            stdout.flush()
+            print_log_lines_as_json(&mut stdout, &complete)
         })
-        .await
+        .await?;
+    // A last line without its newline (the file cut short) is a line all the same.
+    print_log_lines_as_json(&mut stdout, &partial)?;
+    Ok(())
+}
+
+/// Each line of `text` (lines of an alloc log file) as one JSON object.
+fn print_log_lines_as_json(out: &mut impl std::io::Write, text: &[u8]) -> std::io::Result<()> {
+    for line in String::from_utf8_lossy(text).lines() {
+        // Every line of the file parses; anything else is passed on whole.
+        let object = match crate::alloc_logs::parse_line(line) {
+            Some(parsed) => serde_json::to_string(&parsed),
+            None => serde_json::to_string(&serde_json::json!({ "message": line })),
+        }
+        .map_err(std::io::Error::other)?;
+        writeln!(out, "{object}")?;
+    }
+    out.flush()
 }
 
 /// `alloc fs ID [PATH]`: a directory's entries as a table, or a file's bytes.

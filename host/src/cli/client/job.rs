@@ -95,7 +95,10 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
             serde_json::json!({ "job": job, "allocations": allocs })
         );
     } else {
-        print_jobs(&Value::Array(vec![job]));
+        print_jobs(&Value::Array(vec![job.clone()]));
+        if let Some(restarts) = job["restarts"].as_str() {
+            println!("Restarts: {}", crate::text::escape_controls(restarts));
+        }
         println!();
         print_allocs(&allocs);
     }
