@@ -79,7 +79,15 @@ pub trait Runner: Sized {
 }
 
 /// The default event loop; [`crate::export_runner!`] calls it from `run`.
+///
+/// It first installs a panic hook that writes a panic as one line to stderr, `panicked at
+/// src/lib.rs:24:5: the message`: the host quotes a trapped runner's last stderr lines in
+/// the alloc's description, and Rust's own hook spreads a panic over three lines, one of them
+/// advice to set `RUST_BACKTRACE`, which a sandbox cannot. A hook the runner sets in
+/// [`Runner::start`] replaces it.
 pub fn run<R: Runner>(alloc: Alloc, restored: Option<Vec<u8>>) -> Result<(), RunnerError> {
+    static PANIC_HOOK: std::sync::Once = std::sync::Once::new();
+    PANIC_HOOK.call_once(|| std::panic::set_hook(Box::new(report_panic)));
     let mut state = State::new(&alloc);
     let outcome = drive::<R>(&alloc, restored, &mut state);
     if let Err(error) = &outcome {
@@ -94,6 +102,22 @@ pub fn run<R: Runner>(alloc: Alloc, restored: Option<Vec<u8>>) -> Result<(), Run
         let _ = state.report();
     }
     outcome
+}
+
+/// Writes a panic as one line on stderr: where, then what.
+fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let message = info
+        .payload_as_str()
+        .unwrap_or("(a panic without a message)");
+    match info.location() {
+        Some(at) => eprintln!(
+            "panicked at {}:{}:{}: {message}",
+            at.file(),
+            at.line(),
+            at.column()
+        ),
+        None => eprintln!("panicked: {message}"),
+    }
 }
 
 fn drive<R: Runner>(

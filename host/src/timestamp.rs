@@ -1,8 +1,12 @@
-//! The clock as Unix milliseconds, and RFC 3339 UTC timestamps for log lines (`2026-12-01T18:09:42.791781Z`), the agent log's and
-//! the alloc log files'. Both write one for every line a guest logs, so the date and time of
-//! day are formatted once per second per thread and only the fraction each time.
+//! The clock as Unix milliseconds, and RFC 3339 UTC timestamps for log lines
+//! (`2026-12-01T18:09:42.791781Z`), the agent log's and the alloc log files'. Both write one
+//! for every line a guest logs, so the date and time of day are formatted once per second per
+//! thread and only the fraction each time.
 //!
-//! A leaf: it knows the clock and the calendar, nothing of logs.
+//! Also a time for people, in the local zone (`write_local`), for the CLI's tables.
+//!
+//! A leaf: it knows the clock, the calendar and the local zone (from the C library), nothing
+//! of logs.
 
 use std::cell::RefCell;
 use std::fmt::{self, Write};
@@ -47,6 +51,44 @@ pub fn write_utc(w: &mut impl Write, at: SystemTime, fraction: Fraction) -> fmt:
         Fraction::Millis => write!(w, ".{:03}Z", since_epoch.subsec_millis()),
         Fraction::Micros => write!(w, ".{:06}Z", since_epoch.subsec_micros()),
     }
+}
+
+/// Writes `at` for people: the local date and time to the second, with the zone's offset
+/// from UTC (`2026-12-01 23:41:07 +01:00`), in the zone the C library reads from `TZ` or
+/// `/etc/localtime`; in UTC (`+00:00`) when it cannot tell.
+pub fn write_local(w: &mut impl Write, at: SystemTime) -> fmt::Result {
+    let seconds = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let offset = local_offset_seconds(seconds).unwrap_or(0);
+    let local = seconds.saturating_add_signed(offset);
+    let mut text = String::with_capacity(19);
+    write_date_time(&mut text, local)?;
+    let (sign, minutes) = (
+        if offset < 0 { '-' } else { '+' },
+        offset.unsigned_abs() / 60,
+    );
+    write!(
+        w,
+        "{} {sign}{:02}:{:02}",
+        text.replacen('T', " ", 1),
+        minutes / 60,
+        minutes % 60
+    )
+}
+
+/// The local zone's offset from UTC, in seconds, at `unix_seconds`.
+fn local_offset_seconds(unix_seconds: u64) -> Option<i64> {
+    let time: libc::time_t = unix_seconds.try_into().ok()?;
+    // SAFETY: `tm` is plain data, for which all zeroes is a valid value.
+    #[allow(unsafe_code)]
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: localtime_r is the reentrant form: it reads `time` and writes only `tm`, both
+    // alive for the call, and returns null on failure.
+    #[allow(unsafe_code)]
+    let converted = unsafe { libc::localtime_r(&time, &mut tm) };
+    // `c_long` is `i64` here, `i32` on 32-bit targets.
+    #[allow(clippy::useless_conversion)]
+    let offset = i64::from(tm.tm_gmtoff);
+    (!converted.is_null()).then_some(offset)
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` of a Unix time, in the proleptic Gregorian calendar.

@@ -2,12 +2,17 @@
 //! changes of the server's state and must not decide anything itself: placement and
 //! replacement are the scheduler's (see [`super::reconcile`]).
 //!
-//! Invariant, for the reason given: an update is acknowledged only once saved, and a failed
-//! save is [`ServerError::Unavailable`], so the client keeps the update and sends it again.
+//! Invariants, for the reasons given:
+//! - An update is acknowledged only once saved, and a failed save is
+//!   [`ServerError::Unavailable`], so the client keeps the update and sends it again.
+//! - A terminal alloc never turns non-terminal: no client runs a finished alloc again, so
+//!   such a report is a stale one delivered late (a restarted node's request still in
+//!   flight is one way; the nodesim test once waited in vain for its last `complete` under
+//!   load, which this would explain).
 
 use super::{EmbeddedServer, MAX_NODES};
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
-use crate::structs::{Alloc, ClientStatus};
+use crate::structs::Alloc;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -92,12 +97,16 @@ impl ServerApi for EmbeddedServer {
                 if let Some(node) = &record.node_id {
                     reporting_nodes.insert(node.clone());
                 }
-                // A lost alloc stays lost until its node, back, reports how it ended.
-                let lost = record
+                // A terminal alloc stays terminal. A lost one until its node, back, reports
+                // how it ended; a finished one for good: its client never runs it again
+                // (restore keeps it finished), so a later non-terminal report is a stale one,
+                // delivered late (a restarted node's request still in flight), and taking it
+                // would bring the alloc back to life on the server alone.
+                let terminal = record
                     .client_state
                     .as_ref()
-                    .is_some_and(|s| s.client_status == ClientStatus::Lost);
-                if lost && !update.state.client_status.is_terminal() {
+                    .is_some_and(|s| s.client_status.is_terminal());
+                if terminal && !update.state.client_status.is_terminal() {
                     accepted.push(update.alloc_id.clone());
                     continue;
                 }

@@ -561,6 +561,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_late_non_terminal_report_does_not_bring_a_finished_alloc_back() {
+        let server = EmbeddedServer::new(ServerConfig::default());
+        server.register_node("n1").await.unwrap();
+        let id = server
+            .register_job(spec("once", JobType::Batch, 1))
+            .unwrap()
+            .placed[0]
+            .clone();
+        report(&server, &id, ClientStatus::Complete).await;
+        // A restarted node's request still in flight from before it finished the alloc.
+        report(&server, &id, ClientStatus::Running).await;
+        let status = server
+            .alloc(&id)
+            .unwrap()
+            .client_state
+            .unwrap()
+            .client_status;
+        assert_eq!(status, ClientStatus::Complete);
+    }
+
+    #[tokio::test]
     async fn stop_and_gc_remove_only_terminal_allocs_and_purge_removes_the_job_last() {
         let server = EmbeddedServer::new(ServerConfig::default());
         server.register_node("n1").await.unwrap();

@@ -255,22 +255,29 @@ pub fn lose_node<'a>(
         .copied()
         .filter(|a| a.node_id.as_deref() == Some(node_id) && !a.is_terminal())
         .collect();
-    let mut to_replace: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    // Per job, the lost allocs to replace in one plan; a replacement of a failed alloc gets a
+    // plan of its own, which carries its reschedule record to the alloc that takes its place:
+    // its node's loss is no failure of its own, so its wait and its chain go on unchanged.
+    type Group<'r> = (Vec<String>, Option<&'r Reschedule>);
+    let mut to_replace: BTreeMap<(&str, Option<&str>), Group> = BTreeMap::new();
     for alloc in on_node.iter().filter(|a| a.is_wanted()) {
         let current = jobs
             .get(&alloc.alloc.job_id)
             .is_some_and(|job| !job.purged && !job.stopped && job.version == alloc.job_version);
         if current {
-            to_replace
-                .entry(&alloc.alloc.job_id)
-                .or_default()
-                .push(alloc.alloc.id.clone());
+            let reschedule = alloc.alloc.reschedule.as_ref();
+            let key = (
+                alloc.alloc.job_id.as_str(),
+                reschedule.map(|r| r.previous_alloc_id.as_str()),
+            );
+            let group = to_replace.entry(key).or_insert((Vec::new(), reschedule));
+            group.0.push(alloc.alloc.id.clone());
         }
     }
     // Each job's new allocs count toward the load the next job's are placed by.
     let mut load = node_load(live_nodes, allocs.iter().copied());
     let mut replacements = Vec::new();
-    for (job_id, replace) in to_replace {
+    for ((job_id, _), (replace, reschedule)) in to_replace {
         let place = place(&load, replace.len());
         for node in place.iter().flatten() {
             *load.entry(node.clone()).or_default() += 1;
@@ -280,6 +287,7 @@ pub fn lose_node<'a>(
             Plan {
                 replace,
                 place,
+                reschedule: reschedule.cloned(),
                 ..Plan::default()
             },
         ));
@@ -538,6 +546,37 @@ mod tests {
             replace_failed(&current, None, 3, 0, &one_node(), [&current]),
             Replacement::NotNeeded,
             "no job: nothing to replace it with"
+        );
+    }
+
+    #[test]
+    fn a_replacement_lost_with_its_node_keeps_its_wait_and_its_chain() {
+        let jobs = BTreeMap::from([("web".to_string(), job(spec("web", JobType::Service, 2), 1))]);
+        let waiting = Reschedule {
+            previous_alloc_id: "failed-one".into(),
+            attempt: 2,
+            start_after_unix_ms: 50_000,
+            history_unix_ms: vec![10_000, 40_000],
+        };
+        let mut replacement = alloc_on("web", 1, Some("dead"));
+        replacement.alloc = Arc::new(Alloc {
+            reschedule: Some(waiting.clone()),
+            ..Alloc::clone(&replacement.alloc)
+        });
+        let allocs = [replacement, alloc_on("web", 2, Some("dead"))];
+        let loss = lose_node("dead", &jobs, &one_node(), &allocs);
+        let plans: Vec<(Vec<String>, Option<Reschedule>)> = loss
+            .replacements
+            .into_iter()
+            .map(|(_, plan)| (plan.replace, plan.reschedule))
+            .collect();
+        assert_eq!(
+            plans,
+            [
+                (ids(&allocs, &[2]), None),
+                (ids(&allocs, &[1]), Some(waiting)),
+            ],
+            "no attempt is used, and none is forgotten"
         );
     }
 

@@ -387,8 +387,12 @@ pub fn wait_for_line(
 /// it wrote, which the test harness shows only when the test fails.
 pub fn run_caravan(args: &[&str], agent_addr: Option<&str>) -> std::process::Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"));
-    // A developer's own cache must not change what a test compiles.
-    command.args(args).env_remove("CARAVAN_CACHE_DIR");
+    // A developer's own cache must not change what a test compiles, nor the machine's time
+    // zone what a test reads (the CLI shows local times).
+    command
+        .args(args)
+        .env_remove("CARAVAN_CACHE_DIR")
+        .env("TZ", "UTC0");
     if let Some(addr) = agent_addr {
         command.env("CARAVAN_ADDR", addr);
     }

@@ -134,7 +134,7 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
             format!(
                 "alloc {previous} (restart {}, not before {})",
                 text(&reschedule["attempt"]),
-                utc_time(&reschedule["start_after_unix_ms"])
+                local_time(&reschedule["start_after_unix_ms"])
             ),
         ));
     }
@@ -187,13 +187,13 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
             .flatten()
             .map(|e| {
                 vec![
-                    utc_time(&e["time_unix_ms"]),
+                    local_time(&e["time_unix_ms"]),
                     e["kind"].as_str().unwrap_or("").into(),
                     e["message"].as_str().unwrap_or("").into(),
                 ]
             })
             .collect();
-        print_table(&["Time (UTC)", "Type", "Description"], &rows);
+        print_table(&["Time", "Type", "Description"], &rows);
     }
     Ok(())
 }
@@ -316,7 +316,7 @@ async fn fs(remote: &Remote, id: &str, path: &str) -> anyhow::Result<()> {
                 vec![
                     text(&e["kind"]),
                     e["size"].to_string(),
-                    utc_time(&e["modified_unix_ms"]),
+                    local_time(&e["modified_unix_ms"]),
                     text(&e["name"]),
                 ]
             })
@@ -365,13 +365,13 @@ fn print_file(bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Milliseconds since the epoch as UTC date and time, to the second.
-fn utc_time(unix_ms: &serde_json::Value) -> String {
+/// Milliseconds since the epoch as a local date and time, to the second, with the offset.
+fn local_time(unix_ms: &serde_json::Value) -> String {
     let Some(ms) = unix_ms.as_i64().and_then(|ms| u64::try_from(ms).ok()) else {
         return "-".into();
     };
     let mut text = String::new();
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    let _ = crate::timestamp::write_utc(&mut text, at, crate::timestamp::Fraction::Millis);
+    let _ = crate::timestamp::write_local(&mut text, at);
     text
 }
