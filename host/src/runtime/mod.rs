@@ -13,7 +13,8 @@
 //!   what a runner last wrote to stderr or logged at ERROR, for the description of its trap.
 //! - `store_limits`: the memory limiter, instance counts and the epoch tick; `cpu_meter`: the CPU
 //!   budget, the guest's computing and the host's work for it.
-//! - [`disk_cache`]: compiled components on disk, checksummed.
+//! - [`disk_cache`]: compiled components on disk, checksummed; `component_checks`, what a
+//!   file must be to be loaded as a runner (a component, exporting the runner interface).
 //! - `disk_ledger`: the alloc directory's quota and account; `wasi_quota`, the WASI calls that
 //!   reserve in it before they write; `disk_watch`, the thread that looks at every alloc
 //!   directory about once a second to correct the account and catch depth.
@@ -33,6 +34,7 @@
 mod alloc_dir;
 mod bindings;
 mod compile_once;
+mod component_checks;
 pub(crate) mod cpu_meter;
 pub mod disk_cache;
 mod disk_ledger;
@@ -54,6 +56,7 @@ pub use wasm_runner::{MAX_QUEUED_TASK_ACTIONS, WasmAllocRunner, WasmAllocRunnerF
 
 use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
+use component_checks::{check_component_header, check_runner_export};
 use cpu_meter::CpuMeter;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -61,7 +64,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use store_limits::MemoryLimiter;
-use wasmtime::component::{Component, Linker, ResourceTable, types::ComponentItem};
+use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
@@ -521,51 +524,6 @@ fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> anyhow::Result<(
             }
         })?;
     Ok(())
-}
-
-fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
-    let not_a_component = |reason: &str| LoadError::NotAComponent {
-        path: path.to_path_buf(),
-        reason: reason.into(),
-    };
-    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-        return Err(not_a_component(
-            "the file does not start with the WebAssembly magic bytes `\\0asm`",
-        ));
-    }
-    // Bytes 6..8 are the layer: 0 for a core module, 1 for a component.
-    if bytes[6..8] == [0, 0] {
-        return Err(not_a_component(
-            "it is a core WebAssembly module; build the runner for `wasm32-wasip2`, or wrap it with `wasm-tools component new`",
-        ));
-    }
-    Ok(())
-}
-
-fn check_runner_export(
-    path: &Path,
-    engine: &Engine,
-    component: &Component,
-) -> Result<(), LoadError> {
-    let component_type = component.component_type();
-    let exports: Vec<String> = component_type
-        .exports(engine)
-        .map(|(name, item)| match item.ty {
-            ComponentItem::ComponentInstance(_) => name.to_string(),
-            _ => format!("{name} (not an interface)"),
-        })
-        .collect();
-    if exports.iter().any(|name| name == RUNNER_EXPORT) {
-        return Ok(());
-    }
-    Err(LoadError::MissingExport {
-        path: path.to_path_buf(),
-        exports: if exports.is_empty() {
-            "nothing".into()
-        } else {
-            exports.join(", ")
-        },
-    })
 }
 
 fn hex(bytes: &[u8]) -> String {

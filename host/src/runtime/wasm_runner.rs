@@ -16,14 +16,13 @@ use super::store_limits::{MemoryLimiter, UsageGauges};
 use super::wasi_ctx::sandbox_wasi;
 use super::{LoadedComponent, Runtime, StoreData};
 use crate::allocrunner::{
-    AllocRunner, AllocRunnerConfig, AllocRunnerFactory, AllocUsage, Latch, LatchTrigger,
-    NotRunningReason, TaskActionError, signal_name, target_tasks,
+    AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
+    TaskActionError, signal_name, target_tasks,
 };
 use crate::capabilities::CapabilityPolicy;
 use crate::locks::LockUnpoisoned;
 use crate::structs::{Alloc, AllocState, ClientStatus, LimitCaps, Limits};
 use crate::units::format_duration;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -31,68 +30,15 @@ use tracing::Instrument;
 use wasmtime::Store;
 use wasmtime::component::ResourceTable;
 
-/// Builds [`WasmAllocRunner`]s, loading each alloc's `runner` component through the shared
-/// [`Runtime`] (compiled once per distinct component).
-#[derive(Clone)]
-pub struct WasmAllocRunnerFactory {
-    runtime: Runtime,
-    offered: Arc<CapabilityPolicy>,
-    caps: Option<LimitCaps>,
-}
-
-impl WasmAllocRunnerFactory {
-    /// A factory on `runtime` whose allocs get no capability beyond their directory.
-    pub fn new(runtime: Runtime) -> Self {
-        WasmAllocRunnerFactory {
-            runtime,
-            offered: Arc::default(),
-            caps: None,
-        }
-    }
-
-    /// The same factory refusing to start an alloc whose limits are over `caps` (the agent's
-    /// `[client.limit_caps]`): a job is checked when it is submitted, but the caps may have
-    /// been lowered since, and an alloc placed again after a restart must meet today's.
-    pub fn capped(self, caps: LimitCaps) -> Self {
-        WasmAllocRunnerFactory {
-            caps: Some(caps),
-            ..self
-        }
-    }
-
-    /// The same factory granting allocs what they ask of `offered` (the agent's
-    /// `[client.capabilities]`). An alloc asking for more fails when it starts, naming what.
-    pub fn offering(self, offered: Arc<CapabilityPolicy>) -> Self {
-        WasmAllocRunnerFactory { offered, ..self }
-    }
-
-    /// Builds the runner for one alloc; fails when its component cannot be loaded.
-    pub fn build(&self, config: AllocRunnerConfig) -> anyhow::Result<Arc<WasmAllocRunner>> {
-        let component = self.runtime.load_file(Path::new(&config.alloc.runner))?;
-        crate::allocrunner::record_runner_hash(&config.span, &component.hash);
-        Ok(Arc::new(WasmAllocRunner::new(
-            self.runtime.clone(),
-            component,
-            config,
-            Admission {
-                offered: self.offered.clone(),
-                caps: self.caps,
-            },
-        )))
-    }
-
-    /// This factory as the client's [`AllocRunnerFactory`].
-    pub fn into_factory(self) -> AllocRunnerFactory {
-        Arc::new(move |config| Ok(self.build(config)? as Arc<dyn AllocRunner>))
-    }
-}
+mod factory;
+pub use factory::WasmAllocRunnerFactory;
 
 /// What an alloc must meet to start: the capabilities it asks must be offered, and its
 /// limits must be within the caps (when there are any).
 #[derive(Clone)]
 pub(crate) struct Admission {
-    offered: Arc<CapabilityPolicy>,
-    caps: Option<LimitCaps>,
+    pub(super) offered: Arc<CapabilityPolicy>,
+    pub(super) caps: Option<LimitCaps>,
 }
 
 /// How many signals and task restarts may wait for one guest to take them: enough for any

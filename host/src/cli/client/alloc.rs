@@ -2,7 +2,7 @@
 //! [`AllocCommand`] and one function here.
 
 use super::Remote;
-use super::table::{print_table, text};
+use super::table::{print_table, short, text};
 
 /// `caravan alloc`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -125,10 +125,7 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
     ];
     let reschedule = &alloc["reschedule"];
     if reschedule.is_object() {
-        let previous: String = text(&reschedule["previous_alloc_id"])
-            .chars()
-            .take(8)
-            .collect();
+        let previous = short(&reschedule["previous_alloc_id"]);
         rows.push((
             "Replaces",
             format!(

@@ -1,7 +1,7 @@
 //! `caravan job ...`: register, list, stop and scale jobs on the agent.
 
 use super::Remote;
-use super::table::{print_allocs, print_jobs, text};
+use super::table::{print_allocs, print_jobs, short, text};
 use crate::jobspec;
 use anyhow::{Context, bail};
 use serde_json::Value;
@@ -221,7 +221,7 @@ async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|id| text(id).chars().take(8).collect())
+            .map(short)
             .collect();
         if !stop.is_empty() {
             println!("  stop {} allocs: {}", stop.len(), stop.join(", "));

@@ -45,7 +45,8 @@ pub fn text(value: &Value) -> String {
     }
 }
 
-fn short(id: &Value) -> String {
+/// An id cut to its first 8 characters, as tables show ids.
+pub fn short(id: &Value) -> String {
     text(id).chars().take(8).collect()
 }
 

@@ -1,0 +1,199 @@
+//! The embedded server's unit tests: registration, replacement, stop, GC, purge.
+
+use super::*;
+use crate::jobspec::JobType;
+use crate::rpc::{AllocUpdate, ServerApi};
+use crate::structs::{AllocState, ClientStatus, DesiredStatus};
+use testkit::spec;
+
+fn wanted(server: &EmbeddedServer, job: &str) -> usize {
+    server
+        .job_allocs(job)
+        .iter()
+        .filter(|a| a.is_wanted())
+        .count()
+}
+
+async fn report(server: &EmbeddedServer, alloc_id: &str, status: ClientStatus) {
+    let state = AllocState {
+        client_status: status,
+        description: String::new(),
+        task_states: vec![],
+    };
+    server
+        .update_allocs(&[AllocUpdate {
+            alloc_id: alloc_id.into(),
+            state,
+        }])
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn allocs_wait_for_a_node_then_are_placed_on_it() {
+    let server = EmbeddedServer::new(ServerConfig::default());
+    server
+        .register_job(spec("web", JobType::Service, 2))
+        .unwrap();
+    assert!(server.allocs().iter().all(|a| a.node_id.is_none()));
+    server.register_node("n1").await.unwrap();
+    let seen = server.watch_allocs("n1", 0, Duration::ZERO).await.unwrap();
+    assert_eq!(seen.allocs.len(), 2);
+}
+
+#[tokio::test]
+async fn scaling_up_adds_allocs_and_down_stops_the_newest() {
+    let server = EmbeddedServer::new(ServerConfig::default());
+    server.register_node("n1").await.unwrap();
+    let first = server
+        .register_job(spec("web", JobType::Service, 2))
+        .unwrap();
+    assert!(first.created);
+    let up = server
+        .register_job(spec("web", JobType::Service, 4))
+        .unwrap();
+    assert_eq!(
+        (up.created, up.placed.len(), up.stopped.len()),
+        (false, 2, 0)
+    );
+    let down = server
+        .register_job(spec("web", JobType::Service, 1))
+        .unwrap();
+    assert_eq!(down.stopped.len(), 3);
+    assert!(
+        down.stopped
+            .iter()
+            .all(|id| !first.placed[..1].contains(id)),
+        "the oldest stays"
+    );
+    assert_eq!(wanted(&server, "web"), 1);
+}
+
+#[tokio::test]
+async fn a_changed_runner_replaces_every_alloc() {
+    let server = EmbeddedServer::new(ServerConfig::default());
+    server.register_node("n1").await.unwrap();
+    let first = server
+        .register_job(spec("web", JobType::Service, 2))
+        .unwrap();
+    let changed = server
+        .register_job(JobSpec {
+            runner: "other.wasm".into(),
+            ..spec("web", JobType::Service, 2)
+        })
+        .unwrap();
+    assert_eq!(changed.stopped.len(), 2);
+    assert_eq!(changed.placed.len(), 2);
+    assert!(
+        first
+            .placed
+            .iter()
+            .all(|id| server.alloc(id).unwrap().alloc.desired_status == DesiredStatus::Stop)
+    );
+    assert_eq!(server.job("web").unwrap().version, 2);
+}
+
+#[tokio::test]
+async fn a_failed_service_alloc_is_replaced_up_to_the_restart_limit() {
+    let server = EmbeddedServer::new(ServerConfig {
+        restart_limit: 1,
+        ..ServerConfig::default()
+    });
+    server.register_node("n1").await.unwrap();
+    let first = server
+        .register_job(spec("web", JobType::Service, 1))
+        .unwrap()
+        .placed[0]
+        .clone();
+    report(&server, &first, ClientStatus::Failed).await;
+    assert_eq!(server.job_allocs("web").len(), 2, "one replacement");
+    let second = server
+        .job_allocs("web")
+        .into_iter()
+        .find(|a| a.alloc.id != first)
+        .unwrap()
+        .alloc
+        .id
+        .clone();
+    report(&server, &second, ClientStatus::Failed).await;
+    assert_eq!(
+        server.job_allocs("web").len(),
+        2,
+        "the limit is reached: no more"
+    );
+}
+
+#[tokio::test]
+async fn a_late_non_terminal_report_does_not_bring_a_finished_alloc_back() {
+    let server = EmbeddedServer::new(ServerConfig::default());
+    server.register_node("n1").await.unwrap();
+    let id = server
+        .register_job(spec("once", JobType::Batch, 1))
+        .unwrap()
+        .placed[0]
+        .clone();
+    report(&server, &id, ClientStatus::Complete).await;
+    // A restarted node's request still in flight from before it finished the alloc.
+    report(&server, &id, ClientStatus::Running).await;
+    let status = server
+        .alloc(&id)
+        .unwrap()
+        .client_state
+        .unwrap()
+        .client_status;
+    assert_eq!(status, ClientStatus::Complete);
+}
+
+#[tokio::test]
+async fn stop_and_gc_remove_only_terminal_allocs_and_purge_removes_the_job_last() {
+    let server = EmbeddedServer::new(ServerConfig::default());
+    server.register_node("n1").await.unwrap();
+    let ids = server
+        .register_job(spec("web", JobType::Service, 2))
+        .unwrap()
+        .placed;
+    assert_eq!(server.stop_job("web", true).unwrap().len(), 2);
+    report(&server, &ids[0], ClientStatus::Complete).await;
+    assert!(
+        server.collect_garbage(false).unwrap().is_empty(),
+        "within job_gc_threshold: kept"
+    );
+    assert_eq!(
+        server.collect_garbage(true).unwrap(),
+        [ids[0].clone()],
+        "forced: the terminal one goes"
+    );
+    assert!(
+        server.alloc(&ids[1]).is_ok(),
+        "a non-terminal alloc is never removed"
+    );
+    assert!(
+        server.job("web").is_err(),
+        "a purged job is gone from listings at once"
+    );
+    report(&server, &ids[1], ClientStatus::Complete).await;
+    server.collect_garbage(true).unwrap();
+    assert!(server.allocs().is_empty());
+    assert!(matches!(
+        server.stop_job("nope", false),
+        Err(RequestError::JobNotFound(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_batch_job_is_collected_after_the_threshold() {
+    let server = EmbeddedServer::new(ServerConfig {
+        job_gc_threshold: Duration::from_secs(60),
+        ..ServerConfig::default()
+    });
+    server.register_node("n1").await.unwrap();
+    let id = server
+        .register_job(spec("once", JobType::Batch, 1))
+        .unwrap()
+        .placed[0]
+        .clone();
+    report(&server, &id, ClientStatus::Complete).await;
+    assert!(server.collect_garbage(false).unwrap().is_empty());
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(server.collect_garbage(false).unwrap(), [id]);
+}
