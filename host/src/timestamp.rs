@@ -53,6 +53,15 @@ pub fn write_utc(w: &mut impl Write, at: SystemTime, fraction: Fraction) -> fmt:
     }
 }
 
+/// `unix_ms` as an RFC 3339 UTC timestamp to the millisecond (`2026-12-01T18:09:42.791Z`),
+/// as the API's JSON shows times next to their Unix milliseconds.
+pub fn rfc3339_from_unix_ms(unix_ms: u64) -> String {
+    let mut text = String::with_capacity(24);
+    let at = UNIX_EPOCH + std::time::Duration::from_millis(unix_ms);
+    write_utc(&mut text, at, Fraction::Millis).expect("a String takes every write");
+    text
+}
+
 /// Writes `at` for people: the local date and time to the second, with the zone's offset
 /// from UTC (`2026-12-01 23:41:07 +01:00`), in the zone the C library reads from `TZ` or
 /// `/etc/localtime`; in UTC (`+00:00`) when it cannot tell.

@@ -9,7 +9,8 @@
 //! Handlers only translate: the work is the server's, the client's and the alloc logs'
 //! ([`crate::alloc_logs`]); each metric family renders itself next to its counters. The
 //! signal and restart handlers live in `alloc_actions`, the alloc files' in `alloc_fs`, job
-//! submission, validation and plans (and the checks they share) in `jobs`.
+//! submission, validation and plans (and the checks they share) in `jobs`; the web UI's
+//! static files in `ui`.
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
@@ -31,9 +32,10 @@ mod alloc_fs;
 pub mod forward;
 mod jobs;
 mod node_rpc;
+mod ui;
 mod views;
 use alloc_actions::{restart_allocation, signal_allocation};
-pub use views::{AllocView, JobView, LocalAllocView};
+pub use views::{AllocView, JobView, LocalAllocView, TimedJson};
 use views::{alloc_view, job_view};
 
 /// What every handler can reach.
@@ -83,7 +85,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/client/fs/ls/{id}", get(alloc_fs::list))
         .route("/v1/client/fs/cat/{id}", get(alloc_fs::cat))
-        .route("/v1/client/gc", post(collect_all))
+        .route("/v1/client/gc", get(gc_status).post(collect_all))
         .route("/v1/system/gc", put(system_gc))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/node/{node}/register", put(node_rpc::register_node))
@@ -99,6 +101,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/agent/health", get(health))
         .route("/v1/status/leader", get(leader))
         .route("/v1/metrics", get(metrics))
+        .merge(ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -298,16 +301,16 @@ async fn scale_job(
 async fn job_allocations(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Vec<AllocView>>> {
+) -> ApiResult<TimedJson<Vec<AllocView>>> {
     let server = state.server()?;
     server.job(&id)?;
-    Ok(Json(
+    Ok(TimedJson(
         server.job_allocs(&id).iter().map(alloc_view).collect(),
     ))
 }
 
-async fn list_allocations(State(state): State<ApiState>) -> ApiResult<Json<Vec<AllocView>>> {
-    Ok(Json(
+async fn list_allocations(State(state): State<ApiState>) -> ApiResult<TimedJson<Vec<AllocView>>> {
+    Ok(TimedJson(
         state.server()?.allocs().iter().map(alloc_view).collect(),
     ))
 }
@@ -336,7 +339,7 @@ fn find_alloc(state: &ApiState, id_or_prefix: &str) -> ApiResult<AllocRecord> {
 async fn get_allocation(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<Json<AllocView>> {
+) -> ApiResult<TimedJson<AllocView>> {
     let record = find_alloc(&state, &id)?;
     let mut view = alloc_view(&record);
     if let Some(runner) = state.client.runner(&record.alloc.id) {
@@ -355,9 +358,10 @@ async fn get_allocation(
                 .collect(),
             cpu_used_us: usage.map(|u| u.cpu_used.as_micros() as u64),
             memory_peak_bytes: usage.map(|u| u.memory_peak_bytes),
+            runner_sha256: runner.runner_sha256(),
         });
     }
-    Ok(Json(view))
+    Ok(TimedJson(view))
 }
 
 async fn stop_allocation(
@@ -449,6 +453,10 @@ impl AllocStopped {
                 .is_some_and(|s| s.client_status.is_terminal()),
         }
     }
+}
+
+async fn gc_status(State(state): State<ApiState>) -> TimedJson<crate::client::gc::GcStatus> {
+    TimedJson(state.client.gc().status())
 }
 
 async fn collect_all(

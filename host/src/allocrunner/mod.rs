@@ -105,6 +105,13 @@ pub trait AllocRunner: Send + Sync {
     fn usage(&self) -> Option<AllocUsage> {
         None
     }
+
+    /// The SHA-256 (hex) of the component this runner runs, telling builds of one runner
+    /// apart; `None` from a runner that runs no component (the native ones). Fixed once
+    /// built.
+    fn runner_sha256(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What one alloc's runner has used, as [`AllocRunner::usage`] reports it.

@@ -259,7 +259,43 @@ pub struct GarbageCollector {
     destroying: Mutex<std::collections::HashMap<String, Arc<dyn AllocRunner>>>,
     trigger: Notify,
     passes: AtomicU64,
+    /// The last time a pass found a threshold exceeded and nothing to collect.
+    last_skip: Mutex<Option<GcSkip>>,
     metrics: Arc<Metrics>,
+}
+
+/// What the collector is doing, as the API and the web UI show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GcStatus {
+    /// Terminal allocs marked and waiting for a pass to collect them.
+    pub marked: usize,
+    /// The allocs being destroyed now, never more than `parallel_destroys`.
+    pub destroying: Vec<String>,
+    /// Destroys allowed at once (`gc_parallel_destroys`, made usable).
+    pub parallel_destroys: usize,
+    /// Passes finished since the agent started.
+    pub passes: u64,
+    /// Live allocs above which terminal ones are collected (`gc_max_allocs`).
+    pub max_allocs: usize,
+    /// Disk usage percent above which allocs are collected.
+    pub disk_usage_threshold: f64,
+    /// Inode usage percent above which allocs are collected.
+    pub inode_usage_threshold: f64,
+    /// Seconds between passes.
+    pub interval_secs: f64,
+    /// The last pass that had to skip: a threshold was exceeded and nothing was marked.
+    pub last_skip: Option<GcSkip>,
+}
+
+/// A pass that found a threshold exceeded and no terminal alloc to collect.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GcSkip {
+    /// The threshold exceeded (`number of allocations (120) is over the limit (50)`).
+    pub reason: String,
+    /// `info` for a node somewhat over its alloc limit, `warn` otherwise (as it was logged).
+    pub level: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
 }
 
 impl GarbageCollector {
@@ -284,6 +320,7 @@ impl GarbageCollector {
             destroying: Mutex::new(std::collections::HashMap::new()),
             trigger: Notify::new(),
             passes: AtomicU64::new(0),
+            last_skip: Mutex::new(None),
             metrics,
         }
     }
@@ -331,6 +368,23 @@ impl GarbageCollector {
         self.destroying_lock().keys().cloned().collect()
     }
 
+    /// What the collector is doing now.
+    pub fn status(&self) -> GcStatus {
+        let mut destroying = self.destroying_ids();
+        destroying.sort();
+        GcStatus {
+            marked: self.queued(),
+            destroying,
+            parallel_destroys: self.parallel_destroys,
+            passes: self.passes(),
+            max_allocs: self.config.max_allocs,
+            disk_usage_threshold: self.config.disk_usage_threshold,
+            inode_usage_threshold: self.config.inode_usage_threshold,
+            interval_secs: self.config.interval.as_secs_f64(),
+            last_skip: self.last_skip.lock_unpoisoned().clone(),
+        }
+    }
+
     /// How many passes have finished; lets tests wait for one.
     pub fn passes(&self) -> u64 {
         self.passes.load(Ordering::SeqCst)
@@ -370,6 +424,11 @@ impl GarbageCollector {
                 } else {
                     tracing::warn!(reason = %reason, "{message}");
                 }
+                *self.last_skip.lock_unpoisoned() = Some(GcSkip {
+                    reason: reason.to_string(),
+                    level: if routine { "info" } else { "warn" }.to_string(),
+                    at_unix_ms: crate::timestamp::unix_ms_now(),
+                });
                 break;
             };
             if !self.claim(&alloc_id, &runner) {

@@ -450,6 +450,10 @@ impl AllocRunner for WasmAllocRunner {
         Some(self.shared.usage.snapshot())
     }
 
+    fn runner_sha256(&self) -> Option<String> {
+        Some(self.shared.component.hash.clone())
+    }
+
     fn run(&self) {
         let shared = &self.shared;
         if shared.alloc().desired_status.is_stop() {

@@ -341,6 +341,24 @@ async fn the_seed_gc_scenario_through_the_agent_logs_info_at_19_and_warn_at_21()
             })
     })
     .await;
+    // What the web UI shows of the GC: the same skip, its level, and the limits.
+    let (status, gc) = http(agent.addr, "GET", "/v1/client/gc", None, None).await;
+    assert_eq!(status, 200, "{gc}");
+    assert_eq!(gc["marked"], 0, "{gc}");
+    assert_eq!(gc["destroying"], serde_json::json!([]), "{gc}");
+    assert_eq!(gc["parallel_destroys"], 2, "{gc}");
+    assert_eq!(gc["max_allocs"], 10, "{gc}");
+    assert_eq!(
+        gc["last_skip"]["reason"], "number of allocations (21) is over the limit (10)",
+        "{gc}"
+    );
+    assert_eq!(gc["last_skip"]["level"], "warn", "{gc}");
+    assert!(
+        gc["last_skip"]["at"]
+            .as_str()
+            .is_some_and(|at| at.ends_with('Z')),
+        "{gc}"
+    );
     agent.stop().await;
 }
 

@@ -124,7 +124,19 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
             .to_string()
     };
     assert_eq!(field("ID"), alloc_id, "the full id");
-    assert_eq!(field("Runner"), SLEEPER);
+    // The build: the first 12 hex digits of the component's SHA-256.
+    let sha256 = {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(std::fs::read(SLEEPER).unwrap());
+        digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    assert_eq!(
+        field("Runner"),
+        format!("{SLEEPER} (sha256 {})", &sha256[..12])
+    );
     assert_eq!(field("Client Status"), "failed");
     let description = field("Client Description");
     assert!(

@@ -34,6 +34,7 @@ mod runner_check;
 mod sim;
 mod sleeper;
 mod stateful;
+mod web_ui;
 
 /// Every guest in `guests/` must have a test module of the same name: a guest nobody tests
 /// fails to compile here.

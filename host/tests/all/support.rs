@@ -291,8 +291,20 @@ pub async fn http(
             .await
             .expect("the agent accepts connections");
         stream.write_all(request.as_bytes()).await.unwrap();
+        // To the end of the body: the connection's end, or Content-Length bytes after the
+        // head (chromedriver keeps the connection open a while after it answered).
         let mut response = Vec::new();
-        stream.read_to_end(&mut response).await.unwrap();
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let read = stream.read(&mut buffer).await.unwrap();
+            if read == 0 {
+                break;
+            }
+            response.extend_from_slice(&buffer[..read]);
+            if response_complete(&response) {
+                break;
+            }
+        }
         response
     })
     .await;
@@ -318,6 +330,19 @@ pub async fn http(
     let body = String::from_utf8_lossy(&body_bytes).to_string();
     let value = serde_json::from_str(&body).unwrap_or(Value::String(body));
     (status, value)
+}
+
+/// Whether `response` holds a head with a Content-Length and that many body bytes.
+fn response_complete(response: &[u8]) -> bool {
+    let Some(split) = response.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+    let length = head.lines().find_map(|line| {
+        let value = line.strip_prefix("content-length:")?;
+        value.trim().parse::<usize>().ok()
+    });
+    length.is_some_and(|length| response.len() - (split + 4) >= length)
 }
 
 /// [`eventually`] for a condition that needs to await (an HTTP call, say).

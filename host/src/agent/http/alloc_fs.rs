@@ -10,7 +10,6 @@
 use super::{ApiError, ApiResult, ApiState, authorize, local_alloc_id};
 use crate::alloc_fs::{self, FsError};
 use crate::server::RequestError;
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -67,11 +66,13 @@ pub(super) async fn list(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-) -> ApiResult<Json<alloc_fs::Stat>> {
+) -> ApiResult<super::TimedJson<alloc_fs::Stat>> {
     authorize(&state, &headers)?;
     let dir = alloc_dir(&state, id)?;
     let path = path_of(&query);
-    Ok(Json(blocking(move || alloc_fs::stat(&dir, &path)).await?))
+    Ok(super::TimedJson(
+        blocking(move || alloc_fs::stat(&dir, &path)).await?,
+    ))
 }
 
 pub(super) async fn cat(

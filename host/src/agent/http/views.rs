@@ -1,4 +1,5 @@
-//! How the API shows jobs and allocs: the JSON views built from the server's records.
+//! How the API shows jobs and allocs: the JSON views built from the server's records, and
+//! [`TimedJson`], which gives every time in an answer an RFC 3339 twin.
 
 use crate::jobspec::JobType;
 use crate::server::reconcile;
@@ -81,6 +82,9 @@ pub struct LocalAllocView {
     /// The most memory its instance held at once, in bytes (absent as above).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_peak_bytes: Option<u64>,
+    /// The SHA-256 (hex) of the runner component it runs (absent for a native runner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_sha256: Option<String>,
 }
 
 pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {
@@ -191,4 +195,91 @@ fn restarts_line(
         format_duration(policy.interval),
         failure(&given_up.alloc.id)
     ))
+}
+
+/// A JSON answer in which every `NAME_unix_ms` field (a number, or a list of numbers) gets a
+/// twin `NAME` holding the same time(s) in RFC 3339 UTC (`2026-12-01T18:09:42.791Z`), for
+/// people and tools that read dates, while programs keep the exact milliseconds. A field
+/// already called `NAME` is left alone.
+pub struct TimedJson<T>(pub T);
+
+impl<T: Serialize> axum::response::IntoResponse for TimedJson<T> {
+    fn into_response(self) -> axum::response::Response {
+        match serde_json::to_value(&self.0) {
+            Ok(mut value) => {
+                add_rfc3339_twins(&mut value);
+                axum::Json(value).into_response()
+            }
+            // Unreachable for the views (plain data), but an answer must not panic.
+            Err(error) => (
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(serde_json::json!({ "error": error.to_string() })),
+            )
+                .into_response(),
+        }
+    }
+}
+
+fn add_rfc3339_twins(value: &mut serde_json::Value) {
+    use crate::timestamp::rfc3339_from_unix_ms;
+    use serde_json::Value;
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(add_rfc3339_twins),
+        Value::Object(fields) => {
+            let mut twins = Vec::new();
+            for (key, field) in fields.iter_mut() {
+                let Some(name) = key.strip_suffix("_unix_ms") else {
+                    add_rfc3339_twins(field);
+                    continue;
+                };
+                let twin = match field {
+                    Value::Number(ms) => ms.as_u64().map(|ms| rfc3339_from_unix_ms(ms).into()),
+                    Value::Array(list) => list
+                        .iter()
+                        .map(|ms| ms.as_u64().map(|ms| Value::from(rfc3339_from_unix_ms(ms))))
+                        .collect::<Option<Vec<Value>>>()
+                        .map(Value::Array),
+                    _ => None,
+                };
+                if let Some(twin) = twin {
+                    twins.push((name.to_string(), twin));
+                }
+            }
+            for (name, twin) in twins {
+                fields.entry(name).or_insert(twin);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::add_rfc3339_twins;
+    use serde_json::json;
+
+    #[test]
+    fn every_unix_ms_field_gets_an_rfc3339_twin_at_any_depth() {
+        let mut value = json!({
+            "task_states": [{"events": [{"kind": "Started", "time_unix_ms": 1796058410964u64}]}],
+            "reschedule": {"start_after_unix_ms": 0, "history_unix_ms": [1000, 61000]},
+            "at": "kept", "at_unix_ms": 5,
+            "odd_unix_ms": "not a number",
+        });
+        add_rfc3339_twins(&mut value);
+        assert_eq!(
+            value["task_states"][0]["events"][0]["time"],
+            "2026-11-30T17:06:50.964Z"
+        );
+        assert_eq!(
+            value["reschedule"]["start_after"],
+            "1970-01-01T00:00:00.000Z"
+        );
+        assert_eq!(
+            value["reschedule"]["history"],
+            json!(["1970-01-01T00:00:01.000Z", "1970-01-01T00:01:01.000Z"])
+        );
+        assert_eq!(value["at"], "kept", "an existing field stays");
+        assert!(value.get("odd").is_none());
+    }
 }

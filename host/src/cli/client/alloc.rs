@@ -118,7 +118,10 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
             ),
         ),
         ("Node ID", text(&alloc["node_id"])),
-        ("Runner", text(&alloc["runner"])),
+        (
+            "Runner",
+            runner_line(&alloc["runner"], &local["runner_sha256"]),
+        ),
         ("Desired Status", text(&alloc["desired_status"])),
         ("Client Status", text(&alloc["client_status"])),
         ("Client Description", text(&alloc["description"])),
@@ -363,6 +366,20 @@ fn print_file(bytes: &[u8]) -> anyhow::Result<()> {
 }
 
 /// Milliseconds since the epoch as a local date and time, to the second, with the offset.
+/// The runner as a path, and which build runs when its agent says:
+/// `/jobs/sleeper.wasm (sha256 1a2b3c4d5e6f)`.
+fn runner_line(path: &serde_json::Value, sha256: &serde_json::Value) -> String {
+    match sha256.as_str() {
+        Some(hash) => {
+            let short = hash
+                .get(..crate::allocrunner::SHORT_HASH_DIGITS)
+                .unwrap_or(hash);
+            format!("{} (sha256 {short})", text(path))
+        }
+        None => text(path),
+    }
+}
+
 fn local_time(unix_ms: &serde_json::Value) -> String {
     let Some(ms) = unix_ms.as_i64().and_then(|ms| u64::try_from(ms).ok()) else {
         return "-".into();

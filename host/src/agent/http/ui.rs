@@ -1,0 +1,59 @@
+//! The web UI: four static files compiled into the binary and served at `/ui`, with `/`
+//! redirecting there. The pages draw everything from the JSON API in the browser, so this
+//! module only serves bytes: it reads no state and may not grow handlers of its own.
+//!
+//! Every answer carries a Content-Security-Policy that lets the page load nothing but these
+//! files and talk to nothing but this agent: a guest's string that slipped into the page as
+//! markup still could not run a script or send data elsewhere.
+
+use axum::Router;
+use axum::http::header;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+
+const INDEX_HTML: &str = include_str!("ui/index.html");
+const APP_JS: &str = include_str!("ui/app.js");
+const STYLE_CSS: &str = include_str!("ui/style.css");
+const FAVICON_SVG: &str = include_str!("ui/favicon.svg");
+
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; \
+     form-action 'none'; frame-ancestors 'none'";
+
+/// The UI's routes, for the API's router to merge.
+pub(super) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/", get(|| async { Redirect::temporary("/ui") }))
+        .route(
+            "/ui",
+            get(|| async { page("text/html; charset=utf-8", INDEX_HTML) }),
+        )
+        .route("/ui/", get(|| async { Redirect::permanent("/ui") }))
+        .route(
+            "/ui/app.js",
+            get(|| async { page("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/ui/style.css",
+            get(|| async { page("text/css; charset=utf-8", STYLE_CSS) }),
+        )
+        .route(
+            "/ui/favicon.svg",
+            get(|| async { page("image/svg+xml", FAVICON_SVG) }),
+        )
+}
+
+fn page(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            // A new agent's UI is seen at once after an upgrade.
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}

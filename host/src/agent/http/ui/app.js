@@ -1,0 +1,439 @@
+// Caravan's web UI: three pages (jobs, a job, an alloc) drawn from the agent's JSON API and
+// refreshed every two seconds; the alloc page follows the alloc's log as it is written.
+//
+// Everything a page shows from a runner (descriptions, events, log lines, file names) came
+// from a guest, so it is only ever set as text, never as HTML. The ACL token is kept for the
+// browser tab only (sessionStorage) and sent as `Authorization: Bearer` on every call.
+"use strict";
+
+const REFRESH_MS = 2000;
+const LOG_LINES_KEPT = 2000;
+const FILE_BYTES_SHOWN = 64 * 1024;
+const SIGNALS = ["SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2"];
+
+const main = document.getElementById("main");
+const notice = document.getElementById("notice");
+const tokenInput = document.getElementById("token");
+tokenInput.value = sessionStorage.getItem("caravan-token") || "";
+document.getElementById("token-form").addEventListener("submit", (event) => event.preventDefault());
+tokenInput.addEventListener("input", () => sessionStorage.setItem("caravan-token", tokenInput.value.trim()));
+
+// ---- helpers ----
+
+/** An element with attributes (`class`, `href`, ... or `on*` handlers) and children as text. */
+function el(tag, attributes, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+/** Replaces `node`'s children with `content`: a node, text, or (nested) lists of them. */
+function fill(node, ...content) {
+  node.replaceChildren(...content.flat(Infinity).filter((c) => c !== undefined && c !== null)
+    .map((c) => (c instanceof Node ? c : document.createTextNode(String(c)))));
+}
+
+function say(message, isError) {
+  notice.textContent = message || "";
+  notice.className = isError ? "error" : "";
+}
+
+/** Calls the agent's API; throws an Error carrying the API's own message on a refusal. */
+async function request(method, path, body, signal) {
+  const headers = {};
+  const token = tokenInput.value.trim();
+  if (token) headers.Authorization = "Bearer " + token;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (!response.ok) {
+    const refusal = await response.json().catch(() => ({}));
+    throw new Error(refusal.error || `${response.status} ${response.statusText}`);
+  }
+  return response;
+}
+
+/** [request] for a JSON answer. */
+async function api(method, path, body, signal) {
+  return (await request(method, path, body, signal)).json();
+}
+
+const short = (id) => String(id).slice(0, 8);
+const enc = encodeURIComponent;
+
+function statusText(status) {
+  return el("span", { class: `status status-${status}` }, status);
+}
+
+function localTime(unixMs) {
+  if (!unixMs) return "";
+  const at = new Date(unixMs);
+  return el("time", { datetime: at.toISOString(), title: at.toISOString() }, at.toLocaleString());
+}
+
+function bytes(n) {
+  if (n === undefined || n === null) return "";
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let value = n, unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
+  return `${unit ? value.toFixed(1) : value} ${units[unit]}`;
+}
+
+function byStatus(counts) {
+  const parts = Object.entries(counts || {}).map(([status, n]) => `${n} ${status}`);
+  return parts.length ? parts.join(", ") : "none";
+}
+
+function table(headings, rows, empty) {
+  if (!rows.length) return el("p", { class: "muted" }, empty);
+  return el("table", {},
+    el("thead", {}, el("tr", {}, headings.map((h) => el("th", { scope: "col" }, h)))),
+    el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c))))));
+}
+
+function facts(pairs) {
+  return el("dl", {}, pairs.filter(([, value]) => value !== undefined && value !== null && value !== "")
+    .map(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
+}
+
+/** A button that runs `action`, then says what happened; `confirmText` asks for a second click. */
+function actionButton(label, action, { danger, confirmText } = {}) {
+  let armed = false;
+  const button = el("button", { type: "button", class: danger ? "danger" : undefined });
+  button.textContent = label;
+  button.addEventListener("click", async () => {
+    if (confirmText && !armed) {
+      armed = true;
+      button.textContent = confirmText;
+      button.classList.add("confirm");
+      return;
+    }
+    armed = false;
+    button.textContent = label;
+    button.classList.remove("confirm");
+    button.disabled = true;
+    try {
+      say(await action(), false);
+    } catch (error) {
+      say(`${label} failed: ${error.message}`, true);
+    } finally {
+      button.disabled = false;
+    }
+  });
+  button.addEventListener("blur", () => {
+    if (!armed) return;
+    armed = false;
+    button.textContent = label;
+    button.classList.remove("confirm");
+  });
+  return button;
+}
+
+/**
+ * A page that redraws `region` from `load()` every REFRESH_MS until the route changes.
+ * Returns the page's `stop`, which the router calls before drawing the next page.
+ */
+function refreshing(region, load, draw, cleanups) {
+  const controller = new AbortController();
+  let timer = null;
+  async function tick() {
+    try {
+      const data = await load(controller.signal);
+      if (controller.signal.aborted) return;
+      fill(region, draw(data));
+      if (notice.className === "error" && notice.dataset.source === "refresh") say("");
+    } catch (error) {
+      if (controller.signal.aborted) return;
+      say(`Cannot load this page: ${error.message}`, true);
+      notice.dataset.source = "refresh";
+    }
+    timer = setTimeout(tick, REFRESH_MS);
+  }
+  tick();
+  return () => {
+    controller.abort();
+    clearTimeout(timer);
+    for (const cleanup of cleanups || []) cleanup();
+  };
+}
+
+// ---- the jobs page ----
+
+function jobsPage() {
+  const jobs = el("section", { "aria-label": "Jobs" });
+  const gc = el("section", { "aria-labelledby": "gc-heading" });
+  const nodes = el("section", { "aria-label": "Nodes" });
+  fill(main, el("h1", {}, "Jobs"), jobs,
+    el("h2", { id: "gc-heading" }, "Garbage collection"), gc,
+    el("div", { class: "actions" },
+      actionButton("Collect terminal allocs on this node", async () => {
+        await api("POST", "/v1/client/gc");
+        return "Collected every terminal alloc on this node.";
+      }),
+      actionButton("Run the server's GC", async () => {
+        await api("PUT", "/v1/system/gc");
+        return "The server's GC ran.";
+      })),
+    el("h2", {}, "Nodes"), nodes);
+  return refreshing(jobs, async (signal) => ({
+    jobs: await api("GET", "/v1/jobs", undefined, signal),
+    gc: await api("GET", "/v1/client/gc", undefined, signal),
+    nodes: await api("GET", "/v1/nodes", undefined, signal),
+  }), (data) => {
+    fill(gc, drawGc(data.gc));
+    fill(nodes, drawNodes(data.nodes));
+    return table(["Job", "Type", "Status", "Version", "Count", "Allocs", "Restarts"],
+      data.jobs.map((job) => [
+        el("a", { href: `#/job/${enc(job.id)}` }, job.id), job.type, statusText(job.status),
+        job.version, job.count, byStatus(job.allocs), job.restarts || "",
+      ]),
+      "No jobs yet. Run one with: caravan job run FILE");
+  });
+}
+
+function drawGc(gc) {
+  const skip = gc.last_skip;
+  return facts([
+    ["Marked, waiting", gc.marked],
+    ["Destroying", `${gc.destroying.length} of at most ${gc.parallel_destroys}` +
+      (gc.destroying.length ? `: ${gc.destroying.map(short).join(", ")}` : "")],
+    ["Limits", `${gc.max_allocs} allocs, disk ${gc.disk_usage_threshold}%, ` +
+      `inodes ${gc.inode_usage_threshold}%, a pass every ${gc.interval_secs} s`],
+    ["Passes", gc.passes],
+    ["Last skip", skip ? el("span", {}, el("span", { class: `status status-${skip.level === "warn" ? "failed" : "pending"}` },
+      skip.level.toUpperCase()), ` ${skip.reason}, `, localTime(skip.at_unix_ms)) : "none"],
+  ]);
+}
+
+function drawNodes(nodes) {
+  return table(["Node", "Status", "Allocs not terminal", "Address"], nodes.map((node) => [
+    el("span", { class: "id" }, node.id), statusText(node.status), node.allocs, node.address || "",
+  ]), "No nodes.");
+}
+
+// ---- a job's page ----
+
+function jobPage(jobId) {
+  const summary = el("section", { "aria-label": "Job" });
+  const allocs = el("section", { "aria-labelledby": "allocs-heading" });
+  const count = el("input", { type: "number", min: 0, max: 100000, id: "scale-count" });
+  fill(main, el("h1", {}, "Job ", el("span", { class: "id" }, jobId)), summary,
+    el("div", { class: "actions" },
+      el("label", { for: "scale-count" }, "Count"), count,
+      actionButton("Scale", async () => {
+        const answer = await api("POST", `/v1/job/${enc(jobId)}/scale`, { count: Number(count.value) });
+        return `Scaled ${jobId}: ${answer.placed} placed, ${answer.stopped} stopped.`;
+      }),
+      actionButton("Stop job", async () => {
+        await api("DELETE", `/v1/job/${enc(jobId)}`);
+        return `Stopped ${jobId}.`;
+      }, { danger: true, confirmText: "Yes, stop the job" })),
+    el("h2", { id: "allocs-heading" }, "Allocations"), allocs);
+  return refreshing(summary, async (signal) => ({
+    job: await api("GET", `/v1/job/${enc(jobId)}`, undefined, signal),
+    allocs: await api("GET", `/v1/job/${enc(jobId)}/allocations`, undefined, signal),
+  }), ({ job, allocs: list }) => {
+    if (document.activeElement !== count) count.value = job.count;
+    fill(allocs, drawAllocsByStatus(list));
+    return facts([
+      ["Status", statusText(job.status)], ["Type", job.type], ["Version", job.version],
+      ["Count", job.count], ["Allocs", byStatus(job.allocs)], ["Runner", el("code", {}, job.runner)],
+      ["Restarts", job.restarts],
+    ]);
+  });
+}
+
+function drawAllocsByStatus(allocs) {
+  if (!allocs.length) return el("p", { class: "muted" }, "No allocations.");
+  const order = ["running", "pending", "failed", "complete", "lost"];
+  const groups = new Map();
+  for (const alloc of allocs) {
+    if (!groups.has(alloc.client_status)) groups.set(alloc.client_status, []);
+    groups.get(alloc.client_status).push(alloc);
+  }
+  const statuses = [...groups.keys()].sort((a, b) => order.indexOf(a) - order.indexOf(b));
+  return statuses.map((status) => [
+    el("h3", {}, statusText(status), ` (${groups.get(status).length})`),
+    table(["Alloc", "Desired", "Node", "Version", "Description"], groups.get(status).map((alloc) => [
+      el("a", { href: `#/alloc/${enc(alloc.id)}`, class: "id" }, short(alloc.id)),
+      alloc.desired_status, alloc.node_id ? short(alloc.node_id) : "", alloc.job_version,
+      alloc.description,
+    ]), ""),
+  ]);
+}
+
+// ---- an alloc's page ----
+
+function allocPage(allocId) {
+  const summary = el("section", { "aria-label": "Allocation" });
+  const tasks = el("section", { "aria-labelledby": "tasks-heading" });
+  const log = el("pre", { role: "log", "aria-label": "Log", id: "alloc-log", tabindex: 0 });
+  const logState = el("p", { class: "muted", id: "log-state" });
+  const files = el("details", { id: "files" }, el("summary", {}, "Files"));
+  const signalChoice = el("select", { id: "signal-name" }, SIGNALS.map((s) => el("option", {}, s)));
+  signalChoice.value = "SIGUSR1";
+  const id = () => main.dataset.allocId || allocId;
+  fill(main, el("h1", {}, "Allocation ", el("span", { class: "id" }, short(allocId))), summary,
+    el("div", { class: "actions" },
+      actionButton("Restart", async () => {
+        await api("POST", `/v1/client/allocation/${enc(id())}/restart`);
+        return "Restarting its tasks.";
+      }),
+      el("label", { for: "signal-name" }, "Signal"), signalChoice,
+      actionButton("Send", async () => {
+        await api("POST", `/v1/client/allocation/${enc(id())}/signal`, { signal: signalChoice.value });
+        return `Sent ${signalChoice.value}.`;
+      }),
+      actionButton("Collect", async () => {
+        await api("POST", `/v1/client/allocation/${enc(id())}/gc`);
+        return "Collected.";
+      }),
+      actionButton("Stop alloc", async () => {
+        await api("POST", `/v1/allocation/${enc(id())}/stop`);
+        return "Stopping it; the scheduler places a replacement if its job still wants one.";
+      }, { danger: true, confirmText: "Yes, stop the alloc" })),
+    el("h2", { id: "tasks-heading" }, "Tasks"), tasks,
+    el("h2", {}, "Log"), logState, log, files);
+  const stopLog = followLog(allocId, log, logState);
+  const stopFiles = browseFiles(allocId, files);
+  return refreshing(summary, (signal) => api("GET", `/v1/allocation/${enc(allocId)}`, undefined, signal),
+    (alloc) => {
+      main.dataset.allocId = alloc.id;
+      fill(tasks, drawTasks(alloc.task_states));
+      return drawAlloc(alloc);
+    }, [stopLog, stopFiles]);
+}
+
+function drawAlloc(alloc) {
+  const local = alloc.local || {};
+  const replaces = alloc.reschedule;
+  return [
+    facts([
+      ["ID", el("span", { class: "id" }, alloc.id)],
+      ["Job", el("a", { href: `#/job/${enc(alloc.job_id)}` }, alloc.job_id)],
+      ["Job version", alloc.job_version], ["Node", el("span", { class: "id" }, alloc.node_id || "not placed")],
+      ["Runner", [el("code", {}, alloc.runner),
+        local.runner_sha256 ? ` (sha256 ${local.runner_sha256.slice(0, 12)})` : ""]],
+      ["Desired", alloc.desired_status], ["Client status", statusText(alloc.client_status)],
+      ["Description", alloc.description],
+      ["Replaces", replaces ? el("span", {}, el("a", { href: `#/alloc/${enc(replaces.previous_alloc_id)}`, class: "id" },
+        short(replaces.previous_alloc_id)), ` (restart ${replaces.attempt}, not before `,
+      localTime(replaces.start_after_unix_ms), ")") : ""],
+      ["Alloc dir", local.alloc_dir ? el("code", {}, local.alloc_dir) : ""],
+      ["CPU used", local.cpu_used_us !== undefined ? `${(local.cpu_used_us / 1e6).toFixed(3)} s` : ""],
+      ["Memory peak", bytes(local.memory_peak_bytes)],
+      ["Limits", (local.limits || []).map(([key, value]) => el("span", { class: "limit" }, `${key} ${value}`))],
+    ]),
+  ];
+}
+
+function drawTasks(states) {
+  if (!states.length) return el("p", { class: "muted" }, "No task has reported yet.");
+  return states.map((task) => [
+    el("h3", {}, `Task ${task.name}: `, statusText(task.state), task.failed ? " (failed)" : "",
+      task.restarts ? `, ${task.restarts} restarts` : ""),
+    table(["Time", "Type", "Description"], [...task.events].reverse()
+      .map((event) => [localTime(event.time_unix_ms), event.kind, event.message]), "No events."),
+  ]);
+}
+
+/** Streams the alloc's log into `pre`, keeping the last LOG_LINES_KEPT lines. */
+function followLog(allocId, pre, state) {
+  const controller = new AbortController();
+  let lines = [""];
+  let drawPending = false;
+  function draw() {
+    drawPending = false;
+    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.textContent = lines.join("\n");
+    if (atBottom) pre.scrollTop = pre.scrollHeight;
+  }
+  (async () => {
+    state.textContent = "Following the log as it is written.";
+    try {
+      const response = await request("GET", `/v1/client/allocation/${enc(allocId)}/logs?follow=true`,
+        undefined, controller.signal);
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        const parts = value.split("\n");
+        lines[lines.length - 1] += parts[0];
+        lines.push(...parts.slice(1));
+        if (lines.length > LOG_LINES_KEPT) lines = lines.slice(-LOG_LINES_KEPT);
+        if (!drawPending) { drawPending = true; requestAnimationFrame(draw); }
+      }
+      state.textContent = "The alloc has stopped: this is the whole log.";
+    } catch (error) {
+      if (!controller.signal.aborted) state.textContent = `The log cannot be followed: ${error.message}`;
+    }
+  })();
+  return () => controller.abort();
+}
+
+/** The alloc's files, listed when the operator opens them (reading them needs the token). */
+function browseFiles(allocId, details) {
+  const controller = new AbortController();
+  const body = el("div", {});
+  details.append(body);
+  async function show(path) {
+    try {
+      const listing = await api("GET", `/v1/client/fs/ls/${enc(allocId)}?path=${enc(path)}`, undefined, controller.signal);
+      if (listing.kind === "file") {
+        const file = await request("GET", `/v1/client/fs/cat/${enc(allocId)}?path=${enc(path)}`, undefined, controller.signal);
+        const shown = await file.text();
+        fill(body, crumbs(path),
+          el("pre", { tabindex: 0 }, shown.slice(0, FILE_BYTES_SHOWN)),
+          shown.length > FILE_BYTES_SHOWN ? el("p", { class: "muted" }, `The first ${FILE_BYTES_SHOWN} characters; caravan alloc fs shows the rest.`) : "");
+        return;
+      }
+      const prefix = path === "." ? "" : `${path}/`;
+      fill(body, crumbs(path), table(["Name", "Kind", "Size", "Modified"], listing.entries.map((entry) => [
+        entry.kind === "file" || entry.kind === "dir"
+          ? el("button", { type: "button", class: "link-button", onclick: () => show(prefix + entry.name) }, entry.name)
+          : entry.name,
+        entry.kind, entry.kind === "file" ? bytes(entry.size) : "", localTime(entry.modified_unix_ms),
+      ]), "The directory is empty."));
+    } catch (error) {
+      if (!controller.signal.aborted) fill(body, el("p", {}, `Cannot list ${path}: ${error.message}`));
+    }
+  }
+  function crumbs(path) {
+    const parts = path === "." ? [] : path.split("/");
+    return el("p", {}, el("button", { type: "button", class: "link-button", onclick: () => show(".") }, "/alloc"),
+      parts.map((part, i) => [" / ", i === parts.length - 1 ? part
+        : el("button", { type: "button", class: "link-button", onclick: () => show(parts.slice(0, i + 1).join("/")) }, part)]));
+  }
+  details.addEventListener("toggle", () => { if (details.open) show("."); });
+  return () => controller.abort();
+}
+
+// ---- routing ----
+
+let stopPage = () => {};
+
+function route() {
+  stopPage();
+  say("");
+  delete main.dataset.allocId;
+  let page, id;
+  try {
+    [page, id] = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  } catch (_) { /* a malformed address shows the jobs */ }
+  if (page === "job" && id) stopPage = jobPage(id);
+  else if (page === "alloc" && id) stopPage = allocPage(id);
+  else stopPage = jobsPage();
+  document.title = `${page && id ? `${page} ${id} · ` : ""}Caravan`;
+}
+
+window.addEventListener("hashchange", () => { route(); main.focus(); });
+route();

@@ -1,0 +1,311 @@
+//! The web UI in a real headless Chromium (Debian's `chromium` and `chromium-driver`, which
+//! `scripts/setup ui` installs) against the real `caravan` binary: the pages load without a
+//! console message, a job submitted through the CLI appears, its alloc's log lines arrive
+//! while the page is open, and a stop made in the page stops the job.
+//!
+//! The browser is driven over WebDriver's HTTP protocol with the tests' own HTTP helper: a
+//! handful of JSON calls, no client library.
+
+use crate::support::{AgentProcess, eventually_async, http, within};
+use caravan_test_artifacts::SLEEPER;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+
+const TOKEN: &str = "ui-test-token";
+
+/// A chromedriver process and one browser session in it, both ended when dropped.
+struct Browser {
+    driver: std::process::Child,
+    addr: SocketAddr,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let driver =
+            crate::etcd::dies_with_its_parent(&mut std::process::Command::new("chromedriver"))
+                .arg(format!("--port={port}"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap_or_else(|error| {
+                    panic!("chromedriver cannot start ({error}); `scripts/setup ui` installs it")
+                });
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        eventually_async("chromedriver ready", || async {
+            tokio::net::TcpStream::connect(addr).await.is_ok()
+        })
+        .await;
+        let profile = tempfile::tempdir().unwrap();
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--window-size=1280,1250",
+                         format!("--user-data-dir={}", profile.path().display())],
+            },
+            "goog:loggingPrefs": {"browser": "ALL"},
+        }}});
+        let (status, answer) = http(
+            addr,
+            "POST",
+            "/session",
+            Some(&capabilities.to_string()),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "no browser session: {answer}");
+        let session = answer["value"]["sessionId"].as_str().unwrap().to_string();
+        Browser {
+            driver,
+            addr,
+            session,
+            _profile: profile,
+        }
+    }
+
+    /// One WebDriver command of this session; its `value`.
+    async fn command(&self, method: &str, path: &str, body: Value) -> Value {
+        let path = format!("/session/{}{path}", self.session);
+        let body = (method == "POST").then(|| body.to_string());
+        let (status, answer) = http(self.addr, method, &path, body.as_deref(), None).await;
+        assert_eq!(status, 200, "{method} {path}: {answer}");
+        answer["value"].clone()
+    }
+
+    async fn open(&self, url: &str) {
+        self.command("POST", "/url", json!({ "url": url })).await;
+    }
+
+    /// Runs `script` (a function body) in the page and returns what it returns.
+    async fn run(&self, script: &str) -> Value {
+        self.command(
+            "POST",
+            "/execute/sync",
+            json!({ "script": script, "args": [] }),
+        )
+        .await
+    }
+
+    /// The text of the first element matching `selector`, or "" while there is none.
+    async fn text(&self, selector: &str) -> String {
+        let script = format!(
+            "const e = document.querySelector({selector:?}); return e ? e.textContent : '';"
+        );
+        self.run(&script).await.as_str().unwrap_or("").to_string()
+    }
+
+    /// The first element matching `selector`, once there is one.
+    async fn element(&self, selector: &str) -> String {
+        let find = json!({ "using": "css selector", "value": selector }).to_string();
+        let path = format!("/session/{}/element", self.session);
+        within(&format!("an element {selector}"), async {
+            loop {
+                let (status, answer) = http(self.addr, "POST", &path, Some(&find), None).await;
+                // An element reference is an object with one key, whatever its name.
+                let id = answer["value"]
+                    .as_object()
+                    .and_then(|o| o.values().next())
+                    .and_then(Value::as_str);
+                if let (200, Some(id)) = (status, id) {
+                    return id.to_string();
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+        .await
+    }
+
+    async fn click(&self, selector: &str) {
+        let element = self.element(selector).await;
+        self.command("POST", &format!("/element/{element}/click"), json!({}))
+            .await;
+    }
+
+    async fn type_into(&self, selector: &str, text: &str) {
+        let element = self.element(selector).await;
+        self.command(
+            "POST",
+            &format!("/element/{element}/value"),
+            json!({ "text": text }),
+        )
+        .await;
+    }
+
+    /// Waits until the text of `selector` satisfies `done`, then returns it.
+    async fn wait_for_text(&self, what: &str, selector: &str, done: impl Fn(&str) -> bool) {
+        eventually_async(what, || async { done(&self.text(selector).await) }).await;
+    }
+
+    /// What the page wrote to its console since the last call.
+    async fn console(&self) -> Vec<Value> {
+        let entries = self
+            .command("POST", "/se/log", json!({ "type": "browser" }))
+            .await;
+        entries.as_array().cloned().unwrap_or_default()
+    }
+
+    /// A PNG of the window.
+    async fn screenshot(&self) -> Vec<u8> {
+        let encoded = self.command("GET", "/screenshot", json!(null)).await;
+        decode_base64(encoded.as_str().unwrap())
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// Standard base64 to bytes: the one decode a screenshot needs, without a dependency.
+fn decode_base64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let digits: Vec<u8> = text
+        .bytes()
+        .filter(|c| *c != b'=' && !c.is_ascii_whitespace())
+        .map(value)
+        .collect();
+    let mut bytes = Vec::with_capacity(digits.len() * 3 / 4);
+    for chunk in digits.chunks(4) {
+        let bits = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, d)| acc | (u32::from(*d) << (18 - 6 * i)));
+        bytes.extend_from_slice(&bits.to_be_bytes()[1..chunk.len()]);
+    }
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_ui_shows_a_cli_job_follows_its_log_and_stops_it() {
+    let agent = AgentProcess::start_configured(&["--dev", "--acl-token", TOKEN], "");
+    let browser = Browser::start().await;
+    let result = the_web_ui_steps(&agent, &browser).await;
+    // Chromium's DEBUG advice is not the page's doing; anything louder is.
+    let console: Vec<Value> = browser
+        .console()
+        .await
+        .into_iter()
+        .filter(|entry| entry["level"] != "DEBUG")
+        .collect();
+    if result.is_err() || !console.is_empty() {
+        println!(
+            "--- the page's text\n{}\n--- its console\n{console:#?}\n--- the agent's log",
+            browser.text("body").await
+        );
+        for line in agent.unread_lines() {
+            println!("{line}");
+        }
+    }
+    if let Ok(path) = std::env::var("CARAVAN_UI_SCREENSHOT")
+        && let Ok(png) = &result
+    {
+        std::fs::write(path, png).unwrap();
+    }
+    result.unwrap();
+    assert!(console.is_empty(), "the page wrote to its console");
+}
+
+/// The steps, returning the alloc page's screenshot (taken while its log runs).
+async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec<u8>, String> {
+    browser.open(&format!("{}/", agent.addr)).await;
+    browser
+        .wait_for_text("the jobs page", "main h1", |t| t == "Jobs")
+        .await;
+    let path = browser.run("return location.pathname;").await;
+    if path != "/ui" {
+        return Err(format!("/ redirected to {path}, not /ui"));
+    }
+
+    // A job from the CLI appears without a reload.
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("sleepy.toml");
+    std::fs::write(
+        &job_file,
+        format!(
+            "[job]\nid = \"sleepy\"\ntype = \"service\"\ncount = 1\nrunner = {SLEEPER:?}\n\
+             [[job.tasks]]\nname = \"web\"\nconfig = {{ log_every = \"200ms\" }}\n"
+        ),
+    )
+    .unwrap();
+    let run = agent.caravan(&["job", "run", "--token", TOKEN, job_file.to_str().unwrap()]);
+    if !run.status.success() {
+        return Err("caravan job run failed".into());
+    }
+    browser
+        .wait_for_text("the job in the jobs table", "main table", |t| {
+            t.contains("sleepy") && t.contains("1 running")
+        })
+        .await;
+
+    // The token, typed as an operator would, is what the actions below send.
+    browser.type_into("#token", TOKEN).await;
+    browser.click("a[href='#/job/sleepy']").await;
+    browser
+        .wait_for_text("the job's running alloc", "main", |t| {
+            t.contains("running (1)")
+        })
+        .await;
+    browser.click("main a.id").await;
+    browser
+        .wait_for_text("the alloc page", "main dl", |t| {
+            t.contains("Client statusrunning") && t.contains("Alloc dir")
+        })
+        .await;
+
+    // Lines written after the page opened arrive in it.
+    let log_lines = || async { browser.text("#alloc-log").await.lines().count() };
+    browser
+        .wait_for_text("the first log lines", "#alloc-log", |t| {
+            t.contains("still running")
+        })
+        .await;
+    let seen = log_lines().await;
+    eventually_async("a log line written after the page opened", || async {
+        log_lines().await > seen + 2
+    })
+    .await;
+    let screenshot = browser.screenshot().await;
+
+    // A stop from the page stops the job: the second click confirms.
+    browser.click("main dd a[href='#/job/sleepy']").await;
+    browser
+        .wait_for_text("the job page", "main h1", |t| t == "Job sleepy")
+        .await;
+    browser.click("button.danger").await;
+    browser
+        .wait_for_text("the stop's confirmation", "button.danger", |t| {
+            t == "Yes, stop the job"
+        })
+        .await;
+    browser.click("button.danger").await;
+    browser
+        .wait_for_text("the page saying it stopped", "#notice", |t| {
+            t == "Stopped sleepy."
+        })
+        .await;
+    let (_, job) = http(agent.socket_addr(), "GET", "/v1/job/sleepy", None, None).await;
+    if job["status"] != "stopped" {
+        return Err(format!("the job is not stopped: {job}"));
+    }
+    browser
+        .wait_for_text("the alloc complete in the page", "main", |t| {
+            t.contains("complete (1)")
+        })
+        .await;
+    Ok(screenshot)
+}
