@@ -16,13 +16,15 @@
 //! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values),
 //! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]),
 //! `[job.reschedule]` (`attempts`, `interval`, `delay`, `delay_function`, `max_delay`,
-//! `unlimited`: see [`crate::reschedule`]).
+//! `unlimited`: see [`crate::reschedule`]), `[job.restart]` (`attempts`, `interval`, `delay`,
+//! `delay_function`, `max_delay`, `mode`: see [`crate::restart`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
 use crate::capabilities::{self, Capabilities};
 use crate::limits::{LimitOverrides, RawLimits};
 use crate::reschedule::{RawReschedule, ReschedulePolicy};
+use crate::restart::{RawRestart, RestartPolicy};
 use crate::structs::Task;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -61,6 +63,9 @@ pub struct JobSpec {
     /// (see [`ReschedulePolicy::default_for`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reschedule: Option<ReschedulePolicy>,
+    /// How a crashed runner is restarted in place (`[job.restart]`); `None`: it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartPolicy>,
 }
 
 /// Why a job spec was refused: the field at fault and what is wrong with it.
@@ -104,6 +109,7 @@ struct RawJob {
     #[serde(default)]
     capabilities: RawCapabilities,
     reschedule: Option<RawReschedule>,
+    restart: Option<RawRestart>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -246,6 +252,14 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
                 .map_err(|e| error(format!("job.reschedule.{}", e.key), e.message))?,
         ),
     };
+    let restart = match &raw.restart {
+        None => None,
+        Some(block) => Some(
+            block
+                .parse()
+                .map_err(|e| error(format!("job.restart.{}", e.key), e.message))?,
+        ),
+    };
     let mut tasks: Vec<Task> = Vec::new();
     for (i, task) in raw.tasks.into_iter().enumerate() {
         let field = format!("job.tasks[{i}].name");
@@ -282,6 +296,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         meta: raw.meta.into_iter().collect(),
         capabilities,
         reschedule,
+        restart,
     };
     let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
     if stored > MAX_JOB_BYTES {
@@ -370,6 +385,30 @@ mod tests {
             unknown.message.contains("unknown field `retries`"),
             "{unknown}"
         );
+    }
+
+    #[test]
+    fn a_restart_block_parses_into_the_job_and_a_bad_key_is_named_under_it() {
+        let with_block = |block: &str| {
+            parse_toml(&format!(
+                "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                 [job.restart]\n{block}\n"
+            ))
+        };
+        let policy = with_block("attempts = 3\nmode = \"delay\"")
+            .unwrap()
+            .restart
+            .unwrap();
+        assert_eq!(
+            (policy.attempts, policy.mode),
+            (3, crate::restart::RestartMode::Delay)
+        );
+        let refused = with_block("mode = \"never\"").unwrap_err();
+        assert_eq!(refused.field, "job.restart.mode");
+        let without =
+            parse_toml("[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n")
+                .unwrap();
+        assert_eq!(without.restart, None, "no restarts in place unless asked");
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub mod limits;
 pub mod locks;
 pub mod nodesim;
 pub mod reschedule;
+pub mod restart;
 pub mod rpc;
 pub mod run;
 pub mod runtime;

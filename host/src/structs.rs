@@ -69,6 +69,10 @@ pub struct Alloc {
     /// the chain of replacements (see [`crate::reschedule`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reschedule: Option<Reschedule>,
+    /// How its runner is restarted in place after a crash; `None`: it is not (see
+    /// [`crate::restart`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<crate::restart::RestartPolicy>,
 }
 
 /// What an alloc made to replace a failed one carries (Nomad's reschedule tracker).
@@ -88,7 +92,7 @@ pub struct Reschedule {
 impl Alloc {
     /// A new alloc of `job_id` running `runner` with `tasks`, with the defaults a fresh
     /// placement has: a group named after the job, desired to run, modify index 1, no
-    /// metadata, no limit overrides, no capabilities. Set other fields with struct update
+    /// metadata, no limit overrides, no capabilities, no restarts. Set other fields with struct update
     /// syntax.
     pub fn new(
         id: impl Into<String>,
@@ -109,6 +113,7 @@ impl Alloc {
             limits: LimitOverrides::default(),
             capabilities: Capabilities::default(),
             reschedule: None,
+            restart: None,
         }
     }
 }

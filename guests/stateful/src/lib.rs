@@ -3,6 +3,8 @@
 //! Config (from the alloc's first task, all optional):
 //! - `tick_every`: milliseconds between ticks (default 1000).
 //! - `stop_after`: finish `complete` when the count reaches this (default: never).
+//! - `crash_at`: panic right after checkpointing this count, as a bug would (default: never);
+//!   a runner restarted in place resumes from the checkpoint and counts on past it.
 
 use caravan_guest::{Alloc, Runner, RunnerError, State, host, info};
 use std::time::Duration;
@@ -11,6 +13,7 @@ struct Stateful {
     count: u64,
     tick_every: Duration,
     stop_after: Option<u64>,
+    crash_at: Option<u64>,
 }
 
 impl Runner for Stateful {
@@ -34,6 +37,7 @@ impl Runner for Stateful {
         };
         let tick_every = Duration::from_millis(number("tick_every")?.unwrap_or(1000).max(1));
         let stop_after = number("stop_after")?;
+        let crash_at = number("crash_at")?;
         let count = match restored {
             Some(bytes) => {
                 let text = String::from_utf8(bytes)
@@ -53,6 +57,7 @@ impl Runner for Stateful {
             count,
             tick_every,
             stop_after,
+            crash_at,
         })
     }
 
@@ -64,6 +69,9 @@ impl Runner for Stateful {
         self.count += 1;
         info!("tick {}", self.count);
         host::checkpoint(self.count.to_string().as_bytes()).map_err(RunnerError::Failed)?;
+        if self.crash_at == Some(self.count) {
+            panic!("crashed on purpose at count {}", self.count);
+        }
         if self.stop_after.is_some_and(|limit| self.count >= limit) {
             // Our own status first: finishing the tasks would otherwise derive one.
             state.set_status(

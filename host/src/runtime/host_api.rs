@@ -45,6 +45,9 @@ struct CellState {
     /// Set by [`StateCell::finish`]: the run is over and the guest's reports are refused, so a
     /// guest torn down mid-report cannot overwrite the final state.
     closed: bool,
+    /// The tasks as they were when the host last restarted the runner: their restarts and
+    /// events go on under what the new guest reports, which knows nothing of them.
+    before_restart: Vec<TaskState>,
 }
 
 impl StateCell {
@@ -60,6 +63,7 @@ impl StateCell {
         let cell = CellState {
             closed: initial.client_status.is_terminal(),
             current: initial,
+            before_restart: Vec::new(),
         };
         StateCell {
             alloc_id,
@@ -90,12 +94,26 @@ impl StateCell {
                 cell.current.client_status
             ));
         }
+        carry_restarts(&mut new, &cell.before_restart);
         if cell.current != new {
             cell.current = new;
             self.updater
                 .alloc_state_updated(&self.alloc_id, &cell.current);
         }
         Ok(())
+    }
+
+    /// Sets the state of a runner about to be started again after a crash (not terminal)
+    /// and opens the cell to the next guest's reports.
+    pub fn restart(&self, restarting: AllocState) {
+        let mut cell = self.lock();
+        cell.closed = false;
+        cell.before_restart = restarting.task_states.clone();
+        if cell.current != restarting {
+            cell.current = restarting;
+            self.updater
+                .alloc_state_updated(&self.alloc_id, &cell.current);
+        }
     }
 
     /// Sets the state the host decided on, closes the cell to the guest, and reports the
@@ -116,6 +134,22 @@ impl StateCell {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CellState> {
         self.state.lock_unpoisoned()
+    }
+}
+
+/// Adds to each reported task the restarts counted and the events kept before the runner's
+/// last restart, the newest events kept within the per-task limit.
+fn carry_restarts(report: &mut AllocState, before_restart: &[TaskState]) {
+    for task in &mut report.task_states {
+        let Some(before) = before_restart.iter().find(|b| b.name == task.name) else {
+            continue;
+        };
+        task.restarts = task.restarts.saturating_add(before.restarts);
+        let mut events = before.events.clone();
+        events.append(&mut task.events);
+        let over = events.len().saturating_sub(MAX_EVENTS_PER_TASK);
+        events.drain(..over);
+        task.events = events;
     }
 }
 
@@ -217,6 +251,12 @@ impl HostApi {
                 2.0 * limits.checkpoint_bytes as f64,
             ),
         }
+    }
+
+    /// The event queue, back from a guest whose run ended, for the next one: signals and
+    /// restarts it had not taken yet wait there.
+    pub fn into_events(self) -> mpsc::UnboundedReceiver<Event> {
+        self.events
     }
 
     /// Logs a refusal: the first at once, then at most one a second with the count of those

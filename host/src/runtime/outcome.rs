@@ -23,6 +23,26 @@ pub(super) enum RunOutcome {
     ShutdownTimedOut,
     /// Killed or shut down before `run` was ever called.
     NeverStarted,
+    /// Killed or shut down while waiting to restart after a crash (see [`crate::restart`]).
+    StoppedWhileRestarting,
+}
+
+impl RunOutcome {
+    /// What a crash says of itself: the description of a trap, a limit or an error `run`
+    /// returned; `None` for a run that ended without crashing.
+    pub(super) fn crash_description(&self, limits: &Limits) -> Option<String> {
+        match self {
+            RunOutcome::Failed(description) => Some(description.clone()),
+            RunOutcome::Returned(Err(error)) => Some(
+                cut(
+                    &bindings::describe_runner_error(error),
+                    as_len(limits.description_bytes),
+                )
+                .into_owned(),
+            ),
+            _ => None,
+        }
+    }
 }
 
 /// Names what ended a run that did not return: a limit first (the trap it caused is only a
@@ -124,7 +144,13 @@ pub(super) fn final_state(
         return last;
     }
     let (status, description) = match outcome {
-        RunOutcome::Returned(Ok(())) | RunOutcome::NeverStarted if shut_down => return last,
+        RunOutcome::Returned(Ok(()))
+        | RunOutcome::NeverStarted
+        | RunOutcome::StoppedWhileRestarting
+            if shut_down =>
+        {
+            return last;
+        }
         RunOutcome::Returned(Ok(())) => (ClientStatus::Complete, "runner finished".to_string()),
         // The guest's own words, bounded as every description it reports is.
         RunOutcome::Returned(Err(error)) => (
@@ -148,6 +174,10 @@ pub(super) fn final_state(
             ClientStatus::Complete,
             "alloc was stopped before it started".to_string(),
         ),
+        RunOutcome::StoppedWhileRestarting => (
+            ClientStatus::Complete,
+            "alloc was stopped while its runner waited to restart".to_string(),
+        ),
     };
     let mut task_states = last.task_states;
     end_unfinished_tasks(
@@ -163,6 +193,50 @@ pub(super) fn final_state(
     }
 }
 
+/// The state of an alloc whose runner crashed (`why`) and starts again in `delay`, its
+/// `attempt`-th restart of `limit` (`2 in 30m`): pending, every task pending again with a
+/// restart counted and the events Nomad gives one (`Terminated` for a task that was still
+/// running, then `Restarting`).
+pub(super) fn restarting_state(
+    last: AllocState,
+    why: &str,
+    delay: std::time::Duration,
+    attempt: u32,
+    limit: &str,
+    now_unix_ms: u64,
+) -> AllocState {
+    let mut task_states = last.task_states;
+    end_unfinished_tasks(&mut task_states, true, why, now_unix_ms);
+    let wait = format_duration(delay);
+    for task in &mut task_states {
+        task.state = TaskLifecycle::Pending;
+        task.failed = false;
+        task.restarts = task.restarts.saturating_add(1);
+        push_event(
+            task,
+            TaskEvent {
+                kind: "Restarting".into(),
+                message: format!("Task restarting in {wait}"),
+                time_unix_ms: now_unix_ms,
+            },
+        );
+    }
+    AllocState {
+        client_status: ClientStatus::Pending,
+        description: format!(
+            "restarting in {wait} (restart {attempt}, at most {limit}) after: {why}"
+        ),
+        task_states,
+    }
+}
+
+/// Adds `event`, the task's oldest events making room within the per-task limit.
+fn push_event(task: &mut TaskState, event: TaskEvent) {
+    let over = (task.events.len() + 1).saturating_sub(MAX_EVENTS_PER_TASK);
+    task.events.drain(..over);
+    task.events.push(event);
+}
+
 /// Every task not dead yet ends `dead` (`failed` as given) with a `Terminated` event at
 /// `now_unix_ms` saying `why`, its oldest events making room within the per-task limit.
 pub(super) fn end_unfinished_tasks(
@@ -174,13 +248,14 @@ pub(super) fn end_unfinished_tasks(
     for task in tasks.iter_mut().filter(|t| t.state != TaskLifecycle::Dead) {
         task.state = TaskLifecycle::Dead;
         task.failed = failed;
-        let over = (task.events.len() + 1).saturating_sub(MAX_EVENTS_PER_TASK);
-        task.events.drain(..over);
-        task.events.push(TaskEvent {
-            kind: "Terminated".into(),
-            message: why.to_string(),
-            time_unix_ms: now_unix_ms,
-        });
+        push_event(
+            task,
+            TaskEvent {
+                kind: "Terminated".into(),
+                message: why.to_string(),
+                time_unix_ms: now_unix_ms,
+            },
+        );
     }
 }
 

@@ -1,8 +1,10 @@
 //! [`WasmAllocRunner`]: the [`AllocRunner`] whose logic is a WebAssembly component.
 //!
-//! One store per alloc, built when the runner starts and dropped when `run` returns, traps,
-//! hits a limit, or outlives its kill timeout. The final state is decided in one place,
-//! [`final_state`], from the guest's last report and how the run ended.
+//! One store per run, built when the runner starts and dropped when `run` returns, traps,
+//! hits a limit, or outlives its kill timeout. An alloc with a restart policy may get more
+//! than one run: after a crash its runner starts again in a fresh store (see `restarts`).
+//! The final state is decided in one place, [`final_state`], from the guest's last report and
+//! how the last run ended.
 
 use super::alloc_dir::{create_alloc_dir, remove_alloc_dir};
 use super::bindings::{self, Event};
@@ -31,7 +33,9 @@ use wasmtime::Store;
 use wasmtime::component::ResourceTable;
 
 mod factory;
+mod restarts;
 pub use factory::WasmAllocRunnerFactory;
+use restarts::Restarts;
 
 /// What an alloc must meet to start: the capabilities it asks must be offered, and its
 /// limits must be within the caps (when there are any).
@@ -67,6 +71,11 @@ struct Shared {
     /// What the store's meters have counted, for [`AllocRunner::usage`].
     usage: Arc<UsageGauges>,
     run_task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The restart policy's tracker and the last checkpoint, for in-place restarts.
+    restarts: Restarts,
+    /// Set when a kill or a shutdown is asked of a started runner: a restart waiting for its
+    /// delay gives up.
+    stop_asked: LatchTrigger,
     stopped: LatchTrigger,
     destroyed: LatchTrigger,
 }
@@ -88,10 +97,11 @@ impl WasmAllocRunner {
             .unwrap_or_else(AllocState::pending);
         let finished = initial.client_status.is_terminal();
         let limits = config.limits.with_overrides(&config.alloc.limits);
+        let restarts = Restarts::new(config.alloc.restart, config.restored.clone());
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
             crate::limits::as_len(limits.description_bytes),
-            config.state_updater.clone(),
+            restarts.keeping_checkpoints(config.state_updater.clone()),
             initial,
         ));
         let stopped = Latch::new().0;
@@ -113,6 +123,8 @@ impl WasmAllocRunner {
                 queued_task_actions: Arc::new(AtomicUsize::new(0)),
                 usage: Arc::default(),
                 run_task: Mutex::new(None),
+                restarts,
+                stop_asked: Latch::new().0,
                 stopped,
                 destroyed: Latch::new().0,
             }),
@@ -141,6 +153,7 @@ impl Shared {
             if step == StopStep::AskGuest {
                 // Sent under the lifecycle lock, so no signal or restart passes it.
                 let _ = self.events.send(Event::Kill);
+                self.stop_asked.set();
             }
             step
         };
@@ -211,6 +224,7 @@ impl Shared {
             let step = lifecycle.ask_shutdown();
             if step == StopStep::AskGuest {
                 let _ = self.events.send(Event::Shutdown);
+                self.stop_asked.set();
             }
             step
         };
@@ -288,16 +302,38 @@ impl Shared {
         self.stopped.set();
     }
 
-    async fn run_guest(self: Arc<Self>, events: mpsc::UnboundedReceiver<Event>) -> RunOutcome {
+    /// One run of the guest in a fresh store, `restored` being the checkpoint it starts
+    /// from; returns how it ended and, when the store was built, the event queue back.
+    async fn run_guest(
+        self: Arc<Self>,
+        events: mpsc::UnboundedReceiver<Event>,
+        restored: Option<Vec<u8>>,
+    ) -> (RunOutcome, Option<mpsc::UnboundedReceiver<Event>>) {
         let alloc = self.alloc();
-        let (disk, mut over_quota) =
+        let (disk, over_quota) =
             DiskLedger::new(self.config.alloc_dir.clone(), DiskQuota::of(&self.limits));
         let (mut store, dir_made_now) = match self.new_store(&alloc, events, disk.clone()) {
             Ok(made) => made,
             Err(error) => {
-                return RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
+                let outcome = RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
+                return (outcome, None);
             }
         };
+        let outcome = self
+            .run_in_store(&mut store, &alloc, disk, over_quota, dir_made_now, restored)
+            .await;
+        (outcome, Some(store.into_data().host_api.into_events()))
+    }
+
+    async fn run_in_store(
+        &self,
+        store: &mut Store<StoreData>,
+        alloc: &Arc<Alloc>,
+        disk: Arc<DiskLedger>,
+        mut over_quota: super::disk_ledger::QuotaExceeded,
+        dir_made_now: bool,
+        restored: Option<Vec<u8>>,
+    ) -> RunOutcome {
         // What the directory holds already (a restored or restarted alloc's files) counts
         // from the start. One made now is empty: skipping the look spares a new alloc's start
         // a trip through the blocking pool, which cost more than the rest of the start.
@@ -309,7 +345,7 @@ impl Shared {
         let polls = store.data().cpu.poll_counter();
         let instance = match polls
             .clone()
-            .count(self.component.pre.instantiate_async(&mut store))
+            .count(self.component.pre.instantiate_async(&mut *store))
             .await
         {
             Ok(instance) => {
@@ -327,12 +363,12 @@ impl Shared {
                 ));
             }
         };
-        let alloc_wit = bindings::alloc_to_wit(&alloc);
+        let alloc_wit = bindings::alloc_to_wit(alloc);
         let polls = store.data().cpu.poll_counter();
         let call = polls.count(instance.caravan_runner_runner().call_run(
-            &mut store,
+            &mut *store,
             &alloc_wit,
-            self.config.restored.as_deref(),
+            restored.as_deref(),
         ));
         // The run, unless the alloc dir goes over its quota first (a look finds it over, or
         // the WASI layer refuses a write past it).
@@ -472,7 +508,7 @@ impl AllocRunner for WasmAllocRunner {
         let span = shared.config.span.clone();
         let task = tokio::spawn(
             async move {
-                let outcome = runner.clone().run_guest(events).await;
+                let outcome = runner.clone().run_until_done(events).await;
                 runner.finish(outcome);
             }
             .instrument(span),

@@ -95,6 +95,7 @@ impl State {
             meta: spec.meta.clone(),
             limits: spec.limits.clone(),
             capabilities: spec.capabilities.clone(),
+            restart: spec.restart,
             ..Alloc::new(
                 uuid::Uuid::new_v4().to_string(),
                 spec.id.clone(),

@@ -20,6 +20,7 @@ pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
         meta: vec![],
         capabilities: Capabilities::default(),
         reschedule: None,
+        restart: None,
     }
 }
 

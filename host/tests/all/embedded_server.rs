@@ -35,6 +35,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
         meta: vec![],
         capabilities: Default::default(),
         reschedule: None,
+        restart: None,
     };
     let placed = server.register_job(job).unwrap().placed;
     assert_eq!(placed.len(), 3);
@@ -103,6 +104,7 @@ async fn a_crashing_service_alloc_is_replaced_after_growing_delays_until_its_att
         meta: vec![],
         capabilities: Default::default(),
         reschedule: Some(policy),
+        restart: None,
     };
     let first = server.register_job(job).unwrap().placed[0].clone();
     let status = |id: &str| {

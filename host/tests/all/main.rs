@@ -29,6 +29,7 @@ mod many_memories;
 mod minimal;
 mod nodesim;
 mod other_languages;
+mod restart_in_place;
 mod restore;
 mod runner_check;
 mod sim;

@@ -84,6 +84,7 @@ fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]
         meta: vec![],
         capabilities: Default::default(),
         reschedule: None,
+        restart: None,
     }
 }
 

@@ -1,0 +1,403 @@
+//! The restart policy: what the client does when an alloc's runner crashes (Nomad's
+//! `restart` block). The runner is restarted in place, in a fresh sandbox on the same node,
+//! with the same alloc id, directory and log, and its last checkpoint as `restored`, after a
+//! delay; up to `attempts` times within `interval`. Past that, `mode = "fail"` lets the alloc
+//! fail (and the job's reschedule policy replace it), `mode = "delay"` waits for the interval
+//! to end and starts counting again.
+//!
+//! Only a crash counts (a trap, a limit, `run` returning an error): a runner that reports its
+//! tasks failed has decided their fate itself, as the task driver it is.
+//!
+//! A leaf: the policy as a job states it, and a tracker that decides one crash at a time. It
+//! reads no clock (callers pass the time) and knows nothing of runners.
+
+use crate::units::{format_duration, parse_duration};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How an alloc's crashed runner is restarted in place. Without a `[job.restart]` block it
+/// is not: the job's reschedule policy replaces the failed alloc instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `interval`.
+    pub attempts: u32,
+    /// The window `attempts` counts in, from its first restart.
+    pub interval: Duration,
+    /// The wait before a restart.
+    pub delay: Duration,
+    /// How the wait grows from one restart of a window to the next.
+    pub delay_function: crate::reschedule::DelayFunction,
+    /// The longest wait (with `exponential`).
+    pub max_delay: Duration,
+    /// What happens once `attempts` are used within `interval`.
+    pub mode: RestartMode,
+}
+
+/// What happens once a window's restarts are used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestartMode {
+    /// The alloc fails; its job's reschedule policy may replace it.
+    Fail,
+    /// Wait until the window ends, then restart and count again.
+    Delay,
+}
+
+/// The most restarts a window may allow: beyond it, a policy is a tight loop by another name.
+pub const MAX_ATTEMPTS: u32 = 64;
+
+/// The shortest `delay` a job may ask for: less would spin a crashing runner.
+pub const MIN_DELAY: Duration = Duration::from_secs(1);
+
+impl RestartPolicy {
+    /// Nomad's values for the keys a `[job.restart]` block leaves out: 2 restarts in 30
+    /// minutes, 15 s apart, then fail.
+    pub fn block_default() -> Self {
+        RestartPolicy {
+            attempts: 2,
+            interval: Duration::from_secs(30 * 60),
+            delay: Duration::from_secs(15),
+            delay_function: crate::reschedule::DelayFunction::Constant,
+            max_delay: Duration::from_secs(15),
+            mode: RestartMode::Fail,
+        }
+    }
+
+    /// The wait before the `nth` restart (from 1) of a window.
+    fn delay_for(&self, nth: u32) -> Duration {
+        match self.delay_function {
+            crate::reschedule::DelayFunction::Constant => self.delay,
+            crate::reschedule::DelayFunction::Exponential => self
+                .delay
+                .checked_mul(1u32 << nth.saturating_sub(1).min(31))
+                .unwrap_or(self.max_delay)
+                .min(self.max_delay),
+        }
+    }
+
+    /// `2 in 30m`, as statuses word the limit.
+    pub fn limit_text(&self) -> String {
+        format!("{} in {}", self.attempts, format_duration(self.interval))
+    }
+}
+
+/// Counts one alloc's restarts in the current window (Nomad's restart tracker).
+#[derive(Debug)]
+pub struct RestartTracker<T> {
+    policy: RestartPolicy,
+    window_start: Option<T>,
+    restarts_in_window: u32,
+}
+
+/// What [`RestartTracker::on_crash`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartDecision {
+    /// Start the runner again after `delay`: the `attempt`-th restart of its window.
+    Restart {
+        /// The wait.
+        delay: Duration,
+        /// Which restart of the window, from 1 (after a `delay`-mode wait, 1 again).
+        attempt: u32,
+    },
+    /// The window's restarts are used and the mode is `fail`: the alloc fails.
+    LimitReached,
+}
+
+/// A point in time the tracker can measure from: `tokio::time::Instant` in the runner (so
+/// paused test time drives it), plain numbers in unit tests.
+pub trait Moment: Copy {
+    /// The time from `earlier` to `self`, zero if `earlier` is later.
+    fn since(self, earlier: Self) -> Duration;
+}
+
+impl Moment for tokio::time::Instant {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+impl<T: Moment> RestartTracker<T> {
+    /// A tracker for `policy`, with no restart counted yet.
+    pub fn new(policy: RestartPolicy) -> Self {
+        RestartTracker {
+            policy,
+            window_start: None,
+            restarts_in_window: 0,
+        }
+    }
+
+    /// The policy it applies.
+    pub fn policy(&self) -> &RestartPolicy {
+        &self.policy
+    }
+
+    /// The runner crashed at `now`: restart it (after how long), or let the alloc fail.
+    pub fn on_crash(&mut self, now: T) -> RestartDecision {
+        let policy = self.policy;
+        if policy.attempts == 0 {
+            return RestartDecision::LimitReached;
+        }
+        let window_over = self
+            .window_start
+            .is_none_or(|start| now.since(start) >= policy.interval);
+        if window_over {
+            self.window_start = Some(now);
+            self.restarts_in_window = 0;
+        }
+        if self.restarts_in_window < policy.attempts {
+            self.restarts_in_window += 1;
+            return RestartDecision::Restart {
+                delay: policy.delay_for(self.restarts_in_window),
+                attempt: self.restarts_in_window,
+            };
+        }
+        match policy.mode {
+            RestartMode::Fail => RestartDecision::LimitReached,
+            RestartMode::Delay => {
+                // The rest of the window, and never less than the delay: then a new window
+                // begins with this restart as its first.
+                let left = self
+                    .window_start
+                    .map_or(Duration::ZERO, |start| {
+                        policy.interval.saturating_sub(now.since(start))
+                    })
+                    .max(policy.delay);
+                self.window_start = None;
+                self.restarts_in_window = 0;
+                RestartDecision::Restart {
+                    delay: left,
+                    attempt: 1,
+                }
+            }
+        }
+    }
+}
+
+/// A `[job.restart]` block as written; unset keys take [`RestartPolicy::block_default`]'s.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRestart {
+    attempts: Option<i64>,
+    interval: Option<String>,
+    delay: Option<String>,
+    delay_function: Option<String>,
+    max_delay: Option<String>,
+    mode: Option<String>,
+}
+
+/// A bad `[job.restart]` key: the key and what is wrong with it.
+#[derive(Debug)]
+pub(crate) struct RestartError {
+    pub(crate) key: &'static str,
+    pub(crate) message: String,
+}
+
+impl RawRestart {
+    /// The policy this block states.
+    pub(crate) fn parse(&self) -> Result<RestartPolicy, RestartError> {
+        use crate::reschedule::DelayFunction;
+        let base = RestartPolicy::block_default();
+        let bad = |key: &'static str, message: String| RestartError { key, message };
+        let duration = |key: &'static str, text: &Option<String>, default: Duration| match text {
+            None => Ok(default),
+            Some(text) => parse_duration(text).map_err(|e| bad(key, e.to_string())),
+        };
+        let attempts = match self.attempts {
+            None => base.attempts,
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|&n| n <= MAX_ATTEMPTS)
+                .ok_or_else(|| {
+                    bad(
+                        "attempts",
+                        format!("{n} is out of range; expected 0 to {MAX_ATTEMPTS}"),
+                    )
+                })?,
+        };
+        let delay_function = match self.delay_function.as_deref() {
+            None => base.delay_function,
+            Some("constant") => DelayFunction::Constant,
+            Some("exponential") => DelayFunction::Exponential,
+            Some(other) => {
+                return Err(bad(
+                    "delay_function",
+                    format!("{other:?}; expected \"constant\" or \"exponential\""),
+                ));
+            }
+        };
+        let mode = match self.mode.as_deref() {
+            None => base.mode,
+            Some("fail") => RestartMode::Fail,
+            Some("delay") => RestartMode::Delay,
+            Some(other) => {
+                return Err(bad(
+                    "mode",
+                    format!("{other:?}; expected \"fail\" or \"delay\""),
+                ));
+            }
+        };
+        let delay = duration("delay", &self.delay, base.delay)?;
+        let policy = RestartPolicy {
+            attempts,
+            interval: duration("interval", &self.interval, base.interval)?,
+            delay,
+            delay_function,
+            // Unset, the ceiling follows the delay: a constant wait needs none.
+            max_delay: duration("max_delay", &self.max_delay, delay)?,
+            mode,
+        };
+        if policy.delay < MIN_DELAY {
+            return Err(bad(
+                "delay",
+                format!(
+                    "{} is too short; at least {}: a shorter wait would spin a crashing runner",
+                    format_duration(policy.delay),
+                    format_duration(MIN_DELAY)
+                ),
+            ));
+        }
+        if policy.max_delay < policy.delay {
+            return Err(bad(
+                "max_delay",
+                format!(
+                    "{} is shorter than delay ({})",
+                    format_duration(policy.max_delay),
+                    format_duration(policy.delay)
+                ),
+            ));
+        }
+        if policy.interval < policy.delay {
+            return Err(bad(
+                "interval",
+                format!(
+                    "{} is shorter than delay ({}); the window must hold at least one restart",
+                    format_duration(policy.interval),
+                    format_duration(policy.delay)
+                ),
+            ));
+        }
+        Ok(policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seconds, as the tracker's clock.
+    #[derive(Debug, Clone, Copy)]
+    struct At(u64);
+
+    impl Moment for At {
+        fn since(self, earlier: Self) -> Duration {
+            Duration::from_secs(self.0.saturating_sub(earlier.0))
+        }
+    }
+
+    fn policy(mode: RestartMode) -> RestartPolicy {
+        RestartPolicy {
+            attempts: 2,
+            interval: Duration::from_secs(600),
+            delay: Duration::from_secs(10),
+            mode,
+            ..RestartPolicy::block_default()
+        }
+    }
+
+    fn restart(delay: u64, attempt: u32) -> RestartDecision {
+        RestartDecision::Restart {
+            delay: Duration::from_secs(delay),
+            attempt,
+        }
+    }
+
+    #[test]
+    fn fail_mode_restarts_attempts_times_per_window_then_fails() {
+        let mut tracker = RestartTracker::new(policy(RestartMode::Fail));
+        assert_eq!(tracker.on_crash(At(100)), restart(10, 1));
+        assert_eq!(tracker.on_crash(At(120)), restart(10, 2));
+        assert_eq!(tracker.on_crash(At(140)), RestartDecision::LimitReached);
+        // A crash after the window has passed starts a new one.
+        assert_eq!(tracker.on_crash(At(700)), restart(10, 1));
+    }
+
+    #[test]
+    fn delay_mode_waits_out_the_window_then_counts_again() {
+        let mut tracker = RestartTracker::new(policy(RestartMode::Delay));
+        assert_eq!(tracker.on_crash(At(100)), restart(10, 1));
+        assert_eq!(tracker.on_crash(At(120)), restart(10, 2));
+        // The window began at 100 and lasts 600 s: 460 s are left at 240.
+        assert_eq!(tracker.on_crash(At(240)), restart(460, 1));
+        assert_eq!(tracker.on_crash(At(710)), restart(10, 1));
+        assert_eq!(tracker.on_crash(At(720)), restart(10, 2));
+    }
+
+    #[test]
+    fn exponential_waits_double_up_to_their_ceiling() {
+        let mut tracker = RestartTracker::new(RestartPolicy {
+            attempts: 4,
+            delay_function: crate::reschedule::DelayFunction::Exponential,
+            max_delay: Duration::from_secs(30),
+            ..policy(RestartMode::Fail)
+        });
+        let waits: Vec<_> = (0..4)
+            .map(|i| match tracker.on_crash(At(i)) {
+                RestartDecision::Restart { delay, .. } => delay.as_secs(),
+                RestartDecision::LimitReached => 0,
+            })
+            .collect();
+        assert_eq!(waits, [10, 20, 30, 30]);
+    }
+
+    #[test]
+    fn no_attempts_means_no_restart() {
+        let mut tracker = RestartTracker::new(RestartPolicy {
+            attempts: 0,
+            ..policy(RestartMode::Delay)
+        });
+        assert_eq!(tracker.on_crash(At(0)), RestartDecision::LimitReached);
+    }
+
+    fn parse(toml_text: &str) -> Result<RestartPolicy, String> {
+        let raw: RawRestart = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        raw.parse().map_err(|e| format!("{}: {}", e.key, e.message))
+    }
+
+    #[test]
+    fn a_block_takes_nomads_defaults_for_what_it_leaves_out_and_refuses_a_tight_loop() {
+        assert_eq!(parse(""), Ok(RestartPolicy::block_default()));
+        let policy = parse("attempts = 5\ndelay = \"2s\"\nmode = \"delay\"").unwrap();
+        assert_eq!(
+            (policy.attempts, policy.delay, policy.mode),
+            (5, Duration::from_secs(2), RestartMode::Delay)
+        );
+        for (text, error) in [
+            (
+                "attempts = 65",
+                "attempts: 65 is out of range; expected 0 to 64",
+            ),
+            (
+                "attempts = -1",
+                "attempts: -1 is out of range; expected 0 to 64",
+            ),
+            (
+                "delay = \"100ms\"",
+                "delay: 100ms is too short; at least 1s: a shorter wait would spin a crashing runner",
+            ),
+            (
+                "mode = \"retry\"",
+                "mode: \"retry\"; expected \"fail\" or \"delay\"",
+            ),
+            (
+                "delay = \"1m\"\ninterval = \"30s\"",
+                "interval: 30s is shorter than delay (1m); the window must hold at least one restart",
+            ),
+            (
+                "delay_function = \"exponential\"\nmax_delay = \"5s\"",
+                "max_delay: 5s is shorter than delay (15s)",
+            ),
+        ] {
+            assert_eq!(parse(text), Err(error.to_string()), "{text}");
+        }
+    }
+}
