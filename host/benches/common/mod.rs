@@ -102,6 +102,9 @@ pub fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path, extra: 
     let mut child = Command::new(CARAVAN)
         .args(["agent", "--bind", "127.0.0.1:0", "--log-json", "--data-dir"])
         .arg(data_dir)
+        // Each run compiles afresh, as before the agent shared the user's cache.
+        .arg("--cache-dir")
+        .arg(data_dir.join("cache"))
         .arg("--config")
         .arg(config)
         .args(extra)

@@ -111,7 +111,12 @@ impl Agent {
         })?);
         let runtime = Runtime::new(&RuntimeConfig {
             max_live_allocs: config.max_live_allocs,
-            cache_dir: Some(config.data_dir.join("cache")),
+            cache_dir: Some(
+                config
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| config.data_dir.join("cache")),
+            ),
             ..RuntimeConfig::default()
         })?;
         // One owner of the alloc log files, shared by the runners and the HTTP API.

@@ -45,6 +45,10 @@ pub struct AgentCommand {
     /// address, which must then not be 0.0.0.0).
     #[arg(long, value_name = "URL")]
     advertise: Option<String>,
+    /// Keep compiled components here (default: the cache `caravan run` and `runner check`
+    /// share, ~/.cache/caravan/components).
+    #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
 }
 
 impl AgentCommand {
@@ -61,6 +65,9 @@ impl AgentCommand {
             etcd_endpoints: self.etcd_endpoints,
             node_name: self.node_name,
             advertise: self.advertise,
+            cache_dir: self
+                .cache_dir
+                .or_else(crate::runtime::disk_cache::shared_dir),
             log_level: global.log_level.clone(),
             log_json: global.log_json,
         }

@@ -36,7 +36,8 @@ pub struct CheckCommand {
     #[arg(long, default_value = "5s", value_parser = crate::units::parse_duration)]
     kill_timeout: std::time::Duration,
     /// Keep compiled components here, so the next check or run does not compile them
-    /// again.
+    /// again (default: the cache the agent and `caravan run` share,
+    /// ~/.cache/caravan/components).
     #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<PathBuf>,
 }
@@ -54,8 +55,11 @@ impl CheckCommand {
         // A task of its own, so that a signal is heard while the checks compile the component
         // (which holds their thread for seconds for Python or JavaScript).
         let component = self.component.clone();
+        let cache_dir = self
+            .cache_dir
+            .or_else(crate::runtime::disk_cache::shared_dir);
         let checks = tokio::spawn(async move {
-            crate::check::check(&component, self.kill_timeout, self.cache_dir).await
+            crate::check::check(&component, self.kill_timeout, cache_dir).await
         });
         let results = tokio::select! {
             results = checks => results.context("the checks stopped unexpectedly")??,

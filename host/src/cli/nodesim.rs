@@ -65,8 +65,8 @@ pub struct NodesimCommand {
     /// How often to print the summary line.
     #[arg(long, value_parser = parse_duration, default_value = "1s", value_name = "DURATION")]
     summary_every: Duration,
-    /// Where compiled runner components are kept (default: under the data dir, or a
-    /// temporary one that goes with the process).
+    /// Where compiled runner components are kept (default: the cache the agent, `caravan
+    /// run` and `runner check` share, ~/.cache/caravan/components).
     #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// Sizes the sandbox pool that every node's wasm runners share.
@@ -97,7 +97,10 @@ impl NodesimCommand {
             runner: self.runner,
             data_dir: self.data_dir.clone(),
             max_live_allocs: self.max_live_allocs,
-            cache_dir: self.cache_dir.clone(),
+            cache_dir: self
+                .cache_dir
+                .clone()
+                .or_else(crate::runtime::disk_cache::shared_dir),
             gc: crate::nodesim::sim_gc_config(),
         };
         // A bad server address or cluster setting is refused before anything is warned

@@ -33,7 +33,8 @@ pub struct RunCommand {
     /// Keep alloc directories here instead of in a temporary directory.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Keep compiled components here, so the next run does not compile them again.
+    /// Keep compiled components here, so the next run does not compile them again (default:
+    /// the cache the agent and `runner check` share, ~/.cache/caravan/components).
     #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<PathBuf>,
 }
@@ -52,7 +53,9 @@ impl RunCommand {
             meta: self.meta,
             job_id: self.job,
             data_dir: self.data_dir,
-            cache_dir: self.cache_dir,
+            cache_dir: self
+                .cache_dir
+                .or_else(crate::runtime::disk_cache::shared_dir),
         };
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;

@@ -18,6 +18,22 @@ use wasmtime::component::Component;
 
 const DIGEST_BYTES: usize = 32;
 
+/// The cache the agent, `caravan run`, `caravan runner check` and `caravan nodesim` share
+/// when not given one (`--cache-dir`, `CARAVAN_CACHE_DIR`): `$XDG_CACHE_HOME/caravan/components`,
+/// else `$HOME/.cache/caravan/components`, as the XDG base directories say; `None` when
+/// neither variable holds an absolute path. A runner compiled once, by any of them, starts
+/// from the cache in all the others.
+pub fn shared_dir() -> Option<PathBuf> {
+    let absolute = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+    };
+    let base =
+        absolute("XDG_CACHE_HOME").or_else(|| absolute("HOME").map(|home| home.join(".cache")))?;
+    Some(base.join("caravan").join("components"))
+}
+
 /// The compiled-component cache under one directory.
 pub struct DiskCache {
     dir: PathBuf,

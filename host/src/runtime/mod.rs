@@ -398,7 +398,15 @@ impl Runtime {
         let started = std::time::Instant::now();
         let disk_cache = self.inner.disk_cache.as_ref();
         let (component, origin) = match disk_cache.and_then(|c| c.load(&self.inner.engine, &hash)) {
-            Some(component) => (component, Origin::DiskCache),
+            Some(component) => {
+                // Said once per component and process: why a runner started without compiling.
+                tracing::info!(
+                    runner = %path.file_name().unwrap_or(path.as_os_str()).to_string_lossy(),
+                    runner_sha256 = %&hash[..crate::allocrunner::SHORT_HASH_DIGITS],
+                    "loaded compiled runner from the cache"
+                );
+                (component, Origin::DiskCache)
+            }
             None => {
                 // A large runner (a Python one is tens of MB) takes seconds to compile: say so
                 // before, and how long it took after, so a pending alloc is not a mystery.

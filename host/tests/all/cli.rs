@@ -12,8 +12,6 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
-
 fn caravan(args: &[&str]) -> Output {
     run_caravan(args, None)
 }
@@ -103,7 +101,7 @@ fn bad_input_gets_one_clear_line_and_exit_2() {
 
 #[test]
 fn ctrl_c_kills_the_minimal_runner_and_exits_with_its_final_state() {
-    let mut child = Command::new(CARAVAN)
+    let mut child = crate::support::caravan_command()
         .args(["run", MINIMAL])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -218,7 +216,7 @@ async fn abandoning_stops_waiting_for_the_killed_alloc() {
 fn output_into_a_reader_that_left_ends_the_command_quietly() {
     // `caravan ... | head`: the reader is gone before the command prints anything.
     let closed_stdout = |args: &[&str]| {
-        let mut child = Command::new(CARAVAN)
+        let mut child = crate::support::caravan_command()
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

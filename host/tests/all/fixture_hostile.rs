@@ -6,10 +6,7 @@ use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::AllocRunner;
 use caravan_host::structs::{Alloc, ClientStatus, LimitOverrides};
 use caravan_test_artifacts::FIXTURE_HOSTILE;
-use std::process::Command;
 use std::time::{Duration, Instant};
-
-const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 
 /// What a forged line starts with: a timestamp like the host's own.
 const FORGED_START: &str = "2026-01-01T00:00:00.000000Z";
@@ -307,7 +304,7 @@ fn the_json_log_keeps_a_forging_guest_lossless_and_inert() {
 #[test]
 fn caravan_run_leaves_no_temporary_tree_behind_however_deep() {
     let tmp = caravan_host::fs_tree::TempTree::new("caravan-test-").unwrap();
-    let output = Command::new(CARAVAN)
+    let output = crate::support::caravan_command()
         .args([
             "run",
             FIXTURE_HOSTILE,
@@ -317,7 +314,6 @@ fn caravan_run_leaves_no_temporary_tree_behind_however_deep() {
             "finish=yes",
         ])
         .env("TMPDIR", tmp.path())
-        .env_remove("CARAVAN_CACHE_DIR")
         .output()
         .unwrap();
     // It ends however it ends (all 20,000 made, or one of the disk limits first): either

@@ -18,26 +18,24 @@ struct Nodesim {
 
 impl Nodesim {
     fn start(agent: &AgentProcess, args: &[&str]) -> Nodesim {
-        let mut child = crate::etcd::dies_with_its_parent(&mut std::process::Command::new(env!(
-            "CARGO_BIN_EXE_caravan"
-        )))
-        .args([
-            "nodesim",
-            "--server",
-            &agent.addr,
-            "--summary-every",
-            "100ms",
-            // What the tests need (1,000 at most at once) and some room: these tests are about
-            // placement, restarts and collection, not the pool's edge, where an alloc that
-            // finds it full fails. The default would warn about this machine's map count.
-            "--max-live-allocs",
-            "1100",
-        ])
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("caravan nodesim starts");
+        let mut child = crate::etcd::dies_with_its_parent(&mut crate::support::caravan_command())
+            .args([
+                "nodesim",
+                "--server",
+                &agent.addr,
+                "--summary-every",
+                "100ms",
+                // What the tests need (1,000 at most at once) and some room: these tests are about
+                // placement, restarts and collection, not the pool's edge, where an alloc that
+                // finds it full fails. The default would warn about this machine's map count.
+                "--max-live-allocs",
+                "1100",
+            ])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("caravan nodesim starts");
         let stdout = lines_of(child.stdout.take().unwrap());
         Nodesim {
             child,

@@ -79,9 +79,8 @@ async fn each_fixture_fails_the_check_it_breaks() {
 
 #[test]
 fn the_command_exits_0_only_when_every_required_check_passes() {
-    let caravan = env!("CARGO_BIN_EXE_caravan");
     let run = |path: &str| {
-        std::process::Command::new(caravan)
+        crate::support::caravan_command()
             .args(["runner", "check", path, "--kill-timeout", "300ms"])
             .output()
             .unwrap()

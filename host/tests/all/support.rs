@@ -408,16 +408,28 @@ pub fn wait_for_line(
     }
 }
 
+/// The real `caravan` binary as a test runs it: its compile cache is the test run's own,
+/// under target/ (never a developer's, and nothing is written outside target/; shared by
+/// every test, so a Python runner compiles once), and its time zone is pinned, since the CLI
+/// shows local times.
+pub fn caravan_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"));
+    command
+        .env("CARAVAN_CACHE_DIR", test_cache_dir())
+        .env("TZ", "UTC0");
+    command
+}
+
+/// The compile cache of the `caravan` processes tests start.
+pub fn test_cache_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("caravan-cache")
+}
+
 /// Runs the real `caravan` binary with `args` (and `CARAVAN_ADDR` when given), printing what
 /// it wrote, which the test harness shows only when the test fails.
 pub fn run_caravan(args: &[&str], agent_addr: Option<&str>) -> std::process::Output {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_caravan"));
-    // A developer's own cache must not change what a test compiles, nor the machine's time
-    // zone what a test reads (the CLI shows local times).
-    command
-        .args(args)
-        .env_remove("CARAVAN_CACHE_DIR")
-        .env("TZ", "UTC0");
+    let mut command = caravan_command();
+    command.args(args);
     if let Some(addr) = agent_addr {
         command.env("CARAVAN_ADDR", addr);
     }
@@ -496,18 +508,16 @@ impl AgentProcess {
             format!("{AGENT_CONFIG_IGNORING_THIS_DISK}{config_text}"),
         )
         .unwrap();
-        let mut child = crate::etcd::dies_with_its_parent(&mut std::process::Command::new(env!(
-            "CARGO_BIN_EXE_caravan"
-        )))
-        .arg("agent")
-        .args(args)
-        .arg("--config")
-        .arg(config.path())
-        .args(["--bind", "127.0.0.1:0", "--log-json"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("caravan agent starts");
+        let mut child = crate::etcd::dies_with_its_parent(&mut caravan_command())
+            .arg("agent")
+            .args(args)
+            .arg("--config")
+            .arg(config.path())
+            .args(["--bind", "127.0.0.1:0", "--log-json"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("caravan agent starts");
         let lines = stderr_lines(&mut child);
         let (line, early) = wait_for_line(&lines, "agent started", |line| {
             serde_json::from_str::<Value>(line).is_ok_and(|l| message(&l) == "agent started")

@@ -179,6 +179,8 @@ pub struct AgentFlags {
     pub node_name: Option<String>,
     /// `--advertise`.
     pub advertise: Option<String>,
+    /// `--cache-dir` (or `CARAVAN_CACHE_DIR`, or the shared cache the CLI found).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl AgentFlags {
@@ -207,6 +209,9 @@ impl AgentFlags {
     pub fn apply(self, config: &mut AgentConfig) -> Result<(), ConfigError> {
         if let Some(dir) = self.data_dir {
             config.data_dir = dir;
+        }
+        if let Some(dir) = self.cache_dir {
+            config.cache_dir = Some(dir);
         }
         if let Some(bind) = self.bind {
             config.bind = parse_bind(&bind).map_err(ConfigError::FlagBind)?;
@@ -244,6 +249,9 @@ impl AgentFlags {
 pub struct AgentConfig {
     /// Where state and alloc directories live.
     pub data_dir: PathBuf,
+    /// Where compiled components are kept; `None`: `cache` under `data_dir`. The `caravan
+    /// agent` command gives the cache `caravan run` and `runner check` share.
+    pub cache_dir: Option<PathBuf>,
     /// Where the HTTP API listens.
     pub bind: SocketAddr,
     /// A fresh temporary data dir, destroyed with everything in it on exit.
@@ -279,6 +287,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             data_dir: PathBuf::from("./caravan-data"),
+            cache_dir: None,
             bind: SocketAddr::from(([127, 0, 0, 1], 4646)),
             dev: false,
             log_level: "info".into(),
