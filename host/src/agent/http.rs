@@ -76,6 +76,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/allocations", get(list_allocations))
         .route("/v1/allocation/{id}", get(get_allocation))
         .route("/v1/allocation/{id}/stop", post(stop_allocation))
+        .route("/v1/client/allocation/{id}", get(get_local_allocation))
         .route("/v1/client/allocation/{id}/gc", post(collect_allocation))
         .route("/v1/client/allocation/{id}/logs", get(allocation_logs))
         .route("/v1/client/allocation/{id}/signal", post(signal_allocation))
@@ -342,26 +343,40 @@ async fn get_allocation(
 ) -> ApiResult<TimedJson<AllocView>> {
     let record = find_alloc(&state, &id)?;
     let mut view = alloc_view(&record);
-    if let Some(runner) = state.client.runner(&record.alloc.id) {
-        let limits = state.default_limits.with_overrides(&record.alloc.limits);
-        let usage = runner.usage();
-        view.local = Some(LocalAllocView {
-            alloc_dir: state
-                .client
-                .alloc_dir(&record.alloc.id)
-                .display()
-                .to_string(),
-            limits: limits
-                .shown()
-                .into_iter()
-                .map(|(key, value)| (key.to_string(), value))
-                .collect(),
-            cpu_used_us: usage.map(|u| u.cpu_used.as_micros() as u64),
-            memory_peak_bytes: usage.map(|u| u.memory_peak_bytes),
-            runner_sha256: runner.runner_sha256(),
-        });
-    }
+    view.local = local_view(&state, &record.alloc.id);
     Ok(TimedJson(view))
+}
+
+/// What this node's client knows of an alloc it runs: the `local` part of an alloc's view,
+/// for the agent of the node running it (where a cluster routes this request).
+async fn get_local_allocation(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<LocalAllocView>> {
+    let (alloc_id, _) = local_alloc_id(&state, id)?;
+    local_view(&state, &alloc_id).map(Json).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("allocation {alloc_id} does not run on this node"),
+        )
+    })
+}
+
+fn local_view(state: &ApiState, alloc_id: &str) -> Option<LocalAllocView> {
+    let runner = state.client.runner(alloc_id)?;
+    let limits = state.default_limits.with_overrides(&runner.alloc().limits);
+    let usage = runner.usage();
+    Some(LocalAllocView {
+        alloc_dir: state.client.alloc_dir(alloc_id).display().to_string(),
+        limits: limits
+            .shown()
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value))
+            .collect(),
+        cpu_used_us: usage.map(|u| u.cpu_used.as_micros() as u64),
+        memory_peak_bytes: usage.map(|u| u.memory_peak_bytes),
+        runner_sha256: runner.runner_sha256(),
+    })
 }
 
 async fn stop_allocation(

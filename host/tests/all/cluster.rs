@@ -248,6 +248,19 @@ async fn a_job_spreads_over_the_nodes_and_a_killed_node_is_replaced_then_stops_i
             logs.as_str().is_some_and(|l| l.contains("started")),
             "{logs}"
         );
+        // So is what only that node knows of it, which `alloc status` and the UI add.
+        let path = format!(
+            "/v1/client/allocation/{}",
+            elsewhere["id"].as_str().unwrap()
+        );
+        let (status, local) = cluster.get(via, &path).await;
+        assert_eq!(status, 200, "{local}");
+        assert!(
+            local["alloc_dir"]
+                .as_str()
+                .is_some_and(|d| d.ends_with(elsewhere["id"].as_str().unwrap())),
+            "{local}"
+        );
     }
 
     // A node that does not lead dies: its allocs are lost and replaced on the other two.

@@ -99,7 +99,19 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         remote.print(&alloc, |_| {});
         return Ok(());
     }
-    let local = &alloc["local"];
+    // In a cluster the agent asked may not run the alloc: the one that does adds what only
+    // it knows (the request is routed to it).
+    let local = if alloc["local"].is_object() || !alloc["node_id"].is_string() {
+        alloc["local"].clone()
+    } else {
+        let path = format!("/v1/client/allocation/{}", text(&alloc["id"]));
+        remote
+            .api
+            .call("GET", &path, None)
+            .await
+            .unwrap_or_default()
+    };
+    let local = &local;
     // The log is only on the agent whose client runs the alloc; elsewhere there is none.
     let recent_log = if local.is_object() {
         let path = format!("/v1/client/allocation/{}/logs", text(&alloc["id"]));

@@ -305,12 +305,20 @@ function allocPage(allocId) {
     el("h2", {}, "Log"), logState, log, files);
   const stopLog = followLog(allocId, log, logState);
   const stopFiles = browseFiles(allocId, files);
-  return refreshing(summary, (signal) => api("GET", `/v1/allocation/${enc(allocId)}`, undefined, signal),
-    (alloc) => {
-      main.dataset.allocId = alloc.id;
-      fill(tasks, drawTasks(alloc.task_states));
-      return drawAlloc(alloc);
-    }, [stopLog, stopFiles]);
+  const load = async (signal) => {
+    const alloc = await api("GET", `/v1/allocation/${enc(allocId)}`, undefined, signal);
+    if (!alloc.local && alloc.node_id) {
+      // In a cluster, what only the alloc's own node knows comes from that node's agent.
+      alloc.local = await api("GET", `/v1/client/allocation/${enc(alloc.id)}`, undefined, signal)
+        .catch(() => undefined);
+    }
+    return alloc;
+  };
+  return refreshing(summary, load, (alloc) => {
+    main.dataset.allocId = alloc.id;
+    fill(tasks, drawTasks(alloc.task_states));
+    return drawAlloc(alloc);
+  }, [stopLog, stopFiles]);
 }
 
 function drawAlloc(alloc) {
