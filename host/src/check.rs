@@ -1,33 +1,71 @@
 //! The contract checker behind `caravan runner check`: drives a runner component through
 //! the contract of `wit/runner.wit` and says, check by check, what it does right and wrong.
 //!
-//! Required checks: it loads (the world matches), it reports `running`, it survives an
-//! `update` and a `signal`, and it answers `kill` with a terminal state within the kill
-//! timeout. Optional checks: it saves a checkpoint on `shutdown` and resumes from it, and
-//! its log lines arrive. The runs use the same factory as the client, so what passes here
-//! behaves the same under an agent.
+//! A runner is judged as one of two kinds. A service runner keeps its alloc running until it
+//! is killed. A batch runner does its work and ends on its own; it is judged so when asked
+//! (`batch`), or when it ends `complete` on its own, without crashing, during the check.
+//!
+//! Required checks: it loads (the world matches); it reports `running` (or, a batch runner,
+//! ends first); a service stays up for `duration` through an `update`, a `signal` and a
+//! `restart-task` sent at random times (seeded: the same seed sends them at the same
+//! times), and a batch runner ends `complete` or `failed` with a description, by returning,
+//! within `duration`, the same events sent while it runs; it answers `kill` with a terminal
+//! state within the kill timeout (for a batch runner that ends before it can be killed,
+//! this is not checked). Optional checks: it saves a checkpoint on `shutdown` and resumes
+//! from it, and its log lines arrive. A failing check carries the last lines its run logged.
+//! The runs use the same factory as the client, so what passes here behaves the same under
+//! an agent.
 //!
 //! It is a library module rather than part of `cli/` because the integration tests (and
 //! any other tool) call [`check`] directly, with no process, stdout or signals. It returns
 //! results and never prints, exits or handles signals: `cli::check` does that.
 
-use crate::alloc_logs::AllocLogs;
-use crate::allocrunner::{
-    AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
-};
+use crate::allocrunner::AllocRunner;
 use crate::locks::LockUnpoisoned;
-use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
+use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
+use crate::structs::{Alloc, ClientStatus, Limits, Task};
 use crate::units::format_duration;
+use harness::{Harness, Run};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::time::Instant;
+
+mod harness;
 
 /// How long a runner may take to report `running`.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a runner must stay up after an update and a signal to have survived them.
-const SURVIVE_WINDOW: Duration = Duration::from_millis(300);
+
+/// What `runner check` is asked to do.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// How long `kill` and `shutdown` may take.
+    pub kill_timeout: Duration,
+    /// Where compiled components are kept, if anywhere.
+    pub cache_dir: Option<PathBuf>,
+    /// The alloc's tasks and their config (default: one task, `main`, no config).
+    pub tasks: Vec<Task>,
+    /// Judge the runner as a batch runner whatever it does (otherwise: one that ends
+    /// `complete` on its own is).
+    pub batch: bool,
+    /// How long a service must stay up, and a batch runner has to end.
+    pub duration: Duration,
+    /// Chooses when the events are sent; the same seed, the same times.
+    pub seed: u64,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            kill_timeout: Duration::from_secs(5),
+            cache_dir: None,
+            tasks: vec![Task::named("main")],
+            batch: false,
+            duration: Duration::from_secs(3),
+            seed: 1,
+        }
+    }
+}
 
 /// One check's outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +78,8 @@ pub struct CheckResult {
     pub passed: bool,
     /// What happened (on failure: what was expected and what happened instead).
     pub detail: String,
+    /// When it failed: the last lines the run it looked at logged (its guest's own words).
+    pub log: Vec<String>,
 }
 
 impl CheckResult {
@@ -55,142 +95,196 @@ impl CheckResult {
     }
 }
 
-/// Records every state and checkpoint of one run.
-#[derive(Default)]
-struct Observer {
-    states: watch::Sender<Vec<AllocState>>,
-    checkpoint: Mutex<Option<Vec<u8>>>,
-}
-
-impl StateUpdater for Observer {
-    fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
-        self.states.send_modify(|states| states.push(state.clone()));
-    }
-
-    fn checkpoint_saved(&self, _alloc_id: &str, data: &[u8]) -> CheckpointSaved {
-        *self.checkpoint.lock_unpoisoned() = Some(data.to_vec());
-        checkpoint_kept()
-    }
-}
-
-impl Observer {
-    fn reported_running(&self) -> bool {
-        self.states
-            .borrow()
-            .iter()
-            .any(|s| s.client_status == ClientStatus::Running)
-    }
-
-    async fn wait_running(&self, runner: &WasmAllocRunner) -> Result<(), String> {
-        let mut states = self.states.subscribe();
-        let stopped = runner.wait();
-        let reported =
-            states.wait_for(|s| s.iter().any(|s| s.client_status == ClientStatus::Running));
-        tokio::select! {
-            _ = tokio::time::timeout(START_TIMEOUT, reported) => {}
-            _ = stopped.wait() => {}
-        }
-        // A runner may report `running` and stop at once: what it reported is what counts.
-        if self.reported_running() {
-            return Ok(());
-        }
-        if runner.wait().is_set() {
-            let state = runner.alloc_state();
-            return Err(format!(
-                "expected a `running` report; the runner stopped first: {} ({})",
-                state.client_status, state.description
-            ));
-        }
-        Err(format!(
-            "expected a `running` report within {}; none came",
-            format_duration(START_TIMEOUT)
-        ))
-    }
-}
-
-/// The runtime, data dir and factory the checks share.
-struct Harness {
-    factory: WasmAllocRunnerFactory,
-    data_dir: crate::fs_tree::TempTree,
-    alloc_logs: AllocLogs,
-    runner_path: String,
-    runs: usize,
-    limits: Limits,
-}
-
-impl Harness {
-    fn start(
-        &mut self,
-        restored: Option<Vec<u8>>,
-    ) -> anyhow::Result<(Arc<WasmAllocRunner>, Arc<Observer>)> {
-        self.runs += 1;
-        let alloc = Arc::new(Alloc::new(
-            Self::alloc_id(self.runs),
-            "runner-check",
-            self.runner_path.clone(),
-            vec![Task::named("main")],
-        ));
-        let observer = Arc::new(Observer::default());
-        let config = AllocRunnerConfig {
-            span: alloc_span(&alloc),
-            alloc_dir: self.data_dir.path().join(&alloc.id),
-            log_writer: Some(self.alloc_logs.writer(&alloc.id)),
-            alloc,
-            state_updater: observer.clone(),
-            limits: self.limits,
-            restored,
-            last_state: None,
-        };
-        let runner = self.factory.build(config)?;
-        runner.run();
-        Ok((runner, observer))
-    }
-
-    fn alloc_id(run: usize) -> String {
-        format!("check-{run}")
-    }
-
-    /// Lines in the log files of every run so far, each written before the call.
-    async fn log_lines(&self) -> usize {
-        let mut lines = 0;
-        for run in 1..=self.runs {
-            let text = self.alloc_logs.read(&Self::alloc_id(run)).await;
-            lines += String::from_utf8_lossy(&text.unwrap_or_default())
-                .lines()
-                .count();
-        }
-        lines
-    }
-}
-
 fn result(name: &'static str, required: bool, outcome: Result<String, String>) -> CheckResult {
-    match outcome {
-        Ok(detail) => CheckResult {
-            name,
-            required,
-            passed: true,
-            detail,
-        },
-        Err(detail) => CheckResult {
-            name,
-            required,
-            passed: false,
-            detail,
-        },
+    let (passed, detail) = match outcome {
+        Ok(detail) => (true, detail),
+        Err(detail) => (false, detail),
+    };
+    CheckResult {
+        name,
+        required,
+        passed,
+        detail,
+        log: Vec::new(),
     }
 }
 
-/// Runs every check against the component at `path`, giving `kill` and `shutdown`
-/// `kill_timeout`; stops early when the component cannot load. Compiled code is kept in
-/// `cache_dir` when given.
-pub async fn check(
-    path: &Path,
-    kill_timeout: Duration,
-    cache_dir: Option<PathBuf>,
-) -> anyhow::Result<Vec<CheckResult>> {
+/// [`result`], with `run`'s log when it failed.
+async fn result_of(
+    harness: &Harness,
+    run: &Run,
+    name: &'static str,
+    required: bool,
+    outcome: Result<String, String>,
+) -> CheckResult {
+    let mut checked = result(name, required, outcome);
+    if !checked.passed {
+        checked.log = harness.log_of(run.number).await;
+    }
+    checked
+}
+
+/// An event the checks send a running runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Poke {
+    Update,
+    Signal,
+    RestartTask,
+}
+
+impl Poke {
+    fn name(self) -> &'static str {
+        match self {
+            Poke::Update => "`update`",
+            Poke::Signal => "`signal` (SIGHUP)",
+            Poke::RestartTask => "`restart-task`",
+        }
+    }
+
+    /// Sends it; a runner that is stopping refuses, which the watch then sees.
+    fn send(self, run: &Run) {
+        let runner = &run.runner;
+        match self {
+            Poke::Update => {
+                let alloc = runner.alloc();
+                runner.update(Arc::new(Alloc {
+                    modify_index: alloc.modify_index + 1,
+                    ..Alloc::clone(&alloc)
+                }));
+            }
+            Poke::Signal => {
+                let _ = runner.signal(None, "SIGHUP");
+            }
+            Poke::RestartTask => {
+                let first = runner.alloc().tasks.first().map(|t| t.name.clone());
+                let _ = runner.restart_task(first.as_deref());
+            }
+        }
+    }
+}
+
+/// When each event is sent, from `seed`: in a random order, at random times in the first
+/// 90% of `duration` (the runner must still be up when the window ends after the last).
+fn schedule(seed: u64, duration: Duration) -> Vec<(Duration, Poke)> {
+    let mut state = seed;
+    // splitmix64: a few lines of well-known arithmetic, enough to spread three times.
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut pokes = [Poke::Update, Poke::Signal, Poke::RestartTask];
+    for i in (1..pokes.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        pokes.swap(i, j);
+    }
+    let window_ms = (duration.as_millis() as u64 * 9 / 10).max(1);
+    let mut times: Vec<u64> = (0..pokes.len()).map(|_| next() % window_ms).collect();
+    times.sort_unstable();
+    times
+        .into_iter()
+        .zip(pokes)
+        .map(|(ms, poke)| (Duration::from_millis(ms), poke))
+        .collect()
+}
+
+fn schedule_text(schedule: &[(Duration, Poke)]) -> String {
+    let sent: Vec<String> = schedule
+        .iter()
+        .map(|(at, poke)| format!("{} at {}", poke.name(), format_duration(*at)))
+        .collect();
+    sent.join(", ")
+}
+
+/// How a run's window went.
+enum Watched {
+    /// Still running at the end.
+    Running,
+    /// It stopped `after` the window began, the last event sent before being `last_sent`.
+    Ended {
+        after: Duration,
+        last_sent: Option<(Duration, Poke)>,
+    },
+}
+
+/// Sends the scheduled events while the run lasts, for `duration`.
+async fn watch(run: &Run, duration: Duration, schedule: &[(Duration, Poke)]) -> Watched {
+    let began = Instant::now();
+    let stopped = run.runner.wait();
+    let mut last_sent = None;
+    for &(at, poke) in schedule {
+        tokio::select! {
+            () = tokio::time::sleep_until(began + at) => {}
+            () = stopped.wait() => return Watched::Ended { after: began.elapsed(), last_sent },
+        }
+        poke.send(run);
+        last_sent = Some((at, poke));
+    }
+    tokio::select! {
+        () = tokio::time::sleep_until(began + duration) => Watched::Running,
+        () = stopped.wait() => Watched::Ended { after: began.elapsed(), last_sent },
+    }
+}
+
+/// How a run ended, for details: `complete (All tasks have completed)`.
+fn ending(run: &Run) -> String {
+    let state = run.runner.alloc_state();
+    format!("{} ({})", state.client_status, state.description)
+}
+
+/// Whether a stopped run ended as a batch run does: `complete`, by returning.
+fn ended_complete(run: &Run) -> bool {
+    run.runner.wait().is_set()
+        && !run.runner.crashed()
+        && run.runner.alloc_state().client_status == ClientStatus::Complete
+}
+
+/// Kills the run and judges how it answered.
+async fn judge_kill(run: &Run, kill_timeout: Duration) -> Result<String, String> {
+    run.runner.kill();
+    let waited = tokio::time::timeout(
+        kill_timeout + Duration::from_secs(1),
+        run.runner.wait().wait(),
+    )
+    .await;
+    if waited.is_err() {
+        return Err(format!(
+            "expected to stop within the kill timeout of {}; it did not",
+            format_duration(kill_timeout)
+        ));
+    }
+    let state = run.runner.alloc_state();
+    let torn_down = state
+        .description
+        .starts_with("runner did not stop within the kill timeout");
+    if torn_down {
+        Err(format!(
+            "expected `run` to return within the kill timeout of {}; the host had to tear it down",
+            format_duration(kill_timeout)
+        ))
+    } else if run.runner.crashed() {
+        Err(format!(
+            "expected `run` to return after `kill`; it crashed: {}",
+            ending(run)
+        ))
+    } else if !state.client_status.is_terminal() {
+        Err(format!(
+            "expected a terminal state after `kill`; it ended {}",
+            state.client_status
+        ))
+    } else {
+        Ok(format!("returned with `{}`", ending(run)))
+    }
+}
+
+/// Runs every check against the component at `path`; stops early when the component cannot
+/// load.
+pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<CheckResult>> {
     let runtime = Runtime::new(&RuntimeConfig {
         max_live_allocs: 8,
-        cache_dir,
+        cache_dir: options.cache_dir.clone(),
         ..RuntimeConfig::default()
     })?;
     let mut results = Vec::new();
@@ -208,119 +302,139 @@ pub async fn check(
     let data_dir = crate::fs_tree::TempTree::new("caravan-check-")?;
     let mut harness = Harness {
         factory: WasmAllocRunnerFactory::new(runtime),
-        alloc_logs: AllocLogs::under_data_dir(data_dir.path()),
+        alloc_logs: crate::alloc_logs::AllocLogs::under_data_dir(data_dir.path()),
         data_dir,
         runner_path: path.display().to_string(),
+        tasks: options.tasks.clone(),
         runs: 0,
         limits: Limits {
-            kill_timeout,
+            kill_timeout: options.kill_timeout,
             ..Limits::default()
         },
     };
+    let kill_timeout = options.kill_timeout;
+    let duration = options.duration;
 
-    // Run 1: running, update and signal, kill.
-    let (runner, observer) = harness.start(None)?;
-    let running = observer.wait_running(&runner).await;
-    let is_running = running.is_ok();
-    results.push(result(
-        "reports running",
-        true,
-        running.map(|()| "reported `running`".into()),
-    ));
-    let survived = if !is_running {
-        Err("not checked: the runner never reported `running`".into())
+    // Run 1: running, then the window with its events.
+    let run = harness.start(None)?;
+    let running = run.observer.wait_running(&run.runner, START_TIMEOUT).await;
+    let quick_batch = running.is_err() && ended_complete(&run);
+    let reports_running = match (&running, quick_batch) {
+        (Ok(()), _) => Ok("reported `running`".to_string()),
+        (Err(_), true) => Ok(format!("ended {} before reporting `running`", ending(&run))),
+        (Err(why), false) => Err(why.clone()),
+    };
+    results.push(result_of(&harness, &run, "reports running", true, reports_running).await);
+    let events = schedule(options.seed, duration);
+    let watched = if running.is_ok() {
+        watch(&run, duration, &events).await
     } else {
-        let alloc = runner.alloc();
-        runner.update(Arc::new(Alloc {
-            modify_index: alloc.modify_index + 1,
-            ..Alloc::clone(&alloc)
-        }));
-        // Refused only when the runner stopped meanwhile, which the wait below reports.
-        let _ = runner.signal(None, "SIGHUP");
-        let stopped = runner.wait();
-        match tokio::time::timeout(SURVIVE_WINDOW, stopped.wait()).await {
-            Err(_) => Ok("still running after an `update` and a `signal`".into()),
-            Ok(()) => {
-                let state = runner.alloc_state();
-                Err(format!(
-                    "expected to keep running after an `update` and a `signal`; it stopped: {} ({})",
-                    state.client_status, state.description
-                ))
-            }
+        Watched::Ended {
+            after: Duration::ZERO,
+            last_sent: None,
         }
     };
-    results.push(result("survives update and signal", true, survived));
-    runner.kill();
-    let killed = match tokio::time::timeout(
-        kill_timeout + Duration::from_secs(1),
-        runner.wait().wait(),
-    )
-    .await
-    {
-        Err(_) => Err(format!(
-            "expected to stop within the kill timeout of {}; it did not",
-            format_duration(kill_timeout)
-        )),
-        Ok(()) => {
-            let state = runner.alloc_state();
-            if state
-                .description
-                .starts_with("runner did not stop within the kill timeout")
-            {
+    let batch = options.batch || ended_complete(&run);
+    let sent = schedule_text(&events);
+    let window = if batch {
+        let outcome = match &watched {
+            Watched::Running => Err(format!(
+                "expected a batch runner to end within {} (--duration); it was still running \
+                 after {sent}: give it less work (--config) or more time",
+                format_duration(duration)
+            )),
+            Watched::Ended { .. } if running.is_err() && !quick_batch => {
+                Err("not checked: the runner never reported `running`".into())
+            }
+            Watched::Ended { after, .. } if run.runner.crashed() => Err(format!(
+                "expected `run` to return; it crashed after {}: {}",
+                format_duration(*after),
+                ending(&run)
+            )),
+            Watched::Ended { after, .. } => {
+                let state = run.runner.alloc_state();
+                if state.description.trim().is_empty() {
+                    Err(format!(
+                        "expected a description saying how it ended; it ended {} with none",
+                        state.client_status
+                    ))
+                } else {
+                    Ok(format!(
+                        "ended {} on its own after {} (judged as a batch runner)",
+                        ending(&run),
+                        format_duration(*after)
+                    ))
+                }
+            }
+        };
+        result_of(&harness, &run, "ends on its own", true, outcome).await
+    } else {
+        let outcome = match &watched {
+            Watched::Running => Ok(format!(
+                "still running after {}, through {sent} (seed {})",
+                format_duration(duration),
+                options.seed
+            )),
+            Watched::Ended { .. } if running.is_err() => {
+                Err("not checked: the runner never reported `running`".into())
+            }
+            Watched::Ended { after, last_sent } => {
+                let cause = match last_sent {
+                    Some((at, poke)) => {
+                        format!(", after the {} at {}", poke.name(), format_duration(*at))
+                    }
+                    None => ", before any event".to_string(),
+                };
                 Err(format!(
-                    "expected `run` to return within the kill timeout of {}; the host had to tear it down",
-                    format_duration(kill_timeout)
-                ))
-            } else if !state.client_status.is_terminal() {
-                Err(format!(
-                    "expected a terminal state after `kill`; it ended {}",
-                    state.client_status
-                ))
-            } else if !is_running {
-                Err(format!(
-                    "not checked: the runner stopped before `kill` ({}: {})",
-                    state.client_status, state.description
-                ))
-            } else {
-                Ok(format!(
-                    "returned with `{}` ({})",
-                    state.client_status, state.description
+                    "expected to keep running for {} through {sent} (seed {}); it stopped \
+                     {} in{cause}: {}",
+                    format_duration(duration),
+                    options.seed,
+                    format_duration(*after),
+                    ending(&run)
                 ))
             }
-        }
+        };
+        result_of(&harness, &run, "stays up under events", true, outcome).await
     };
-    results.push(result("answers kill", true, killed));
+    results.push(window);
 
-    // Run 2: shutdown, checkpoint, restore.
-    let (runner, observer) = harness.start(None)?;
-    let resumed = if observer.wait_running(&runner).await.is_err() {
-        Err("not checked: the runner never reported `running`".to_string())
-    } else {
-        runner.shutdown();
-        let _ = tokio::time::timeout(
-            kill_timeout + Duration::from_secs(1),
-            runner.shutdown_done().wait(),
-        )
-        .await;
-        let checkpoint = observer.checkpoint.lock_unpoisoned().clone();
-        match checkpoint {
-            None => Err(
-                "no checkpoint was saved on `shutdown` (fine for a runner with nothing to resume)"
-                    .to_string(),
-            ),
-            Some(bytes) => {
-                let size = bytes.len();
-                let (restored, restored_observer) = harness.start(Some(bytes))?;
-                let outcome = restored_observer.wait_running(&restored).await;
-                restored.kill();
-                restored.wait().wait().await;
-                outcome.map(|()| format!("saved {size} bytes on `shutdown` and reported `running` when given them back"))
-            }
+    // `kill`: on run 1 if it still runs; for a batch runner that ended, on a new run,
+    // killed as soon as it reports `running`.
+    let killed = if !run.runner.wait().is_set() {
+        let outcome = judge_kill(&run, kill_timeout).await;
+        result_of(&harness, &run, "answers kill", true, outcome).await
+    } else if batch {
+        let second = harness.start(None)?;
+        let reported = second
+            .observer
+            .wait_running(&second.runner, START_TIMEOUT)
+            .await;
+        if reported.is_ok() && !second.runner.wait().is_set() {
+            let outcome = judge_kill(&second, kill_timeout).await;
+            result_of(&harness, &second, "answers kill", true, outcome).await
+        } else {
+            second.runner.kill();
+            second.runner.wait().wait().await;
+            result(
+                "answers kill",
+                false,
+                Err(format!(
+                    "not checked: the batch runner ended before it could be killed ({})",
+                    ending(&second)
+                )),
+            )
         }
+    } else {
+        let outcome = Err(format!(
+            "not checked: the runner stopped before `kill` ({})",
+            ending(&run)
+        ));
+        result_of(&harness, &run, "answers kill", true, outcome).await
     };
-    results.push(result("checkpoints and resumes", false, resumed));
-    runner.kill();
-    runner.wait().wait().await;
+    results.push(killed);
+
+    results.push(checkpoints_and_resumes(&mut harness, kill_timeout).await?);
 
     let lines = harness.log_lines().await;
     let logs = if lines > 0 {
@@ -330,4 +444,78 @@ pub async fn check(
     };
     results.push(result("logs arrive", false, logs));
     Ok(results)
+}
+
+/// A run asked to `shutdown` once running, then a new one given its checkpoint.
+async fn checkpoints_and_resumes(
+    harness: &mut Harness,
+    kill_timeout: Duration,
+) -> anyhow::Result<CheckResult> {
+    let run = harness.start(None)?;
+    let resumed = if run
+        .observer
+        .wait_running(&run.runner, START_TIMEOUT)
+        .await
+        .is_err()
+        || run.runner.wait().is_set()
+    {
+        Err(format!(
+            "not checked: the runner was not running when it could be asked to `shutdown` ({})",
+            ending(&run)
+        ))
+    } else {
+        run.runner.shutdown();
+        let _ = tokio::time::timeout(
+            kill_timeout + Duration::from_secs(1),
+            run.runner.shutdown_done().wait(),
+        )
+        .await;
+        let checkpoint = run.observer.checkpoint.lock_unpoisoned().clone();
+        match checkpoint {
+            None => Err(
+                "no checkpoint was saved on `shutdown` (fine for a runner with nothing to resume)"
+                    .to_string(),
+            ),
+            Some(bytes) => {
+                let size = bytes.len();
+                let restored = harness.start(Some(bytes))?;
+                let outcome = restored
+                    .observer
+                    .wait_running(&restored.runner, START_TIMEOUT)
+                    .await;
+                restored.runner.kill();
+                restored.runner.wait().wait().await;
+                outcome.map(|()| {
+                    format!(
+                        "saved {size} bytes on `shutdown` and reported `running` when given them back"
+                    )
+                })
+            }
+        }
+    };
+    run.runner.kill();
+    run.runner.wait().wait().await;
+    Ok(result("checkpoints and resumes", false, resumed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_sends_the_same_events_at_the_same_times_within_the_window() {
+        let duration = Duration::from_secs(3);
+        assert_eq!(schedule(42, duration), schedule(42, duration));
+        assert_ne!(schedule(42, duration), schedule(43, duration));
+        for seed in 0..200 {
+            let events = schedule(seed, duration);
+            let mut kinds: Vec<Poke> = events.iter().map(|(_, p)| *p).collect();
+            kinds.sort_by_key(|p| p.name());
+            assert_eq!(kinds.len(), 3);
+            kinds.dedup();
+            assert_eq!(kinds.len(), 3, "each event once");
+            assert!(events.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
+            assert!(events.iter().all(|(at, _)| *at < duration * 9 / 10));
+        }
+    }
 }

@@ -49,6 +49,9 @@ pub const MAX_ATTEMPTS: u32 = 64;
 /// The shortest `delay` a job may ask for: less would spin a crashing runner.
 pub const MIN_DELAY: Duration = Duration::from_secs(1);
 
+/// The longest wait of an `exponential` policy that does not set `max_delay`.
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(300);
+
 impl RestartPolicy {
     /// Nomad's values for the keys a `[job.restart]` block leaves out: 2 restarts in 30
     /// minutes, 15 s apart, then fail.
@@ -108,11 +111,17 @@ pub enum RestartDecision {
 pub trait Moment: Copy {
     /// The time from `earlier` to `self`, zero if `earlier` is later.
     fn since(self, earlier: Self) -> Duration;
+    /// The moment `by` after this one.
+    fn later_by(self, by: Duration) -> Self;
 }
 
 impl Moment for tokio::time::Instant {
     fn since(self, earlier: Self) -> Duration {
         self.saturating_duration_since(earlier)
+    }
+
+    fn later_by(self, by: Duration) -> Self {
+        self + by
     }
 }
 
@@ -155,15 +164,15 @@ impl<T: Moment> RestartTracker<T> {
             RestartMode::Fail => RestartDecision::LimitReached,
             RestartMode::Delay => {
                 // The rest of the window, and never less than the delay: then a new window
-                // begins with this restart as its first.
+                // begins, when this restart happens, with it as its first.
                 let left = self
                     .window_start
                     .map_or(Duration::ZERO, |start| {
                         policy.interval.saturating_sub(now.since(start))
                     })
                     .max(policy.delay);
-                self.window_start = None;
-                self.restarts_in_window = 0;
+                self.window_start = Some(now.later_by(left));
+                self.restarts_in_window = 1;
                 RestartDecision::Restart {
                     delay: left,
                     attempt: 1,
@@ -242,8 +251,16 @@ impl RawRestart {
             interval: duration("interval", &self.interval, base.interval)?,
             delay,
             delay_function,
-            // Unset, the ceiling follows the delay: a constant wait needs none.
-            max_delay: duration("max_delay", &self.max_delay, delay)?,
+            // Unset: 5 minutes for a growing wait (or the delay, if longer); a constant wait
+            // needs no ceiling.
+            max_delay: duration(
+                "max_delay",
+                &self.max_delay,
+                match delay_function {
+                    DelayFunction::Constant => delay,
+                    DelayFunction::Exponential => delay.max(DEFAULT_MAX_DELAY),
+                },
+            )?,
             mode,
         };
         if policy.delay < MIN_DELAY {
@@ -292,6 +309,10 @@ mod tests {
         fn since(self, earlier: Self) -> Duration {
             Duration::from_secs(self.0.saturating_sub(earlier.0))
         }
+
+        fn later_by(self, by: Duration) -> Self {
+            At(self.0 + by.as_secs())
+        }
     }
 
     fn policy(mode: RestartMode) -> RestartPolicy {
@@ -326,10 +347,11 @@ mod tests {
         let mut tracker = RestartTracker::new(policy(RestartMode::Delay));
         assert_eq!(tracker.on_crash(At(100)), restart(10, 1));
         assert_eq!(tracker.on_crash(At(120)), restart(10, 2));
-        // The window began at 100 and lasts 600 s: 460 s are left at 240.
+        // The window began at 100 and lasts 600 s: 460 s are left at 240. The restart at
+        // 700 is the first of the next window, so one more fits in it, then a wait again.
         assert_eq!(tracker.on_crash(At(240)), restart(460, 1));
-        assert_eq!(tracker.on_crash(At(710)), restart(10, 1));
-        assert_eq!(tracker.on_crash(At(720)), restart(10, 2));
+        assert_eq!(tracker.on_crash(At(710)), restart(10, 2));
+        assert_eq!(tracker.on_crash(At(720)), restart(580, 1));
     }
 
     #[test]
@@ -366,6 +388,11 @@ mod tests {
     #[test]
     fn a_block_takes_nomads_defaults_for_what_it_leaves_out_and_refuses_a_tight_loop() {
         assert_eq!(parse(""), Ok(RestartPolicy::block_default()));
+        let growing = parse("delay_function = \"exponential\"").unwrap();
+        assert_eq!(
+            growing.max_delay, DEFAULT_MAX_DELAY,
+            "a growing wait has a ceiling"
+        );
         let policy = parse("attempts = 5\ndelay = \"2s\"\nmode = \"delay\"").unwrap();
         assert_eq!(
             (policy.attempts, policy.delay, policy.mode),

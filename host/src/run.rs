@@ -46,10 +46,32 @@ pub const LIMIT_NAMES: &str = "the keys of a job's [job.limits], such as memory=
 
 /// Builds the alloc `caravan run` runs. Errors name the argument at fault.
 pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
-    let names = if options.tasks.is_empty() {
+    let tasks = build_tasks(&options.tasks, &options.config)?;
+    let meta = options
+        .meta
+        .iter()
+        .map(|m| split_pair(m, "--meta", "KEY=VALUE").map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Alloc {
+        meta,
+        limits: parse_limits(&options.limits)?,
+        ..Alloc::new(
+            uuid::Uuid::new_v4().to_string(),
+            options.job_id.clone(),
+            options.component.display().to_string(),
+            tasks,
+        )
+    })
+}
+
+/// The tasks of `--task NAME` (default one, `main`) with their `--config [TASK.]KEY=VALUE`:
+/// a key prefixed with a task's name is that task's, any other every task's. Errors name the
+/// argument at fault.
+pub fn build_tasks(task_names: &[String], config: &[String]) -> anyhow::Result<Vec<Task>> {
+    let names = if task_names.is_empty() {
         vec!["main".to_string()]
     } else {
-        options.tasks.clone()
+        task_names.to_vec()
     };
     let mut tasks: Vec<Task> = Vec::new();
     for name in names {
@@ -61,7 +83,7 @@ pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
             config: Vec::new(),
         });
     }
-    for setting in &options.config {
+    for setting in config {
         let (key, value) = split_pair(setting, "--config", "[TASK.]KEY=VALUE")?;
         let target = key
             .split_once('.')
@@ -81,21 +103,7 @@ pub fn build_alloc(options: &RunOptions) -> anyhow::Result<Alloc> {
             }
         }
     }
-    let meta = options
-        .meta
-        .iter()
-        .map(|m| split_pair(m, "--meta", "KEY=VALUE").map(|(k, v)| (k.to_string(), v.to_string())))
-        .collect::<anyhow::Result<_>>()?;
-    Ok(Alloc {
-        meta,
-        limits: parse_limits(&options.limits)?,
-        ..Alloc::new(
-            uuid::Uuid::new_v4().to_string(),
-            options.job_id.clone(),
-            options.component.display().to_string(),
-            tasks,
-        )
-    })
+    Ok(tasks)
 }
 
 /// Parses `--limit NAME=VALUE` arguments: the keys of `[job.limits]`, `-` or `_` alike.

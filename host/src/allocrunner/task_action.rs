@@ -93,6 +93,8 @@ pub enum NotRunningReason {
     Stopping,
     /// It has finished, in this status.
     Finished(ClientStatus),
+    /// Its runner crashed and waits to be restarted in place (see [`crate::restart`]).
+    Restarting,
 }
 
 impl std::fmt::Display for NotRunningReason {
@@ -101,6 +103,9 @@ impl std::fmt::Display for NotRunningReason {
             NotRunningReason::NotStarted => f.write_str("it has not started yet"),
             NotRunningReason::Stopping => f.write_str("it is being stopped"),
             NotRunningReason::Finished(status) => write!(f, "it has finished ({status})"),
+            NotRunningReason::Restarting => {
+                f.write_str("its runner crashed and waits to be restarted")
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 //! run them without a process; this module must not add checks, only print them.
 
 use super::GlobalArgs;
+use crate::check::CheckOptions;
 use crate::shutdown::Shutdown;
 use anyhow::{Context, bail};
 use std::path::PathBuf;
@@ -40,6 +41,23 @@ pub struct CheckCommand {
     /// ~/.cache/caravan/components).
     #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    /// A task of the alloc; repeat for several. Default: one task named `main`.
+    #[arg(long = "task", value_name = "NAME")]
+    tasks: Vec<String>,
+    /// Task config: `KEY=VALUE` for every task, `TASK.KEY=VALUE` for one.
+    #[arg(long, value_name = "[TASK.]KEY=VALUE")]
+    config: Vec<String>,
+    /// Judge it as a batch runner: it must end `complete` or `failed` on its own within
+    /// --duration. Without it, a runner that ends `complete` on its own is judged so.
+    #[arg(long)]
+    batch: bool,
+    /// How long a service must stay up (an update, a signal and a task restart are sent at
+    /// random times meanwhile), and a batch runner has to end.
+    #[arg(long, default_value = "3s", value_parser = crate::units::parse_duration)]
+    duration: std::time::Duration,
+    /// Chooses when those events are sent; printed, so a failure can be replayed.
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
 impl CheckCommand {
@@ -54,19 +72,37 @@ impl CheckCommand {
         let mut stop = shutdown.listener();
         // A task of its own, so that a signal is heard while the checks compile the component
         // (which holds their thread for seconds for Python or JavaScript).
-        let component = self.component.clone();
-        let cache_dir = self
-            .cache_dir
-            .or_else(crate::runtime::disk_cache::shared_dir);
-        let checks = tokio::spawn(async move {
-            crate::check::check(&component, self.kill_timeout, cache_dir).await
+        let seed = self.seed.unwrap_or_else(|| {
+            // Different times each run unless asked for a seed: late failures get more
+            // chances to show.
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.subsec_nanos() as u64 ^ d.as_secs())
         });
+        let options = CheckOptions {
+            kill_timeout: self.kill_timeout,
+            cache_dir: self
+                .cache_dir
+                .or_else(crate::runtime::disk_cache::shared_dir),
+            tasks: crate::run::build_tasks(&self.tasks, &self.config)?,
+            batch: self.batch,
+            duration: self.duration,
+            seed,
+        };
+        let component = self.component.clone();
+        let checks = tokio::spawn(async move { crate::check::check(&component, &options).await });
         let results = tokio::select! {
             results = checks => results.context("the checks stopped unexpectedly")??,
             _ = stop.stopping() => bail!("interrupted: the checks did not finish"),
         };
         for result in &results {
             println!("{}", crate::text::escape_controls(&result.line()));
+            if !result.log.is_empty() {
+                println!("      its last log lines:");
+                for line in &result.log {
+                    println!("      | {}", crate::text::escape_controls(line));
+                }
+            }
         }
         let failed = results.iter().filter(|r| r.required && !r.passed).count();
         let component = self.component.display();
@@ -74,7 +110,9 @@ impl CheckCommand {
             println!("{component}: every required check passed");
             Ok(ExitCode::SUCCESS)
         } else {
-            println!("{component}: {failed} required check(s) failed");
+            println!(
+                "{component}: {failed} required check(s) failed (events sent with --seed {seed})"
+            );
             Ok(ExitCode::from(1))
         }
     }

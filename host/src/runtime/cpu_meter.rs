@@ -194,6 +194,16 @@ impl CpuMeter {
         }
     }
 
+    /// The same meter, counting `earlier` as charged already: what the alloc's earlier runs
+    /// used, since a runner restarted in place keeps the one budget its alloc has.
+    pub fn charged_already(mut self, earlier: Duration) -> Self {
+        self.host_work = earlier;
+        if let Some(share) = &mut self.share {
+            share.settled = earlier;
+        }
+        self
+    }
+
     /// The same meter, publishing what it charges in `gauges`.
     pub fn reporting_to(self, gauges: Arc<UsageGauges>) -> Self {
         CpuMeter {

@@ -63,11 +63,11 @@ impl DiskCache {
     /// is reported (WARN) and treated as missing.
     pub fn load(&self, engine: &Engine, component_hash: &str) -> Option<Component> {
         let path = self.entry_path(component_hash);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(error) => {
-                warn_damaged(&path, &format!("cannot read it: {error}"));
+        let bytes = match self.read_trusted(&path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return None,
+            Err(reason) => {
+                warn_damaged(&path, &reason);
                 return None;
             }
         };
@@ -82,10 +82,11 @@ impl DiskCache {
         }
         // SAFETY: `Component::deserialize` runs the machine code in `code` when the component
         // is instantiated, so the bytes must be what `Component::serialize` wrote for this
-        // engine. They are: the file is ours (under the operator's data dir), its name carries
-        // this engine's compatibility hash, and its SHA-256 trailer matched above, so a torn
-        // or corrupted write is never deserialized. wasmtime also checks its own header and
-        // version before loading.
+        // engine. They are: the file and its directory belong to this process's user and no
+        // one else may write them (checked on the open file in `read_trusted`), its name
+        // carries this engine's compatibility hash, and its SHA-256 trailer matched above, so
+        // a torn or corrupted write is never deserialized. wasmtime also checks its own
+        // header and version before loading.
         #[allow(unsafe_code)]
         let loaded = unsafe { Component::deserialize(engine, code) };
         match loaded {
@@ -95,6 +96,37 @@ impl DiskCache {
                 None
             }
         }
+    }
+
+    /// The entry's bytes, `None` when there is none, or why it may not be trusted: code to
+    /// run must come from a file only this user could have written, in a directory only this
+    /// user may change (a cache under a shared or foreign home is someone else's code).
+    fn read_trusted(&self, path: &Path) -> Result<Option<Vec<u8>>, String> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let mut file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(format!("cannot read it: {error}")),
+        };
+        let user = rustix::process::geteuid().as_raw();
+        let only_ours = |what: &str, metadata: std::io::Result<std::fs::Metadata>| {
+            let metadata = metadata.map_err(|e| format!("cannot look at its {what}: {e}"))?;
+            if metadata.uid() != user || metadata.mode() & 0o022 != 0 {
+                return Err(format!(
+                    "its {what} belongs to another user or others may write it (uid {}, mode {:o})",
+                    metadata.uid(),
+                    metadata.mode() & 0o7777
+                ));
+            }
+            Ok(())
+        };
+        only_ours("directory", std::fs::metadata(&self.dir))?;
+        only_ours("file", file.metadata())?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read it: {e}"))?;
+        Ok(Some(bytes))
     }
 
     /// Saves `component`'s compiled code; failures are logged and otherwise ignored (the
@@ -109,7 +141,9 @@ impl DiskCache {
         let mut bytes = component.serialize().map_err(anyhow::Error::from)?;
         let digest = Sha256::digest(&bytes);
         bytes.extend_from_slice(&digest);
-        std::fs::create_dir_all(&self.dir)?;
+        // Only this user may write where code is loaded from (see `read_trusted`).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&self.dir)?;
         let mut temporary = tempfile::NamedTempFile::new_in(&self.dir)?;
         std::io::Write::write_all(&mut temporary, &bytes)?;
         temporary.persist(self.entry_path(component_hash))?;

@@ -105,9 +105,12 @@ impl StateCell {
 
     /// Sets the state of a runner about to be started again after a crash (not terminal)
     /// and opens the cell to the next guest's reports.
-    pub fn restart(&self, restarting: AllocState) {
+    pub fn restart(&self, mut restarting: AllocState) {
+        tidy(&mut restarting, self.description_bytes);
         let mut cell = self.lock();
-        cell.closed = false;
+        if cell.closed {
+            return;
+        }
         cell.before_restart = restarting.task_states.clone();
         if cell.current != restarting {
             cell.current = restarting;
@@ -164,9 +167,14 @@ fn tidy(state: &mut AllocState, text_bytes: usize) {
         for event in &mut task.events {
             cut_in_place(&mut event.message, text_bytes);
             cut_in_place(&mut event.kind, MAX_EVENT_KIND_BYTES);
+            // A guest's clock is its own: a time past what calendars show is brought back.
+            event.time_unix_ms = event.time_unix_ms.min(LATEST_EVENT_TIME_UNIX_MS);
         }
     }
 }
+
+/// The last millisecond of the year 9999: the latest time an RFC 3339 date can name.
+const LATEST_EVENT_TIME_UNIX_MS: u64 = 253_402_300_799_999;
 
 fn add_missing_tasks(alloc: &Alloc, state: &mut AllocState) {
     for task in &alloc.tasks {

@@ -76,6 +76,14 @@ struct Shared {
     /// Set when a kill or a shutdown is asked of a started runner: a restart waiting for its
     /// delay gives up.
     stop_asked: LatchTrigger,
+    /// Set when the last run ended in a crash: a trap, a limit, or a teardown after the
+    /// kill timeout (as opposed to `run` returning).
+    crashed: std::sync::atomic::AtomicBool,
+    /// Set while a crashed runner waits to be restarted: signals and task restarts are
+    /// refused then, as for a runner that is not running.
+    restarting: std::sync::atomic::AtomicBool,
+    /// When the alloc's `wall_time` runs out: set by its first run, kept by the restarts.
+    wall_deadline: Mutex<Option<tokio::time::Instant>>,
     stopped: LatchTrigger,
     destroyed: LatchTrigger,
 }
@@ -87,7 +95,7 @@ impl WasmAllocRunner {
     pub(crate) fn new(
         runtime: Runtime,
         component: Arc<LoadedComponent>,
-        config: AllocRunnerConfig,
+        mut config: AllocRunnerConfig,
         admission: Admission,
     ) -> Self {
         let (events, receiver) = mpsc::unbounded_channel();
@@ -97,7 +105,9 @@ impl WasmAllocRunner {
             .unwrap_or_else(AllocState::pending);
         let finished = initial.client_status.is_terminal();
         let limits = config.limits.with_overrides(&config.alloc.limits);
-        let restarts = Restarts::new(config.alloc.restart, config.restored.clone());
+        // Held once, by the restarts: the first run takes it, or each restart a copy of the
+        // last checkpoint.
+        let restarts = Restarts::new(config.alloc.restart, config.restored.take());
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
             crate::limits::as_len(limits.description_bytes),
@@ -125,6 +135,9 @@ impl WasmAllocRunner {
                 run_task: Mutex::new(None),
                 restarts,
                 stop_asked: Latch::new().0,
+                crashed: std::sync::atomic::AtomicBool::new(false),
+                restarting: std::sync::atomic::AtomicBool::new(false),
+                wall_deadline: Mutex::new(None),
                 stopped,
                 destroyed: Latch::new().0,
             }),
@@ -135,6 +148,12 @@ impl WasmAllocRunner {
     pub fn kill(&self) {
         self.shared.kill();
     }
+
+    /// Whether the runner stopped because it crashed (a trap, a limit, or a teardown after
+    /// the kill timeout) rather than by returning from `run`; false while it runs.
+    pub fn crashed(&self) -> bool {
+        self.shared.crashed.load(Ordering::SeqCst)
+    }
 }
 
 impl Shared {
@@ -144,6 +163,14 @@ impl Shared {
 
     fn lifecycle(&self) -> std::sync::MutexGuard<'_, Lifecycle> {
         self.lifecycle.lock_unpoisoned()
+    }
+
+    /// When the alloc's wall time `limit` runs out, counted from its first run.
+    fn wall_deadline(&self, limit: std::time::Duration) -> tokio::time::Instant {
+        *self
+            .wall_deadline
+            .lock_unpoisoned()
+            .get_or_insert_with(|| tokio::time::Instant::now() + limit)
     }
 
     fn kill(self: &Arc<Self>) {
@@ -194,6 +221,9 @@ impl Shared {
         let known_reason = {
             let lifecycle = self.lifecycle();
             match (lifecycle.phase(), lifecycle.stop_asked()) {
+                (Phase::Running, false) if self.restarting.load(Ordering::SeqCst) => {
+                    Some(NotRunningReason::Restarting)
+                }
                 (Phase::Running, false) => {
                     let queued = self.queued_task_actions.load(Ordering::SeqCst);
                     if queued + events.len() > MAX_QUEUED_TASK_ACTIONS {
@@ -274,6 +304,11 @@ impl Shared {
             outcome => outcome,
         };
         let span = &self.config.span;
+        let crashed = matches!(
+            outcome,
+            RunOutcome::Failed(_) | RunOutcome::KillTimedOut | RunOutcome::ShutdownTimedOut
+        );
+        self.crashed.store(crashed, Ordering::SeqCst);
         match &outcome {
             RunOutcome::Failed(description) => {
                 tracing::warn!(parent: span, reason = %description, "runner failed")
@@ -386,15 +421,17 @@ impl Shared {
             }
         };
         let watched = match self.limits.wall_time {
-            Some(limit) => match tokio::time::timeout(limit, watched).await {
-                Ok(watched) => watched,
-                Err(_) => {
-                    return RunOutcome::Failed(format!(
-                        "wall time limit of {} exceeded",
-                        format_duration(limit)
-                    ));
+            Some(limit) => {
+                match tokio::time::timeout_at(self.wall_deadline(limit), watched).await {
+                    Ok(watched) => watched,
+                    Err(_) => {
+                        return RunOutcome::Failed(format!(
+                            "wall time limit of {} exceeded",
+                            format_duration(limit)
+                        ));
+                    }
                 }
-            },
+            }
             None => watched.await,
         };
         let result = match watched {
@@ -454,6 +491,7 @@ impl Shared {
             logging: GuestLogging::new(sink),
             memory: MemoryLimiter::new(self.limits.memory_bytes).reporting_to(self.usage.clone()),
             cpu: CpuMeter::new(self.limits.cpu, self.limits.cpu_share)
+                .charged_already(self.usage.snapshot().cpu_used)
                 .reporting_to(self.usage.clone()),
             limits: self.limits,
             disk,

@@ -598,3 +598,35 @@ fn runner_check_run_and_the_agent_share_one_compile_cache() {
     let shared = home.path().join(".cache/caravan/components");
     assert_eq!(cache_entries(&shared).len(), 1, "{ran:?}");
 }
+
+#[test]
+fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fail() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = sleeper_job(
+        dir.path(),
+        "restarty",
+        1,
+        r#"crash_after = "50ms""#,
+        "[job.restart]\nattempts = 1\ndelay = \"1s\"\n",
+    );
+    agent.caravan(&["job", "run", "--detach", job_file.to_str().unwrap()]);
+    let (failed, _) = agent.wait_for("the restarted runner's final failure", |line| {
+        line["fields"]["message"] == "runner stopped" && line["fields"]["client_status"] == "failed"
+    });
+    let description = failed["fields"]["description"].as_str().unwrap();
+    assert!(
+        description.ends_with("(restart limit reached: 1 in 30m)"),
+        "{description}"
+    );
+    let alloc_id = failed["span"]["alloc_id"].as_str().unwrap();
+    let status = stdout(&agent.caravan(&["alloc", "status", alloc_id]));
+    assert!(
+        status.contains("Task \"web\" is \"dead\" (failed, 1 restarts)"),
+        "{status}"
+    );
+    assert!(
+        status.contains("  Restarting  Task restarting in 1s"),
+        "{status}"
+    );
+}

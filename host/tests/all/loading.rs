@@ -133,3 +133,47 @@ async fn compiled_components_are_cached_on_disk_and_a_corrupted_entry_is_recompi
     let (_, fourth) = load();
     assert_eq!(fourth.origin, Origin::DiskCache, "the entry was rewritten");
 }
+
+#[tokio::test]
+async fn a_cache_entry_others_may_write_is_never_loaded() {
+    use std::os::unix::fs::PermissionsExt;
+    let logs = LogCapture::start();
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        pooling: Pooling::Off,
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeConfig::default()
+    };
+    let load = || {
+        Runtime::new(&config)
+            .unwrap()
+            .load_file(Path::new(MINIMAL))
+            .unwrap()
+    };
+    assert_eq!(load().origin, Origin::Compiled);
+    let entry = std::fs::read_dir(cache.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    // Writable by the group: anyone in it could have put their own machine code there.
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o664)).unwrap();
+    assert_eq!(
+        load().origin,
+        Origin::Compiled,
+        "not trusted: compiled again"
+    );
+    let warned = logs.with_message("ignoring damaged compiled-component cache entry");
+    assert!(
+        warned[0]["fields"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("others may write it")),
+        "{warned:?}"
+    );
+    // The same holds for the directory the entries are in.
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(load().origin, Origin::DiskCache);
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(load().origin, Origin::Compiled);
+}

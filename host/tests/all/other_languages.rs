@@ -20,7 +20,15 @@ fn passes_the_checks_and_logs_through_the_host(language: &str) {
     for name in ["minimal", "sleeper"] {
         let path = runner(language, name);
         let check = run_caravan(
-            &["runner", "check", &path, "--cache-dir", TEST_CACHE_DIR],
+            &[
+                "runner",
+                "check",
+                &path,
+                "--cache-dir",
+                TEST_CACHE_DIR,
+                "--duration",
+                "1s",
+            ],
             None,
         );
         assert_eq!(

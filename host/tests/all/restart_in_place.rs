@@ -3,6 +3,7 @@
 //! alloc fails. Real runners under paused tokio time: the delays are observed, not slept.
 
 use crate::support::*;
+use caravan_host::allocrunner::AllocRunner;
 use caravan_host::reschedule::DelayFunction;
 use caravan_host::restart::{RestartMode, RestartPolicy};
 use caravan_host::structs::{AllocState, ClientStatus, TaskLifecycle};
@@ -127,6 +128,15 @@ async fn a_kill_during_the_wait_stops_the_alloc_without_another_run() {
         .recorder
         .wait_for("the first restart's wait", restarting)
         .await;
+    // Nothing runs to take a signal or a task restart meanwhile: refused, as for an alloc
+    // that is not running.
+    let refused = started.runner.signal(None, "SIGHUP").unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("its runner crashed and waits to be restarted"),
+        "{refused}"
+    );
     started.runner.kill();
     let state = started.stopped().await;
 
@@ -153,6 +163,40 @@ async fn without_a_policy_a_crash_fails_the_alloc_at_once() {
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed, "{state:?}");
     assert_eq!(state.task_states[0].restarts, 0);
+    assert!(
+        !started
+            .recorder
+            .history
+            .lock()
+            .unwrap()
+            .iter()
+            .any(restarting)
+    );
+}
+
+#[tokio::test]
+async fn a_spent_cpu_budget_is_final_whatever_the_policy() {
+    let _logs = LogCapture::start();
+    let mut spinning = caravan_host::structs::Alloc {
+        restart: Some(RestartPolicy {
+            mode: RestartMode::Delay,
+            ..policy(5, 1)
+        }),
+        ..alloc(caravan_test_artifacts::FIXTURE_SPIN_LOOP, &["main"], &[])
+    };
+    spinning.limits.cpu = Some(Duration::from_millis(200));
+    let started = start(spinning, None);
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed, "{state:?}");
+    assert!(
+        state.description.starts_with("CPU budget exhausted"),
+        "{}",
+        state.description
+    );
+    assert_eq!(
+        state.task_states[0].restarts, 0,
+        "the budget is the alloc's"
+    );
     assert!(
         !started
             .recorder

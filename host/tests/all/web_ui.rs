@@ -160,6 +160,18 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // The session first: Chromium would outlive a killed chromedriver.
+        use std::io::{Read, Write};
+        let timeout = std::time::Duration::from_secs(10);
+        if let Ok(mut stream) = std::net::TcpStream::connect_timeout(&self.addr, timeout) {
+            let _ = stream.set_read_timeout(Some(timeout));
+            let _ = write!(
+                stream,
+                "DELETE /session/{} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\r\n",
+                self.session, self.addr
+            );
+            let _ = stream.read(&mut [0u8; 4096]);
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -194,7 +206,16 @@ fn decode_base64(text: &str) -> Vec<u8> {
 async fn the_web_ui_shows_a_cli_job_follows_its_log_and_stops_it() {
     let agent = AgentProcess::start_configured(&["--dev", "--acl-token", TOKEN], "");
     let browser = Browser::start().await;
-    let result = the_web_ui_steps(&agent, &browser).await;
+    // A step that times out panics: caught, so the page and logs below are shown first.
+    let steps = std::panic::AssertUnwindSafe(the_web_ui_steps(&agent, &browser));
+    let result = match futures_util::FutureExt::catch_unwind(steps).await {
+        Ok(result) => result,
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a step panicked".into())),
+    };
     // Chromium's DEBUG advice is not the page's doing; anything louder is.
     let console: Vec<Value> = browser
         .console()

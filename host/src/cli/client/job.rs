@@ -196,8 +196,8 @@ async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
         let headline = match a["change"].as_str().unwrap_or_default() {
             "create" => format!("+ job {job_id}: new, version {version}"),
             "replace" => format!(
-                "+/- job {job_id}: version {} -> {version}: its runner, tasks, limits or \
-                 capabilities changed, so every alloc is replaced",
+                "+/- job {job_id}: version {} -> {version}: its runner, tasks, meta, limits, \
+                 capabilities or restart policy changed, so every alloc is replaced",
                 text(&a["current_version"])
             ),
             "scale" => format!("+/- job {job_id}: count changed, version {version} stays"),

@@ -1,6 +1,10 @@
 //! In-place restarts of a crashed runner (see [`crate::restart`]): the alloc's tracker, and
 //! the last checkpoint the next run starts from. Only an alloc with a restart policy keeps a
-//! copy of its checkpoint in memory; the others pay nothing.
+//! copy of its checkpoint in memory; the others hand their restored one to their one run.
+//!
+//! The alloc's limits hold across its runs: its CPU budget and its wall time are its own, not
+//! each run's (the store's meter starts from what earlier runs used, and the wall-time
+//! deadline is set once), and a crash because either ran out is final.
 
 use super::Shared;
 use crate::allocrunner::{CheckpointSaved, StateUpdater};
@@ -10,6 +14,7 @@ use crate::runtime::bindings::Event;
 use crate::runtime::outcome::RunOutcome;
 use crate::structs::AllocState;
 use crate::units::format_duration;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -17,8 +22,8 @@ use tokio::sync::mpsc;
 /// One alloc's restarts: `None` inside when it has no restart policy.
 pub(super) struct Restarts {
     tracking: Option<Tracking>,
-    /// The checkpoint the first run starts from, for an alloc without a policy.
-    restored: Option<Vec<u8>>,
+    /// The checkpoint the first run starts from, for an alloc without a policy: taken by it.
+    restored: Mutex<Option<Vec<u8>>>,
 }
 
 struct Tracking {
@@ -48,11 +53,19 @@ pub(super) enum CrashPlan {
 
 impl Restarts {
     pub(super) fn new(policy: Option<RestartPolicy>, restored: Option<Vec<u8>>) -> Self {
-        let tracking = policy.filter(|p| p.attempts > 0).map(|policy| Tracking {
-            tracker: Mutex::new(RestartTracker::new(policy)),
-            last_checkpoint: Arc::new(Mutex::new(restored.clone())),
-        });
-        Restarts { tracking, restored }
+        match policy.filter(|p| p.attempts > 0) {
+            Some(policy) => Restarts {
+                tracking: Some(Tracking {
+                    tracker: Mutex::new(RestartTracker::new(policy)),
+                    last_checkpoint: Arc::new(Mutex::new(restored)),
+                }),
+                restored: Mutex::new(None),
+            },
+            None => Restarts {
+                tracking: None,
+                restored: Mutex::new(restored),
+            },
+        }
     }
 
     /// `updater`, remembering each checkpoint the client kept when restarts need it.
@@ -72,7 +85,7 @@ impl Restarts {
     /// The checkpoint the next run starts from.
     pub(super) fn checkpoint(&self) -> Option<Vec<u8>> {
         match &self.tracking {
-            None => self.restored.clone(),
+            None => self.restored.lock_unpoisoned().take(),
             Some(tracking) => tracking.last_checkpoint.lock_unpoisoned().clone(),
         }
     }
@@ -99,6 +112,17 @@ impl Restarts {
 }
 
 impl Shared {
+    /// Whether the alloc's own CPU budget or wall time is spent: no restart brings it back.
+    fn alloc_limit_spent(&self) -> bool {
+        let cpu_spent = self.usage.snapshot().cpu_used >= self.limits.cpu;
+        let wall_spent = self.limits.wall_time.is_some()
+            && self
+                .wall_deadline
+                .lock_unpoisoned()
+                .is_some_and(|deadline| tokio::time::Instant::now() >= deadline);
+        cpu_spent || wall_spent
+    }
+
     /// Runs the guest, and again after each crash its restart policy allows, until a run
     /// ends for good; returns how the last one ended.
     pub(super) async fn run_until_done(
@@ -116,7 +140,11 @@ impl Shared {
             let last = self.state.get();
             let crash = outcome.crash_description(&self.limits);
             let plan = match crash {
-                Some(why) if !stopping && !last.client_status.is_terminal() => {
+                Some(why)
+                    if !stopping
+                        && !last.client_status.is_terminal()
+                        && !self.alloc_limit_spent() =>
+                {
                     self.restarts.on_crash(why)
                 }
                 _ => CrashPlan::Finish,
@@ -145,11 +173,21 @@ impl Shared {
                         delay = %format_duration(delay),
                         "runner crashed; restarting it in place"
                     );
+                    self.restarting.store(true, Ordering::SeqCst);
                     self.state.restart(restarting);
                     let stop_asked = self.stop_asked.latch();
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
-                        () = stop_asked.wait() => return RunOutcome::StoppedWhileRestarting,
+                        () = stop_asked.wait() => {}
+                    }
+                    // Under the lock task actions are refused under: a stop that came as the
+                    // wait ended still wins, and no action slips in before the next run.
+                    {
+                        let lifecycle = self.lifecycle();
+                        if lifecycle.stop_asked() {
+                            return RunOutcome::StoppedWhileRestarting;
+                        }
+                        self.restarting.store(false, Ordering::SeqCst);
                     }
                     events = events_back;
                 }

@@ -75,8 +75,8 @@ function statusText(status) {
 }
 
 function localTime(unixMs) {
-  if (!unixMs) return "";
   const at = new Date(unixMs);
+  if (!unixMs || Number.isNaN(at.getTime())) return "";
   return el("time", { datetime: at.toISOString(), title: at.toISOString() }, at.toLocaleString());
 }
 
@@ -305,12 +305,14 @@ function allocPage(allocId) {
     el("h2", {}, "Log"), logState, log, files);
   const stopLog = followLog(allocId, log, logState);
   const stopFiles = browseFiles(allocId, files);
+  let noLocalView = false;
   const load = async (signal) => {
     const alloc = await api("GET", `/v1/allocation/${enc(allocId)}`, undefined, signal);
-    if (!alloc.local && alloc.node_id) {
-      // In a cluster, what only the alloc's own node knows comes from that node's agent.
+    if (!alloc.local && alloc.node_id && !noLocalView) {
+      // In a cluster, what only the alloc's own node knows comes from that node's agent;
+      // asked once more only if it answered (a collected alloc has no view there).
       alloc.local = await api("GET", `/v1/client/allocation/${enc(alloc.id)}`, undefined, signal)
-        .catch(() => undefined);
+        .catch(() => { noLocalView = true; return undefined; });
     }
     return alloc;
   };
