@@ -6,6 +6,13 @@ use std::time::Duration;
 /// Parses a duration as jobs write them: a whole number and a unit, `ms`, `s`, `m` or `h`
 /// (`500ms`, `5s`, `2m`). The error says what was given and what is expected, ready to go
 /// after the key in a [`crate::RunnerError::InvalidConfig`].
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(caravan_guest::parse_duration("500ms"), Ok(Duration::from_millis(500)));
+/// assert_eq!(caravan_guest::parse_duration("2m"), Ok(Duration::from_secs(120)));
+/// assert!(caravan_guest::parse_duration("soon").is_err());
+/// ```
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let not_a_duration = || format!("{text:?} is not a duration such as 500ms, 5s or 2m");
@@ -25,6 +32,25 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// One task's config, read key by key. Its errors name the task and the key, as the host
 /// shows them in the alloc's description (`task "web": run_for: "soon" is not a duration ...`).
+///
+/// ```
+/// use caravan_guest::{RunnerError, Task, TaskConfig};
+/// use std::time::Duration;
+/// let task = Task {
+///     name: "web".into(),
+///     config: vec![("run_for".into(), "5s".into()), ("mode".into(), "fast".into())],
+/// };
+/// let config = TaskConfig::of(&task);
+/// assert_eq!(config.duration("run_for")?, Some(Duration::from_secs(5)));
+/// assert_eq!(config.get("mode"), Some("fast"));
+/// assert_eq!(config.duration("log_every")?, None);
+/// let bad = Task { name: "web".into(), config: vec![("run_for".into(), "soon".into())] };
+/// assert!(matches!(
+///     TaskConfig::of(&bad).duration("run_for"),
+///     Err(RunnerError::InvalidConfig(message)) if message.starts_with("task \"web\": run_for:")
+/// ));
+/// # Ok::<(), RunnerError>(())
+/// ```
 pub struct TaskConfig<'a> {
     task: &'a crate::Task,
 }
@@ -60,6 +86,14 @@ impl<'a> TaskConfig<'a> {
 
 /// What a runner returns from `next_wakeup` when it has things to do at `deadlines`: the
 /// time until the earliest (zero if it has passed), or `None` to wait for events only.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// let now = Instant::now();
+/// let soonest = caravan_guest::wakeup_for([now + Duration::from_secs(9), now + Duration::from_secs(2)]);
+/// assert!(soonest.is_some_and(|wait| wait <= Duration::from_secs(2)));
+/// assert_eq!(caravan_guest::wakeup_for([]), None);
+/// ```
 pub fn wakeup_for(deadlines: impl IntoIterator<Item = std::time::Instant>) -> Option<Duration> {
     let now = std::time::Instant::now();
     deadlines

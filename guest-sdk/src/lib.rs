@@ -82,7 +82,35 @@ pub use state::State;
 mod runner;
 pub use runner::{Runner, run};
 
-/// The host functions, with Rust types.
+/// The host functions, with Rust types. They call the host, so their examples only compile
+/// here; they run inside a component.
+///
+/// A loop of your own, for a runner that wants no [`Runner`] (export it with [`export!`]):
+///
+/// ```no_run
+/// use caravan_guest::{Event, State, host};
+/// use std::time::Duration;
+/// # fn run_alloc(alloc: caravan_guest::Alloc) -> Result<(), caravan_guest::RunnerError> {
+/// let mut state = State::new(&alloc);
+/// state.task_started("main");
+/// state.report().map_err(caravan_guest::RunnerError::Failed)?;
+/// loop {
+///     match host::next_event(Some(Duration::from_secs(5))) {
+///         None => caravan_guest::info!("five quiet seconds"),
+///         Some(Event::Kill) => {
+///             state.kill_all("alloc was stopped");
+///             state.report().map_err(caravan_guest::RunnerError::Failed)?;
+///             return Ok(());
+///         }
+///         Some(Event::Shutdown) => {
+///             host::checkpoint(b"where I was").map_err(caravan_guest::RunnerError::Failed)?;
+///             return Ok(());
+///         }
+///         Some(_) => {} // update, signal, restart-task: not ours to act on here
+///     }
+/// }
+/// # }
+/// ```
 pub mod host {
     use crate::bindings::caravan::runner::host as raw;
     use crate::{AllocState, Event};
@@ -119,6 +147,11 @@ pub mod host {
 
 /// Sends one line to the host's logger. The macros below call this; call it yourself to pick
 /// the level at run time.
+///
+/// ```no_run
+/// let level = if 3 > 2 { caravan_guest::Level::Warn } else { caravan_guest::Level::Info };
+/// caravan_guest::log(level, "disk", "90% full");
+/// ```
 pub fn log(level: Level, context: &str, message: &str) {
     bindings::wasi::logging::logging::log(level, context, message);
 }
@@ -135,7 +168,13 @@ macro_rules! __log {
 }
 
 /// Logs at TRACE level: `trace!("x = {x}")`, or `trace!(context: "db", "x = {x}")`.
-/// The context defaults to the module path.
+/// The context defaults to the module path. Every level's macro takes the same forms:
+///
+/// ```no_run
+/// let rows = 42;
+/// caravan_guest::info!("loaded {rows} rows");
+/// caravan_guest::warn!(context: "db", "slow query: {} ms", 1200);
+/// ```
 #[macro_export]
 macro_rules! trace { ($($arg:tt)+) => { $crate::__log!($crate::Level::Trace, $($arg)+) }; }
 /// Logs at DEBUG level; see [`trace!`] for the forms.
@@ -156,6 +195,24 @@ macro_rules! critical { ($($arg:tt)+) => { $crate::__log!($crate::Level::Critica
 
 /// Exports a type implementing [`Guest`] (the raw `run` function) as this component's
 /// `caravan:runner/runner`. Most runners want [`export_runner!`] instead.
+///
+/// ```no_run
+/// use caravan_guest::{Alloc, Guest, RunnerError, State};
+///
+/// struct Raw;
+///
+/// impl Guest for Raw {
+///     fn run(alloc: Alloc, _restored: Option<Vec<u8>>) -> Result<(), RunnerError> {
+///         let mut state = State::new(&alloc);
+///         for task in &alloc.tasks {
+///             state.task_finished(&task.name, false, "nothing to do");
+///         }
+///         state.report().map_err(RunnerError::Failed)
+///     }
+/// }
+///
+/// caravan_guest::export!(Raw);
+/// ```
 #[macro_export]
 macro_rules! export {
     ($guest:ident) => {

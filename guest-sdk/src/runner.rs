@@ -13,6 +13,62 @@ use std::time::Duration;
 ///
 /// Everything runs on the one thread of your component; handlers should return promptly and
 /// use [`Runner::next_wakeup`] instead of sleeping, so that `kill` is answered in time.
+///
+/// # The loop's rules
+///
+/// 1. [`Runner::start`]; an `Err` ends the alloc `failed` with it. If the status is still
+///    `pending` afterwards, it becomes `running` ("Runner started"). The state is reported.
+/// 2. While the state is not terminal, it waits for an event for at most
+///    [`Runner::next_wakeup`] (for ever on `None`), then:
+///    - no event in time: [`Runner::on_wakeup`];
+///    - `update`: [`Runner::on_update`] with the new alloc (a `kill` follows when it is to
+///      stop);
+///    - `signal`: [`Runner::on_signal`] (default: a `Signaling` event);
+///    - `restart-task`: [`Runner::on_restart_task`] (default: a restart counted);
+///    - `kill`: [`Runner::on_kill`] (default: every task killed, the alloc `complete`);
+///    - `shutdown`: [`Runner::checkpoint`] is saved when it returns bytes, and `run` returns
+///      at once, leaving the state as it is: the alloc resumes after the agent's restart.
+///
+///    After each handler the state is reported (only when it changed).
+/// 3. It returns when the state is terminal: after `kill`, or when your tasks all ended, or
+///    when you set a terminal status. A handler's `Err` ends the alloc `failed` with it.
+///
+/// A batch runner does its work in handlers (or in `start`) and ends its tasks with
+/// [`State::task_finished`]; the loop then returns and the alloc is `complete` (or `failed`).
+/// A service runner keeps its tasks running until `kill`.
+///
+/// ```no_run
+/// use caravan_guest::{Alloc, Runner, RunnerError, State, TaskConfig};
+/// use std::time::{Duration, Instant};
+///
+/// /// Ends its one task after `run_for`: a batch runner.
+/// struct Timer { ends_at: Instant }
+///
+/// impl Runner for Timer {
+///     fn start(alloc: &Alloc, _restored: Option<Vec<u8>>, state: &mut State)
+///         -> Result<Self, RunnerError>
+///     {
+///         let task = alloc.tasks.first().ok_or(RunnerError::InvalidConfig("no task".into()))?;
+///         let run_for = TaskConfig::of(task).duration("run_for")?.unwrap_or(Duration::from_secs(1));
+///         state.task_started(&task.name);
+///         Ok(Timer { ends_at: Instant::now() + run_for })
+///     }
+///
+///     fn next_wakeup(&self) -> Option<Duration> {
+///         caravan_guest::wakeup_for([self.ends_at])
+///     }
+///
+///     fn on_wakeup(&mut self, state: &mut State) -> Result<(), RunnerError> {
+///         let names: Vec<String> = state.snapshot().task_states.iter().map(|t| t.name.clone()).collect();
+///         for name in names {
+///             state.task_finished(&name, false, "ran for its time");
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// caravan_guest::export_runner!(Timer);
+/// ```
 pub trait Runner: Sized {
     /// Starts the alloc: check its config, start its tasks (`state.task_started`). `restored`
     /// is your last checkpoint when the alloc resumes after an agent restart.

@@ -14,6 +14,26 @@ const MAX_EVENTS_PER_TASK: usize = 10;
 /// Client status is derived from the tasks until a runner sets one itself: `running` once any
 /// task runs, `complete` when every task is dead and none failed, `failed` when every task is
 /// dead and one failed.
+///
+/// ```
+/// use caravan_guest::{ClientStatus, State, TaskLifecycle};
+/// # let alloc = caravan_guest::Alloc {
+/// #     id: "a1".into(), job_id: "web".into(), group: "web".into(),
+/// #     tasks: vec![caravan_guest::Task { name: "main".into(), config: vec![] }],
+/// #     desired_status: caravan_guest::DesiredStatus::Run, modify_index: 1, meta: vec![],
+/// # };
+/// let mut state = State::new(&alloc);
+/// assert_eq!(state.client_status(), ClientStatus::Pending);
+/// state.task_started("main");
+/// assert_eq!(state.client_status(), ClientStatus::Running);
+/// state.task_finished("main", false, "computed the answer");
+/// assert_eq!(state.client_status(), ClientStatus::Complete);
+/// assert!(state.is_terminal());
+/// let main = state.task("main").unwrap();
+/// assert_eq!(main.state, TaskLifecycle::Dead);
+/// let kinds: Vec<&str> = main.events.iter().map(|e| e.kind.as_str()).collect();
+/// assert_eq!(kinds, ["Received", "Started", "Terminated"]);
+/// ```
 #[derive(Debug, Clone)]
 pub struct State {
     current: AllocState,
@@ -64,6 +84,19 @@ impl State {
 
     /// Sets the client status and description yourself. A terminal status is final: later
     /// calls change nothing.
+    ///
+    /// ```
+    /// use caravan_guest::{ClientStatus, State};
+    /// # let alloc = caravan_guest::Alloc {
+    /// #     id: "a1".into(), job_id: "web".into(), group: "web".into(),
+    /// #     tasks: vec![caravan_guest::Task { name: "main".into(), config: vec![] }],
+    /// #     desired_status: caravan_guest::DesiredStatus::Run, modify_index: 1, meta: vec![],
+    /// # };
+    /// let mut state = State::new(&alloc);
+    /// state.set_status(ClientStatus::Failed, "the input file is missing");
+    /// state.set_status(ClientStatus::Running, "too late");
+    /// assert_eq!(state.snapshot().description, "the input file is missing");
+    /// ```
     pub fn set_status(&mut self, status: ClientStatus, description: impl Into<String>) {
         if !self.is_terminal() {
             self.current.client_status = status;
@@ -95,6 +128,19 @@ impl State {
     }
 
     /// Counts a restart of task `name`, with a `Restarting` event, and marks it running.
+    ///
+    /// ```
+    /// use caravan_guest::State;
+    /// # let alloc = caravan_guest::Alloc {
+    /// #     id: "a1".into(), job_id: "web".into(), group: "web".into(),
+    /// #     tasks: vec![caravan_guest::Task { name: "main".into(), config: vec![] }],
+    /// #     desired_status: caravan_guest::DesiredStatus::Run, modify_index: 1, meta: vec![],
+    /// # };
+    /// let mut state = State::new(&alloc);
+    /// state.task_started("main");
+    /// state.task_restarted("main", "User requested task to restart");
+    /// assert_eq!(state.task("main").unwrap().restarts, 1);
+    /// ```
     pub fn task_restarted(&mut self, name: &str, reason: &str) {
         self.update_task(name, |task| {
             task.restarts += 1;
@@ -117,6 +163,20 @@ impl State {
 
     /// Kills every task that is not dead yet (`Killing` then `Killed` events) and makes the
     /// alloc `complete` with `description`, as a stop asked for by the operator should be.
+    ///
+    /// ```
+    /// use caravan_guest::{ClientStatus, State};
+    /// # let alloc = caravan_guest::Alloc {
+    /// #     id: "a1".into(), job_id: "web".into(), group: "web".into(),
+    /// #     tasks: vec![caravan_guest::Task { name: "main".into(), config: vec![] }],
+    /// #     desired_status: caravan_guest::DesiredStatus::Run, modify_index: 1, meta: vec![],
+    /// # };
+    /// let mut state = State::new(&alloc);
+    /// state.task_started("main");
+    /// state.kill_all("alloc was stopped");
+    /// assert_eq!(state.client_status(), ClientStatus::Complete);
+    /// assert!(!state.task("main").unwrap().failed);
+    /// ```
     pub fn kill_all(&mut self, description: &str) {
         for task in &mut self.current.task_states {
             if task.state != TaskLifecycle::Dead {
@@ -130,7 +190,23 @@ impl State {
 
     /// Sends the state to the host if it changed since the last successful report.
     ///
-    /// Returns the host's refusal (see `update-state` in `wit/runner.wit`), if any.
+    /// Returns the host's refusal (see `update-state` in `wit/runner.wit`), if any. The
+    /// default loop ([`crate::run`]) calls it after each event; call it yourself only from a
+    /// loop of your own. (It calls the host, so this example only compiles here.)
+    ///
+    /// ```no_run
+    /// use caravan_guest::State;
+    /// # let alloc = caravan_guest::Alloc {
+    /// #     id: "a1".into(), job_id: "web".into(), group: "web".into(),
+    /// #     tasks: vec![caravan_guest::Task { name: "main".into(), config: vec![] }],
+    /// #     desired_status: caravan_guest::DesiredStatus::Run, modify_index: 1, meta: vec![],
+    /// # };
+    /// let mut state = State::new(&alloc);
+    /// state.task_started("main");
+    /// if let Err(refusal) = state.report() {
+    ///     caravan_guest::error!("the host refused our state: {refusal}");
+    /// }
+    /// ```
     pub fn report(&mut self) -> Result<(), String> {
         if self.last_reported.as_ref() == Some(&self.current) {
             return Ok(());
