@@ -43,6 +43,10 @@ pub enum RestartMode {
     Delay,
 }
 
+/// How the description of an alloc whose runner waits to restart begins: `restarting in 15s
+/// (restart 1, at most 2 in 30m) after: ...`. `job status` finds such allocs by it.
+pub const RESTARTING_DESCRIPTION_PREFIX: &str = "restarting in ";
+
 /// The most restarts a window may allow: beyond it, a policy is a tight loop by another name.
 pub const MAX_ATTEMPTS: u32 = 64;
 

@@ -224,7 +224,8 @@ pub(super) fn restarting_state(
     AllocState {
         client_status: ClientStatus::Pending,
         description: format!(
-            "restarting in {wait} (restart {attempt}, at most {limit}) after: {why}"
+            "{}{wait} (restart {attempt}, at most {limit}) after: {why}",
+            crate::restart::RESTARTING_DESCRIPTION_PREFIX
         ),
         task_states,
     }

@@ -13,6 +13,10 @@ use std::net::SocketAddr;
 
 const TOKEN: &str = "ui-test-token";
 
+/// A task name that is markup: the runner reports it back in its states and log lines, and
+/// the page must show it as text.
+const MARKUP_TASK: &str = "<img id='injected' src='/x' onerror='document.title=1'>web";
+
 /// A chromedriver process and one browser session in it, both ended when dropped.
 struct Browser {
     driver: std::process::Child,
@@ -259,7 +263,7 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
         &job_file,
         format!(
             "[job]\nid = \"sleepy\"\ntype = \"service\"\ncount = 1\nrunner = {SLEEPER:?}\n\
-             [[job.tasks]]\nname = \"web\"\nconfig = {{ log_every = \"200ms\" }}\n"
+             [[job.tasks]]\nname = {MARKUP_TASK:?}\nconfig = {{ log_every = \"200ms\" }}\n"
         ),
     )
     .unwrap();
@@ -300,6 +304,17 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
         log_lines().await > seen + 2
     })
     .await;
+    // What the runner reported came back as text, not as an element.
+    let injected = browser
+        .run("return document.getElementById('injected') === null && document.title !== '1';")
+        .await;
+    if injected != true {
+        return Err("a task name was taken as markup".into());
+    }
+    let tasks = browser.text("main").await;
+    if !tasks.contains(&format!("Task {MARKUP_TASK}: running")) {
+        return Err(format!("the task's name is not shown as written: {tasks}"));
+    }
     let screenshot = browser.screenshot().await;
 
     // A stop from the page stops the job: the second click confirms.

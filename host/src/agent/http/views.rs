@@ -152,6 +152,22 @@ fn restarts_line(
     restart_limit: u32,
     now_unix_ms: u64,
 ) -> Option<String> {
+    // A runner restarting in place (`[job.restart]`) says so in its alloc's description.
+    let in_place = allocs.iter().find_map(|a| {
+        let state = a.client_state.as_ref()?;
+        (a.is_wanted()
+            && state.client_status == ClientStatus::Pending
+            && state
+                .description
+                .starts_with(crate::restart::RESTARTING_DESCRIPTION_PREFIX))
+        .then(|| {
+            let short: String = a.alloc.id.chars().take(8).collect();
+            format!("alloc {short} {}", state.description)
+        })
+    });
+    if in_place.is_some() {
+        return in_place;
+    }
     let policy = reconcile::reschedule_policy(&job.spec, restart_limit)?;
     let failure = |alloc_id: &str| {
         let failed = allocs.iter().find(|a| a.alloc.id == alloc_id);
