@@ -163,8 +163,9 @@ impl Poke {
     }
 }
 
-/// When each event is sent, from `seed`: in a random order, at random times in the first
-/// 90% of `duration` (the runner must still be up when the window ends after the last).
+/// When each event is sent, from `seed`: in a random order, at random times early enough
+/// that at least half a second (or half the window) is left after the last, for a crash it
+/// causes to show.
 fn schedule(seed: u64, duration: Duration) -> Vec<(Duration, Poke)> {
     let mut state = seed;
     // splitmix64: a few lines of well-known arithmetic, enough to spread three times.
@@ -180,7 +181,10 @@ fn schedule(seed: u64, duration: Duration) -> Vec<(Duration, Poke)> {
         let j = (next() % (i as u64 + 1)) as usize;
         pokes.swap(i, j);
     }
-    let window_ms = (duration.as_millis() as u64 * 9 / 10).max(1);
+    let window = duration
+        .saturating_sub(Duration::from_millis(500))
+        .max(duration / 2);
+    let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
     let mut times: Vec<u64> = (0..pokes.len()).map(|_| next() % window_ms).collect();
     times.sort_unstable();
     times
@@ -214,35 +218,47 @@ async fn watch(run: &Run, duration: Duration, schedule: &[(Duration, Poke)]) -> 
     let began = Instant::now();
     let stopped = run.runner.wait();
     let mut last_sent = None;
+    // A stop is looked at first, so that no event sent after it is blamed for it.
     for &(at, poke) in schedule {
         tokio::select! {
-            () = tokio::time::sleep_until(began + at) => {}
+            biased;
             () = stopped.wait() => return Watched::Ended { after: began.elapsed(), last_sent },
+            () = tokio::time::sleep_until(began + at) => {}
+        }
+        if stopped.is_set() {
+            return Watched::Ended {
+                after: began.elapsed(),
+                last_sent,
+            };
         }
         poke.send(run);
         last_sent = Some((at, poke));
     }
     tokio::select! {
-        () = tokio::time::sleep_until(began + duration) => Watched::Running,
+        biased;
         () = stopped.wait() => Watched::Ended { after: began.elapsed(), last_sent },
+        () = tokio::time::sleep_until(began + duration) => Watched::Running,
     }
 }
 
 /// How a run ended, for details: `complete (All tasks have completed)`.
-fn ending(run: &Run) -> String {
+fn how_it_ended(run: &Run) -> String {
     let state = run.runner.alloc_state();
     format!("{} ({})", state.client_status, state.description)
 }
 
-/// Whether a stopped run ended as a batch run does: `complete`, by returning.
+/// Whether a stopped run ended as a batch run does on its own: its own report made it
+/// `complete`, it returned, and nobody killed it. (A runner that only returned is made
+/// `complete` by the host: that is a service's loop ending too soon as often as a batch's
+/// end, so it is not taken for one.)
 fn ended_complete(run: &Run) -> bool {
-    run.runner.wait().is_set()
-        && !run.runner.crashed()
-        && run.runner.alloc_state().client_status == ClientStatus::Complete
+    run.runner.ending().is_some_and(|ending| {
+        ending.reported_its_end && !ending.crashed && !ending.torn_down && !ending.after_kill
+    }) && run.runner.alloc_state().client_status == ClientStatus::Complete
 }
 
-/// Kills the run and judges how it answered.
-async fn judge_kill(run: &Run, kill_timeout: Duration) -> Result<String, String> {
+/// Kills the run and judges how it answered; `None` when it had ended on its own first.
+async fn judge_kill(run: &Run, kill_timeout: Duration) -> Option<Result<String, String>> {
     run.runner.kill();
     let waited = tokio::time::timeout(
         kill_timeout + Duration::from_secs(1),
@@ -250,24 +266,25 @@ async fn judge_kill(run: &Run, kill_timeout: Duration) -> Result<String, String>
     )
     .await;
     if waited.is_err() {
-        return Err(format!(
+        return Some(Err(format!(
             "expected to stop within the kill timeout of {}; it did not",
             format_duration(kill_timeout)
-        ));
+        )));
+    }
+    let ending = run.runner.ending()?;
+    if !ending.after_kill {
+        return None;
     }
     let state = run.runner.alloc_state();
-    let torn_down = state
-        .description
-        .starts_with("runner did not stop within the kill timeout");
-    if torn_down {
+    Some(if ending.torn_down {
         Err(format!(
             "expected `run` to return within the kill timeout of {}; the host had to tear it down",
             format_duration(kill_timeout)
         ))
-    } else if run.runner.crashed() {
+    } else if ending.crashed {
         Err(format!(
             "expected `run` to return after `kill`; it crashed: {}",
-            ending(run)
+            how_it_ended(run)
         ))
     } else if !state.client_status.is_terminal() {
         Err(format!(
@@ -275,29 +292,28 @@ async fn judge_kill(run: &Run, kill_timeout: Duration) -> Result<String, String>
             state.client_status
         ))
     } else {
-        Ok(format!("returned with `{}`", ending(run)))
-    }
+        Ok(format!("returned with `{}`", how_it_ended(run)))
+    })
 }
 
 /// Runs every check against the component at `path`; stops early when the component cannot
-/// load.
+/// load. Every run it starts has stopped when it returns.
 pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<CheckResult>> {
     let runtime = Runtime::new(&RuntimeConfig {
         max_live_allocs: 8,
         cache_dir: options.cache_dir.clone(),
         ..RuntimeConfig::default()
     })?;
-    let mut results = Vec::new();
     let loaded = runtime.load_file(path);
-    results.push(result(
+    let instantiates = result(
         "instantiates",
         true,
         loaded
             .map(|_| "exports caravan:runner/runner and its imports link".into())
             .map_err(|e| e.to_string()),
-    ));
-    if !results[0].passed {
-        return Ok(results);
+    );
+    if !instantiates.passed {
+        return Ok(vec![instantiates]);
     }
     let data_dir = crate::fs_tree::TempTree::new("caravan-check-")?;
     let mut harness = Harness {
@@ -306,14 +322,27 @@ pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<Ch
         data_dir,
         runner_path: path.display().to_string(),
         tasks: options.tasks.clone(),
-        runs: 0,
+        started: Vec::new(),
         limits: Limits {
             kill_timeout: options.kill_timeout,
             ..Limits::default()
         },
     };
+    let checked = run_checks(&mut harness, options).await;
+    // However the checks ended, no run outlives them (nor their directory).
+    harness.stop_all(options.kill_timeout).await;
+    let mut results = vec![instantiates];
+    results.extend(checked?);
+    Ok(results)
+}
+
+async fn run_checks(
+    harness: &mut Harness,
+    options: &CheckOptions,
+) -> anyhow::Result<Vec<CheckResult>> {
     let kill_timeout = options.kill_timeout;
     let duration = options.duration;
+    let mut results = Vec::new();
 
     // Run 1: running, then the window with its events.
     let run = harness.start(None)?;
@@ -321,10 +350,13 @@ pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<Ch
     let quick_batch = running.is_err() && ended_complete(&run);
     let reports_running = match (&running, quick_batch) {
         (Ok(()), _) => Ok("reported `running`".to_string()),
-        (Err(_), true) => Ok(format!("ended {} before reporting `running`", ending(&run))),
+        (Err(_), true) => Ok(format!(
+            "ended {} before reporting `running`",
+            how_it_ended(&run)
+        )),
         (Err(why), false) => Err(why.clone()),
     };
-    results.push(result_of(&harness, &run, "reports running", true, reports_running).await);
+    results.push(result_of(harness, &run, "reports running", true, reports_running).await);
     let events = schedule(options.seed, duration);
     let watched = if running.is_ok() {
         watch(&run, duration, &events).await
@@ -336,6 +368,7 @@ pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<Ch
     };
     let batch = options.batch || ended_complete(&run);
     let sent = schedule_text(&events);
+    let reported = run.runner.alloc_state();
     let window = if batch {
         let outcome = match &watched {
             Watched::Running => Err(format!(
@@ -346,30 +379,41 @@ pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<Ch
             Watched::Ended { .. } if running.is_err() && !quick_batch => {
                 Err("not checked: the runner never reported `running`".into())
             }
-            Watched::Ended { after, .. } if run.runner.crashed() => Err(format!(
-                "expected `run` to return; it crashed after {}: {}",
-                format_duration(*after),
-                ending(&run)
-            )),
+            Watched::Ended { after, .. }
+                if run
+                    .runner
+                    .ending()
+                    .is_some_and(|e| e.crashed || e.torn_down) =>
+            {
+                Err(format!(
+                    "expected `run` to return; it crashed after {}: {}",
+                    format_duration(*after),
+                    how_it_ended(&run)
+                ))
+            }
             Watched::Ended { after, .. } => {
-                let state = run.runner.alloc_state();
-                if state.description.trim().is_empty() {
+                if reported.description.trim().is_empty() {
                     Err(format!(
                         "expected a description saying how it ended; it ended {} with none",
-                        state.client_status
+                        reported.client_status
                     ))
                 } else {
                     Ok(format!(
                         "ended {} on its own after {} (judged as a batch runner)",
-                        ending(&run),
+                        how_it_ended(&run),
                         format_duration(*after)
                     ))
                 }
             }
         };
-        result_of(&harness, &run, "ends on its own", true, outcome).await
+        result_of(harness, &run, "ends on its own", true, outcome).await
     } else {
         let outcome = match &watched {
+            Watched::Running if reported.client_status.is_terminal() => Err(format!(
+                "it reported {} ({}) but did not return from `run`: return once the alloc is \
+                 terminal",
+                reported.client_status, reported.description
+            )),
             Watched::Running => Ok(format!(
                 "still running after {}, through {sent} (seed {})",
                 format_duration(duration),
@@ -387,54 +431,57 @@ pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<Ch
                 };
                 Err(format!(
                     "expected to keep running for {} through {sent} (seed {}); it stopped \
-                     {} in{cause}: {}",
+                     {} in{cause}: {} (a batch runner reports `complete` itself before it \
+                     returns, or is checked with --batch)",
                     format_duration(duration),
                     options.seed,
                     format_duration(*after),
-                    ending(&run)
+                    how_it_ended(&run)
                 ))
             }
         };
-        result_of(&harness, &run, "stays up under events", true, outcome).await
+        result_of(harness, &run, "stays up under events", true, outcome).await
     };
     results.push(window);
 
     // `kill`: on run 1 if it still runs; for a batch runner that ended, on a new run,
     // killed as soon as it reports `running`.
+    let not_killed = |why: String| result("answers kill", false, Err(why));
     let killed = if !run.runner.wait().is_set() {
-        let outcome = judge_kill(&run, kill_timeout).await;
-        result_of(&harness, &run, "answers kill", true, outcome).await
+        match judge_kill(&run, kill_timeout).await {
+            Some(outcome) => result_of(harness, &run, "answers kill", true, outcome).await,
+            None => not_killed(format!(
+                "not checked: the runner ended on its own as it was killed ({})",
+                how_it_ended(&run)
+            )),
+        }
     } else if batch {
         let second = harness.start(None)?;
         let reported = second
             .observer
             .wait_running(&second.runner, START_TIMEOUT)
             .await;
-        if reported.is_ok() && !second.runner.wait().is_set() {
-            let outcome = judge_kill(&second, kill_timeout).await;
-            result_of(&harness, &second, "answers kill", true, outcome).await
+        let judged = if reported.is_ok() {
+            judge_kill(&second, kill_timeout).await
         } else {
-            second.runner.kill();
-            second.runner.wait().wait().await;
-            result(
-                "answers kill",
-                false,
-                Err(format!(
-                    "not checked: the batch runner ended before it could be killed ({})",
-                    ending(&second)
-                )),
-            )
+            None
+        };
+        match judged {
+            Some(outcome) => result_of(harness, &second, "answers kill", true, outcome).await,
+            None => not_killed(format!(
+                "not checked: the batch runner's second run ended before it could be killed ({})",
+                how_it_ended(&second)
+            )),
         }
     } else {
-        let outcome = Err(format!(
+        not_killed(format!(
             "not checked: the runner stopped before `kill` ({})",
-            ending(&run)
-        ));
-        result_of(&harness, &run, "answers kill", true, outcome).await
+            how_it_ended(&run)
+        ))
     };
     results.push(killed);
 
-    results.push(checkpoints_and_resumes(&mut harness, kill_timeout).await?);
+    results.push(checkpoints_and_resumes(harness, kill_timeout).await?);
 
     let lines = harness.log_lines().await;
     let logs = if lines > 0 {
@@ -452,50 +499,44 @@ async fn checkpoints_and_resumes(
     kill_timeout: Duration,
 ) -> anyhow::Result<CheckResult> {
     let run = harness.start(None)?;
-    let resumed = if run
-        .observer
-        .wait_running(&run.runner, START_TIMEOUT)
-        .await
-        .is_err()
-        || run.runner.wait().is_set()
-    {
-        Err(format!(
-            "not checked: the runner was not running when it could be asked to `shutdown` ({})",
-            ending(&run)
-        ))
-    } else {
-        run.runner.shutdown();
-        let _ = tokio::time::timeout(
-            kill_timeout + Duration::from_secs(1),
-            run.runner.shutdown_done().wait(),
-        )
-        .await;
-        let checkpoint = run.observer.checkpoint.lock_unpoisoned().clone();
-        match checkpoint {
-            None => Err(
+    let running = run.observer.wait_running(&run.runner, START_TIMEOUT).await;
+    if running.is_err() || run.runner.wait().is_set() {
+        return Ok(result(
+            "checkpoints and resumes",
+            false,
+            Err(format!(
+                "not checked: the runner was not running when it could be asked to `shutdown` ({})",
+                how_it_ended(&run)
+            )),
+        ));
+    }
+    run.runner.shutdown();
+    let _ = tokio::time::timeout(
+        kill_timeout + Duration::from_secs(1),
+        run.runner.shutdown_done().wait(),
+    )
+    .await;
+    let checkpoint = run.observer.checkpoint.lock_unpoisoned().clone();
+    let Some(bytes) = checkpoint else {
+        return Ok(result(
+            "checkpoints and resumes",
+            false,
+            Err(
                 "no checkpoint was saved on `shutdown` (fine for a runner with nothing to resume)"
                     .to_string(),
             ),
-            Some(bytes) => {
-                let size = bytes.len();
-                let restored = harness.start(Some(bytes))?;
-                let outcome = restored
-                    .observer
-                    .wait_running(&restored.runner, START_TIMEOUT)
-                    .await;
-                restored.runner.kill();
-                restored.runner.wait().wait().await;
-                outcome.map(|()| {
-                    format!(
-                        "saved {size} bytes on `shutdown` and reported `running` when given them back"
-                    )
-                })
-            }
-        }
+        ));
     };
-    run.runner.kill();
-    run.runner.wait().wait().await;
-    Ok(result("checkpoints and resumes", false, resumed))
+    let size = bytes.len();
+    let restored = harness.start(Some(bytes))?;
+    let outcome = restored
+        .observer
+        .wait_running(&restored.runner, START_TIMEOUT)
+        .await
+        .map(|()| {
+            format!("saved {size} bytes on `shutdown` and reported `running` when given them back")
+        });
+    Ok(result("checkpoints and resumes", false, outcome))
 }
 
 #[cfg(test)]
@@ -515,7 +556,11 @@ mod tests {
             kinds.dedup();
             assert_eq!(kinds.len(), 3, "each event once");
             assert!(events.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
-            assert!(events.iter().all(|(at, _)| *at < duration * 9 / 10));
+            assert!(
+                events
+                    .iter()
+                    .all(|(at, _)| *at < duration - Duration::from_millis(500))
+            );
         }
     }
 }

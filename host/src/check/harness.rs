@@ -88,16 +88,17 @@ pub(super) struct Harness {
     pub(super) alloc_logs: AllocLogs,
     pub(super) runner_path: String,
     pub(super) tasks: Vec<Task>,
-    pub(super) runs: usize,
+    /// Every run started, to stop them all at the end.
+    pub(super) started: Vec<Arc<WasmAllocRunner>>,
     pub(super) limits: Limits,
 }
 
 impl Harness {
     /// Starts a new run of the runner, from `restored` when given.
     pub(super) fn start(&mut self, restored: Option<Vec<u8>>) -> anyhow::Result<Run> {
-        self.runs += 1;
+        let number = self.started.len() + 1;
         let alloc = Arc::new(Alloc::new(
-            Self::alloc_id(self.runs),
+            Self::alloc_id(number),
             "runner-check",
             self.runner_path.clone(),
             self.tasks.clone(),
@@ -114,12 +115,28 @@ impl Harness {
             last_state: None,
         };
         let runner = self.factory.build(config)?;
+        self.started.push(runner.clone());
         runner.run();
         Ok(Run {
             runner,
             observer,
-            number: self.runs,
+            number,
         })
+    }
+
+    /// Kills every run still going and waits for each, at most its kill timeout and a
+    /// second: the host tears down one that does not return by then.
+    pub(super) async fn stop_all(&self, kill_timeout: std::time::Duration) {
+        for runner in &self.started {
+            runner.kill();
+        }
+        for runner in &self.started {
+            let _ = tokio::time::timeout(
+                kill_timeout + std::time::Duration::from_secs(1),
+                runner.wait().wait(),
+            )
+            .await;
+        }
     }
 
     fn alloc_id(run: usize) -> String {
@@ -142,7 +159,7 @@ impl Harness {
     /// Lines in the log files of every run so far, each written before the call.
     pub(super) async fn log_lines(&self) -> usize {
         let mut lines = 0;
-        for run in 1..=self.runs {
+        for run in 1..=self.started.len() {
             let text = self.alloc_logs.read(&Self::alloc_id(run)).await;
             lines += String::from_utf8_lossy(&text.unwrap_or_default())
                 .lines()

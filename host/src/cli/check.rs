@@ -34,7 +34,7 @@ pub struct CheckCommand {
     /// The runner component (`.wasm`).
     component: PathBuf,
     /// How long `kill` and `shutdown` may take.
-    #[arg(long, default_value = "5s", value_parser = crate::units::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_kill_timeout)]
     kill_timeout: std::time::Duration,
     /// Keep compiled components here, so the next check or run does not compile them
     /// again (default: the cache the agent and `caravan run` share,
@@ -53,7 +53,7 @@ pub struct CheckCommand {
     batch: bool,
     /// How long a service must stay up (an update, a signal and a task restart are sent at
     /// random times meanwhile), and a batch runner has to end.
-    #[arg(long, default_value = "3s", value_parser = crate::units::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = parse_check_duration)]
     duration: std::time::Duration,
     /// Chooses when those events are sent; printed, so a failure can be replayed.
     #[arg(long)]
@@ -116,4 +116,30 @@ impl CheckCommand {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// `--kill-timeout`: at most the agent's cap on a job's kill timeout (30 s).
+fn parse_kill_timeout(text: &str) -> Result<std::time::Duration, String> {
+    let timeout = crate::units::parse_duration(text).map_err(|e| e.to_string())?;
+    let cap = crate::structs::LimitCaps::default().kill_timeout;
+    if timeout > cap {
+        return Err(format!(
+            "{text} is longer than a job may ask for ({})",
+            crate::units::format_duration(cap)
+        ));
+    }
+    Ok(timeout)
+}
+
+/// `--duration`: from 100ms (time for the events) to 1h.
+fn parse_check_duration(text: &str) -> Result<std::time::Duration, String> {
+    let duration = crate::units::parse_duration(text).map_err(|e| e.to_string())?;
+    let (shortest, longest) = (
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(3600),
+    );
+    if !(shortest..=longest).contains(&duration) {
+        return Err(format!("{text} is out of range; expected 100ms to 1h"));
+    }
+    Ok(duration)
 }

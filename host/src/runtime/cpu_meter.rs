@@ -195,9 +195,11 @@ impl CpuMeter {
     }
 
     /// The same meter, counting `earlier` as charged already: what the alloc's earlier runs
-    /// used, since a runner restarted in place keeps the one budget its alloc has.
+    /// used, since a runner restarted in place keeps the one budget its alloc has. Counted as
+    /// the guest's: a failure then names only this run's host work as the host's share,
+    /// never more than it was.
     pub fn charged_already(mut self, earlier: Duration) -> Self {
-        self.host_work = earlier;
+        self.guest_time = earlier;
         if let Some(share) = &mut self.share {
             share.settled = earlier;
         }

@@ -66,8 +66,12 @@ impl DiskCache {
         let bytes = match self.read_trusted(&path) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return None,
-            Err(reason) => {
+            Err(Unusable::Damaged(reason)) => {
                 warn_damaged(&path, &reason);
+                return None;
+            }
+            Err(Unusable::Untrusted(reason)) => {
+                tracing::warn!(path = %path.display(), reason, "ignoring a compiled-component cache entry someone else could have written; compiling again");
                 return None;
             }
         };
@@ -101,23 +105,24 @@ impl DiskCache {
     /// The entry's bytes, `None` when there is none, or why it may not be trusted: code to
     /// run must come from a file only this user could have written, in a directory only this
     /// user may change (a cache under a shared or foreign home is someone else's code).
-    fn read_trusted(&self, path: &Path) -> Result<Option<Vec<u8>>, String> {
+    fn read_trusted(&self, path: &Path) -> Result<Option<Vec<u8>>, Unusable> {
         use std::io::Read;
         use std::os::unix::fs::MetadataExt;
         let mut file = match std::fs::File::open(path) {
             Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(format!("cannot read it: {error}")),
+            Err(error) => return Err(Unusable::Damaged(format!("cannot read it: {error}"))),
         };
         let user = rustix::process::geteuid().as_raw();
         let only_ours = |what: &str, metadata: std::io::Result<std::fs::Metadata>| {
-            let metadata = metadata.map_err(|e| format!("cannot look at its {what}: {e}"))?;
+            let metadata = metadata
+                .map_err(|e| Unusable::Damaged(format!("cannot look at its {what}: {e}")))?;
             if metadata.uid() != user || metadata.mode() & 0o022 != 0 {
-                return Err(format!(
+                return Err(Unusable::Untrusted(format!(
                     "its {what} belongs to another user or others may write it (uid {}, mode {:o})",
                     metadata.uid(),
                     metadata.mode() & 0o7777
-                ));
+                )));
             }
             Ok(())
         };
@@ -125,7 +130,7 @@ impl DiskCache {
         only_ours("file", file.metadata())?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)
-            .map_err(|e| format!("cannot read it: {e}"))?;
+            .map_err(|e| Unusable::Damaged(format!("cannot read it: {e}")))?;
         Ok(Some(bytes))
     }
 
@@ -141,14 +146,35 @@ impl DiskCache {
         let mut bytes = component.serialize().map_err(anyhow::Error::from)?;
         let digest = Sha256::digest(&bytes);
         bytes.extend_from_slice(&digest);
-        // Only this user may write where code is loaded from (see `read_trusted`).
+        // Only this user may write where code is loaded from (see `read_trusted`): made so, or
+        // made so again when an older Caravan (or a umask of 002) left it open to a group.
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
             .create(&self.dir)?;
+        close_to_others(&self.dir)?;
         let mut temporary = tempfile::NamedTempFile::new_in(&self.dir)?;
         std::io::Write::write_all(&mut temporary, &bytes)?;
         temporary.persist(self.entry_path(component_hash))?;
         Ok(())
     }
+}
+
+/// Why an entry is not loaded.
+enum Unusable {
+    /// It cannot be read, or is not what was written.
+    Damaged(String),
+    /// Someone other than this user could have written it.
+    Untrusted(String),
+}
+
+/// Takes write access to `dir` from its group and others, if this user owns it.
+fn close_to_others(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let metadata = std::fs::metadata(dir)?;
+    if metadata.uid() == rustix::process::geteuid().as_raw() && metadata.mode() & 0o022 != 0 {
+        let mode = metadata.mode() & 0o7777 & !0o022;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
 }
 
 fn warn_damaged(path: &Path, reason: &str) {

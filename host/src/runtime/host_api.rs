@@ -103,8 +103,9 @@ impl StateCell {
         Ok(())
     }
 
-    /// Sets the state of a runner about to be started again after a crash (not terminal)
-    /// and opens the cell to the next guest's reports.
+    /// Sets the state of a runner about to be started again after a crash (not terminal),
+    /// which the next guest's reports then build on (their tasks' restarts and events carry
+    /// on from it). A cell already closed by [`StateCell::finish`] stays as it is.
     pub fn restart(&self, mut restarting: AllocState) {
         tidy(&mut restarting, self.description_bytes);
         let mut cell = self.lock();

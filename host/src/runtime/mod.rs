@@ -52,7 +52,9 @@ mod wasm_runner;
 
 pub use logging::GUEST_TARGET;
 pub use store_limits::EPOCH_TICK;
-pub use wasm_runner::{MAX_QUEUED_TASK_ACTIONS, WasmAllocRunner, WasmAllocRunnerFactory};
+pub use wasm_runner::{
+    MAX_QUEUED_TASK_ACTIONS, RunEnding, WasmAllocRunner, WasmAllocRunnerFactory,
+};
 
 use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};

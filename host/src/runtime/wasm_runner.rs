@@ -6,16 +6,13 @@
 //! The final state is decided in one place, [`final_state`], from the guest's last report and
 //! how the last run ended.
 
-use super::alloc_dir::{create_alloc_dir, remove_alloc_dir};
+use super::alloc_dir::remove_alloc_dir;
 use super::bindings::{self, Event};
-use super::cpu_meter::CpuMeter;
 use super::disk_ledger::{DiskLedger, DiskQuota};
-use super::host_api::{HostApi, StateCell};
+use super::host_api::StateCell;
 use super::lifecycle::{Lifecycle, Phase, StopStep};
-use super::logging::{GuestLogSink, GuestLogging, LogLimits};
 use super::outcome::{RunOutcome, describe_failure, end_unfinished_tasks, final_state};
-use super::store_limits::{MemoryLimiter, UsageGauges};
-use super::wasi_ctx::sandbox_wasi;
+use super::store_limits::UsageGauges;
 use super::{LoadedComponent, Runtime, StoreData};
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
@@ -30,10 +27,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 use wasmtime::Store;
-use wasmtime::component::ResourceTable;
 
 mod factory;
 mod restarts;
+mod store;
 pub use factory::WasmAllocRunnerFactory;
 use restarts::Restarts;
 
@@ -76,9 +73,8 @@ struct Shared {
     /// Set when a kill or a shutdown is asked of a started runner: a restart waiting for its
     /// delay gives up.
     stop_asked: LatchTrigger,
-    /// Set when the last run ended in a crash: a trap, a limit, or a teardown after the
-    /// kill timeout (as opposed to `run` returning).
-    crashed: std::sync::atomic::AtomicBool,
+    /// How the last run ended, once it has.
+    ending: Mutex<Option<RunEnding>>,
     /// Set while a crashed runner waits to be restarted: signals and task restarts are
     /// refused then, as for a runner that is not running.
     restarting: std::sync::atomic::AtomicBool,
@@ -135,7 +131,7 @@ impl WasmAllocRunner {
                 run_task: Mutex::new(None),
                 restarts,
                 stop_asked: Latch::new().0,
-                crashed: std::sync::atomic::AtomicBool::new(false),
+                ending: Mutex::new(None),
                 restarting: std::sync::atomic::AtomicBool::new(false),
                 wall_deadline: Mutex::new(None),
                 stopped,
@@ -149,11 +145,24 @@ impl WasmAllocRunner {
         self.shared.kill();
     }
 
-    /// Whether the runner stopped because it crashed (a trap, a limit, or a teardown after
-    /// the kill timeout) rather than by returning from `run`; false while it runs.
-    pub fn crashed(&self) -> bool {
-        self.shared.crashed.load(Ordering::SeqCst)
+    /// How its last run ended; `None` while it runs (or before it started).
+    pub fn ending(&self) -> Option<RunEnding> {
+        *self.shared.ending.lock_unpoisoned()
     }
+}
+
+/// How a runner's run ended, for tools that judge runners (`caravan runner check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunEnding {
+    /// It trapped or hit a limit, rather than returning from `run`.
+    pub crashed: bool,
+    /// It did not return within the kill timeout, and its store was torn down.
+    pub torn_down: bool,
+    /// A kill had been asked of it before it ended.
+    pub after_kill: bool,
+    /// Its own report had made the alloc terminal before it ended (rather than the host
+    /// deciding the final state from how it ended).
+    pub reported_its_end: bool,
 }
 
 impl Shared {
@@ -304,11 +313,16 @@ impl Shared {
             outcome => outcome,
         };
         let span = &self.config.span;
-        let crashed = matches!(
-            outcome,
-            RunOutcome::Failed(_) | RunOutcome::KillTimedOut | RunOutcome::ShutdownTimedOut
-        );
-        self.crashed.store(crashed, Ordering::SeqCst);
+        let last = self.state.get();
+        *self.ending.lock_unpoisoned() = Some(RunEnding {
+            crashed: matches!(outcome, RunOutcome::Failed(_)),
+            torn_down: matches!(
+                outcome,
+                RunOutcome::KillTimedOut | RunOutcome::ShutdownTimedOut
+            ),
+            after_kill: kill_asked,
+            reported_its_end: last.client_status.is_terminal(),
+        });
         match &outcome {
             RunOutcome::Failed(description) => {
                 tracing::warn!(parent: span, reason = %description, "runner failed")
@@ -321,7 +335,7 @@ impl Shared {
             _ => {}
         }
         let final_state = final_state(
-            self.state.get(),
+            last,
             outcome,
             shut_down_only,
             &self.limits,
@@ -446,72 +460,6 @@ impl Shared {
             Ok(returned) => RunOutcome::Returned(returned),
             Err(error) => RunOutcome::Failed(describe_failure(&error, store.data(), "wasm trap")),
         }
-    }
-
-    /// The alloc's sandbox, with its directory made if it was not there: returns the store
-    /// and whether the directory was made now (and so holds nothing yet).
-    fn new_store(
-        &self,
-        alloc: &Arc<Alloc>,
-        events: mpsc::UnboundedReceiver<Event>,
-        disk: Arc<DiskLedger>,
-    ) -> anyhow::Result<(Store<StoreData>, bool)> {
-        // Checked again here: the agent's offer and caps may have changed since the job was
-        // submitted.
-        alloc
-            .limits
-            .check_values()
-            .map_err(|e| anyhow::anyhow!("job.limits.{e}"))?;
-        if let Some(caps) = &self.admission.caps {
-            caps.check(&alloc.limits)?;
-        }
-        if let Some(conflict) = self.limits.conflict() {
-            anyhow::bail!("job.limits: {conflict}");
-        }
-        let grants = self.admission.offered.grant(&alloc.capabilities)?;
-        let alloc_dir = &self.config.alloc_dir;
-        let dir_made_now = create_alloc_dir(alloc_dir)?;
-        let sink = GuestLogSink::new(
-            self.config.span.clone(),
-            LogLimits::of(&self.limits),
-            self.config.log_writer.clone(),
-        );
-        let wasi = sandbox_wasi(alloc_dir, &grants, &sink)?;
-        let data = StoreData {
-            wasi,
-            table: ResourceTable::new(),
-            host_api: HostApi::new(
-                alloc.clone(),
-                events,
-                self.queued_task_actions.clone(),
-                self.state.clone(),
-                self.config.span.clone(),
-                &self.limits,
-            ),
-            logging: GuestLogging::new(sink),
-            memory: MemoryLimiter::new(self.limits.memory_bytes).reporting_to(self.usage.clone()),
-            cpu: CpuMeter::new(self.limits.cpu, self.limits.cpu_share)
-                .charged_already(self.usage.snapshot().cpu_used)
-                .reporting_to(self.usage.clone()),
-            limits: self.limits,
-            disk,
-        };
-        let mut store = Store::new(&self.runtime.inner.engine, data);
-        store.set_hostcall_fuel(crate::limits::as_len(self.limits.hostcall_bytes));
-        store.set_max_component_handles(self.limits.open_files as usize);
-        store.limiter(|data| &mut data.memory);
-        store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());
-        // Every move between wasm and the host is timed for the CPU budget.
-        store.call_hook(|mut context, hook| {
-            let cpu = &mut context.data_mut().cpu;
-            if hook.entering_host() {
-                cpu.entering_host()
-            } else {
-                cpu.leaving_host()
-            }
-        });
-        store.set_epoch_deadline(1);
-        Ok((store, dir_made_now))
     }
 }
 

@@ -608,17 +608,17 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
         "restarty",
         1,
         r#"crash_after = "50ms""#,
-        "[job.restart]\nattempts = 1\ndelay = \"3s\"\n",
+        "[job.restart]\nattempts = 1\ndelay = \"5s\"\n",
     );
     agent.caravan(&["job", "run", "--detach", job_file.to_str().unwrap()]);
-    // While it waits (3 s), `job status` says what is next and why, once the client's
+    // While it waits (5 s), `job status` says what is next and why, once the client's
     // report has reached the server.
     agent.wait_for("the restart's wait", |line| {
         line["fields"]["message"] == "runner crashed; restarting it in place"
     });
-    let expected = " restarting in 3s (restart 1, at most 1 in 30m) after: wasm trap";
+    let expected = " restarting in 5s (restart 1, at most 1 in 30m) after: wasm trap";
     let mut waiting = String::new();
-    for _ in 0..20 {
+    for _ in 0..40 {
         waiting = stdout(&agent.caravan(&["job", "status", "restarty"]));
         if waiting.contains(expected) {
             break;
@@ -644,7 +644,7 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
         "{status}"
     );
     assert!(
-        status.contains("  Restarting  Task restarting in 3s"),
+        status.contains("  Restarting  Task restarting in 5s"),
         "{status}"
     );
 }

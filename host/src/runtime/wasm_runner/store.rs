@@ -1,0 +1,86 @@
+//! One run's store: the alloc's sandbox (its directory, WASI context, host API, logging,
+//! memory and CPU meters), built fresh for each run of the alloc's runner.
+
+use super::Shared;
+use crate::runtime::StoreData;
+use crate::runtime::alloc_dir::create_alloc_dir;
+use crate::runtime::bindings::Event;
+use crate::runtime::cpu_meter::CpuMeter;
+use crate::runtime::disk_ledger::DiskLedger;
+use crate::runtime::host_api::HostApi;
+use crate::runtime::logging::{GuestLogSink, GuestLogging, LogLimits};
+use crate::runtime::store_limits::MemoryLimiter;
+use crate::runtime::wasi_ctx::sandbox_wasi;
+use crate::structs::Alloc;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use wasmtime::Store;
+use wasmtime::component::ResourceTable;
+
+impl Shared {
+    /// The alloc's sandbox, with its directory made if it was not there: returns the store
+    /// and whether the directory was made now (and so holds nothing yet).
+    pub(super) fn new_store(
+        &self,
+        alloc: &Arc<Alloc>,
+        events: mpsc::UnboundedReceiver<Event>,
+        disk: Arc<DiskLedger>,
+    ) -> anyhow::Result<(Store<StoreData>, bool)> {
+        // Checked again here: the agent's offer and caps may have changed since the job was
+        // submitted.
+        alloc
+            .limits
+            .check_values()
+            .map_err(|e| anyhow::anyhow!("job.limits.{e}"))?;
+        if let Some(caps) = &self.admission.caps {
+            caps.check(&alloc.limits)?;
+        }
+        if let Some(conflict) = self.limits.conflict() {
+            anyhow::bail!("job.limits: {conflict}");
+        }
+        let grants = self.admission.offered.grant(&alloc.capabilities)?;
+        let alloc_dir = &self.config.alloc_dir;
+        let dir_made_now = create_alloc_dir(alloc_dir)?;
+        let sink = GuestLogSink::new(
+            self.config.span.clone(),
+            LogLimits::of(&self.limits),
+            self.config.log_writer.clone(),
+        );
+        let wasi = sandbox_wasi(alloc_dir, &grants, &sink)?;
+        let data = StoreData {
+            wasi,
+            table: ResourceTable::new(),
+            host_api: HostApi::new(
+                alloc.clone(),
+                events,
+                self.queued_task_actions.clone(),
+                self.state.clone(),
+                self.config.span.clone(),
+                &self.limits,
+            ),
+            logging: GuestLogging::new(sink),
+            memory: MemoryLimiter::new(self.limits.memory_bytes).reporting_to(self.usage.clone()),
+            cpu: CpuMeter::new(self.limits.cpu, self.limits.cpu_share)
+                .charged_already(self.usage.snapshot().cpu_used)
+                .reporting_to(self.usage.clone()),
+            limits: self.limits,
+            disk,
+        };
+        let mut store = Store::new(&self.runtime.inner.engine, data);
+        store.set_hostcall_fuel(crate::limits::as_len(self.limits.hostcall_bytes));
+        store.set_max_component_handles(self.limits.open_files as usize);
+        store.limiter(|data| &mut data.memory);
+        store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());
+        // Every move between wasm and the host is timed for the CPU budget.
+        store.call_hook(|mut context, hook| {
+            let cpu = &mut context.data_mut().cpu;
+            if hook.entering_host() {
+                cpu.entering_host()
+            } else {
+                cpu.leaving_host()
+            }
+        });
+        store.set_epoch_deadline(1);
+        Ok((store, dir_made_now))
+    }
+}
