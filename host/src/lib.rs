@@ -60,6 +60,7 @@ pub mod restart;
 pub mod rpc;
 pub mod run;
 pub mod runtime;
+pub mod scaffold;
 pub mod server;
 pub mod shutdown;
 pub mod state;

@@ -1,8 +1,9 @@
-//! `caravan runner ...`: tools for runner authors; today `runner check`, its flags and the
-//! lines it prints.
+//! `caravan runner ...`: tools for runner authors: `runner check`, its flags and the lines
+//! it prints, and `runner new`.
 //!
 //! The checks themselves are [`crate::check`], a library module so tests and other tools can
-//! run them without a process; this module must not add checks, only print them.
+//! run them without a process, and the scaffolds are [`crate::scaffold`]'s; this module must
+//! not add checks or files, only call them and print.
 
 use super::GlobalArgs;
 use crate::check::CheckOptions;
@@ -17,6 +18,9 @@ pub enum RunnerCommand {
     /// Drive a runner through the contract and print one line per check. Exits 0 only when
     /// every required check passes.
     Check(CheckCommand),
+    /// Make a folder with a working runner, its build script, a job file and a README with
+    /// the commands to build, check and run it.
+    New(NewCommand),
 }
 
 impl RunnerCommand {
@@ -24,7 +28,36 @@ impl RunnerCommand {
     pub async fn execute(self, global: &GlobalArgs) -> anyhow::Result<ExitCode> {
         match self {
             RunnerCommand::Check(command) => command.execute(global).await,
+            RunnerCommand::New(command) => command.execute(),
         }
+    }
+}
+
+/// `caravan runner new`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct NewCommand {
+    /// The runner's language.
+    #[arg(long, value_enum)]
+    lang: crate::scaffold::Language,
+    /// Its name: the folder, the job and (in Rust) the crate.
+    name: String,
+    /// Where to make the folder.
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    dir: PathBuf,
+}
+
+impl NewCommand {
+    /// Writes the folder and prints the three commands; errors (a bad name, a folder that
+    /// exists) exit 2 through the caller, having written nothing.
+    fn execute(self) -> anyhow::Result<ExitCode> {
+        let home = crate::scaffold::default_caravan_home();
+        let folder = crate::scaffold::create(&self.dir, &self.name, self.lang, &home)?;
+        let name = &self.name;
+        println!("made {}: from there,", folder.display());
+        println!("  ./build                               # out/{name}.wasm");
+        println!("  caravan runner check out/{name}.wasm");
+        println!("  caravan job run {name}.toml           # with an agent running");
+        Ok(ExitCode::SUCCESS)
     }
 }
 

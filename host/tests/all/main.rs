@@ -32,6 +32,7 @@ mod other_languages;
 mod restart_in_place;
 mod restore;
 mod runner_check;
+mod runner_new;
 mod sim;
 mod sleeper;
 mod stateful;

@@ -1,0 +1,325 @@
+//! `caravan runner new`: a folder with a working runner in one of the four languages, its
+//! build script, a job file and a README with the three commands to build, check and run it.
+//!
+//! The sources are Caravan's own: the Python, JavaScript and C scaffolds start from the
+//! minimal runner of their language (`guests/<language>/minimal`, which the tests check), the
+//! Rust one from the SDK's example in the runner guide. Each build script uses the toolchain
+//! of the Caravan checkout the `caravan` binary was built from (`scripts/setup` installs
+//! it); `CARAVAN_HOME` points a script at another.
+//!
+//! A leaf: it writes files under the folder it makes, never over an existing one, and knows
+//! nothing of runners beyond their text.
+
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+
+/// A language a runner can be scaffolded in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Language {
+    /// Rust, with the `caravan-guest` SDK.
+    Rust,
+    /// Python, with componentize-py.
+    Python,
+    /// JavaScript, with componentize-js.
+    Js,
+    /// C, with wit-bindgen's C bindings and clang.
+    C,
+}
+
+/// The Caravan checkout this binary was built from: its `wit/`, `guest-sdk/` and toolchains.
+pub fn default_caravan_home() -> PathBuf {
+    let host = Path::new(env!("CARGO_MANIFEST_DIR"));
+    host.parent().unwrap_or(host).to_path_buf()
+}
+
+/// Checks a runner's name: it names a folder, a file, a job and (for Rust) a crate.
+pub fn check_name(name: &str) -> anyhow::Result<()> {
+    let first_ok = name.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+    let rest_ok = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !first_ok || !rest_ok || name.len() > 64 || name.ends_with('-') {
+        bail!(
+            "{name:?} cannot name a runner: use 1 to 64 lower-case letters, digits and '-', \
+             starting with a letter (it names a folder, a job and a crate)"
+        );
+    }
+    Ok(())
+}
+
+/// Writes the runner `name` in `language` into a new folder `parent/name`, with
+/// `caravan_home` baked into its build script; returns the folder. Refuses an existing
+/// folder, and leaves nothing behind when a write fails.
+pub fn create(
+    parent: &Path,
+    name: &str,
+    language: Language,
+    caravan_home: &Path,
+) -> anyhow::Result<PathBuf> {
+    check_name(name)?;
+    let folder = parent.join(name);
+    if folder.exists() {
+        bail!(
+            "{} exists already; choose another name or --dir",
+            folder.display()
+        );
+    }
+    // Written beside the folder and renamed into place: a failure leaves no half runner.
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{name}-"))
+        .tempdir_in(parent)
+        .with_context(|| format!("cannot write in {}", parent.display()))?;
+    for (path, text) in files(name, language, caravan_home) {
+        let target = staging.path().join(&path);
+        if let Some(dir) = target.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&target, text).with_context(|| format!("cannot write {path}"))?;
+    }
+    set_executable(&staging.path().join("build"))?;
+    let staged = staging.keep();
+    if let Err(error) = std::fs::rename(&staged, &folder) {
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(error).with_context(|| format!("cannot create {}", folder.display()));
+    }
+    Ok(folder)
+}
+
+fn set_executable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
+/// Every file of the scaffold: its path in the folder, and its text.
+fn files(name: &str, language: Language, caravan_home: &Path) -> Vec<(String, String)> {
+    let home = caravan_home.display().to_string();
+    let (source_path, source, build_steps, setup) = match language {
+        Language::Rust => (
+            "src/lib.rs",
+            RUST_LIB.replace("{name}", name),
+            rust_build(name),
+            "rust",
+        ),
+        Language::Python => (
+            "app.py",
+            format!(
+                "# {name}: made by `caravan runner new` from Caravan's minimal Python runner.\n{}",
+                MINIMAL_PYTHON
+            ),
+            format!(
+                "# componentize-py imports app.py to find its exports, and leaves a __pycache__.\n\
+                 had_cache=$([ -e __pycache__ ] && echo yes || true)\n\
+                 PYTHONDONTWRITEBYTECODE=1 \"$caravan_home/target/toolchains/python/bin/componentize-py\" \\\n  \
+                 --wit-path \"$caravan_home/wit\" --world alloc-runner componentize app --output out/{name}.wasm >/dev/null\n\
+                 [ -n \"$had_cache\" ] || rm -rf __pycache__\n"
+            ),
+            "python",
+        ),
+        Language::Js => (
+            "runner.js",
+            format!(
+                "// {name}: made by `caravan runner new` from Caravan's minimal JavaScript runner.\n{}",
+                MINIMAL_JS
+            ),
+            format!(
+                "\"$caravan_home/target/toolchains/js/node_modules/.bin/componentize-js\" --wit \"$caravan_home/wit\" \\\n  \
+                 --world-name alloc-runner --disable http fetch-event --out out/{name}.wasm runner.js >/dev/null\n"
+            ),
+            "js",
+        ),
+        Language::C => (
+            "runner.c",
+            format!(
+                "// {name}: made by `caravan runner new` from Caravan's minimal C runner.\n{}",
+                MINIMAL_C
+            ),
+            c_build(name),
+            "c",
+        ),
+    };
+    let build = format!(
+        "#!/usr/bin/env bash\n\
+         # Builds out/{name}.wasm with the toolchain of the Caravan checkout at CARAVAN_HOME\n\
+         # (default: the one this runner was made from; `scripts/setup {setup}` there installs it).\n\
+         set -euo pipefail\n\
+         cd \"$(dirname \"$0\")\"\n\
+         caravan_home=\"${{CARAVAN_HOME:-{home}}}\"\n\
+         mkdir -p out\n\
+         {build_steps}\
+         echo \"built out/{name}.wasm\"\n"
+    );
+    let job = format!(
+        "# caravan job run {name}.toml (with an agent running: caravan agent --dev)\n\
+         [job]\nid = \"{name}\"\ntype = \"service\"\ncount = 1\nrunner = \"out/{name}.wasm\"\n\n\
+         [[job.tasks]]\nname = \"main\"\nconfig = {{ }}\n"
+    );
+    let readme = README
+        .replace("{name}", name)
+        .replace("{language}", language_name(language))
+        .replace("{source}", source_path)
+        .replace("{setup}", setup)
+        .replace("{home}", &home);
+    let mut files = vec![
+        ("README.md".to_string(), readme),
+        ("build".to_string(), build),
+        (format!("{name}.toml"), job),
+        (source_path.to_string(), source),
+        (".gitignore".to_string(), "/out/\n/target/\n".to_string()),
+    ];
+    if language == Language::Rust {
+        files.push((
+            "Cargo.toml".to_string(),
+            format!(
+                "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
+                 [lib]\ncrate-type = [\"cdylib\"]\n\n\
+                 [dependencies]\ncaravan-guest = {{ path = \"{home}/guest-sdk\" }}\n\n\
+                 # A workspace of its own, wherever the folder is.\n[workspace]\n\n\
+                 [profile.release]\n# Small components load and instantiate faster.\n\
+                 opt-level = \"s\"\nlto = true\ncodegen-units = 1\n"
+            ),
+        ));
+    }
+    files
+}
+
+fn language_name(language: Language) -> &'static str {
+    match language {
+        Language::Rust => "Rust",
+        Language::Python => "Python",
+        Language::Js => "JavaScript",
+        Language::C => "C",
+    }
+}
+
+fn rust_build(name: &str) -> String {
+    let artifact = name.replace('-', "_");
+    format!(
+        "cargo build --quiet --target wasm32-wasip2 --release\n\
+         cp \"${{CARGO_TARGET_DIR:-target}}/wasm32-wasip2/release/{artifact}.wasm\" out/{name}.wasm\n"
+    )
+}
+
+fn c_build(name: &str) -> String {
+    format!(
+        "(cd \"$caravan_home\" && cargo build --quiet -p caravan-guest-tools --bin componentize-c)\n\
+         tool=\"$caravan_home/target/debug/componentize-c\"\n\
+         \"$tool\" bindings \"$caravan_home/wit\" alloc-runner out/bindings\n\
+         clang-14 --target=wasm32-wasi --sysroot=/usr -mexec-model=reactor -O2 -Wall -Wextra -Werror \\\n  \
+         -I out/bindings runner.c out/bindings/alloc_runner.c out/bindings/alloc_runner_component_type.o \\\n  \
+         -o out/{name}.core.wasm\n\
+         \"$tool\" component out/{name}.core.wasm out/{name}.wasm\n"
+    )
+}
+
+const MINIMAL_PYTHON: &str = include_str!("../../guests/python/minimal/app.py");
+const MINIMAL_JS: &str = include_str!("../../guests/js/minimal/runner.js");
+const MINIMAL_C: &str = include_str!("../../guests/c/minimal/runner.c");
+
+const RUST_LIB: &str = r#"//! {name}: a Caravan runner, made by `caravan runner new`. It starts its tasks, says hello,
+//! logs a line every `log_every` (task config, default 10s) and runs until it is killed.
+//! The SDK's docs (`cargo doc --open`) give the event loop's rules and every hook.
+
+use caravan_guest::{Alloc, Runner, RunnerError, State, TaskConfig};
+use std::time::{Duration, Instant};
+
+struct Hello {
+    every: Duration,
+    next: Instant,
+}
+
+impl Runner for Hello {
+    fn start(
+        alloc: &Alloc,
+        _restored: Option<Vec<u8>>,
+        state: &mut State,
+    ) -> Result<Self, RunnerError> {
+        let mut every = Duration::from_secs(10);
+        for task in &alloc.tasks {
+            if let Some(configured) = TaskConfig::of(task).duration("log_every")? {
+                every = configured;
+            }
+            state.task_started(&task.name);
+        }
+        caravan_guest::info!("hello from alloc {}", alloc.id);
+        Ok(Hello {
+            every,
+            next: Instant::now() + every,
+        })
+    }
+
+    fn next_wakeup(&self) -> Option<Duration> {
+        caravan_guest::wakeup_for([self.next])
+    }
+
+    fn on_wakeup(&mut self, _state: &mut State) -> Result<(), RunnerError> {
+        caravan_guest::info!("still running");
+        self.next = Instant::now() + self.every;
+        Ok(())
+    }
+}
+
+caravan_guest::export_runner!(Hello);
+"#;
+
+const README: &str = r#"# {name}: a Caravan runner in {language}
+
+Made by `caravan runner new`. Three commands, from this folder:
+
+```sh
+./build                                  # compiles {source} to out/{name}.wasm
+caravan runner check out/{name}.wasm     # drives it through the contract, one line per check
+caravan job run {name}.toml              # runs it on an agent (`caravan agent --dev` first)
+```
+
+`caravan run out/{name}.wasm` runs one alloc of it without an agent; Ctrl-C kills it.
+
+Change `{source}` to do your work: the contract is `wit/runner.wit` in the Caravan checkout,
+and its runner guide (`docs/writing-a-runner.md`) walks through every rule and every
+mistake `runner check` catches. A runner that does its work and ends is a batch runner:
+give the job `type = "batch"` and check it with `caravan runner check --batch`.
+
+`./build` uses the toolchain of the Caravan checkout at `{home}` (`CARAVAN_HOME` names
+another); `scripts/setup {setup}` there installs it.
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_must_fit_a_folder_a_job_and_a_crate() {
+        for good in ["hello", "my-runner-2", "a"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "Hello",
+            "2fast",
+            "../x",
+            "a b",
+            "x-",
+            &"a".repeat(65),
+            "a_b",
+        ] {
+            let error = check_name(bad).unwrap_err().to_string();
+            assert!(error.contains("cannot name a runner"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn an_existing_folder_is_never_written_over() {
+        let parent = tempfile::tempdir().unwrap();
+        let home = default_caravan_home();
+        let made = create(parent.path(), "hello", Language::Python, &home).unwrap();
+        assert!(made.join("app.py").is_file() && made.join("build").is_file());
+        std::fs::write(made.join("app.py"), "mine").unwrap();
+        let again = create(parent.path(), "hello", Language::C, &home).unwrap_err();
+        assert!(again.to_string().contains("exists already"), "{again}");
+        assert_eq!(
+            std::fs::read_to_string(made.join("app.py")).unwrap(),
+            "mine"
+        );
+        let entries = std::fs::read_dir(parent.path()).unwrap().count();
+        assert_eq!(entries, 1, "no staging folder left behind");
+    }
+}
