@@ -44,6 +44,61 @@ pub enum DelayFunction {
 /// The shortest `delay` a job may ask for: less would spin a crashing runner.
 pub const MIN_DELAY: Duration = Duration::from_secs(1);
 
+impl DelayFunction {
+    /// The wait before the `nth` retry (from 1): `delay`, or for `exponential` twice the
+    /// last one, never over `max_delay`.
+    pub fn wait(self, delay: Duration, max_delay: Duration, nth: u32) -> Duration {
+        match self {
+            DelayFunction::Constant => delay,
+            DelayFunction::Exponential => delay
+                .checked_mul(1u32 << nth.saturating_sub(1).min(31))
+                .unwrap_or(max_delay)
+                .min(max_delay),
+        }
+    }
+
+    /// `delay_function` as a job file writes it (`None`: `default`).
+    pub(crate) fn parse(text: Option<&str>, default: Self) -> Result<Self, String> {
+        match text {
+            None => Ok(default),
+            Some("constant") => Ok(DelayFunction::Constant),
+            Some("exponential") => Ok(DelayFunction::Exponential),
+            Some(other) => Err(format!(
+                "{other:?}; expected \"constant\" or \"exponential\""
+            )),
+        }
+    }
+}
+
+/// The rules a policy's `delay` and `max_delay` keep, in either block: the key at fault and
+/// why.
+pub(crate) fn check_delays(
+    delay: Duration,
+    max_delay: Duration,
+) -> Result<(), (&'static str, String)> {
+    if delay < MIN_DELAY {
+        return Err((
+            "delay",
+            format!(
+                "{} is too short; at least {}: a shorter wait would spin a crashing runner",
+                format_duration(delay),
+                format_duration(MIN_DELAY)
+            ),
+        ));
+    }
+    if max_delay < delay {
+        return Err((
+            "max_delay",
+            format!(
+                "{} is shorter than delay ({})",
+                format_duration(max_delay),
+                format_duration(delay)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Most replacement times kept in a chain's history, and so the most `attempts` a policy
 /// may have (an unlimited policy's history is cut to it).
 pub const MAX_HISTORY: usize = 64;
@@ -88,16 +143,9 @@ impl ReschedulePolicy {
         let attempt = u32::try_from(recent.len())
             .unwrap_or(u32::MAX)
             .saturating_add(1);
-        let delay = match self.delay_function {
-            DelayFunction::Constant => self.delay,
-            DelayFunction::Exponential => {
-                let doublings = (attempt - 1).min(32);
-                self.delay
-                    .checked_mul(1u32 << doublings.min(31))
-                    .unwrap_or(self.max_delay)
-                    .min(self.max_delay)
-            }
-        };
+        let delay = self
+            .delay_function
+            .wait(self.delay, self.max_delay, attempt);
         recent.push(now_unix_ms);
         if recent.len() > MAX_HISTORY {
             recent.drain(..recent.len() - MAX_HISTORY);
@@ -185,17 +233,13 @@ impl RawReschedule {
                     ),
                 })?,
         };
-        let delay_function = match self.delay_function.as_deref() {
-            None => base.delay_function,
-            Some("constant") => DelayFunction::Constant,
-            Some("exponential") => DelayFunction::Exponential,
-            Some(other) => {
-                return Err(RescheduleError {
+        let delay_function =
+            DelayFunction::parse(self.delay_function.as_deref(), base.delay_function).map_err(
+                |message| RescheduleError {
                     key: "delay_function",
-                    message: format!("{other:?}; expected \"constant\" or \"exponential\""),
-                });
-            }
-        };
+                    message,
+                },
+            )?;
         let policy = ReschedulePolicy {
             attempts,
             interval: duration("interval", &self.interval, base.interval)?,
@@ -204,26 +248,8 @@ impl RawReschedule {
             max_delay: duration("max_delay", &self.max_delay, base.max_delay)?,
             unlimited: self.unlimited.unwrap_or(base.unlimited),
         };
-        if policy.delay < MIN_DELAY {
-            return Err(RescheduleError {
-                key: "delay",
-                message: format!(
-                    "{} is too short; at least {}: a shorter wait would spin a crashing runner",
-                    format_duration(policy.delay),
-                    format_duration(MIN_DELAY)
-                ),
-            });
-        }
-        if policy.max_delay < policy.delay {
-            return Err(RescheduleError {
-                key: "max_delay",
-                message: format!(
-                    "{} is shorter than delay ({})",
-                    format_duration(policy.max_delay),
-                    format_duration(policy.delay)
-                ),
-            });
-        }
+        check_delays(policy.delay, policy.max_delay)
+            .map_err(|(key, message)| RescheduleError { key, message })?;
         if policy.interval.is_zero() && !policy.unlimited && policy.attempts > 0 {
             return Err(RescheduleError {
                 key: "interval",

@@ -51,7 +51,7 @@ pub const RESTARTING_DESCRIPTION_PREFIX: &str = "restarting in ";
 pub const MAX_ATTEMPTS: u32 = 64;
 
 /// The shortest `delay` a job may ask for: less would spin a crashing runner.
-pub const MIN_DELAY: Duration = Duration::from_secs(1);
+pub use crate::reschedule::MIN_DELAY;
 
 /// The longest wait of an `exponential` policy that does not set `max_delay`.
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(300);
@@ -72,14 +72,7 @@ impl RestartPolicy {
 
     /// The wait before the `nth` restart (from 1) of a window.
     fn delay_for(&self, nth: u32) -> Duration {
-        match self.delay_function {
-            crate::reschedule::DelayFunction::Constant => self.delay,
-            crate::reschedule::DelayFunction::Exponential => self
-                .delay
-                .checked_mul(1u32 << nth.saturating_sub(1).min(31))
-                .unwrap_or(self.max_delay)
-                .min(self.max_delay),
-        }
+        self.delay_function.wait(self.delay, self.max_delay, nth)
     }
 
     /// `2 in 30m`, as statuses word the limit.
@@ -227,17 +220,9 @@ impl RawRestart {
                     )
                 })?,
         };
-        let delay_function = match self.delay_function.as_deref() {
-            None => base.delay_function,
-            Some("constant") => DelayFunction::Constant,
-            Some("exponential") => DelayFunction::Exponential,
-            Some(other) => {
-                return Err(bad(
-                    "delay_function",
-                    format!("{other:?}; expected \"constant\" or \"exponential\""),
-                ));
-            }
-        };
+        let delay_function =
+            DelayFunction::parse(self.delay_function.as_deref(), base.delay_function)
+                .map_err(|message| bad("delay_function", message))?;
         let mode = match self.mode.as_deref() {
             None => base.mode,
             Some("fail") => RestartMode::Fail,
@@ -267,26 +252,8 @@ impl RawRestart {
             )?,
             mode,
         };
-        if policy.delay < MIN_DELAY {
-            return Err(bad(
-                "delay",
-                format!(
-                    "{} is too short; at least {}: a shorter wait would spin a crashing runner",
-                    format_duration(policy.delay),
-                    format_duration(MIN_DELAY)
-                ),
-            ));
-        }
-        if policy.max_delay < policy.delay {
-            return Err(bad(
-                "max_delay",
-                format!(
-                    "{} is shorter than delay ({})",
-                    format_duration(policy.max_delay),
-                    format_duration(policy.delay)
-                ),
-            ));
-        }
+        crate::reschedule::check_delays(policy.delay, policy.max_delay)
+            .map_err(|(key, message)| bad(key, message))?;
         if policy.interval < policy.delay {
             return Err(bad(
                 "interval",
