@@ -14,6 +14,7 @@
 use crate::units::{format_duration, parse_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How an alloc's crashed runner is restarted in place. Without a `[job.restart]` block it
 /// is not: the job's reschedule policy replaces the failed alloc instead.
@@ -83,9 +84,9 @@ impl RestartPolicy {
 
 /// Counts one alloc's restarts in the current window (Nomad's restart tracker).
 #[derive(Debug)]
-pub struct RestartTracker<T> {
+pub struct RestartTracker {
     policy: RestartPolicy,
-    window_start: Option<T>,
+    window_start: Option<Instant>,
     restarts_in_window: u32,
 }
 
@@ -103,26 +104,7 @@ pub enum RestartDecision {
     LimitReached,
 }
 
-/// A point in time the tracker can measure from: `tokio::time::Instant` in the runner (so
-/// paused test time drives it), plain numbers in unit tests.
-pub trait Moment: Copy {
-    /// The time from `earlier` to `self`, zero if `earlier` is later.
-    fn since(self, earlier: Self) -> Duration;
-    /// The moment `by` after this one.
-    fn later_by(self, by: Duration) -> Self;
-}
-
-impl Moment for tokio::time::Instant {
-    fn since(self, earlier: Self) -> Duration {
-        self.saturating_duration_since(earlier)
-    }
-
-    fn later_by(self, by: Duration) -> Self {
-        self + by
-    }
-}
-
-impl<T: Moment> RestartTracker<T> {
+impl RestartTracker {
     /// A tracker for `policy`, with no restart counted yet.
     pub fn new(policy: RestartPolicy) -> Self {
         RestartTracker {
@@ -138,14 +120,14 @@ impl<T: Moment> RestartTracker<T> {
     }
 
     /// The runner crashed at `now`: restart it (after how long), or let the alloc fail.
-    pub fn on_crash(&mut self, now: T) -> RestartDecision {
+    pub fn on_crash(&mut self, now: Instant) -> RestartDecision {
         let policy = self.policy;
         if policy.attempts == 0 {
             return RestartDecision::LimitReached;
         }
         let window_over = self
             .window_start
-            .is_none_or(|start| now.since(start) >= policy.interval);
+            .is_none_or(|start| now.saturating_duration_since(start) >= policy.interval);
         if window_over {
             self.window_start = Some(now);
             self.restarts_in_window = 0;
@@ -165,10 +147,12 @@ impl<T: Moment> RestartTracker<T> {
                 let left = self
                     .window_start
                     .map_or(Duration::ZERO, |start| {
-                        policy.interval.saturating_sub(now.since(start))
+                        policy
+                            .interval
+                            .saturating_sub(now.saturating_duration_since(start))
                     })
                     .max(policy.delay);
-                self.window_start = Some(now.later_by(left));
+                self.window_start = Some(now + left);
                 self.restarts_in_window = 1;
                 RestartDecision::Restart {
                     delay: left,
@@ -272,18 +256,11 @@ impl RawRestart {
 mod tests {
     use super::*;
 
-    /// Seconds, as the tracker's clock.
-    #[derive(Debug, Clone, Copy)]
-    struct At(u64);
-
-    impl Moment for At {
-        fn since(self, earlier: Self) -> Duration {
-            Duration::from_secs(self.0.saturating_sub(earlier.0))
-        }
-
-        fn later_by(self, by: Duration) -> Self {
-            At(self.0 + by.as_secs())
-        }
+    /// `seconds` after a fixed start, as the tracker's clock.
+    #[allow(non_snake_case, reason = "reads as the moment it names: At(120)")]
+    fn At(seconds: u64) -> Instant {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *START.get_or_init(Instant::now) + Duration::from_secs(seconds)
     }
 
     fn policy(mode: RestartMode) -> RestartPolicy {

@@ -201,8 +201,9 @@ fn rust_build(name: &str) -> String {
 
 fn c_build(name: &str) -> String {
     format!(
-        "(cd \"$caravan_home\" && cargo build --quiet -p caravan-guest-tools --bin componentize-c)\n\
-         tool=\"$caravan_home/target/debug/componentize-c\"\n\
+        "tool=\"$caravan_home/target/debug/componentize-c\"\n\
+         # Built by the checkout's guests/c/build; built here only when missing.\n\
+         [ -x \"$tool\" ] || (cd \"$caravan_home\" && cargo build --quiet -p caravan-guest-tools --bin componentize-c)\n\
          \"$tool\" bindings \"$caravan_home/wit\" alloc-runner out/bindings\n\
          clang-14 --target=wasm32-wasi --sysroot=/usr -mexec-model=reactor -O2 -Wall -Wextra -Werror \\\n  \
          -I out/bindings runner.c out/bindings/alloc_runner.c out/bindings/alloc_runner_component_type.o \\\n  \

@@ -21,6 +21,17 @@ fn policy(attempts: u32, delay_secs: u64) -> RestartPolicy {
     }
 }
 
+/// Whether the runner ever waited to restart.
+fn ever_restarting(started: &Started) -> bool {
+    started
+        .recorder
+        .history
+        .lock()
+        .unwrap()
+        .iter()
+        .any(restarting)
+}
+
 fn restarting(state: &AllocState) -> bool {
     state.client_status == ClientStatus::Pending && state.description.starts_with("restarting")
 }
@@ -163,15 +174,7 @@ async fn without_a_policy_a_crash_fails_the_alloc_at_once() {
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed, "{state:?}");
     assert_eq!(state.task_states[0].restarts, 0);
-    assert!(
-        !started
-            .recorder
-            .history
-            .lock()
-            .unwrap()
-            .iter()
-            .any(restarting)
-    );
+    assert!(!ever_restarting(&started));
 }
 
 #[tokio::test]
@@ -197,13 +200,5 @@ async fn a_spent_cpu_budget_is_final_whatever_the_policy() {
         state.task_states[0].restarts, 0,
         "the budget is the alloc's"
     );
-    assert!(
-        !started
-            .recorder
-            .history
-            .lock()
-            .unwrap()
-            .iter()
-            .any(restarting)
-    );
+    assert!(!ever_restarting(&started));
 }

@@ -27,7 +27,7 @@ pub(super) struct Restarts {
 }
 
 struct Tracking {
-    tracker: Mutex<RestartTracker<tokio::time::Instant>>,
+    tracker: Mutex<RestartTracker>,
     /// The last checkpoint kept by the client (or the restored one, until the first).
     last_checkpoint: Arc<Mutex<Option<Vec<u8>>>>,
 }
