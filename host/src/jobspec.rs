@@ -17,7 +17,8 @@
 //! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]),
 //! `[job.reschedule]` (`attempts`, `interval`, `delay`, `delay_function`, `max_delay`,
 //! `unlimited`: see [`crate::reschedule`]), `[job.restart]` (`attempts`, `interval`, `delay`,
-//! `delay_function`, `max_delay`, `mode`: see [`crate::restart`]).
+//! `delay_function`, `max_delay`, `mode`: see [`crate::restart`]), `[job.update]`
+//! (`carry_checkpoint`: see [`UpdatePolicy`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
@@ -50,6 +51,11 @@ pub struct JobSpec {
     pub count: u32,
     /// Path of the runner component.
     pub runner: String,
+    /// The SHA-256 (hex) of the runner component as the agent that took the job loaded it:
+    /// which build the job runs, so that a new build at the same path is a change. Never
+    /// from a job file; `None` until an agent sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_sha256: Option<String>,
     /// Per-alloc limits; unset ones take the agent's defaults.
     pub limits: LimitOverrides,
     /// The tasks each alloc runs (one task named after the job when none is given).
@@ -66,6 +72,37 @@ pub struct JobSpec {
     /// How a crashed runner is restarted in place (`[job.restart]`); `None`: it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<RestartPolicy>,
+    /// How a change of the job reaches its running allocs (`[job.update]`).
+    #[serde(default, skip_serializing_if = "UpdatePolicy::is_default")]
+    pub update: UpdatePolicy,
+}
+
+/// How a change of a job reaches its running allocs (`[job.update]`).
+///
+/// A change of the runner alone (a new build, or a new path) always upgrades the running
+/// allocs in place: each is asked to `shutdown`, and its runner's new build starts from the
+/// checkpoint it took, with the same alloc id, directory and log (see
+/// `runtime::wasm_runner`). Any other change replaces the allocs with new ones, which start
+/// without a checkpoint, unless `carry_checkpoint` lets a change of the tasks' config or the
+/// job's meta go in place too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdatePolicy {
+    /// A change of the tasks' config or the meta upgrades in place, carrying the checkpoint,
+    /// rather than replacing the allocs.
+    #[serde(default)]
+    pub carry_checkpoint: bool,
+}
+
+impl UpdatePolicy {
+    fn is_default(&self) -> bool {
+        *self == UpdatePolicy::default()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpdate {
+    carry_checkpoint: Option<bool>,
 }
 
 /// Why a job spec was refused: the field at fault and what is wrong with it.
@@ -110,6 +147,7 @@ struct RawJob {
     capabilities: RawCapabilities,
     reschedule: Option<RawReschedule>,
     restart: Option<RawRestart>,
+    update: Option<RawUpdate>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -291,12 +329,16 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         job_type,
         count,
         runner,
+        runner_sha256: None,
         limits,
         tasks,
         meta: raw.meta.into_iter().collect(),
         capabilities,
         reschedule,
         restart,
+        update: UpdatePolicy {
+            carry_checkpoint: raw.update.and_then(|u| u.carry_checkpoint).unwrap_or(false),
+        },
     };
     let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
     if stored > MAX_JOB_BYTES {
@@ -409,6 +451,30 @@ mod tests {
             parse_toml("[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n")
                 .unwrap();
         assert_eq!(without.restart, None, "no restarts in place unless asked");
+    }
+
+    #[test]
+    fn an_update_block_opts_in_to_carrying_checkpoints_and_an_unknown_key_is_named() {
+        let with_block = |block: &str| {
+            parse_toml(&format!(
+                "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                 [job.update]\n{block}\n"
+            ))
+        };
+        assert!(
+            with_block("carry_checkpoint = true")
+                .unwrap()
+                .update
+                .carry_checkpoint
+        );
+        assert_eq!(with_block("").unwrap().update, UpdatePolicy::default());
+        let refused = with_block("carry = true").unwrap_err().to_string();
+        assert!(
+            refused.contains("unknown field `carry`") && refused.contains("carry_checkpoint"),
+            "{refused}"
+        );
+        let spec = with_block("carry_checkpoint = false").unwrap();
+        assert_eq!(spec.runner_sha256, None, "never from a job file");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
 use crate::locks::LockUnpoisoned;
-use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
+use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
 use crate::shutdown::ShutdownListener;
 use crate::structs::{Alloc, AllocState, ClientStatus, LimitOverrides, Limits, Task};
 use crate::units::format_duration;
@@ -39,6 +39,9 @@ pub struct RunOptions {
     pub data_dir: Option<PathBuf>,
     /// Where compiled components are kept between runs; nowhere when `None`.
     pub cache_dir: Option<PathBuf>,
+    /// Upgrade the runner in place, from its checkpoint, each time the component file
+    /// changes (`--watch`).
+    pub watch: bool,
 }
 
 /// What `--limit` accepts, for its help.
@@ -177,6 +180,14 @@ pub async fn run(
         _ = shutdown.stopping() => bail!("interrupted before the alloc started"),
     };
     runner.run();
+    let watching = options.watch.then(|| {
+        tokio::spawn(watch_component(
+            runner.clone(),
+            options.component.clone(),
+            span.clone(),
+        ))
+    });
+    let _stop_watching = watching.map(|task| AbortOnDrop(task.abort_handle()));
 
     let stopped = runner.wait();
     let kill_timeout = limits.with_overrides(&alloc.limits).kill_timeout;
@@ -199,6 +210,71 @@ pub async fn run(
     }
     let state = runner.alloc_state();
     Ok((Alloc::clone(&alloc), state))
+}
+
+/// How often `--watch` looks at the component file.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// `--watch`: each time the component file changes, and then stays the same for one look
+/// (a build may write it in pieces), hands the runner a version of its alloc naming the new
+/// build, which it upgrades to in place exactly as an agent's runner does for a job whose
+/// runner was rebuilt. A file that cannot be read or loaded is reported by that path, and
+/// the running build carries on.
+async fn watch_component(runner: Arc<WasmAllocRunner>, path: PathBuf, span: tracing::Span) {
+    let stamp = |path: &PathBuf| {
+        std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok()))
+    };
+    let mut seen = stamp(&path);
+    let mut asked: Option<String> = None;
+    let mut ticker = tokio::time::interval(WATCH_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let now = stamp(&path);
+        if now == seen {
+            continue;
+        }
+        ticker.tick().await;
+        if stamp(&path) != now {
+            continue; // still being written: looked at again next time
+        }
+        seen = now;
+        let reading = path.clone();
+        let hashed = tokio::task::spawn_blocking(move || {
+            std::fs::read(&reading).map(|bytes| crate::runtime::component_sha256(&bytes))
+        })
+        .await;
+        let sha256 = match hashed {
+            Ok(Ok(sha256)) => sha256,
+            Ok(Err(error)) => {
+                tracing::warn!(parent: &span, %error, path = %path.display(), "the runner file changed but cannot be read");
+                continue;
+            }
+            Err(_) => return,
+        };
+        if runner.runner_sha256().as_ref() == Some(&sha256) || asked.as_ref() == Some(&sha256) {
+            continue;
+        }
+        tracing::info!(parent: &span, runner_sha256 = %&sha256[..crate::allocrunner::SHORT_HASH_DIGITS], "the runner file changed: upgrading in place");
+        asked = Some(sha256.clone());
+        let current = runner.alloc();
+        runner.update(Arc::new(Alloc {
+            runner_sha256: Some(sha256),
+            modify_index: current.modify_index + 1,
+            ..Alloc::clone(&current)
+        }));
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Logs each change of client status, the way the agent's log shows an alloc's progress.
@@ -250,6 +326,7 @@ mod tests {
             job_id: "example".into(),
             data_dir: None,
             cache_dir: None,
+            watch: false,
         }
     }
 

@@ -272,7 +272,9 @@ caravan runner check out/{name}.wasm     # drives it through the contract, one l
 caravan job run {name}.toml              # runs it on an agent (`caravan agent --dev` first)
 ```
 
-`caravan run out/{name}.wasm` runs one alloc of it without an agent; Ctrl-C kills it.
+`caravan run out/{name}.wasm` runs one alloc of it without an agent; Ctrl-C kills it. With
+`--watch`, each `./build` (in another terminal) upgrades that alloc in place, from its
+checkpoint; `caravan job run {name}.toml` again after a build does the same on an agent.
 
 Change `{source}` to do your work: the contract is `wit/runner.wit` in the Caravan checkout,
 and its runner guide (`docs/writing-a-runner.md`) walks through every rule and every

@@ -50,6 +50,11 @@ pub struct Alloc {
     pub group: String,
     /// Path of the runner component that runs it.
     pub runner: String,
+    /// The SHA-256 (hex) of the build of `runner` its job was registered with; `None` when
+    /// unknown (an alloc of `caravan run`, or made before builds were recorded). A change of
+    /// it in an update is an upgrade in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_sha256: Option<String>,
     /// The tasks, in job order.
     pub tasks: Vec<Task>,
     /// What the scheduler wants.
@@ -106,6 +111,7 @@ impl Alloc {
             group: job_id.clone(),
             job_id,
             runner: runner.into(),
+            runner_sha256: None,
             tasks,
             desired_status: DesiredStatus::Run,
             modify_index: 1,

@@ -376,6 +376,7 @@ fn local_view(state: &ApiState, alloc_id: &str) -> Option<LocalAllocView> {
         cpu_used_us: usage.map(|u| u.cpu_used.as_micros() as u64),
         memory_peak_bytes: usage.map(|u| u.memory_peak_bytes),
         runner_sha256: runner.runner_sha256(),
+        upgrade: runner.last_upgrade().map(Into::into),
     })
 }
 

@@ -56,7 +56,10 @@ pub trait AllocRunner: Send + Sync {
 
     /// Hands over a new version of the alloc. Versions whose `modify_index` is not greater
     /// than the current one are ignored. A desired status of stop or evict kills the runner,
-    /// as [`AllocRunner::destroy`] does minus the clean-up.
+    /// as [`AllocRunner::destroy`] does minus the clean-up. A new runner (its path or its
+    /// `runner_sha256`), tasks or meta ask for an upgrade in place, which a runner that runs
+    /// a component carries out on its own task (see [`AllocRunner::last_upgrade`]); the
+    /// others hand the version on as any other.
     fn update(&self, alloc: Arc<Alloc>);
 
     /// The agent is stopping: ask the runner to save a checkpoint and stop without a terminal
@@ -107,11 +110,43 @@ pub trait AllocRunner: Send + Sync {
     }
 
     /// The SHA-256 (hex) of the component this runner runs, telling builds of one runner
-    /// apart; `None` from a runner that runs no component (the native ones). Fixed once
-    /// built.
+    /// apart; `None` from a runner that runs no component (the native ones). Changes only
+    /// when an upgrade in place starts the new build (or rolls back from it).
     fn runner_sha256(&self) -> Option<String> {
         None
     }
+
+    /// How the last upgrade in place went, if one was asked of this runner since it was
+    /// built; `None` from the native runners, which have no component to upgrade.
+    fn last_upgrade(&self) -> Option<UpgradeReport> {
+        None
+    }
+}
+
+/// One upgrade in place of a runner's component, as [`AllocRunner::last_upgrade`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeReport {
+    /// The build that ran before (SHA-256, hex).
+    pub from_sha256: String,
+    /// The build asked for: its SHA-256 once loaded, else the alloc's `runner_sha256`, else
+    /// its path.
+    pub to: String,
+    /// Where it stands.
+    pub outcome: UpgradeOutcome,
+    /// When it was asked for (Unix ms).
+    pub asked_unix_ms: u64,
+}
+
+/// Where an upgrade in place stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpgradeOutcome {
+    /// The old build was asked to shut down, or the new one has not reported yet.
+    InProgress,
+    /// The new build reported `running` (or `complete`): it runs the alloc now.
+    Done,
+    /// It did not happen, and the alloc runs the build it ran before: why (the new build
+    /// could not be loaded, or failed before reporting `running` and was rolled back).
+    Failed(String),
 }
 
 /// What one alloc's runner has used, as [`AllocRunner::usage`] reports it.

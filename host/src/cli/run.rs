@@ -37,6 +37,12 @@ pub struct RunCommand {
     /// the cache the agent and `runner check` share, ~/.cache/caravan/components).
     #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    /// Each time the component file changes, upgrade the running alloc to it in place: the
+    /// old build checkpoints on `shutdown` and the new one starts from it (rolled back if it
+    /// fails before reporting `running`). Nothing is rebuilt: run your build in another
+    /// terminal.
+    #[arg(long)]
+    watch: bool,
 }
 
 impl RunCommand {
@@ -56,6 +62,7 @@ impl RunCommand {
             cache_dir: self
                 .cache_dir
                 .or_else(crate::runtime::disk_cache::shared_dir),
+            watch: self.watch,
         };
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;

@@ -9,9 +9,9 @@
 
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::token_bucket::TokenBucket;
-use crate::allocrunner::StateUpdater;
+use crate::allocrunner::{Latch, StateUpdater};
 use crate::locks::LockUnpoisoned;
-use crate::structs::{Alloc, AllocState, Limits, TaskLifecycle, TaskState};
+use crate::structs::{Alloc, AllocState, ClientStatus, Limits, TaskLifecycle, TaskState};
 use crate::text::{cut, cut_in_place};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,6 +48,9 @@ struct CellState {
     /// The tasks as they were when the host last restarted the runner: their restarts and
     /// events go on under what the new guest reports, which knows nothing of them.
     before_restart: Vec<TaskState>,
+    /// Reports taken with status `running` or `complete`, all runs together: a run that adds
+    /// none never got its alloc going (an upgrade's new build that fails so is rolled back).
+    reports_running: u64,
 }
 
 impl StateCell {
@@ -64,6 +67,7 @@ impl StateCell {
             closed: initial.client_status.is_terminal(),
             current: initial,
             before_restart: Vec::new(),
+            reports_running: 0,
         };
         StateCell {
             alloc_id,
@@ -94,6 +98,12 @@ impl StateCell {
                 cell.current.client_status
             ));
         }
+        if matches!(
+            new.client_status,
+            ClientStatus::Running | ClientStatus::Complete
+        ) {
+            cell.reports_running += 1;
+        }
         carry_restarts(&mut new, &cell.before_restart);
         if cell.current != new {
             cell.current = new;
@@ -103,9 +113,15 @@ impl StateCell {
         Ok(())
     }
 
-    /// Sets the state of a runner about to be started again after a crash (not terminal),
-    /// which the next guest's reports then build on (their tasks' restarts and events carry
-    /// on from it). A cell already closed by [`StateCell::finish`] stays as it is.
+    /// How many reports the guests have made with status `running` or `complete`.
+    pub fn reports_running(&self) -> u64 {
+        self.lock().reports_running
+    }
+
+    /// Sets the state of a runner about to be started again in a fresh store, after a crash
+    /// or for an upgrade (not terminal), which the next guest's reports then build on (their
+    /// tasks' restarts and events carry on from it). A cell already closed by
+    /// [`StateCell::finish`] stays as it is.
     pub fn restart(&self, mut restarting: AllocState) {
         tidy(&mut restarting, self.description_bytes);
         let mut cell = self.lock();
@@ -132,7 +148,8 @@ impl StateCell {
         }
     }
 
-    fn checkpoint(&self, data: &[u8]) -> crate::allocrunner::CheckpointSaved {
+    /// Saves `data` as the alloc's checkpoint, through the updater (the client's store).
+    pub fn checkpoint(&self, data: &[u8]) -> crate::allocrunner::CheckpointSaved {
         self.updater.checkpoint_saved(&self.alloc_id, data)
     }
 
@@ -219,6 +236,9 @@ pub struct HostApi {
     queued_task_actions: Arc<AtomicUsize>,
     /// `kill` or `shutdown`, once delivered: repeated to every later `next-event`.
     final_event: Option<Event>,
+    /// Set when an upgrade in place asks this run to end: delivered as `shutdown`. Each run
+    /// has its own, so an upgrade asked of one run never reaches the next.
+    upgrade_asked: Latch,
     state: Arc<StateCell>,
     span: tracing::Span,
     last_refusal_logged: Option<tokio::time::Instant>,
@@ -243,12 +263,14 @@ impl HostApi {
         state: Arc<StateCell>,
         span: tracing::Span,
         limits: &Limits,
+        upgrade_asked: Latch,
     ) -> Self {
         HostApi {
             alloc,
             events,
             queued_task_actions,
             final_event: None,
+            upgrade_asked,
             state,
             span,
             last_refusal_logged: None,
@@ -294,6 +316,9 @@ impl HostApi {
 
 impl HostImports for HostApi {
     async fn next_event(&mut self, timeout_ms: u64) -> Option<WitEvent> {
+        if self.final_event.is_none() && self.upgrade_asked.is_set() {
+            self.final_event = Some(Event::Shutdown);
+        }
         if let Some(event) = &self.final_event {
             // A kill sent after a shutdown outranks it.
             let kill_queued = std::iter::from_fn(|| self.events.try_recv().ok())
@@ -304,14 +329,24 @@ impl HostImports for HostApi {
             }
             return Some(bindings::event_to_wit(event));
         }
-        let received = if timeout_ms == u64::MAX {
-            self.events.recv().await
-        } else {
-            match tokio::time::timeout(Duration::from_millis(timeout_ms), self.events.recv()).await
-            {
-                Ok(received) => received,
-                Err(_elapsed) => return None,
+        let events = &mut self.events;
+        let waiting = async {
+            if timeout_ms == u64::MAX {
+                Some(events.recv().await)
+            } else {
+                tokio::time::timeout(Duration::from_millis(timeout_ms), events.recv())
+                    .await
+                    .ok()
             }
+        };
+        let received = tokio::select! {
+            // Events queued before the upgrade was asked are handed over first.
+            biased;
+            received = waiting => received,
+            () = self.upgrade_asked.wait() => Some(Some(Event::Shutdown)),
+        };
+        let Some(received) = received else {
+            return None; // the timeout passed
         };
         // The sender lives as long as the runner; if it is gone, nobody wants this alloc.
         let event = received.unwrap_or(Event::Kill);

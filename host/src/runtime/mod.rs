@@ -201,6 +201,11 @@ struct RuntimeInner {
     disk_watcher: disk_watch::DiskWatcher,
 }
 
+/// The SHA-256 (hex) of a component's bytes: the [`LoadedComponent::hash`] it loads as.
+pub fn component_sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 /// The largest component file the runtime reads (Python and JavaScript runners are 12-20 MB).
 pub const MAX_COMPONENT_BYTES: u64 = 256 * 1024 * 1024;
 
@@ -312,6 +317,12 @@ impl Runtime {
                 return Ok(entry.loaded.clone());
             }
         }
+        self.load_file_now(path)
+    }
+
+    /// As [`Runtime::load_file`], looking at the file now however recently it was looked at:
+    /// for a job's registration and an upgrade, which ask for the build there is now.
+    pub fn load_file_now(&self, path: &Path) -> Result<Arc<LoadedComponent>, LoadError> {
         let gate = self.inner.reading.gate(path);
         let _turn = gate.lock_unpoisoned();
         let io_error = |source: std::io::Error| match source.kind() {
@@ -368,7 +379,7 @@ impl Runtime {
 
     /// Loads a component from bytes; `path` only names it in errors.
     pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Arc<LoadedComponent>, LoadError> {
-        let hash = hex(&Sha256::digest(bytes));
+        let hash = component_sha256(bytes);
         if let Some(loaded) = self.cached(&hash) {
             return Ok(loaded);
         }

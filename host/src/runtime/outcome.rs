@@ -232,6 +232,26 @@ pub(super) fn restarting_state(
 }
 
 /// Adds `event`, the task's oldest events making room within the per-task limit.
+/// `state` with an event of `kind` saying `message` at `now_unix_ms` added to every task.
+pub(super) fn with_event_on_every_task(
+    mut state: AllocState,
+    kind: &str,
+    message: &str,
+    now_unix_ms: u64,
+) -> AllocState {
+    for task in &mut state.task_states {
+        push_event(
+            task,
+            TaskEvent {
+                kind: kind.into(),
+                message: message.into(),
+                time_unix_ms: now_unix_ms,
+            },
+        );
+    }
+    state
+}
+
 fn push_event(task: &mut TaskState, event: TaskEvent) {
     let over = (task.events.len() + 1).saturating_sub(MAX_EVENTS_PER_TASK);
     task.events.drain(..over);

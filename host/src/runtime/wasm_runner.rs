@@ -1,8 +1,9 @@
 //! [`WasmAllocRunner`]: the [`AllocRunner`] whose logic is a WebAssembly component.
 //!
 //! One store per run, built when the runner starts and dropped when `run` returns, traps,
-//! hits a limit, or outlives its kill timeout. An alloc with a restart policy may get more
-//! than one run: after a crash its runner starts again in a fresh store (see `restarts`).
+//! hits a limit, or outlives its kill timeout. An alloc may get more than one run: after a
+//! crash its restart policy allows, its runner starts again in a fresh store (see
+//! `restarts`), and a new build of its runner takes over in place (see `upgrade`).
 //! The final state is decided in one place, [`final_state`], from the guest's last report and
 //! how the last run ended.
 
@@ -16,7 +17,7 @@ use super::store_limits::UsageGauges;
 use super::{LoadedComponent, Runtime, StoreData};
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
-    TaskActionError, signal_name, target_tasks,
+    TaskActionError, UpgradeReport, signal_name, target_tasks,
 };
 use crate::capabilities::CapabilityPolicy;
 use crate::locks::LockUnpoisoned;
@@ -31,8 +32,10 @@ use wasmtime::Store;
 mod factory;
 mod restarts;
 mod store;
+mod upgrade;
 pub use factory::WasmAllocRunnerFactory;
 use restarts::Restarts;
+use upgrade::{Build, Upgrades};
 
 /// What an alloc must meet to start: the capabilities it asks must be offered, and its
 /// limits must be within the caps (when there are any).
@@ -54,7 +57,8 @@ pub struct WasmAllocRunner {
 
 struct Shared {
     runtime: Runtime,
-    component: Arc<LoadedComponent>,
+    /// The build that runs the alloc, one waiting to take over, the last upgrade.
+    upgrades: Upgrades,
     admission: Admission,
     config: AllocRunnerConfig,
     limits: Limits,
@@ -101,8 +105,7 @@ impl WasmAllocRunner {
             .unwrap_or_else(AllocState::pending);
         let finished = initial.client_status.is_terminal();
         let limits = config.limits.with_overrides(&config.alloc.limits);
-        // Held once, by the restarts: the first run takes it, or each restart a copy of the
-        // last checkpoint.
+        // Held once, by the restarts: each run starts from a copy of the last checkpoint.
         let restarts = Restarts::new(config.alloc.restart, config.restored.take());
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
@@ -117,7 +120,7 @@ impl WasmAllocRunner {
         WasmAllocRunner {
             shared: Arc::new(Shared {
                 runtime,
-                component,
+                upgrades: Upgrades::new(component, config.alloc.clone()),
                 admission,
                 alloc: Mutex::new(config.alloc.clone()),
                 limits,
@@ -149,6 +152,15 @@ impl WasmAllocRunner {
     pub fn ending(&self) -> Option<RunEnding> {
         *self.shared.ending.lock_unpoisoned()
     }
+}
+
+/// What one run starts from: the build's component and alloc, the checkpoint, and the latch
+/// through which an upgrade asks it to end.
+struct GuestRun<'a> {
+    component: &'a LoadedComponent,
+    alloc: &'a Arc<Alloc>,
+    restored: Option<Vec<u8>>,
+    upgrade_asked: Latch,
 }
 
 /// How a runner's run ended, for tools that judge runners (`caravan runner check`).
@@ -351,25 +363,35 @@ impl Shared {
         self.stopped.set();
     }
 
-    /// One run of the guest in a fresh store, `restored` being the checkpoint it starts
-    /// from; returns how it ended and, when the store was built, the event queue back.
+    /// One run of `build` in a fresh store, `restored` being the checkpoint it starts from
+    /// and `upgrade_asked` how an upgrade asks it to end; returns how it ended and, when the
+    /// store was built, the event queue back.
     async fn run_guest(
         self: Arc<Self>,
         events: mpsc::UnboundedReceiver<Event>,
+        build: &Build,
         restored: Option<Vec<u8>>,
+        upgrade_asked: Latch,
     ) -> (RunOutcome, Option<mpsc::UnboundedReceiver<Event>>) {
-        let alloc = self.alloc();
+        let alloc = &build.alloc;
         let (disk, over_quota) =
             DiskLedger::new(self.config.alloc_dir.clone(), DiskQuota::of(&self.limits));
-        let (mut store, dir_made_now) = match self.new_store(&alloc, events, disk.clone()) {
+        let made = self.new_store(alloc, events, disk.clone(), upgrade_asked.clone());
+        let (mut store, dir_made_now) = match made {
             Ok(made) => made,
             Err(error) => {
                 let outcome = RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
                 return (outcome, None);
             }
         };
+        let run = GuestRun {
+            component: &build.component,
+            alloc,
+            restored,
+            upgrade_asked,
+        };
         let outcome = self
-            .run_in_store(&mut store, &alloc, disk, over_quota, dir_made_now, restored)
+            .run_in_store(&mut store, run, disk, over_quota, dir_made_now)
             .await;
         (outcome, Some(store.into_data().host_api.into_events()))
     }
@@ -377,12 +399,17 @@ impl Shared {
     async fn run_in_store(
         &self,
         store: &mut Store<StoreData>,
-        alloc: &Arc<Alloc>,
+        run: GuestRun<'_>,
         disk: Arc<DiskLedger>,
         mut over_quota: super::disk_ledger::QuotaExceeded,
         dir_made_now: bool,
-        restored: Option<Vec<u8>>,
     ) -> RunOutcome {
+        let GuestRun {
+            component,
+            alloc,
+            restored,
+            upgrade_asked,
+        } = run;
         // What the directory holds already (a restored or restarted alloc's files) counts
         // from the start. One made now is empty: skipping the look spares a new alloc's start
         // a trip through the blocking pool, which cost more than the rest of the start.
@@ -394,7 +421,7 @@ impl Shared {
         let polls = store.data().cpu.poll_counter();
         let instance = match polls
             .clone()
-            .count(self.component.pre.instantiate_async(&mut *store))
+            .count(component.pre.instantiate_async(&mut *store))
             .await
         {
             Ok(instance) => {
@@ -420,17 +447,24 @@ impl Shared {
             restored.as_deref(),
         ));
         // The run, unless the alloc dir goes over its quota first (a look finds it over, or
-        // the WASI layer refuses a write past it).
+        // the WASI layer refuses a write past it), or the guest outlives the kill timeout
+        // after an upgrade asked it to end (the upgrade then goes on from its last
+        // checkpoint, as an agent restart would).
         let _watch = self.runtime.inner.disk_watcher.watch(disk);
+        let upgrade_grace_over = async {
+            upgrade_asked.wait().await;
+            tokio::time::sleep(self.limits.kill_timeout).await;
+        };
         let watched = async {
             let result = tokio::select! {
-                over = over_quota.description() => return Err(over),
+                over = over_quota.description() => return Err(RunOutcome::Failed(over)),
+                () = upgrade_grace_over => return Err(RunOutcome::ShutdownTimedOut),
                 result = call => result,
             };
             // A guest whose write was refused may end its run on that error within the same
             // poll: the cause to name is then the quota.
             match over_quota.try_description() {
-                Some(over) => Err(over),
+                Some(over) => Err(RunOutcome::Failed(over)),
                 None => Ok(result),
             }
         };
@@ -450,9 +484,9 @@ impl Shared {
         };
         let result = match watched {
             Ok(result) => result,
-            Err(over_quota) => {
+            Err(ended) => {
                 store.data().logging.flush();
-                return RunOutcome::Failed(over_quota);
+                return ended;
             }
         };
         store.data().logging.flush();
@@ -473,7 +507,12 @@ impl AllocRunner for WasmAllocRunner {
     }
 
     fn runner_sha256(&self) -> Option<String> {
-        Some(self.shared.component.hash.clone())
+        Some(self.shared.upgrades.current().component.hash.clone())
+    }
+
+    fn last_upgrade(&self) -> Option<UpgradeReport> {
+        let reports = self.shared.state.reports_running();
+        self.shared.upgrades.last(reports)
     }
 
     fn run(&self) {
@@ -503,14 +542,21 @@ impl AllocRunner for WasmAllocRunner {
     }
 
     fn update(&self, alloc: Arc<Alloc>) {
-        let stop = {
+        let (stop, new_run) = {
             let mut current = self.shared.alloc.lock_unpoisoned();
             if alloc.modify_index <= current.modify_index {
                 return;
             }
+            let running = self.shared.upgrades.current().component;
+            let new_run = upgrade::asks_for_new_run(&current, &alloc, &running);
             *current = alloc.clone();
-            alloc.desired_status.is_stop()
+            (alloc.desired_status.is_stop(), new_run)
         };
+        if new_run && !stop {
+            // The new build (or config) starts in a new run, given this version.
+            self.shared.clone().upgrade_to(alloc);
+            return;
+        }
         let _ = self.shared.events.send(Event::Update(alloc));
         if stop {
             self.shared.kill();

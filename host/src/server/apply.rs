@@ -21,11 +21,13 @@ impl State {
             created,
             version,
             plan,
+            ..
         } = reconcile::reconcile_job(existing, &spec, &self.nodes, self.allocs.values());
         let restarts = existing
             .filter(|job| !job.purged)
             .map_or(0, |job| job.restarts);
         let stopped = plan.stop.clone();
+        let upgraded = plan.upgrade.clone();
         let placed = self.apply(plan, &spec, version, index);
         self.insert_job(
             spec.id.clone(),
@@ -41,11 +43,12 @@ impl State {
             created,
             placed,
             stopped,
+            upgraded,
         }
     }
 
     /// Applies `plan` to the allocs of the job `spec` describes at `version`: stops, marks
-    /// replaced, then creates the new allocs. Returns the new allocs' ids.
+    /// replaced, upgrades, then creates the new allocs. Returns the new allocs' ids.
     pub(super) fn apply(
         &mut self,
         plan: Plan,
@@ -60,6 +63,9 @@ impl State {
             if let Some(record) = self.alloc_mut(id) {
                 record.replaced = true;
             }
+        }
+        for id in &plan.upgrade {
+            self.upgrade_alloc(id, spec, version, index);
         }
         plan.place
             .into_iter()
@@ -81,6 +87,24 @@ impl State {
         }
     }
 
+    /// Gives a running alloc the job's new runner, tasks and meta, as the job's `version`:
+    /// its client upgrades it in place.
+    fn upgrade_alloc(&mut self, alloc_id: &str, spec: &JobSpec, version: u64, index: u64) {
+        if let Some(record) = self.alloc_mut(alloc_id)
+            && record.alloc.desired_status == DesiredStatus::Run
+        {
+            record.alloc = Arc::new(Alloc {
+                runner: spec.runner.clone(),
+                runner_sha256: spec.runner_sha256.clone(),
+                tasks: spec.tasks.clone(),
+                meta: spec.meta.clone(),
+                modify_index: index,
+                ..Alloc::clone(&record.alloc)
+            });
+            record.job_version = version;
+        }
+    }
+
     fn create_alloc(
         &mut self,
         spec: &JobSpec,
@@ -96,6 +120,7 @@ impl State {
             limits: spec.limits.clone(),
             capabilities: spec.capabilities.clone(),
             restart: spec.restart,
+            runner_sha256: spec.runner_sha256.clone(),
             ..Alloc::new(
                 uuid::Uuid::new_v4().to_string(),
                 spec.id.clone(),

@@ -103,6 +103,8 @@ pub struct Registration {
     pub placed: Vec<String>,
     /// Allocs asked to stop by this registration.
     pub stopped: Vec<String>,
+    /// Allocs upgraded in place by this registration (see [`reconcile::JobChange`]).
+    pub upgraded: Vec<String>,
 }
 
 #[derive(Default)]

@@ -7,8 +7,12 @@
 //!
 //! Rules kept from Nomad's scheduler, each for the reason given:
 //! - A job update that changes only the count scales: up adds allocs, down stops the newest
-//!   (the oldest have proven themselves). Any other change replaces every alloc, since their
-//!   runner or config no longer matches the job, and bumps the job's version.
+//!   (the oldest have proven themselves). A change of the runner alone (a new build or a new
+//!   path; with `[job.update] carry_checkpoint`, of the tasks' config and the meta too)
+//!   upgrades the running allocs in place: same ids, new version, their client carries each
+//!   runner's checkpoint over (Nomad would replace them; a runner's state is worth keeping).
+//!   Any other change replaces every alloc, since what they were given no longer matches the
+//!   job. Both bump the job's version.
 //! - Registering a stopped job starts it again with new allocs (a new version): its old ones
 //!   were asked to stop and may be gone.
 //! - Stopping a job sets desired status `stop` on its allocs; the client kills them and
@@ -31,17 +35,19 @@ use super::placement::{node_load, place};
 use super::records::{AllocRecord, JobRecord};
 use crate::jobspec::{JobSpec, JobType};
 use crate::reschedule::{Decision, ReschedulePolicy};
-use crate::structs::{ClientStatus, DesiredStatus, Reschedule};
+use crate::structs::{ClientStatus, DesiredStatus, Reschedule, Task};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// What to do to a job's allocs. Applied in field order: stops, then replacements, then new
-/// allocs.
+/// What to do to a job's allocs. Applied in field order: stops, then replacements, then
+/// upgrades, then new allocs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Allocs to ask to stop (desired status `stop`).
     pub stop: Vec<String>,
     /// Failed allocs to mark replaced; each has its new alloc in `place`.
     pub replace: Vec<String>,
+    /// Allocs to upgrade in place to the job's new version: its runner, tasks and meta.
+    pub upgrade: Vec<String>,
     /// Allocs to create, one per entry, on that node (`None`: no node yet, placed when one
     /// registers).
     pub place: Vec<Option<String>>,
@@ -55,6 +61,8 @@ pub struct Plan {
 pub struct JobPlan {
     /// True when the job did not exist (or had been purged).
     pub created: bool,
+    /// What the registration changes for the allocs the job has.
+    pub change: JobChange,
     /// The job's version after this registration: new allocs are made for it.
     pub version: u64,
     /// What happens to the job's allocs.
@@ -78,17 +86,57 @@ pub enum Replacement {
     Replace(Plan),
 }
 
-/// True when two specs produce the same allocs, counts and reschedule policies aside (a
-/// policy applies to the next failure, not to what runs).
-pub fn same_allocs(old: &JobSpec, new: &JobSpec) -> bool {
-    JobSpec {
-        count: 0,
-        reschedule: None,
-        ..old.clone()
-    } == JobSpec {
-        count: 0,
-        reschedule: None,
-        ..new.clone()
+/// What registering a spec changes for the allocs a job has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobChange {
+    /// The job is new (or was purged, or stopped): new allocs.
+    Create,
+    /// Nothing its allocs carry changed (the count or a policy at most): it scales.
+    Same,
+    /// Only what a running alloc can be upgraded to changed: the runner, and with
+    /// `carry_checkpoint` the tasks' config and the meta. The allocs are upgraded in place.
+    InPlace,
+    /// Anything else: new allocs replace the old.
+    Replace,
+}
+
+/// What changes for the allocs of a running job whose spec goes from `old` to `new` (see
+/// [`JobChange`]).
+pub fn job_change(old: &JobSpec, new: &JobSpec) -> JobChange {
+    // What a running alloc cannot take in place; counts and policies aside, since a count
+    // scales and a policy applies to the next failure or change, not to what runs.
+    let fixed = |spec: &JobSpec, upgradable: bool| {
+        let carry = new.update.carry_checkpoint && upgradable;
+        JobSpec {
+            count: 0,
+            reschedule: None,
+            update: Default::default(),
+            runner: if upgradable {
+                String::new()
+            } else {
+                spec.runner.clone()
+            },
+            runner_sha256: if upgradable {
+                None
+            } else {
+                spec.runner_sha256.clone()
+            },
+            tasks: if carry {
+                // Which tasks there are is fixed; their config is not.
+                spec.tasks.iter().map(|t| Task::named(&t.name)).collect()
+            } else {
+                spec.tasks.clone()
+            },
+            meta: if carry { Vec::new() } else { spec.meta.clone() },
+            ..spec.clone()
+        }
+    };
+    if fixed(old, false) == fixed(new, false) {
+        JobChange::Same
+    } else if fixed(old, true) == fixed(new, true) {
+        JobChange::InPlace
+    } else {
+        JobChange::Replace
     }
 }
 
@@ -103,9 +151,13 @@ pub fn reconcile_job<'a>(
 ) -> JobPlan {
     let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
     let existing = existing.filter(|job| !job.purged);
-    let same_shape = existing.is_some_and(|job| !job.stopped && same_allocs(&job.spec, spec));
+    let change = match existing {
+        None => JobChange::Create,
+        Some(job) if job.stopped => JobChange::Replace,
+        Some(job) => job_change(&job.spec, spec),
+    };
     let version = match existing {
-        Some(job) if same_shape => job.version,
+        Some(job) if change == JobChange::Same => job.version,
         Some(job) => job.version + 1,
         None => 1,
     };
@@ -115,7 +167,7 @@ pub fn reconcile_job<'a>(
         .filter(|a| a.alloc.job_id == spec.id && a.is_wanted())
         .collect();
     let mut plan = Plan::default();
-    if !same_shape {
+    if matches!(change, JobChange::Create | JobChange::Replace) {
         // Every alloc of an older shape goes; new ones take their place.
         plan.stop = wanted.drain(..).map(|a| a.alloc.id.clone()).collect();
     }
@@ -128,8 +180,12 @@ pub fn reconcile_job<'a>(
     } else {
         plan.place = place(&node_load(nodes, allocs), count - wanted.len());
     }
+    if change == JobChange::InPlace {
+        plan.upgrade = wanted.iter().map(|a| a.alloc.id.clone()).collect();
+    }
     JobPlan {
         created: existing.is_none(),
+        change,
         version,
         plan,
     }

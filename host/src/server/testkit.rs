@@ -15,12 +15,14 @@ pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
         job_type,
         count,
         runner: "r.wasm".into(),
+        runner_sha256: None,
         limits: LimitOverrides::default(),
         tasks: vec![Task::named("main")],
         meta: vec![],
         capabilities: Capabilities::default(),
         reschedule: None,
         restart: None,
+        update: Default::default(),
     }
 }
 

@@ -70,27 +70,53 @@ async fn scaling_up_adds_allocs_and_down_stops_the_newest() {
 }
 
 #[tokio::test]
-async fn a_changed_runner_replaces_every_alloc() {
+async fn a_changed_runner_upgrades_every_alloc_in_place_and_other_changes_replace_them() {
     let server = EmbeddedServer::new(ServerConfig::default());
     server.register_node("n1").await.unwrap();
     let first = server
         .register_job(spec("web", JobType::Service, 2))
         .unwrap();
-    let changed = server
+    let index_before = server.alloc(&first.placed[0]).unwrap().alloc.modify_index;
+    let upgraded = server
         .register_job(JobSpec {
             runner: "other.wasm".into(),
             ..spec("web", JobType::Service, 2)
         })
         .unwrap();
-    assert_eq!(changed.stopped.len(), 2);
+    let sorted = |ids: &[String]| std::collections::BTreeSet::from_iter(ids.to_vec());
+    assert_eq!(sorted(&upgraded.upgraded), sorted(&first.placed));
+    assert!(upgraded.placed.is_empty() && upgraded.stopped.is_empty());
+    for id in &first.placed {
+        let record = server.alloc(id).unwrap();
+        assert_eq!(record.alloc.runner, "other.wasm");
+        assert_eq!(record.alloc.desired_status, DesiredStatus::Run);
+        assert!(
+            record.alloc.modify_index > index_before,
+            "clients see a new version"
+        );
+        assert_eq!(record.job_version, 2);
+    }
+
+    let changed = server
+        .register_job(JobSpec {
+            runner: "other.wasm".into(),
+            tasks: vec![crate::structs::Task {
+                name: "main".into(),
+                config: vec![("run_for".into(), "1s".into())],
+            }],
+            ..spec("web", JobType::Service, 2)
+        })
+        .unwrap();
+    assert_eq!(sorted(&changed.stopped), sorted(&first.placed));
     assert_eq!(changed.placed.len(), 2);
+    assert!(changed.upgraded.is_empty());
     assert!(
         first
             .placed
             .iter()
             .all(|id| server.alloc(id).unwrap().alloc.desired_status == DesiredStatus::Stop)
     );
-    assert_eq!(server.job("web").unwrap().version, 2);
+    assert_eq!(server.job("web").unwrap().version, 3);
 }
 
 #[tokio::test]

@@ -150,6 +150,7 @@ fn run_options(component: &str) -> RunOptions {
         job_id: "run".into(),
         data_dir: None,
         cache_dir: None,
+        watch: false,
     }
 }
 

@@ -27,6 +27,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
         job_type: JobType::Batch,
         count: 3,
         runner: SLEEPER.into(),
+        runner_sha256: None,
         limits: LimitOverrides::default(),
         tasks: vec![Task {
             name: "main".into(),
@@ -36,6 +37,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
         capabilities: Default::default(),
         reschedule: None,
         restart: None,
+        update: Default::default(),
     };
     let placed = server.register_job(job).unwrap().placed;
     assert_eq!(placed.len(), 3);
@@ -96,6 +98,7 @@ async fn a_crashing_service_alloc_is_replaced_after_growing_delays_until_its_att
         job_type: JobType::Service,
         count: 1,
         runner: SLEEPER.into(),
+        runner_sha256: None,
         limits: LimitOverrides::default(),
         tasks: vec![Task {
             name: "main".into(),
@@ -105,6 +108,7 @@ async fn a_crashing_service_alloc_is_replaced_after_growing_delays_until_its_att
         capabilities: Default::default(),
         reschedule: Some(policy),
         restart: None,
+        update: Default::default(),
     };
     let first = server.register_job(job).unwrap().placed[0].clone();
     let status = |id: &str| {

@@ -24,6 +24,7 @@ mod fixture_unknown_import;
 mod fixture_wrong_world;
 mod fuzz;
 mod hostile_agent;
+mod live_upgrade;
 mod loading;
 mod many_memories;
 mod minimal;

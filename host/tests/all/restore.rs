@@ -73,6 +73,7 @@ fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]
         job_type,
         count,
         runner: STATEFUL.into(),
+        runner_sha256: None,
         limits: LimitOverrides::default(),
         tasks: vec![Task {
             name: "count".into(),
@@ -85,6 +86,7 @@ fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]
         capabilities: Default::default(),
         reschedule: None,
         restart: None,
+        update: Default::default(),
     }
 }
 

@@ -11,6 +11,7 @@
 
 use super::{ApiError, ApiResult, ApiState, authorize};
 use crate::jobspec::{self, JobSpec};
+use crate::server::reconcile::JobChange;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -19,9 +20,10 @@ use std::collections::BTreeMap;
 
 /// Every check a job gets before anything changes: the document, its limits against the
 /// caps and the defaults, its capabilities against the offer, and its runner. Returns the
-/// job and the first digits of its runner's SHA-256.
+/// job with its runner's SHA-256 set (which build it runs: a new build is a change of the
+/// job), and the first digits of that SHA-256 to show.
 async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)> {
-    let spec = jobspec::parse_json(body)
+    let mut spec = jobspec::parse_json(body)
         .map_err(|e| ApiError::bad_request(e.field.clone(), e.to_string()))?;
     state
         .limit_caps
@@ -49,7 +51,7 @@ async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)>
         ));
     }
     let runtime = state.runtime.clone();
-    let loaded = tokio::task::spawn_blocking(move || runtime.load_file(&runner))
+    let loaded = tokio::task::spawn_blocking(move || runtime.load_file_now(&runner))
         .await
         .map_err(|e| {
             ApiError::new(
@@ -63,6 +65,7 @@ async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)>
         .get(..crate::allocrunner::SHORT_HASH_DIGITS)
         .unwrap_or(&loaded.hash)
         .to_string();
+    spec.runner_sha256 = Some(loaded.hash.clone());
     Ok((spec, short_hash))
 }
 
@@ -82,6 +85,7 @@ pub(super) async fn register_job(
         "created": registration.created,
         "placed": registration.placed,
         "stopped": registration.stopped,
+        "upgraded": registration.upgraded,
     })))
 }
 
@@ -126,11 +130,12 @@ pub(super) async fn plan_job(
         let node = node.clone().unwrap_or_else(|| "(no node yet)".into());
         *place_by_node.entry(node).or_default() += 1;
     }
-    let change = match current_version {
-        None => "create",
-        Some(version) if version != plan.version => "replace",
-        Some(_) if plan.plan.place.is_empty() && plan.plan.stop.is_empty() => "none",
-        Some(_) => "scale",
+    let change = match plan.change {
+        JobChange::Create => "create",
+        JobChange::Replace => "replace",
+        JobChange::InPlace => "upgrade",
+        JobChange::Same if plan.plan.place.is_empty() && plan.plan.stop.is_empty() => "none",
+        JobChange::Same => "scale",
     };
     Ok(Json(json!({
         "job_id": spec.id,
@@ -140,6 +145,7 @@ pub(super) async fn plan_job(
         "place": plan.plan.place.len(),
         "place_by_node": place_by_node,
         "stop": plan.plan.stop,
+        "upgrade": plan.plan.upgrade,
         "runner_sha256": runner_sha256,
     })))
 }

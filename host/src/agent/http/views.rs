@@ -1,6 +1,7 @@
 //! How the API shows jobs and allocs: the JSON views built from the server's records, and
 //! [`TimedJson`], which gives every time in an answer an RFC 3339 twin.
 
+use crate::allocrunner::{UpgradeOutcome, UpgradeReport};
 use crate::jobspec::JobType;
 use crate::server::reconcile;
 use crate::server::{AllocRecord, JobRecord};
@@ -85,6 +86,42 @@ pub struct LocalAllocView {
     /// The SHA-256 (hex) of the runner component it runs (absent for a native runner).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_sha256: Option<String>,
+    /// Its runner's last upgrade in place, if it had one since this agent started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeView>,
+}
+
+/// An upgrade in place of an alloc's runner, as the local view shows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct UpgradeView {
+    /// The build it ran before (SHA-256, hex).
+    pub from_sha256: String,
+    /// The build asked for: its SHA-256, or the runner's path when it could not be loaded.
+    pub to: String,
+    /// `in_progress`, `done` or `failed`.
+    pub status: String,
+    /// Why it failed (absent unless it did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When it was asked for (Unix ms).
+    pub asked_unix_ms: u64,
+}
+
+impl From<UpgradeReport> for UpgradeView {
+    fn from(report: UpgradeReport) -> Self {
+        let (status, reason) = match report.outcome {
+            UpgradeOutcome::InProgress => ("in_progress", None),
+            UpgradeOutcome::Done => ("done", None),
+            UpgradeOutcome::Failed(why) => ("failed", Some(why)),
+        };
+        UpgradeView {
+            from_sha256: report.from_sha256,
+            to: report.to,
+            status: status.into(),
+            reason,
+            asked_unix_ms: report.asked_unix_ms,
+        }
+    }
 }
 
 pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {

@@ -168,6 +168,10 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
             rows.push(("CPU Used", format!("{cpu:.1?}")));
             rows.push(("Memory Peak", crate::units::format_bytes_approx(memory)));
         }
+        let upgrade = &local["upgrade"];
+        if upgrade.is_object() {
+            rows.push(("Last Upgrade", upgrade_line(upgrade)));
+        }
     }
     let width = rows.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
     for (key, value) in rows {
@@ -390,6 +394,27 @@ fn runner_line(path: &serde_json::Value, sha256: &serde_json::Value) -> String {
         }
         None => text(path),
     }
+}
+
+/// `done: 0123456789ab -> ba9876543210 (at TIME)`, or with `failed` the reason.
+fn upgrade_line(upgrade: &serde_json::Value) -> String {
+    let short_hash = |value: &serde_json::Value| {
+        let full = text(value);
+        full.get(..crate::allocrunner::SHORT_HASH_DIGITS)
+            .filter(|_| full.chars().all(|c| c.is_ascii_hexdigit()))
+            .map_or(full.clone(), str::to_string)
+    };
+    let mut line = format!(
+        "{}: {} -> {} (asked {})",
+        text(&upgrade["status"]).replace('_', " "),
+        short_hash(&upgrade["from_sha256"]),
+        short_hash(&upgrade["to"]),
+        local_time(&upgrade["asked_unix_ms"])
+    );
+    if let Some(reason) = upgrade["reason"].as_str() {
+        line.push_str(&format!(": {}", crate::text::escape_controls(reason)));
+    }
+    line
 }
 
 fn local_time(unix_ms: &serde_json::Value) -> String {

@@ -200,6 +200,12 @@ async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
                  capabilities or restart policy changed, so every alloc is replaced",
                 text(&a["current_version"])
             ),
+            "upgrade" => format!(
+                "~ job {job_id}: version {} -> {version}: only its runner (or, with \
+                 carry_checkpoint, its tasks' config or meta) changed, so its allocs are \
+                 upgraded in place, keeping their checkpoints",
+                text(&a["current_version"])
+            ),
             "scale" => format!("+/- job {job_id}: count changed, version {version} stays"),
             _ => format!("job {job_id}: no change (version {version})"),
         };
@@ -225,6 +231,19 @@ async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
             .collect();
         if !stop.is_empty() {
             println!("  stop {} allocs: {}", stop.len(), stop.join(", "));
+        }
+        let upgrade: Vec<String> = a["upgrade"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(short)
+            .collect();
+        if !upgrade.is_empty() {
+            println!(
+                "  upgrade {} allocs in place: {}",
+                upgrade.len(),
+                upgrade.join(", ")
+            );
         }
         println!(
             "runner sha256 {}; nothing was changed",
@@ -253,8 +272,12 @@ async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
         } else {
             "updated"
         };
+        let upgraded = match registration["upgraded"].as_array().map_or(0, Vec::len) {
+            0 => String::new(),
+            n => format!(", {n} upgraded in place"),
+        };
         println!(
-            "job {job_id} {verb}: {} allocs placed, {} stopped",
+            "job {job_id} {verb}: {} allocs placed, {} stopped{upgraded}",
             placed.len(),
             registration["stopped"].as_array().map_or(0, Vec::len)
         );

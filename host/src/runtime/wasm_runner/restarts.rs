@@ -1,12 +1,14 @@
-//! In-place restarts of a crashed runner (see [`crate::restart`]): the alloc's tracker, and
-//! the last checkpoint the next run starts from. Only an alloc with a restart policy keeps a
-//! copy of its checkpoint in memory; the others hand their restored one to their one run.
+//! The alloc's runs: the loop that starts the runner again after a crash its restart policy
+//! allows (see [`crate::restart`]) or for an upgrade in place (see `upgrade`), the tracker,
+//! and the last checkpoint the next run starts from (a copy of what the client kept, in
+//! memory: at most the alloc's `checkpoint_size`).
 //!
 //! The alloc's limits hold across its runs: its CPU budget and its wall time are its own, not
 //! each run's (the store's meter starts from what earlier runs used, and the wall-time
 //! deadline is set once), and a crash because either ran out is final.
 
 use super::Shared;
+use super::upgrade::Build;
 use crate::allocrunner::{CheckpointSaved, StateUpdater};
 use crate::locks::LockUnpoisoned;
 use crate::restart::{RestartDecision, RestartPolicy, RestartTracker};
@@ -19,15 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// One alloc's restarts: `None` inside when it has no restart policy.
+/// One alloc's restarts and its last checkpoint.
 pub(super) struct Restarts {
-    tracking: Option<Tracking>,
-    /// The checkpoint the first run starts from, for an alloc without a policy: taken by it.
-    restored: Mutex<Option<Vec<u8>>>,
-}
-
-struct Tracking {
-    tracker: Mutex<RestartTracker>,
+    /// `None` when it has no restart policy.
+    tracker: Option<Mutex<RestartTracker>>,
     /// The last checkpoint kept by the client (or the restored one, until the first).
     last_checkpoint: Arc<Mutex<Option<Vec<u8>>>>,
 }
@@ -53,49 +50,41 @@ pub(super) enum CrashPlan {
 
 impl Restarts {
     pub(super) fn new(policy: Option<RestartPolicy>, restored: Option<Vec<u8>>) -> Self {
-        match policy.filter(|p| p.attempts > 0) {
-            Some(policy) => Restarts {
-                tracking: Some(Tracking {
-                    tracker: Mutex::new(RestartTracker::new(policy)),
-                    last_checkpoint: Arc::new(Mutex::new(restored)),
-                }),
-                restored: Mutex::new(None),
-            },
-            None => Restarts {
-                tracking: None,
-                restored: Mutex::new(restored),
-            },
+        Restarts {
+            tracker: policy
+                .filter(|p| p.attempts > 0)
+                .map(|policy| Mutex::new(RestartTracker::new(policy))),
+            last_checkpoint: Arc::new(Mutex::new(restored)),
         }
     }
 
-    /// `updater`, remembering each checkpoint the client kept when restarts need it.
+    /// `updater`, remembering each checkpoint the client kept.
     pub(super) fn keeping_checkpoints(
         &self,
         updater: Arc<dyn StateUpdater>,
     ) -> Arc<dyn StateUpdater> {
-        match &self.tracking {
-            None => updater,
-            Some(tracking) => Arc::new(KeepingCheckpoints {
-                inner: updater,
-                last_checkpoint: tracking.last_checkpoint.clone(),
-            }),
-        }
+        Arc::new(KeepingCheckpoints {
+            inner: updater,
+            last_checkpoint: self.last_checkpoint.clone(),
+        })
     }
 
     /// The checkpoint the next run starts from.
     pub(super) fn checkpoint(&self) -> Option<Vec<u8>> {
-        match &self.tracking {
-            None => self.restored.lock_unpoisoned().take(),
-            Some(tracking) => tracking.last_checkpoint.lock_unpoisoned().clone(),
-        }
+        self.last_checkpoint.lock_unpoisoned().clone()
+    }
+
+    /// Makes `checkpoint` the one the next run starts from (a rolled-back upgrade's).
+    pub(super) fn set_checkpoint(&self, checkpoint: Option<Vec<u8>>) {
+        *self.last_checkpoint.lock_unpoisoned() = checkpoint;
     }
 
     /// The runner crashed (`why`) now.
     pub(super) fn on_crash(&self, why: String) -> CrashPlan {
-        let Some(tracking) = &self.tracking else {
+        let Some(tracker) = &self.tracker else {
             return CrashPlan::Finish;
         };
-        let mut tracker = tracking.tracker.lock_unpoisoned();
+        let mut tracker = tracker.lock_unpoisoned();
         let limit = tracker.policy().limit_text();
         match tracker.on_crash(tokio::time::Instant::now()) {
             RestartDecision::Restart { delay, attempt } => CrashPlan::Restart {
@@ -123,77 +112,134 @@ impl Shared {
         cpu_spent || wall_spent
     }
 
-    /// Runs the guest, and again after each crash its restart policy allows, until a run
-    /// ends for good; returns how the last one ended.
+    /// Runs the guest, again after each crash its restart policy allows, and each build an
+    /// upgrade brings in its place, until a run ends for good; returns how the last one
+    /// ended.
     pub(super) async fn run_until_done(
         self: Arc<Self>,
         events: mpsc::UnboundedReceiver<Event>,
     ) -> RunOutcome {
         let mut events = events;
+        let mut next = NextRun::Current;
         loop {
-            let restored = self.restarts.checkpoint();
-            let (outcome, events_back) = self.clone().run_guest(events, restored).await;
+            let (waiting, upgrade_asked) = self.upgrades.begin_run();
+            if let Some(build) = waiting {
+                next = NextRun::Upgrade(build);
+            }
+            let (build, restored, upgrading) = match std::mem::take(&mut next) {
+                NextRun::Current => (self.upgrades.current(), self.restarts.checkpoint(), None),
+                NextRun::Upgrade(build) => {
+                    let upgrading = self.start_upgrade(build.clone());
+                    (build, upgrading.checkpoint.clone(), Some(upgrading))
+                }
+            };
+            let (outcome, events_back) = self
+                .clone()
+                .run_guest(events, &build, restored, upgrade_asked)
+                .await;
+            let waiting = self.upgrades.end_run();
             let Some(events_back) = events_back else {
+                self.upgrade_ends_with_the_alloc(upgrading.as_ref(), waiting.is_some());
                 return outcome;
             };
+            events = events_back;
             let stopping = self.lifecycle().stop_asked();
             let last = self.state.get();
             let crash = outcome.crash_description(&self.limits);
+            let limit_spent = crash.is_some() && self.alloc_limit_spent();
+            if let (Some(upgrading), Some(why)) = (&upgrading, &crash)
+                && !self.upgrade_took(upgrading)
+                && !stopping
+                && !limit_spent
+            {
+                self.roll_back(upgrading, why).await;
+                // The old build runs again, unless a newer one came meanwhile.
+                next = waiting.map_or(NextRun::Current, NextRun::Upgrade);
+                continue;
+            }
+            let ended_cleanly = matches!(
+                outcome,
+                RunOutcome::Returned(Ok(())) | RunOutcome::ShutdownTimedOut
+            );
+            if let Some(build) = waiting.clone()
+                && ended_cleanly
+                && !stopping
+                && !last.client_status.is_terminal()
+            {
+                if matches!(outcome, RunOutcome::ShutdownTimedOut) {
+                    tracing::warn!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "runner did not return within the kill timeout after the upgrade's shutdown; its sandbox was torn down and the new build starts from its last checkpoint");
+                }
+                next = NextRun::Upgrade(build);
+                continue;
+            }
             let plan = match crash {
-                Some(why)
-                    if !stopping
-                        && !last.client_status.is_terminal()
-                        && !self.alloc_limit_spent() =>
-                {
+                Some(why) if !stopping && !last.client_status.is_terminal() && !limit_spent => {
                     self.restarts.on_crash(why)
                 }
                 _ => CrashPlan::Finish,
             };
-            match plan {
-                CrashPlan::Finish => return outcome,
-                CrashPlan::Fail(description) => return RunOutcome::Failed(description),
-                CrashPlan::Restart {
-                    why,
-                    delay,
-                    attempt,
-                    limit,
-                } => {
-                    let restarting = crate::runtime::outcome::restarting_state(
-                        last,
-                        &why,
-                        delay,
-                        attempt,
-                        &limit,
-                        crate::timestamp::unix_ms_now(),
-                    );
-                    tracing::warn!(
-                        parent: &self.config.span,
-                        reason = %why,
-                        attempt,
-                        delay = %format_duration(delay),
-                        "runner crashed; restarting it in place"
-                    );
-                    self.restarting.store(true, Ordering::SeqCst);
-                    self.state.restart(restarting);
-                    let stop_asked = self.stop_asked.latch();
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = stop_asked.wait() => {}
-                    }
-                    // Under the lock task actions are refused under: a stop that came as the
-                    // wait ended still wins, and no action slips in before the next run.
-                    {
-                        let lifecycle = self.lifecycle();
-                        if lifecycle.stop_asked() {
-                            return RunOutcome::StoppedWhileRestarting;
-                        }
-                        self.restarting.store(false, Ordering::SeqCst);
-                    }
-                    events = events_back;
+            let CrashPlan::Restart {
+                why,
+                delay,
+                attempt,
+                limit,
+            } = plan
+            else {
+                self.upgrade_ends_with_the_alloc(upgrading.as_ref(), waiting.is_some());
+                return match plan {
+                    CrashPlan::Fail(description) => RunOutcome::Failed(description),
+                    _ => outcome,
+                };
+            };
+            let restarting = crate::runtime::outcome::restarting_state(
+                last,
+                &why,
+                delay,
+                attempt,
+                &limit,
+                crate::timestamp::unix_ms_now(),
+            );
+            tracing::warn!(
+                parent: &self.config.span,
+                reason = %why,
+                attempt,
+                delay = %format_duration(delay),
+                "runner crashed; restarting it in place"
+            );
+            self.restarting.store(true, Ordering::SeqCst);
+            self.state.restart(restarting);
+            let stop_asked = self.stop_asked.latch();
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = stop_asked.wait() => {}
+            }
+            // Under the lock task actions are refused under: a stop that came as the wait
+            // ended still wins, and no action slips in before the next run.
+            {
+                let lifecycle = self.lifecycle();
+                if lifecycle.stop_asked() {
+                    drop(lifecycle);
+                    self.upgrade_ends_with_the_alloc(None, waiting.is_some());
+                    return RunOutcome::StoppedWhileRestarting;
                 }
+                self.restarting.store(false, Ordering::SeqCst);
+            }
+            // A build that came meanwhile is the one to restart with.
+            if let Some(build) = waiting {
+                next = NextRun::Upgrade(build);
             }
         }
     }
+}
+
+/// What the next run of the loop runs.
+#[derive(Default)]
+enum NextRun {
+    /// The current build, from the last checkpoint.
+    #[default]
+    Current,
+    /// A new build, taking over.
+    Upgrade(Build),
 }
 
 /// Passes everything on, and keeps a copy of each checkpoint the client kept.

@@ -2,6 +2,7 @@
 //! memory and CPU meters), built fresh for each run of the alloc's runner.
 
 use super::Shared;
+use crate::allocrunner::Latch;
 use crate::runtime::StoreData;
 use crate::runtime::alloc_dir::create_alloc_dir;
 use crate::runtime::bindings::Event;
@@ -25,6 +26,7 @@ impl Shared {
         alloc: &Arc<Alloc>,
         events: mpsc::UnboundedReceiver<Event>,
         disk: Arc<DiskLedger>,
+        upgrade_asked: Latch,
     ) -> anyhow::Result<(Store<StoreData>, bool)> {
         // Checked again here: the agent's offer and caps may have changed since the job was
         // submitted.
@@ -57,6 +59,7 @@ impl Shared {
                 self.state.clone(),
                 self.config.span.clone(),
                 &self.limits,
+                upgrade_asked,
             ),
             logging: GuestLogging::new(sink),
             memory: MemoryLimiter::new(self.limits.memory_bytes).reporting_to(self.usage.clone()),

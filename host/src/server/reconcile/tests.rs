@@ -1,6 +1,7 @@
 //! Reconciliation's unit tests: plans from plain records, no store, lock or clock.
 
 use super::*;
+use crate::jobspec::UpdatePolicy;
 use crate::server::testkit::{alloc_on, failed, job, spec, stopping, terminal};
 use crate::structs::Alloc;
 use std::sync::Arc;
@@ -76,13 +77,114 @@ fn any_other_change_replaces_every_alloc_and_bumps_the_version() {
         alloc_on("web", 2, Some("n1")),
     ];
     let changed = JobSpec {
-        runner: "other.wasm".into(),
+        tasks: vec![Task {
+            name: "main".into(),
+            config: vec![("run_for".into(), "5s".into())],
+        }],
         ..spec("web", JobType::Service, 1)
     };
     let plan = reconcile_job(Some(&current), &changed, &one_node(), &allocs);
+    assert_eq!(plan.change, JobChange::Replace);
     assert_eq!(plan.version, 2);
     assert_eq!(plan.plan.stop, ids(&allocs, &[1, 2]));
     assert_eq!(plan.plan.place.len(), 1, "the new count, all new");
+    assert!(plan.plan.upgrade.is_empty());
+}
+
+#[test]
+fn a_new_build_of_the_runner_upgrades_the_running_allocs_in_place() {
+    let current = job(
+        JobSpec {
+            runner_sha256: Some("aa".repeat(32)),
+            ..spec("web", JobType::Service, 3)
+        },
+        4,
+    );
+    let allocs = [
+        alloc_on("web", 1, Some("n1")),
+        alloc_on("web", 2, Some("n1")),
+        alloc_on("web", 3, Some("n1")),
+        stopping(alloc_on("web", 4, Some("n1"))),
+    ];
+    let new_build = JobSpec {
+        runner_sha256: Some("bb".repeat(32)),
+        ..spec("web", JobType::Service, 2)
+    };
+    let plan = reconcile_job(Some(&current), &new_build, &one_node(), &allocs);
+    assert_eq!(plan.change, JobChange::InPlace);
+    assert_eq!(plan.version, 5);
+    assert_eq!(plan.plan.stop, ids(&allocs, &[3]), "scaled down as usual");
+    assert_eq!(
+        plan.plan.upgrade,
+        ids(&allocs, &[1, 2]),
+        "the wanted allocs that stay, not the stopping one"
+    );
+    assert!(plan.plan.place.is_empty());
+
+    let new_path = JobSpec {
+        runner: "elsewhere/r.wasm".into(),
+        ..current.spec.clone()
+    };
+    let plan = reconcile_job(Some(&current), &new_path, &one_node(), &allocs);
+    assert_eq!(plan.change, JobChange::InPlace, "a new path is a new build");
+}
+
+#[test]
+fn carry_checkpoint_lets_a_config_or_meta_change_go_in_place_but_not_a_new_task() {
+    let current = job(spec("web", JobType::Service, 1), 1);
+    let allocs = [alloc_on("web", 1, Some("n1"))];
+    let carrying = UpdatePolicy {
+        carry_checkpoint: true,
+    };
+    let new_config = JobSpec {
+        tasks: vec![Task {
+            name: "main".into(),
+            config: vec![("log_every".into(), "1s".into())],
+        }],
+        meta: vec![("owner".into(), "ops".into())],
+        update: carrying,
+        ..spec("web", JobType::Service, 1)
+    };
+    let plan = reconcile_job(Some(&current), &new_config, &one_node(), &allocs);
+    assert_eq!(plan.change, JobChange::InPlace);
+    assert_eq!(plan.plan.upgrade, ids(&allocs, &[1]));
+
+    let new_task = JobSpec {
+        tasks: vec![Task::named("main"), Task::named("sidecar")],
+        ..new_config.clone()
+    };
+    let plan = reconcile_job(Some(&current), &new_task, &one_node(), &allocs);
+    assert_eq!(
+        plan.change,
+        JobChange::Replace,
+        "which tasks there are is fixed"
+    );
+    let new_limits = JobSpec {
+        limits: crate::structs::LimitOverrides {
+            wall_time: Some(std::time::Duration::from_secs(60)),
+            ..Default::default()
+        },
+        ..new_config
+    };
+    let plan = reconcile_job(Some(&current), &new_limits, &one_node(), &allocs);
+    assert_eq!(plan.change, JobChange::Replace);
+}
+
+#[test]
+fn a_change_of_policies_alone_changes_no_alloc() {
+    let current = job(spec("web", JobType::Service, 1), 2);
+    let allocs = [alloc_on("web", 1, Some("n1"))];
+    let policies_only = JobSpec {
+        update: UpdatePolicy {
+            carry_checkpoint: true,
+        },
+        reschedule: crate::reschedule::ReschedulePolicy::default_for(true, 3),
+        ..spec("web", JobType::Service, 1)
+    };
+    let plan = reconcile_job(Some(&current), &policies_only, &one_node(), &allocs);
+    assert_eq!(plan.change, JobChange::Same);
+    assert_eq!(plan.version, 2);
+    assert_eq!(plan.plan, Plan::default());
 }
 
 #[test]

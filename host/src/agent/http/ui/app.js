@@ -341,9 +341,17 @@ function drawAlloc(alloc) {
       ["Alloc dir", local.alloc_dir ? el("code", {}, local.alloc_dir) : ""],
       ["CPU used", local.cpu_used_us !== undefined ? `${(local.cpu_used_us / 1e6).toFixed(3)} s` : ""],
       ["Memory peak", bytes(local.memory_peak_bytes)],
+      ["Last upgrade", local.upgrade ? upgradeText(local.upgrade) : ""],
       ["Limits", (local.limits || []).map(([key, value]) => el("span", { class: "limit" }, `${key} ${value}`))],
     ]),
   ];
+}
+
+/** `done: 1f2e3d4c5b6a -> 9a8b7c6d5e4f`, and why when it failed: all text, never markup. */
+function upgradeText(upgrade) {
+  const build = (text) => (/^[0-9a-f]{64}$/.test(text) ? text.slice(0, 12) : text);
+  const line = `${upgrade.status.replace("_", " ")}: ${build(upgrade.from_sha256)} -> ${build(upgrade.to)}`;
+  return [line, " (asked ", localTime(upgrade.asked_unix_ms), ")", upgrade.reason ? `: ${upgrade.reason}` : ""];
 }
 
 function drawTasks(states) {
