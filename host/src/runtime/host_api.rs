@@ -51,6 +51,10 @@ struct CellState {
     /// Reports taken with status `running` or `complete`, all runs together: a run that adds
     /// none never got its alloc going (an upgrade's new build that fails so is rolled back).
     reports_running: u64,
+    /// Set while an upgrade's new build has not reported `running` or `complete`: a
+    /// `failed` report is refused then, so that the server never sees the alloc fail for a
+    /// build that is about to be rolled back.
+    on_probation: bool,
 }
 
 impl StateCell {
@@ -68,6 +72,7 @@ impl StateCell {
             current: initial,
             before_restart: Vec::new(),
             reports_running: 0,
+            on_probation: false,
         };
         StateCell {
             alloc_id,
@@ -98,11 +103,17 @@ impl StateCell {
                 cell.current.client_status
             ));
         }
+        if cell.on_probation && new.client_status == ClientStatus::Failed {
+            return Err("a new build must report running before it reports failed; \
+                 an upgrade whose new build fails first is rolled back"
+                .into());
+        }
         if matches!(
             new.client_status,
             ClientStatus::Running | ClientStatus::Complete
         ) {
             cell.reports_running += 1;
+            cell.on_probation = false;
         }
         carry_restarts(&mut new, &cell.before_restart);
         if cell.current != new {
@@ -111,6 +122,11 @@ impl StateCell {
                 .alloc_state_updated(&self.alloc_id, &cell.current);
         }
         Ok(())
+    }
+
+    /// Puts the next reports on probation (an upgrade's new build starts) or ends it.
+    pub fn set_probation(&self, on: bool) {
+        self.lock().on_probation = on;
     }
 
     /// How many reports the guests have made with status `running` or `complete`.
@@ -227,6 +243,16 @@ fn check_tasks(alloc: &Alloc, state: &AllocState) -> Result<(), String> {
     Ok(())
 }
 
+/// What, besides its event queue, tells a run to end: each `next-event` looks at them.
+pub struct EndingLatches {
+    /// Set when an upgrade in place asks this run to end: delivered as `shutdown`. Each run
+    /// has its own, so an upgrade asked of one run never reaches the next.
+    pub upgrade_asked: Latch,
+    /// Set (for every run of the alloc) once `kill` was sent: a run that was given
+    /// `shutdown` is handed `kill` from then on, without the queue being searched for it.
+    pub kill_sent: Latch,
+}
+
 /// The host import of one alloc's store.
 pub struct HostApi {
     alloc: Arc<Alloc>,
@@ -236,9 +262,8 @@ pub struct HostApi {
     queued_task_actions: Arc<AtomicUsize>,
     /// `kill` or `shutdown`, once delivered: repeated to every later `next-event`.
     final_event: Option<Event>,
-    /// Set when an upgrade in place asks this run to end: delivered as `shutdown`. Each run
-    /// has its own, so an upgrade asked of one run never reaches the next.
-    upgrade_asked: Latch,
+    /// What asks this run to end besides its queue: see [`EndingLatches`].
+    ending: EndingLatches,
     state: Arc<StateCell>,
     span: tracing::Span,
     last_refusal_logged: Option<tokio::time::Instant>,
@@ -263,14 +288,14 @@ impl HostApi {
         state: Arc<StateCell>,
         span: tracing::Span,
         limits: &Limits,
-        upgrade_asked: Latch,
+        ending: EndingLatches,
     ) -> Self {
         HostApi {
             alloc,
             events,
             queued_task_actions,
             final_event: None,
-            upgrade_asked,
+            ending,
             state,
             span,
             last_refusal_logged: None,
@@ -316,14 +341,13 @@ impl HostApi {
 
 impl HostImports for HostApi {
     async fn next_event(&mut self, timeout_ms: u64) -> Option<WitEvent> {
-        if self.final_event.is_none() && self.upgrade_asked.is_set() {
+        if self.final_event.is_none() && self.ending.upgrade_asked.is_set() {
             self.final_event = Some(Event::Shutdown);
         }
         if let Some(event) = &self.final_event {
-            // A kill sent after a shutdown outranks it.
-            let kill_queued = std::iter::from_fn(|| self.events.try_recv().ok())
-                .any(|e| matches!(e, Event::Kill));
-            if kill_queued || matches!(event, Event::Kill) {
+            // A kill sent after a shutdown outranks it. The queue is left as it is: what waits
+            // there is the next run's (after an upgrade) or nobody's.
+            if self.ending.kill_sent.is_set() || matches!(event, Event::Kill) {
                 self.final_event = Some(Event::Kill);
                 return Some(bindings::event_to_wit(&Event::Kill));
             }
@@ -343,7 +367,7 @@ impl HostImports for HostApi {
             // Events queued before the upgrade was asked are handed over first.
             biased;
             received = waiting => received,
-            () = self.upgrade_asked.wait() => Some(Some(Event::Shutdown)),
+            () = self.ending.upgrade_asked.wait() => Some(Some(Event::Shutdown)),
         };
         let Some(received) = received else {
             return None; // the timeout passed

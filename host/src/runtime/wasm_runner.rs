@@ -77,6 +77,8 @@ struct Shared {
     /// Set when a kill or a shutdown is asked of a started runner: a restart waiting for its
     /// delay gives up.
     stop_asked: LatchTrigger,
+    /// Set when `kill` is sent to the guest (see `EndingLatches`).
+    kill_sent: LatchTrigger,
     /// How the last run ended, once it has.
     ending: Mutex<Option<RunEnding>>,
     /// Set while a crashed runner waits to be restarted: signals and task restarts are
@@ -134,6 +136,7 @@ impl WasmAllocRunner {
                 run_task: Mutex::new(None),
                 restarts,
                 stop_asked: Latch::new().0,
+                kill_sent: Latch::new().0,
                 ending: Mutex::new(None),
                 restarting: std::sync::atomic::AtomicBool::new(false),
                 wall_deadline: Mutex::new(None),
@@ -159,7 +162,7 @@ impl WasmAllocRunner {
 struct GuestRun<'a> {
     component: &'a LoadedComponent,
     alloc: &'a Arc<Alloc>,
-    restored: Option<Vec<u8>>,
+    restored: Option<restarts::Checkpoint>,
     upgrade_asked: Latch,
 }
 
@@ -201,6 +204,7 @@ impl Shared {
             if step == StopStep::AskGuest {
                 // Sent under the lifecycle lock, so no signal or restart passes it.
                 let _ = self.events.send(Event::Kill);
+                self.kill_sent.set();
                 self.stop_asked.set();
             }
             step
@@ -315,6 +319,7 @@ impl Shared {
     /// Sets the final state, then completes `wait`. Called once, by the caller whose
     /// lifecycle transition reached `Finished`.
     fn record_final(&self, outcome: RunOutcome) {
+        self.upgrades.abandon(self.state.reports_running());
         let (kill_asked, shut_down_only) = {
             let lifecycle = self.lifecycle();
             (lifecycle.kill_asked(), lifecycle.shut_down_only())
@@ -370,7 +375,7 @@ impl Shared {
         self: Arc<Self>,
         events: mpsc::UnboundedReceiver<Event>,
         build: &Build,
-        restored: Option<Vec<u8>>,
+        restored: Option<restarts::Checkpoint>,
         upgrade_asked: Latch,
     ) -> (RunOutcome, Option<mpsc::UnboundedReceiver<Event>>) {
         let alloc = &build.alloc;
@@ -547,8 +552,8 @@ impl AllocRunner for WasmAllocRunner {
             if alloc.modify_index <= current.modify_index {
                 return;
             }
-            let running = self.shared.upgrades.current().component;
-            let new_run = upgrade::asks_for_new_run(&current, &alloc, &running);
+            let target = self.shared.upgrades.target_component();
+            let new_run = upgrade::asks_for_new_run(&current, &alloc, &target);
             *current = alloc.clone();
             (alloc.desired_status.is_stop(), new_run)
         };
@@ -557,6 +562,7 @@ impl AllocRunner for WasmAllocRunner {
             self.shared.clone().upgrade_to(alloc);
             return;
         }
+        self.shared.upgrades.track(alloc.clone());
         let _ = self.shared.events.send(Event::Update(alloc));
         if stop {
             self.shared.kill();

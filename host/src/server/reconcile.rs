@@ -116,7 +116,8 @@ pub fn job_change(old: &JobSpec, new: &JobSpec) -> JobChange {
             } else {
                 spec.runner.clone()
             },
-            runner_sha256: if upgradable {
+            // A job saved before builds were recorded has none: its build is not a change.
+            runner_sha256: if upgradable || old.runner_sha256.is_none() {
                 None
             } else {
                 spec.runner_sha256.clone()

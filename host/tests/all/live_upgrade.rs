@@ -251,6 +251,44 @@ async fn an_old_build_that_ignores_the_shutdown_is_torn_down_at_the_kill_timeout
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_new_run_that_reports_failed_first_is_rolled_back_and_the_server_never_sees_it_fail() {
+    let logs = LogCapture::start();
+    let started = start(alloc(SLEEPER, &["web"], &[("log_every", "100ms")]), None);
+    started.recorder.wait_for_status(ClientStatus::Running).await;
+
+    // A config the runner refuses: the SDK reports `failed`, then returns the error.
+    let current = started.runner.alloc();
+    let mut tasks = current.tasks.clone();
+    tasks[0].config = vec![("run_for".into(), "soon".into())];
+    started.runner.update(Arc::new(Alloc {
+        tasks,
+        modify_index: current.modify_index + 1,
+        ..Alloc::clone(&current)
+    }));
+    let upgrade = upgrade_settled(&started).await;
+
+    let UpgradeOutcome::Failed(why) = &upgrade.outcome else {
+        panic!("the upgrade did not fail: {upgrade:?}");
+    };
+    assert!(why.contains("run_for: \"soon\" is not a duration"), "{why}");
+    eventually("the old config running again", || {
+        logs.with_message("task web started; runs until killed").len() == 2
+    })
+    .await;
+    let history = started.recorder.history.lock().unwrap().clone();
+    assert!(
+        history.iter().all(|s| s.client_status != ClientStatus::Failed),
+        "the new run's failure never left the node: {history:#?}"
+    );
+    assert_eq!(
+        started.runner.alloc_state().client_status,
+        ClientStatus::Running
+    );
+    started.runner.kill();
+    assert_eq!(started.stopped().await.client_status, ClientStatus::Complete);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_build_that_cannot_be_loaded_never_stops_the_running_one() {
     let logs = LogCapture::start();
     let builds = tempfile::tempdir().unwrap();
@@ -329,7 +367,7 @@ fn job_run_after_a_rebuild_upgrades_the_running_alloc_and_it_counts_on() {
         text
     };
     output(&["job", "run", job_file]);
-    // Past the agent's one-second look at an unchanged runner file, and a few counts in.
+    // A few counts in, so that the new build has a count to carry on from.
     agent.wait_for("tick 4", |line| message(line) == "tick 4");
 
     new_build_of(STATEFUL, dir.path(), "counter.wasm");

@@ -8,7 +8,7 @@
 //! deadline is set once), and a crash because either ran out is final.
 
 use super::Shared;
-use super::upgrade::Build;
+use super::upgrade::{Build, Upgrading};
 use crate::allocrunner::{CheckpointSaved, StateUpdater};
 use crate::locks::LockUnpoisoned;
 use crate::restart::{RestartDecision, RestartPolicy, RestartTracker};
@@ -25,9 +25,13 @@ use tokio::sync::mpsc;
 pub(super) struct Restarts {
     /// `None` when it has no restart policy.
     tracker: Option<Mutex<RestartTracker>>,
-    /// The last checkpoint kept by the client (or the restored one, until the first).
-    last_checkpoint: Arc<Mutex<Option<Vec<u8>>>>,
+    /// The last checkpoint kept by the client (or the restored one, until the first),
+    /// shared with the run that starts from it rather than copied.
+    last_checkpoint: Arc<Mutex<Option<Checkpoint>>>,
 }
+
+/// A checkpoint's bytes, shared.
+pub(super) type Checkpoint = Arc<[u8]>;
 
 /// What to do after a crash.
 pub(super) enum CrashPlan {
@@ -54,7 +58,7 @@ impl Restarts {
             tracker: policy
                 .filter(|p| p.attempts > 0)
                 .map(|policy| Mutex::new(RestartTracker::new(policy))),
-            last_checkpoint: Arc::new(Mutex::new(restored)),
+            last_checkpoint: Arc::new(Mutex::new(restored.map(Checkpoint::from))),
         }
     }
 
@@ -70,12 +74,12 @@ impl Restarts {
     }
 
     /// The checkpoint the next run starts from.
-    pub(super) fn checkpoint(&self) -> Option<Vec<u8>> {
+    pub(super) fn checkpoint(&self) -> Option<Checkpoint> {
         self.last_checkpoint.lock_unpoisoned().clone()
     }
 
     /// Makes `checkpoint` the one the next run starts from (a rolled-back upgrade's).
-    pub(super) fn set_checkpoint(&self, checkpoint: Option<Vec<u8>>) {
+    pub(super) fn set_checkpoint(&self, checkpoint: Option<Checkpoint>) {
         *self.last_checkpoint.lock_unpoisoned() = checkpoint;
     }
 
@@ -121,6 +125,9 @@ impl Shared {
     ) -> RunOutcome {
         let mut events = events;
         let mut next = NextRun::Current;
+        // An upgrade whose new build was replaced by a newer one before it reported: the
+        // newer one rolls back to what it would have.
+        let mut unproven: Option<Upgrading> = None;
         loop {
             let (waiting, upgrade_asked) = self.upgrades.begin_run();
             if let Some(build) = waiting {
@@ -129,7 +136,7 @@ impl Shared {
             let (build, restored, upgrading) = match std::mem::take(&mut next) {
                 NextRun::Current => (self.upgrades.current(), self.restarts.checkpoint(), None),
                 NextRun::Upgrade(build) => {
-                    let upgrading = self.start_upgrade(build.clone());
+                    let upgrading = self.start_upgrade(build.clone(), unproven.take());
                     (build, upgrading.checkpoint.clone(), Some(upgrading))
                 }
             };
@@ -139,7 +146,6 @@ impl Shared {
                 .await;
             let waiting = self.upgrades.end_run();
             let Some(events_back) = events_back else {
-                self.upgrade_ends_with_the_alloc(upgrading.as_ref(), waiting.is_some());
                 return outcome;
             };
             events = events_back;
@@ -147,14 +153,20 @@ impl Shared {
             let last = self.state.get();
             let crash = outcome.crash_description(&self.limits);
             let limit_spent = crash.is_some() && self.alloc_limit_spent();
-            if let (Some(upgrading), Some(why)) = (&upgrading, &crash)
+            self.state.set_probation(false);
+            // A new build that ended before it got the alloc going, other than for a stop or
+            // a newer build, failed: the one before it runs again.
+            if let Some(upgrading) = &upgrading
                 && !self.upgrade_took(upgrading)
                 && !stopping
                 && !limit_spent
+                && waiting.is_none()
             {
-                self.roll_back(upgrading, why).await;
-                // The old build runs again, unless a newer one came meanwhile.
-                next = waiting.map_or(NextRun::Current, NextRun::Upgrade);
+                let why = crash
+                    .clone()
+                    .unwrap_or_else(|| "it returned without reporting".into());
+                self.roll_back(upgrading, &why).await;
+                next = NextRun::Current;
                 continue;
             }
             let ended_cleanly = matches!(
@@ -169,6 +181,7 @@ impl Shared {
                 if matches!(outcome, RunOutcome::ShutdownTimedOut) {
                     tracing::warn!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "runner did not return within the kill timeout after the upgrade's shutdown; its sandbox was torn down and the new build starts from its last checkpoint");
                 }
+                unproven = upgrading.filter(|u| !self.upgrade_took(u));
                 next = NextRun::Upgrade(build);
                 continue;
             }
@@ -185,7 +198,6 @@ impl Shared {
                 limit,
             } = plan
             else {
-                self.upgrade_ends_with_the_alloc(upgrading.as_ref(), waiting.is_some());
                 return match plan {
                     CrashPlan::Fail(description) => RunOutcome::Failed(description),
                     _ => outcome,
@@ -218,8 +230,6 @@ impl Shared {
             {
                 let lifecycle = self.lifecycle();
                 if lifecycle.stop_asked() {
-                    drop(lifecycle);
-                    self.upgrade_ends_with_the_alloc(None, waiting.is_some());
                     return RunOutcome::StoppedWhileRestarting;
                 }
                 self.restarting.store(false, Ordering::SeqCst);
@@ -245,7 +255,7 @@ enum NextRun {
 /// Passes everything on, and keeps a copy of each checkpoint the client kept.
 struct KeepingCheckpoints {
     inner: Arc<dyn StateUpdater>,
-    last_checkpoint: Arc<Mutex<Option<Vec<u8>>>>,
+    last_checkpoint: Arc<Mutex<Option<Checkpoint>>>,
 }
 
 impl StateUpdater for KeepingCheckpoints {
@@ -256,7 +266,7 @@ impl StateUpdater for KeepingCheckpoints {
     fn checkpoint_saved(&self, alloc_id: &str, data: &[u8]) -> CheckpointSaved {
         let saving = self.inner.checkpoint_saved(alloc_id, data);
         let last_checkpoint = self.last_checkpoint.clone();
-        let data = data.to_vec();
+        let data = Checkpoint::from(data);
         Box::pin(async move {
             saving.await?;
             *last_checkpoint.lock_unpoisoned() = Some(data);

@@ -8,7 +8,7 @@ use crate::runtime::alloc_dir::create_alloc_dir;
 use crate::runtime::bindings::Event;
 use crate::runtime::cpu_meter::CpuMeter;
 use crate::runtime::disk_ledger::DiskLedger;
-use crate::runtime::host_api::HostApi;
+use crate::runtime::host_api::{EndingLatches, HostApi};
 use crate::runtime::logging::{GuestLogSink, GuestLogging, LogLimits};
 use crate::runtime::store_limits::MemoryLimiter;
 use crate::runtime::wasi_ctx::sandbox_wasi;
@@ -28,6 +28,10 @@ impl Shared {
         disk: Arc<DiskLedger>,
         upgrade_asked: Latch,
     ) -> anyhow::Result<(Store<StoreData>, bool)> {
+        let ending = EndingLatches {
+            upgrade_asked,
+            kill_sent: self.kill_sent.latch(),
+        };
         // Checked again here: the agent's offer and caps may have changed since the job was
         // submitted.
         alloc
@@ -59,7 +63,7 @@ impl Shared {
                 self.state.clone(),
                 self.config.span.clone(),
                 &self.limits,
-                upgrade_asked,
+                ending,
             ),
             logging: GuestLogging::new(sink),
             memory: MemoryLimiter::new(self.limits.memory_bytes).reporting_to(self.usage.clone()),

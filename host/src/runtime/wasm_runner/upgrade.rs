@@ -13,9 +13,11 @@
 //! how the last upgrade went; the run loop (`restarts`) decides when a build starts.
 
 use super::Shared;
+use super::restarts::Checkpoint;
 use crate::allocrunner::{Latch, LatchTrigger, UpgradeOutcome, UpgradeReport};
 use crate::locks::LockUnpoisoned;
 use crate::runtime::LoadedComponent;
+use crate::runtime::lifecycle::Phase;
 use crate::structs::Alloc;
 use std::sync::{Arc, Mutex};
 
@@ -53,18 +55,31 @@ struct Slot {
     live_run: Option<LatchTrigger>,
 }
 
+/// The last upgrade asked, keyed by the alloc version it upgrades to: a late answer about an
+/// older one (its load, its start) changes nothing.
 struct LastUpgrade {
     report: UpgradeReport,
-    /// The state cell's count of reports `running` (or `complete`) when the new build started: one
-    /// more, and it is done.
+    version: u64,
+    /// The state cell's count of reports `running` or `complete` when the new build started:
+    /// one more, and it is done.
     started_at_report: Option<u64>,
+}
+
+impl LastUpgrade {
+    fn took(&self, reports_running: u64) -> bool {
+        self.started_at_report
+            .is_some_and(|at| reports_running > at)
+    }
 }
 
 /// A build that has started for an upgrade, and what to roll back to.
 pub(super) struct Upgrading {
+    /// The last build known to run the alloc: the one before an upgrade whose own new build
+    /// had not reported yet when a newer one came.
     pub(super) from: Build,
-    /// The checkpoint both builds start from.
-    pub(super) checkpoint: Option<Vec<u8>>,
+    /// The checkpoint the new build starts from, and a rollback too.
+    pub(super) checkpoint: Option<Checkpoint>,
+    version: u64,
     started_at_report: u64,
 }
 
@@ -83,6 +98,23 @@ impl Upgrades {
     /// What runs the alloc now (or next).
     pub(super) fn current(&self) -> Build {
         self.slot.lock_unpoisoned().current.clone()
+    }
+
+    /// The component the alloc is headed for: the one waiting to take over, else the one
+    /// running. A new version is compared with it.
+    pub(super) fn target_component(&self) -> Arc<LoadedComponent> {
+        let slot = self.slot.lock_unpoisoned();
+        let target = slot.pending.as_ref().unwrap_or(&slot.current);
+        target.component.clone()
+    }
+
+    /// A version of the alloc that asks for no new run: the current build's next runs (a
+    /// restart after a crash) are given it.
+    pub(super) fn track(&self, alloc: Arc<Alloc>) {
+        let mut slot = self.slot.lock_unpoisoned();
+        if alloc.modify_index > slot.current.alloc.modify_index {
+            slot.current.alloc = alloc;
+        }
     }
 
     /// A run is starting: returns the build waiting to take over (the run is to be that
@@ -111,39 +143,54 @@ impl Upgrades {
         let last = self.last.lock_unpoisoned();
         let last = last.as_ref()?;
         let mut report = last.report.clone();
-        if report.outcome == UpgradeOutcome::InProgress
-            && last
-                .started_at_report
-                .is_some_and(|at| reports_running > at)
-        {
+        if report.outcome == UpgradeOutcome::InProgress && last.took(reports_running) {
             report.outcome = UpgradeOutcome::Done;
         }
         Some(report)
     }
 
-    fn record(&self, report: UpgradeReport) {
+    /// The alloc's runs are over: a build still waiting will not run, and an upgrade whose
+    /// new build never reported did not happen.
+    pub(super) fn abandon(&self, reports_running: u64) {
+        self.slot.lock_unpoisoned().pending = None;
+        let mut last = self.last.lock_unpoisoned();
+        if let Some(last) = last.as_mut()
+            && last.report.outcome == UpgradeOutcome::InProgress
+            && !last.took(reports_running)
+        {
+            last.report.outcome =
+                UpgradeOutcome::Failed("the alloc stopped before the new build took over".into());
+        }
+    }
+
+    fn record(&self, report: UpgradeReport, version: u64) {
         *self.last.lock_unpoisoned() = Some(LastUpgrade {
             report,
+            version,
             started_at_report: None,
         });
     }
 
-    fn set_outcome(&self, outcome: UpgradeOutcome) {
-        if let Some(last) = self.last.lock_unpoisoned().as_mut() {
-            last.report.outcome = outcome;
+    /// Changes the record of the upgrade to `version`, if it is still the last one asked.
+    fn with_record(&self, version: u64, change: impl FnOnce(&mut LastUpgrade)) {
+        if let Some(last) = self.last.lock_unpoisoned().as_mut()
+            && last.version == version
+        {
+            change(last);
         }
     }
 }
 
 /// Whether `new` asks for another build or another run than `current` (the alloc's last
-/// version) and `running` (the component it runs) give: a new runner path or build, new
-/// tasks or new meta. The server sends such a version only for an upgrade in place.
-pub(super) fn asks_for_new_run(current: &Alloc, new: &Alloc, running: &LoadedComponent) -> bool {
+/// version) and `target` (the component it runs, or is about to) give: a new runner path or
+/// build, new tasks or new meta. The server sends such a version only for an upgrade in
+/// place.
+pub(super) fn asks_for_new_run(current: &Alloc, new: &Alloc, target: &LoadedComponent) -> bool {
     new.runner != current.runner
         || new
             .runner_sha256
             .as_ref()
-            .is_some_and(|sha256| *sha256 != running.hash)
+            .is_some_and(|sha256| *sha256 != target.hash)
         || new.tasks != current.tasks
         || new.meta != current.meta
 }
@@ -152,17 +199,20 @@ impl Shared {
     /// Loads the build `alloc` names, on the blocking pool, and hands it to the run loop,
     /// asking the running guest to end; records why when it cannot.
     pub(super) fn upgrade_to(self: Arc<Self>, alloc: Arc<Alloc>) {
-        let from = self.upgrades.current();
+        let version = alloc.modify_index;
         let to = alloc
             .runner_sha256
             .clone()
             .unwrap_or_else(|| alloc.runner.clone());
-        self.upgrades.record(UpgradeReport {
-            from_sha256: from.component.hash.clone(),
-            to,
-            outcome: UpgradeOutcome::InProgress,
-            asked_unix_ms: crate::timestamp::unix_ms_now(),
-        });
+        self.upgrades.record(
+            UpgradeReport {
+                from_sha256: self.upgrades.current().component.hash.clone(),
+                to,
+                outcome: UpgradeOutcome::InProgress,
+                asked_unix_ms: crate::timestamp::unix_ms_now(),
+            },
+            version,
+        );
         tracing::info!(parent: &self.config.span, runner = %alloc.runner, "upgrading the runner in place");
         tokio::spawn(async move {
             let runtime = self.runtime.clone();
@@ -173,57 +223,73 @@ impl Shared {
             .await;
             let component = match loaded {
                 Ok(Ok(component)) => component,
-                Ok(Err(error)) => return self.upgrade_failed(format!("{error:#}")),
-                Err(error) => return self.upgrade_failed(format!("loading stopped: {error}")),
+                Ok(Err(error)) => return self.upgrade_failed(version, format!("{error:#}")),
+                Err(error) => {
+                    return self.upgrade_failed(version, format!("loading stopped: {error}"));
+                }
             };
             if let Some(wanted) = &alloc.runner_sha256
                 && *wanted != component.hash
             {
                 let found = short(&component.hash).to_string();
-                return self.upgrade_failed(format!(
+                let why = format!(
                     "the runner at {} is build {found}, not the {} its job was registered with",
                     alloc.runner,
                     short(wanted)
-                ));
+                );
+                return self.upgrade_failed(version, why);
             }
-            if let Some(last) = self.upgrades.last.lock_unpoisoned().as_mut() {
-                last.report.to = component.hash.clone();
-            }
+            let to = component.hash.clone();
+            self.upgrades
+                .with_record(version, |last| last.report.to = to);
             self.ask_upgrade(Build { component, alloc });
         });
     }
 
     /// Queues `build` to take over, and asks the running guest (if one runs) to end.
-    fn ask_upgrade(&self, build: Build) {
-        // Under the lifecycle lock, as stops are asked: an alloc stopping is not upgraded.
+    fn ask_upgrade(&self, mut build: Build) {
+        let version = build.alloc.modify_index;
+        // Under the lifecycle lock, as stops are asked: an alloc stopping is not upgraded,
+        // and one that has stopped (`record_final` abandons what waits) sees no new build.
         let lifecycle = self.lifecycle();
-        if lifecycle.phase() == crate::runtime::lifecycle::Phase::Finished || lifecycle.stop_asked()
-        {
+        if lifecycle.phase() == Phase::Finished || lifecycle.stop_asked() {
             drop(lifecycle);
-            return self.upgrade_failed("the alloc stopped first".into());
+            return self.upgrade_failed(version, "the alloc stopped first".into());
+        }
+        let latest = self.alloc();
+        if latest.modify_index > version {
+            if asks_for_new_run(&build.alloc, &latest, &build.component) {
+                // A newer version asks for another build (its own upgrade says how that
+                // went) or for the one running (a revert while this one loaded).
+                drop(lifecycle);
+                let why = "a newer version of the alloc came first".into();
+                return self.upgrade_failed(version, why);
+            }
+            build.alloc = latest;
         }
         let mut slot = self.upgrades.slot.lock_unpoisoned();
-        if slot
-            .pending
-            .as_ref()
-            .is_some_and(|waiting| waiting.alloc.modify_index > build.alloc.modify_index)
-        {
-            return; // a newer version is waiting already
-        }
         slot.pending = Some(build);
         if let Some(live_run) = &slot.live_run {
             live_run.set();
         }
     }
 
-    pub(super) fn upgrade_failed(&self, why: String) {
+    /// The upgrade to alloc `version` failed (`why`); the alloc runs the build it ran.
+    pub(super) fn upgrade_failed(&self, version: u64, why: String) {
         tracing::warn!(parent: &self.config.span, reason = %why, "runner upgrade failed; the alloc runs the build it ran");
-        self.upgrades.set_outcome(UpgradeOutcome::Failed(why));
+        self.upgrades.with_record(version, |last| {
+            last.report.outcome = UpgradeOutcome::Failed(why);
+        });
     }
 
-    /// Starts `build` in place of the current one: returns what to roll back to.
-    pub(super) fn start_upgrade(&self, build: Build) -> Upgrading {
-        let from = self.upgrades.switch_to(build.clone());
+    /// Starts `build` in place of the current one: returns what to roll back to, which is
+    /// `unproven`'s if the upgrade before it had not reported yet.
+    pub(super) fn start_upgrade(&self, build: Build, unproven: Option<Upgrading>) -> Upgrading {
+        let replaced = self.upgrades.switch_to(build.clone());
+        let (from, checkpoint) = match unproven {
+            Some(unproven) => (unproven.from, unproven.checkpoint),
+            None => (replaced, self.restarts.checkpoint()),
+        };
         crate::allocrunner::record_runner_hash(&self.config.span, &build.component.hash);
         let message = if from.component.hash == build.component.hash {
             format!(
@@ -240,36 +306,27 @@ impl Shared {
         tracing::info!(parent: &self.config.span, from = from.short_hash(), to = build.short_hash(), "starting the runner's new build");
         self.note_on_tasks("Upgrading", &message);
         let started_at_report = self.state.reports_running();
-        if let Some(last) = self.upgrades.last.lock_unpoisoned().as_mut() {
-            last.started_at_report = Some(started_at_report);
-        }
+        self.state.set_probation(true);
+        let version = build.alloc.modify_index;
+        self.upgrades.with_record(version, |last| {
+            last.started_at_report = Some(started_at_report)
+        });
         Upgrading {
             from,
-            checkpoint: self.restarts.checkpoint(),
+            checkpoint,
+            version,
             started_at_report,
         }
     }
 
-    /// The alloc's runs are over: an upgrade still `waiting`, or one `upgrading` whose new
-    /// build never reported `running`, did not happen.
-    pub(super) fn upgrade_ends_with_the_alloc(&self, upgrading: Option<&Upgrading>, waiting: bool) {
-        if waiting {
-            self.upgrade_failed("the alloc's run ended before the new build started".into());
-        } else if upgrading.is_some_and(|upgrading| !self.upgrade_took(upgrading)) {
-            self.upgrade_failed(
-                "the alloc's run ended before the new build reported running".into(),
-            );
-        }
-    }
-
-    /// Whether the upgrade's new build has reported `running` (or `complete`).
+    /// Whether the upgrade's new build has reported `running` or `complete`.
     pub(super) fn upgrade_took(&self, upgrading: &Upgrading) -> bool {
         self.state.reports_running() > upgrading.started_at_report
     }
 
-    /// The new build failed (`why`) before it reported `running` (or `complete`): the old one is made
-    /// current again, to run from the checkpoint the new one started from (saved again, so
-    /// an agent restart resumes from it too).
+    /// The new build failed (`why`) before it reported `running` or `complete`: the old
+    /// one is made current again, to run from the checkpoint the new one started from
+    /// (saved again, when there was one, so that an agent restart resumes from it too).
     pub(super) async fn roll_back(&self, upgrading: &Upgrading, why: &str) {
         let failed = self.upgrades.switch_to(upgrading.from.clone());
         crate::allocrunner::record_runner_hash(&self.config.span, &upgrading.from.component.hash);
@@ -278,7 +335,7 @@ impl Shared {
             failed.short_hash(),
             upgrading.from.short_hash()
         );
-        self.upgrade_failed(why.clone());
+        self.upgrade_failed(upgrading.version, why.clone());
         self.note_on_tasks("Upgrade Failed", &format!("Runner {why}"));
         self.restarts.set_checkpoint(upgrading.checkpoint.clone());
         if let Some(checkpoint) = &upgrading.checkpoint

@@ -127,6 +127,22 @@ fn a_new_build_of_the_runner_upgrades_the_running_allocs_in_place() {
     };
     let plan = reconcile_job(Some(&current), &new_path, &one_node(), &allocs);
     assert_eq!(plan.change, JobChange::InPlace, "a new path is a new build");
+
+    let saved_before_builds_were_recorded = job(spec("web", JobType::Service, 3), 4);
+    let plan = reconcile_job(
+        Some(&saved_before_builds_were_recorded),
+        &JobSpec {
+            runner_sha256: Some("aa".repeat(32)),
+            ..spec("web", JobType::Service, 3)
+        },
+        &one_node(),
+        &allocs,
+    );
+    assert_eq!(
+        plan.change,
+        JobChange::Same,
+        "an unknown build is not a change"
+    );
 }
 
 #[test]
