@@ -78,6 +78,24 @@ impl<'a> TaskConfig<'a> {
             .map_err(|why| self.invalid(key, why))
     }
 
+    /// `key` as a whole number that fits an `i64`, if set.
+    ///
+    /// ```
+    /// use caravan_guest::{Task, TaskConfig};
+    /// let task = Task { name: "web".into(), config: vec![("exit_code".into(), "-3".into())] };
+    /// assert_eq!(TaskConfig::of(&task).whole_number("exit_code")?, Some(-3));
+    /// # Ok::<(), caravan_guest::RunnerError>(())
+    /// ```
+    pub fn whole_number(&self, key: &str) -> Result<Option<i64>, crate::RunnerError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(text) => text
+                .parse()
+                .map(Some)
+                .map_err(|_| self.invalid(key, format!("{text:?} is not a whole number"))),
+        }
+    }
+
     /// The error for a value of `key` that cannot be used, `why` saying what is wrong.
     pub fn invalid(&self, key: &str, why: String) -> crate::RunnerError {
         crate::RunnerError::InvalidConfig(format!("task {:?}: {key}: {why}", self.task.name))

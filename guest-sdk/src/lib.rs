@@ -13,6 +13,9 @@
 //! - [`Guest`] and [`export!`]: the raw contract, for runners that want no loop of ours.
 //! - [`trace!`] .. [`critical!`]: log through the host's logger.
 //! - [`parse_duration`]: durations in task config (`500ms`, `5s`, `2m`).
+//! - [`encode_checkpoint`], [`decode_checkpoint`]: versioned checkpoints, the same bytes in
+//!   every Caravan SDK (Python `caravan_runner`, JavaScript `caravan-runner.js`, C
+//!   `caravan_runner.h`, under `guest-sdk/`).
 //!
 //! # A complete runner
 //!
@@ -72,6 +75,9 @@ pub use bindings::caravan::runner::types::{
 };
 pub use bindings::exports::caravan::runner::runner::Guest;
 pub use bindings::wasi::logging::logging::Level;
+
+mod checkpoint;
+pub use checkpoint::{decode_checkpoint, encode_checkpoint};
 
 mod config;
 pub use config::{TaskConfig, parse_duration, wakeup_for};

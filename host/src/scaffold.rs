@@ -1,11 +1,12 @@
 //! `caravan runner new`: a folder with a working runner in one of the four languages, its
 //! build script, a job file and a README with the three commands to build, check and run it.
 //!
-//! The sources are Caravan's own: the Python, JavaScript and C scaffolds start from the
-//! minimal runner of their language (`guests/<language>/minimal`, which the tests check), the
-//! Rust one from the SDK's example in the runner guide. Each build script uses the toolchain
-//! of the Caravan checkout the `caravan` binary was built from (`scripts/setup` installs
-//! it); `CARAVAN_HOME` points a script at another.
+//! Each language's scaffold is the same small service runner ("hello", then a line every
+//! `log_every`) on that language's SDK (`guest-sdk/`: `caravan-guest`, `caravan_runner`,
+//! `caravan-runner.js`, `caravan_runner.h`). Each build script uses the SDK and the toolchain
+//! of the Caravan checkout the `caravan` binary was built from (`scripts/setup` installs it),
+//! and checks what the language's checker can (mypy, TypeScript, the compiler's warnings);
+//! `CARAVAN_HOME` points a script at another checkout.
 //!
 //! A leaf: it writes files under the folder it makes, never over an existing one, and knows
 //! nothing of runners beyond their text.
@@ -102,37 +103,19 @@ fn files(name: &str, language: Language, caravan_home: &Path) -> Vec<(String, St
         ),
         Language::Python => (
             "app.py",
-            format!(
-                "# {name}: made by `caravan runner new` from Caravan's minimal Python runner.\n{}",
-                MINIMAL_PYTHON
-            ),
-            format!(
-                "# componentize-py imports app.py to find its exports, and leaves a __pycache__.\n\
-                 had_cache=$([ -e __pycache__ ] && echo yes || true)\n\
-                 PYTHONDONTWRITEBYTECODE=1 \"$caravan_home/target/toolchains/python/bin/componentize-py\" \\\n  \
-                 --wit-path \"$caravan_home/wit\" --world alloc-runner componentize app --output out/{name}.wasm >/dev/null\n\
-                 [ -n \"$had_cache\" ] || rm -rf __pycache__\n"
-            ),
+            HELLO_PYTHON.replace("{name}", name),
+            PYTHON_BUILD.replace("{name}", name),
             "python",
         ),
         Language::Js => (
             "runner.js",
-            format!(
-                "// {name}: made by `caravan runner new` from Caravan's minimal JavaScript runner.\n{}",
-                MINIMAL_JS
-            ),
-            format!(
-                "\"$caravan_home/target/toolchains/js/node_modules/.bin/componentize-js\" --wit \"$caravan_home/wit\" \\\n  \
-                 --world-name alloc-runner --disable http fetch-event --out out/{name}.wasm runner.js >/dev/null\n"
-            ),
+            HELLO_JS.replace("{name}", name),
+            JS_BUILD.replace("{name}", name),
             "js",
         ),
         Language::C => (
             "runner.c",
-            format!(
-                "// {name}: made by `caravan runner new` from Caravan's minimal C runner.\n{}",
-                MINIMAL_C
-            ),
+            HELLO_C.replace("{name}", name),
             c_build(name),
             "c",
         ),
@@ -205,16 +188,42 @@ fn c_build(name: &str) -> String {
          # Built by the checkout's guests/c/build; built here only when missing.\n\
          [ -x \"$tool\" ] || (cd \"$caravan_home\" && cargo build --quiet -p caravan-guest-tools --bin componentize-c)\n\
          \"$tool\" bindings \"$caravan_home/wit\" alloc-runner out/bindings\n\
+         sdk=\"$caravan_home/guest-sdk/c\"\n\
          clang-14 --target=wasm32-wasi --sysroot=/usr -mexec-model=reactor -O2 -Wall -Wextra -Werror \\\n  \
-         -I out/bindings runner.c out/bindings/alloc_runner.c out/bindings/alloc_runner_component_type.o \\\n  \
-         -o out/{name}.core.wasm\n\
+         -I out/bindings -I \"$sdk\" runner.c \"$sdk/caravan_runner.c\" out/bindings/alloc_runner.c \\\n  \
+         out/bindings/alloc_runner_component_type.o -o out/{name}.core.wasm\n\
          \"$tool\" component out/{name}.core.wasm out/{name}.wasm\n"
     )
 }
 
-const MINIMAL_PYTHON: &str = include_str!("../../guests/python/minimal/app.py");
-const MINIMAL_JS: &str = include_str!("../../guests/js/minimal/runner.js");
-const MINIMAL_C: &str = include_str!("../../guests/c/minimal/runner.c");
+const HELLO_PYTHON: &str = include_str!("scaffold/hello.py");
+const HELLO_JS: &str = include_str!("scaffold/hello.js");
+const HELLO_C: &str = include_str!("scaffold/hello.c");
+
+/// The Python build: the SDK copied in (componentize-py leaves bytecode beside what it
+/// imports, which must not land in the checkout), the runner checked against the SDK's types
+/// (mypy, with the bindings componentize-py makes for the contract), then componentized with
+/// the SDK on its path.
+const PYTHON_BUILD: &str = r#"python="$caravan_home/target/toolchains/python/bin"
+sdk=out/sdk
+rm -rf out/bindings "$sdk" && mkdir -p "$sdk"
+cp -r "$caravan_home/guest-sdk/python/caravan_runner" "$sdk/"
+"$python/componentize-py" --wit-path "$caravan_home/wit" --world alloc-runner bindings out/bindings >/dev/null
+MYPYPATH="out/bindings:$sdk" "$python/mypy" --cache-dir out/mypy-cache --no-error-summary --check-untyped-defs app.py
+# componentize-py imports app.py to find its exports, and leaves a __pycache__.
+had_cache=$([ -e __pycache__ ] && echo yes || true)
+PYTHONDONTWRITEBYTECODE=1 "$python/componentize-py" --wit-path "$caravan_home/wit" --world alloc-runner   componentize app -p . -p "$sdk" --output out/{name}.wasm >/dev/null
+[ -n "$had_cache" ] || rm -rf __pycache__
+"#;
+
+/// The JavaScript build: the SDK copied in (runner.js imports it from out/), the runner
+/// checked against its types by TypeScript, then componentized (componentize-js bundles
+/// what it imports).
+const JS_BUILD: &str = r#"bin="$caravan_home/target/toolchains/js/node_modules/.bin"
+cp "$caravan_home/guest-sdk/js/caravan-runner.js" "$caravan_home/guest-sdk/js/caravan-runner.d.ts" out/
+"$bin/tsc" --noEmit --allowJs --checkJs --strict --target es2022 --module es2022 --moduleResolution bundler runner.js
+"$bin/componentize-js" --wit "$caravan_home/wit" --world-name alloc-runner --disable http fetch-event   --out out/{name}.wasm runner.js >/dev/null
+"#;
 
 const RUST_LIB: &str = r#"//! {name}: a Caravan runner, made by `caravan runner new`. It starts its tasks, says hello,
 //! logs a line every `log_every` (task config, default 10s) and runs until it is killed.

@@ -7,10 +7,11 @@ include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 /// `./run-tests` runs first (their toolchains are not cargo's, so this crate does not).
 pub const OTHER_LANGUAGES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/guests");
 
-/// Languages with a `minimal` and a `sleeper` runner under `guests/<language>/`.
+/// Languages with a `minimal`, a `sleeper` and a `batch` runner under `guests/<language>/`.
 pub const OTHER_LANGUAGES: [&str; 3] = ["python", "js", "c"];
 
-/// The path of `runner` (`minimal` or `sleeper`) in `language`, and the command that builds it.
+/// The path of `runner` (`minimal`, `sleeper` or `batch`) in `language`, and the command that
+/// builds it.
 pub fn other_language_runner(language: &str, runner: &str) -> (String, String) {
     (
         format!("{OTHER_LANGUAGES_DIR}/{language}/{runner}.wasm"),

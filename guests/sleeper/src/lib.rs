@@ -43,12 +43,7 @@ impl Runner for Sleeper {
         for task in &alloc.tasks {
             let config = TaskConfig::of(task);
             let run_for = config.duration("run_for")?;
-            let exit_code = match config.get("exit_code") {
-                Some(code) => code.parse::<i64>().map_err(|_| {
-                    config.invalid("exit_code", format!("{code:?} is not a whole number"))
-                })?,
-                None => 0,
-            };
+            let exit_code = config.whole_number("exit_code")?.unwrap_or(0);
             let log_every = config.duration("log_every")?;
             let crash_after = config.duration("crash_after")?;
             match run_for {

@@ -254,7 +254,10 @@ async fn an_old_build_that_ignores_the_shutdown_is_torn_down_at_the_kill_timeout
 async fn a_new_run_that_reports_failed_first_is_rolled_back_and_the_server_never_sees_it_fail() {
     let logs = LogCapture::start();
     let started = start(alloc(SLEEPER, &["web"], &[("log_every", "100ms")]), None);
-    started.recorder.wait_for_status(ClientStatus::Running).await;
+    started
+        .recorder
+        .wait_for_status(ClientStatus::Running)
+        .await;
 
     // A config the runner refuses: the SDK reports `failed`, then returns the error.
     let current = started.runner.alloc();
@@ -272,12 +275,16 @@ async fn a_new_run_that_reports_failed_first_is_rolled_back_and_the_server_never
     };
     assert!(why.contains("run_for: \"soon\" is not a duration"), "{why}");
     eventually("the old config running again", || {
-        logs.with_message("task web started; runs until killed").len() == 2
+        logs.with_message("task web started; runs until killed")
+            .len()
+            == 2
     })
     .await;
     let history = started.recorder.history.lock().unwrap().clone();
     assert!(
-        history.iter().all(|s| s.client_status != ClientStatus::Failed),
+        history
+            .iter()
+            .all(|s| s.client_status != ClientStatus::Failed),
         "the new run's failure never left the node: {history:#?}"
     );
     assert_eq!(
@@ -285,7 +292,10 @@ async fn a_new_run_that_reports_failed_first_is_rolled_back_and_the_server_never
         ClientStatus::Running
     );
     started.runner.kill();
-    assert_eq!(started.stopped().await.client_status, ClientStatus::Complete);
+    assert_eq!(
+        started.stopped().await.client_status,
+        ClientStatus::Complete
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,157 @@
+// Batch, in C, on the caravan_runner SDK (guest-sdk/c): each task computes the sum of the
+// squares of 1..`numbers`, `chunk` numbers at a time (so `kill` and `shutdown` are answered
+// between chunks), logs it and ends with it in the task's `Terminated` event; the alloc
+// completes when every task has. It behaves as guests/batch (Rust) does, byte for byte (the
+// conformance suite checks it).
+//
+// Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
+// 100). On `shutdown` it checkpoints each task's progress (version 1: a line
+// `name<TAB>next<TAB>sum` per task) and resumes from it.
+
+#include "caravan_runner.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECKPOINT_VERSION 1
+#define MAX_NUMBERS 1000000
+
+typedef struct {
+  const char *name; // the state's copy
+  int64_t numbers, chunk, next;
+  uint64_t sum;
+  bool done;
+} summing_t;
+
+typedef struct {
+  summing_t *tasks;
+  size_t count;
+} batch_t;
+
+static bool setting(const caravan_task_t *spec, const char *key, int64_t fallback, int64_t low,
+                    int64_t high, int64_t *value, caravan_error_t *err) {
+  bool set;
+  if (!caravan_config_whole_number(spec, key, value, &set, err)) return false;
+  if (!set) *value = fallback;
+  if (*value >= low && *value <= high) return true;
+  if (high == INT64_MAX) {
+    return caravan_invalid_config(err, "task \"%.*s\": %s: %" PRId64 " is not at least %" PRId64,
+                                  (int)spec->name.len, (char *)spec->name.ptr, key, *value, low);
+  }
+  return caravan_invalid_config(err, "task \"%.*s\": %s: %" PRId64 " is not between %" PRId64
+                                     " and %" PRId64,
+                                (int)spec->name.len, (char *)spec->name.ptr, key, *value, low, high);
+}
+
+// Each line `name<TAB>next<TAB>sum` of a version 1 checkpoint sets that task's progress.
+static bool restore(batch_t *batch, const caravan_bytes_t *restored, caravan_error_t *err) {
+  uint32_t version;
+  const uint8_t *data;
+  size_t len;
+  if (!caravan_decode_checkpoint(restored, &version, &data, &len)) {
+    return caravan_failed(err, "the restored checkpoint has no caravan-checkpoint header");
+  }
+  if (version != CHECKPOINT_VERSION) {
+    return caravan_failed(err, "checkpoint version %u is not one this runner reads", (unsigned)version);
+  }
+  char *text = malloc(len + 1);
+  if (!text) return caravan_failed(err, "out of memory");
+  memcpy(text, data, len);
+  text[len] = '\0';
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    char *tab = strchr(line, '\t');
+    if (!tab) continue;
+    *tab = '\0';
+    for (size_t i = 0; i < batch->count; i++) {
+      summing_t *task = &batch->tasks[i];
+      if (strcmp(task->name, line)) continue;
+      char *rest;
+      task->next = strtoll(tab + 1, &rest, 10);
+      task->sum = strtoull(rest, NULL, 10);
+      caravan_info("batch", "task %s resumed at %" PRId64, task->name, task->next);
+    }
+  }
+  free(text);
+  return true;
+}
+
+static bool on_start(void *self, const caravan_alloc_t *alloc, const caravan_bytes_t *restored,
+                     caravan_state_t *state, caravan_error_t *err) {
+  batch_t *batch = self;
+  batch->tasks = calloc(alloc->tasks.len ? alloc->tasks.len : 1, sizeof *batch->tasks);
+  if (!batch->tasks) return caravan_failed(err, "out of memory");
+  for (size_t i = 0; i < alloc->tasks.len; i++) {
+    summing_t *task = &batch->tasks[i];
+    const caravan_task_t *spec = &alloc->tasks.ptr[i];
+    task->name = caravan_task_name(state, i);
+    task->next = 1;
+    if (!setting(spec, "numbers", 1000, 0, MAX_NUMBERS, &task->numbers, err)) return false;
+    if (!setting(spec, "chunk", 100, 1, INT64_MAX, &task->chunk, err)) return false;
+    batch->count++;
+  }
+  if (restored && !restore(batch, restored, err)) return false;
+  for (size_t i = 0; i < batch->count; i++) caravan_state_task_started(state, batch->tasks[i].name);
+  return true;
+}
+
+static uint64_t next_wakeup_ms(void *self) {
+  batch_t *batch = self;
+  for (size_t i = 0; i < batch->count; i++) {
+    if (!batch->tasks[i].done) return 0;
+  }
+  return CARAVAN_NO_WAKEUP;
+}
+
+static bool on_wakeup(void *self, caravan_state_t *state, caravan_error_t *err) {
+  (void)err;
+  batch_t *batch = self;
+  for (size_t i = 0; i < batch->count; i++) {
+    summing_t *task = &batch->tasks[i];
+    if (task->done) continue;
+    int64_t last = task->next + task->chunk - 1 < task->numbers ? task->next + task->chunk - 1
+                                                                 : task->numbers;
+    for (int64_t n = task->next; n <= last; n++) task->sum += (uint64_t)n * (uint64_t)n;
+    task->next = last + 1;
+    if (task->next <= task->numbers) continue;
+    task->done = true;
+    char message[160];
+    snprintf(message, sizeof message, "Computed the sum of squares of 1..%" PRId64 ": %" PRIu64,
+             task->numbers, task->sum);
+    caravan_info("batch", "task %s computed the sum of squares of 1..%" PRId64 ": %" PRIu64,
+                 task->name, task->numbers, task->sum);
+    caravan_state_task_finished(state, task->name, false, message);
+  }
+  return true;
+}
+
+static void on_shutdown(void *self, caravan_state_t *state, caravan_bytes_t *checkpoint) {
+  (void)state;
+  batch_t *batch = self;
+  size_t room = 1;
+  for (size_t i = 0; i < batch->count; i++) room += strlen(batch->tasks[i].name) + 48;
+  char *lines = malloc(room);
+  if (!lines) return; // nothing saved: the next start begins again
+  size_t used = 0;
+  lines[0] = '\0';
+  for (size_t i = 0; i < batch->count; i++) {
+    const summing_t *task = &batch->tasks[i];
+    used += (size_t)snprintf(lines + used, room - used, "%s\t%" PRId64 "\t%" PRIu64 "\n",
+                             task->name, task->next, task->sum);
+  }
+  caravan_encode_checkpoint(CHECKPOINT_VERSION, lines, used, checkpoint);
+  free(lines);
+}
+
+static void drop(void *self) { free(((batch_t *)self)->tasks); }
+
+static const caravan_runner_t BATCH = {
+    .on_start = on_start,
+    .next_wakeup_ms = next_wakeup_ms,
+    .on_wakeup = on_wakeup,
+    .on_shutdown = on_shutdown,
+    .drop = drop,
+};
+
+CARAVAN_EXPORT_RUNNER(BATCH, batch_t)

@@ -1,0 +1,94 @@
+// Batch, in JavaScript, on the caravan-runner SDK: each task computes the sum of the squares
+// of 1..`numbers`, `chunk` numbers at a time (so `kill` and `shutdown` are answered between
+// chunks), logs it and ends with it in the task's `Terminated` event; the alloc completes when
+// every task has. It behaves as guests/batch (Rust) does, byte for byte (the conformance suite checks it).
+//
+// Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
+// 100). On `shutdown` it checkpoints each task's progress (version 1: a line
+// `name<TAB>next<TAB>sum` per task) and resumes from it.
+
+// @ts-check: `tsc --checkJs` (guests/js/build) checks this against caravan-runner.d.ts.
+import * as caravan from "../../../guest-sdk/js/caravan-runner.js";
+import { Failed, TaskConfig, exportRunner } from "../../../guest-sdk/js/caravan-runner.js";
+
+const CHECKPOINT_VERSION = 1;
+const MAX_NUMBERS = 1_000_000n;
+
+/** @param {string} message */
+const info = (message) => caravan.info(message, "batch");
+
+/** @typedef {import("../../../guest-sdk/js/caravan-runner.js").State} State */
+
+class Summing {
+  /** @param {import("../../../guest-sdk/js/caravan-runner.js").Task} task */
+  constructor(task) {
+    const config = new TaskConfig(task);
+    this.name = task.name;
+    this.numbers = config.wholeNumber("numbers") ?? 1000n;
+    if (this.numbers < 0n || this.numbers > MAX_NUMBERS) {
+      throw config.invalid("numbers", `${this.numbers} is not between 0 and ${MAX_NUMBERS}`);
+    }
+    this.chunk = config.wholeNumber("chunk") ?? 100n;
+    if (this.chunk < 1n) throw config.invalid("chunk", `${this.chunk} is not at least 1`);
+    this.next = 1n;
+    this.sum = 0n;
+    this.done = false;
+  }
+}
+
+class Batch extends caravan.Runner {
+  /** @type {Summing[]} */
+  tasks = [];
+
+  /** @param {import("../../../guest-sdk/js/caravan-runner.js").Alloc} alloc
+   * @param {Uint8Array | undefined} restored @param {State} state */
+  onStart(alloc, restored, state) {
+    this.tasks = alloc.tasks.map((task) => new Summing(task));
+    if (restored !== undefined) this.restore(restored);
+    for (const task of this.tasks) state.taskStarted(task.name);
+  }
+
+  /** @param {Uint8Array} restored */
+  restore(restored) {
+    const { version, data } = caravan.decodeCheckpoint(restored);
+    if (version !== CHECKPOINT_VERSION) {
+      throw new Failed(`checkpoint version ${version} is not one this runner reads`);
+    }
+    for (const line of new TextDecoder().decode(data).split("\n").filter((l) => l !== "")) {
+      const [name, next, sum] = line.split("\t");
+      if (sum === undefined) continue;
+      const task = this.tasks.find((t) => t.name === name);
+      if (task !== undefined) {
+        task.next = BigInt(next);
+        task.sum = BigInt(sum);
+        info(`task ${name} resumed at ${task.next}`);
+      }
+    }
+  }
+
+  nextWakeupMs() {
+    return this.tasks.some((t) => !t.done) ? 0 : undefined;
+  }
+
+  /** @param {State} state */
+  onWakeup(state) {
+    for (const task of this.tasks.filter((t) => !t.done)) {
+      const last = task.numbers < task.next + task.chunk - 1n ? task.numbers : task.next + task.chunk - 1n;
+      for (let n = task.next; n <= last; n++) task.sum += n * n;
+      task.next = last + 1n;
+      if (task.next > task.numbers) {
+        task.done = true;
+        info(`task ${task.name} computed the sum of squares of 1..${task.numbers}: ${task.sum}`);
+        state.taskFinished(task.name, false, `Computed the sum of squares of 1..${task.numbers}: ${task.sum}`);
+      }
+    }
+  }
+
+  /** @param {State} state */
+  onShutdown(state) {
+    const lines = this.tasks.map((t) => `${t.name}\t${t.next}\t${t.sum}\n`).join("");
+    return caravan.encodeCheckpoint(CHECKPOINT_VERSION, lines);
+  }
+}
+
+export const runner = exportRunner(Batch);

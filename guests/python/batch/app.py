@@ -1,0 +1,83 @@
+"""Batch, in Python, on the caravan_runner SDK: each task computes the sum of the squares of
+1..`numbers`, `chunk` numbers at a time (so `kill` and `shutdown` are answered between
+chunks), logs it and ends with it in the task's `Terminated` event; the alloc completes when
+every task has. It behaves as guests/batch (Rust) does, byte for byte (the conformance suite checks it).
+
+Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default 100).
+On `shutdown` it checkpoints each task's progress (version 1: a line `name<TAB>next<TAB>sum`
+per task) and resumes from it.
+"""
+
+from typing import Optional
+
+import caravan_runner as caravan
+from caravan_runner import Failed, State, TaskConfig
+
+CHECKPOINT_VERSION = 1
+MAX_NUMBERS = 1_000_000
+
+
+def info(message: str) -> None:
+    caravan.info(message, "batch")
+
+
+class Summing:
+    def __init__(self, task):
+        config = TaskConfig(task)
+        self.name = task.name
+        numbers = config.whole_number("numbers")
+        self.numbers: int = 1000 if numbers is None else numbers
+        if not 0 <= self.numbers <= MAX_NUMBERS:
+            raise config.invalid("numbers", f"{self.numbers} is not between 0 and {MAX_NUMBERS}")
+        chunk = config.whole_number("chunk")
+        self.chunk: int = 100 if chunk is None else chunk
+        if self.chunk < 1:
+            raise config.invalid("chunk", f"{self.chunk} is not at least 1")
+        self.next = 1
+        self.sum = 0
+        self.done = False
+
+
+class Batch(caravan.Runner):
+    def on_start(self, alloc, restored: Optional[bytes], state: State) -> None:
+        self.tasks = [Summing(task) for task in alloc.tasks]
+        if restored is not None:
+            self.restore(restored)
+        for task in self.tasks:
+            state.task_started(task.name)
+
+    def restore(self, restored: bytes) -> None:
+        version, data = caravan.decode_checkpoint(restored)
+        if version != CHECKPOINT_VERSION:
+            raise Failed(f"checkpoint version {version} is not one this runner reads")
+        for line in data.decode(errors="replace").splitlines():
+            fields = line.split("\t")
+            if len(fields) < 3:
+                continue
+            name, next_number, total = fields[:3]
+            task = next((t for t in self.tasks if t.name == name), None)
+            if task is not None:
+                task.next, task.sum = int(next_number), int(total)
+                info(f"task {name} resumed at {task.next}")
+
+    def next_wakeup_ms(self) -> Optional[int]:
+        return 0 if any(not t.done for t in self.tasks) else None
+
+    def on_wakeup(self, state: State) -> None:
+        for task in self.tasks:
+            if task.done:
+                continue
+            last = min(task.numbers, task.next + task.chunk - 1)
+            task.sum += sum(n * n for n in range(task.next, last + 1))
+            task.next = last + 1
+            if task.next > task.numbers:
+                task.done = True
+                info(f"task {task.name} computed the sum of squares of 1..{task.numbers}: {task.sum}")
+                state.task_finished(task.name, False, f"Computed the sum of squares of 1..{task.numbers}: {task.sum}")
+
+    def on_shutdown(self, state: State) -> Optional[bytes]:
+        lines = "".join(f"{t.name}\t{t.next}\t{t.sum}\n" for t in self.tasks)
+        return caravan.encode_checkpoint(CHECKPOINT_VERSION, lines.encode())
+
+
+Runner = caravan.export(Batch)
