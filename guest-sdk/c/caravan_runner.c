@@ -37,8 +37,22 @@ static bool same_text(const alloc_runner_string_t *text, const char *other) {
   return text->len == len && !memcmp(text->ptr, other, len);
 }
 
-// Copies `text` into `out`, cut to fit.
-static void set_text(char *out, size_t size, const char *text) { snprintf(out, size, "%s", text); }
+// Cuts `text` back to a character boundary where it may have been cut inside one (the host
+// refuses a string that is not UTF-8).
+static void end_on_character(char *text) {
+  size_t len = strlen(text), lead = len;
+  while (lead > 0 && len - lead < 4 && ((unsigned char)text[lead - 1] & 0xC0) == 0x80) lead--;
+  if (lead == 0) return;
+  unsigned char first = (unsigned char)text[lead - 1];
+  size_t wanted = first >= 0xF0 ? 4 : first >= 0xE0 ? 3 : first >= 0xC0 ? 2 : 1;
+  if (len - (lead - 1) < wanted) text[lead - 1] = '\0';
+}
+
+// Copies `text` into `out`, cut to fit on a character boundary.
+static void set_text(char *out, size_t size, const char *text) {
+  snprintf(out, size, "%s", text);
+  end_on_character(out);
+}
 
 void caravan_log(wasi_logging_logging_level_t level, const char *context, const char *format, ...) {
   char message[CARAVAN_TEXT_BYTES * 2];
@@ -46,6 +60,7 @@ void caravan_log(wasi_logging_logging_level_t level, const char *context, const 
   va_start(args, format);
   vsnprintf(message, sizeof message, format, args);
   va_end(args);
+  end_on_character(message);
   alloc_runner_string_t context_text, message_text;
   alloc_runner_string_set(&context_text, context);
   alloc_runner_string_set(&message_text, message);
@@ -55,6 +70,7 @@ void caravan_log(wasi_logging_logging_level_t level, const char *context, const 
 static bool fill_error(caravan_error_t *err, uint8_t kind, const char *format, va_list args) {
   err->kind = kind;
   vsnprintf(err->message, sizeof err->message, format, args);
+  end_on_character(err->message);
   return false;
 }
 
@@ -100,11 +116,15 @@ void caravan_state_set_status(caravan_state_t *state, caravan_runner_types_clien
   state->changed = true;
 }
 
-caravan_task_state_t *caravan_state_task(caravan_state_t *state, const char *name) {
+static caravan_task_state_t *find_task(caravan_state_t *state, const char *name) {
   for (size_t i = 0; i < state->task_count; i++) {
     if (!strcmp(state->tasks[i].name, name)) return &state->tasks[i];
   }
   return NULL;
+}
+
+const caravan_task_state_t *caravan_state_task(caravan_state_t *state, const char *name) {
+  return find_task(state, name);
 }
 
 const char *caravan_task_name(const caravan_state_t *state, size_t index) {
@@ -131,6 +151,7 @@ static void derive_client_status(caravan_state_t *state) {
                state->tasks[i].name);
       first = false;
     }
+    end_on_character(description);
     caravan_state_set_status(state, CARAVAN_FAILED, description);
   } else if (all_dead) {
     caravan_state_set_status(state, CARAVAN_COMPLETE, "All tasks have completed");
@@ -141,7 +162,7 @@ static void derive_client_status(caravan_state_t *state) {
 
 // The task named `name`, marked changed, or NULL (logged) when the alloc has none.
 static caravan_task_state_t *changing(caravan_state_t *state, const char *name) {
-  caravan_task_state_t *task = caravan_state_task(state, name);
+  caravan_task_state_t *task = find_task(state, name);
   if (task == NULL) {
     caravan_warn("caravan-runner", "no task named \"%s\" in this alloc", name);
     return NULL;
@@ -243,6 +264,7 @@ bool caravan_state_report(caravan_state_t *state, char *refusal, size_t refusal_
     return true;
   }
   snprintf(refusal, refusal_size, "%.*s", (int)reason.len, (char *)reason.ptr);
+  end_on_character(refusal);
   alloc_runner_string_free(&reason);
   return false;
 }
@@ -279,40 +301,98 @@ const alloc_runner_string_t *caravan_config_get(const caravan_task_t *task, cons
   return NULL;
 }
 
-bool caravan_parse_duration_ms(const char *text, size_t len, uint64_t *ms) {
-  size_t start = len > 0 && text[0] == '+', digits = start;
-  uint64_t number = 0;
-  while (digits < len && text[digits] >= '0' && text[digits] <= '9') {
-    uint64_t digit = (uint64_t)(text[digits++] - '0');
-    if (number > (UINT32_MAX - digit) / 10) return false; // far beyond any useful duration
-    number = number * 10 + digit;
+// How a duration's text parsed: as Rust's `parse_duration` words each case.
+typedef enum { DURATION_OK, NOT_A_DURATION, TOO_LONG } duration_parse_t;
+
+// A whole number of digits after an optional sign, fitting `max` (magnitude); false otherwise.
+static bool parse_digits(const char *text, size_t len, uint64_t max, uint64_t *number) {
+  size_t at = 0;
+  *number = 0;
+  if (at == len) return false;
+  for (; at < len; at++) {
+    if (text[at] < '0' || text[at] > '9') return false;
+    uint64_t digit = (uint64_t)(text[at] - '0');
+    if (*number > (max - digit) / 10) return false;
+    *number = *number * 10 + digit;
   }
-  size_t unit = len - digits;
-  const char *u = text + digits;
-  if (digits == start) return false;
-  if (unit == 2 && !strncmp(u, "ms", 2)) *ms = number;
-  else if (unit == 1 && *u == 's') *ms = number * 1000;
-  else if (unit == 1 && *u == 'm') *ms = number * 60000;
-  else if (unit == 1 && *u == 'h') *ms = number * 3600000;
-  else return false;
   return true;
 }
 
+static duration_parse_t parse_duration(const char *text, size_t len, uint64_t *ms) {
+  size_t start = len > 0 && text[0] == '+', digits = start;
+  while (digits < len && text[digits] >= '0' && text[digits] <= '9') digits++;
+  size_t unit_len = len - digits;
+  const char *unit = text + digits;
+  uint64_t per_unit, number;
+  if (unit_len == 2 && !memcmp(unit, "ms", 2)) per_unit = 1;
+  else if (unit_len == 1 && *unit == 's') per_unit = 1000;
+  else if (unit_len == 1 && *unit == 'm') per_unit = 60000;
+  else if (unit_len == 1 && *unit == 'h') per_unit = 3600000;
+  else return NOT_A_DURATION;
+  if (!parse_digits(text + start, digits - start, UINT64_MAX, &number)) return NOT_A_DURATION;
+  if (number > UINT64_MAX / per_unit) return TOO_LONG;
+  *ms = number * per_unit;
+  return DURATION_OK;
+}
+
+bool caravan_parse_duration_ms(const char *text, size_t len, uint64_t *ms) {
+  return parse_duration(text, len, ms) == DURATION_OK;
+}
+
+void caravan_quote(const uint8_t *text, size_t len, char *out, size_t size) {
+  size_t used = 0;
+#define PUT(...)                                                                           \
+  do {                                                                                     \
+    if (used < size) used += (size_t)snprintf(out + used, size - used, __VA_ARGS__);       \
+  } while (0)
+  PUT("\"");
+  for (size_t i = 0; i < len && used < size; i++) {
+    uint8_t c = text[i];
+    if (c == '"') PUT("\\\"");
+    else if (c == '\\') PUT("\\\\");
+    else if (c == '\n') PUT("\\n");
+    else if (c == '\r') PUT("\\r");
+    else if (c == '\t') PUT("\\t");
+    else if (c == 0) PUT("\\0");
+    else if (c < 0x20 || c == 0x7F) PUT("\\u{%x}", c);
+    else if (c == 0xC2 && i + 1 < len && text[i + 1] >= 0x80 && text[i + 1] < 0xA0) {
+      PUT("\\u{%x}", text[++i]); // a C1 control character, U+0080 to U+009F
+    } else PUT("%c", c);
+  }
+  PUT("\"");
+#undef PUT
+  if (used >= size && size > 0) out[size - 1] = '\0';
+  end_on_character(out);
+}
+
+bool caravan_config_invalid(caravan_error_t *err, const caravan_task_t *task, const char *key,
+                            const char *format, ...) {
+  char name[CARAVAN_TEXT_BYTES / 4], why[CARAVAN_TEXT_BYTES];
+  caravan_quote(task->name.ptr, task->name.len, name, sizeof name);
+  va_list args;
+  va_start(args, format);
+  vsnprintf(why, sizeof why, format, args);
+  va_end(args);
+  return caravan_invalid_config(err, "task %s: %s: %s", name, key, why);
+}
+
 static bool invalid_value(caravan_error_t *err, const caravan_task_t *task, const char *key,
-                          const alloc_runner_string_t *value, const char *expected) {
-  return caravan_invalid_config(err, "task \"%.*s\": %s: \"%.*s\" is not %s", (int)task->name.len,
-                                (char *)task->name.ptr, key, (int)value->len, (char *)value->ptr,
-                                expected);
+                          const alloc_runner_string_t *value, const char *why) {
+  char text[CARAVAN_TEXT_BYTES / 2];
+  caravan_quote(value->ptr, value->len, text, sizeof text);
+  return caravan_config_invalid(err, task, key, "%s %s", text, why);
 }
 
 bool caravan_config_duration_ms(const caravan_task_t *task, const char *key, uint64_t *ms,
                                 bool *set, caravan_error_t *err) {
   const alloc_runner_string_t *value = caravan_config_get(task, key);
   *set = value != NULL;
-  if (value && !caravan_parse_duration_ms((const char *)value->ptr, value->len, ms)) {
-    return invalid_value(err, task, key, value, "a duration such as 500ms, 5s or 2m");
+  if (!value) return true;
+  switch (parse_duration((const char *)value->ptr, value->len, ms)) {
+  case DURATION_OK: return true;
+  case TOO_LONG: return invalid_value(err, task, key, value, "is too long");
+  default: return invalid_value(err, task, key, value, "is not a duration such as 500ms, 5s or 2m");
   }
-  return true;
 }
 
 bool caravan_config_whole_number(const caravan_task_t *task, const char *key, int64_t *number,
@@ -320,16 +400,17 @@ bool caravan_config_whole_number(const caravan_task_t *task, const char *key, in
   const alloc_runner_string_t *value = caravan_config_get(task, key);
   *set = value != NULL;
   if (!value) return true;
-  char text[24], *end;
-  bool ok = value->len > 0 && value->len < sizeof text && value->ptr[0] != ' ';
-  if (ok) {
-    memcpy(text, value->ptr, value->len);
-    text[value->len] = '\0';
-    errno = 0;
-    *number = strtoll(text, &end, 10);
-    ok = errno == 0 && *end == '\0';
+  const char *text = (const char *)value->ptr;
+  size_t len = value->len, sign = len > 0 && (text[0] == '+' || text[0] == '-');
+  bool negative = sign && text[0] == '-';
+  uint64_t magnitude;
+  // An i64 reaches 9223372036854775807 up, and one more down.
+  uint64_t max = negative ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+  if (!parse_digits(text + sign, len - sign, max, &magnitude)) {
+    return invalid_value(err, task, key, value, "is not a whole number");
   }
-  return ok ? true : invalid_value(err, task, key, value, "a whole number");
+  *number = negative ? (int64_t)(0 - magnitude) : (int64_t)magnitude;
+  return true;
 }
 
 // ---- checkpoints -------------------------------------------------------------------------
@@ -352,10 +433,10 @@ bool caravan_decode_checkpoint(const caravan_bytes_t *raw, uint32_t *version, co
   size_t prefix = sizeof HEADER - 1, at = prefix;
   if (raw->len < prefix || memcmp(raw->ptr, HEADER, prefix)) return false;
   uint64_t number = 0;
-  while (at < raw->len && at - prefix < 9 && raw->ptr[at] >= '0' && raw->ptr[at] <= '9') {
+  while (at < raw->len && at - prefix < 10 && raw->ptr[at] >= '0' && raw->ptr[at] <= '9') {
     number = number * 10 + (uint64_t)(raw->ptr[at++] - '0');
   }
-  if (at == prefix || at >= raw->len || raw->ptr[at] != '\n') return false;
+  if (at == prefix || at >= raw->len || raw->ptr[at] != '\n' || number > UINT32_MAX) return false;
   *version = (uint32_t)number;
   *data = raw->ptr + at + 1;
   *len = raw->len - at - 1;
@@ -415,7 +496,7 @@ static bool dispatch(const caravan_runner_t *runner, void *self, caravan_runner_
   default: { // shutdown
     *shut_down = true;
     caravan_bytes_t checkpoint = {0};
-    if (runner->on_shutdown) runner->on_shutdown(self, state, &checkpoint);
+    if (runner->on_shutdown) runner->on_shutdown(self, &checkpoint);
     if (!checkpoint.ptr) return true;
     alloc_runner_list_u8_t data = {.ptr = checkpoint.ptr, .len = checkpoint.len};
     alloc_runner_string_t refusal;
@@ -429,8 +510,15 @@ static bool dispatch(const caravan_runner_t *runner, void *self, caravan_runner_
   }
 }
 
+// What a handler that returns false without saying why leaves.
+static void reset_error(caravan_error_t *err) {
+  err->kind = CARAVAN_RUNNER_TYPES_RUNNER_ERROR_FAILED;
+  set_text(err->message, sizeof err->message, "a handler failed without saying why");
+}
+
 static bool drive(const caravan_runner_t *runner, void *self, const caravan_alloc_t *alloc,
                   const caravan_bytes_t *restored, caravan_state_t *state, caravan_error_t *err) {
+  reset_error(err);
   if (runner->on_start && !runner->on_start(self, alloc, restored, state, err)) return false;
   if (state->client_status == CARAVAN_PENDING) {
     caravan_state_set_status(state, CARAVAN_RUNNING, "Runner started");
@@ -440,6 +528,7 @@ static bool drive(const caravan_runner_t *runner, void *self, const caravan_allo
     uint64_t wait = runner->next_wakeup_ms ? runner->next_wakeup_ms(self) : CARAVAN_NO_WAKEUP;
     caravan_runner_host_event_t event;
     bool ok = true, shut_down = false;
+    reset_error(err);
     if (!caravan_runner_host_next_event(wait, &event)) {
       ok = runner->on_wakeup ? runner->on_wakeup(self, state, err) : true;
     } else {
@@ -469,6 +558,7 @@ bool caravan_run(const caravan_runner_t *runner, void *self, caravan_alloc_t *al
     snprintf(description, sizeof description, "%s%s",
              error.kind == CARAVAN_RUNNER_TYPES_RUNNER_ERROR_INVALID_CONFIG ? "invalid config: " : "",
              error.message);
+    end_on_character(description);
     caravan_state_set_status(&state, CARAVAN_FAILED, description);
     char ignored[8];
     caravan_state_report(&state, ignored, sizeof ignored);

@@ -23,7 +23,8 @@
 //    lines you wrote to stderr.
 //
 // Strings handed to handlers (task names, signals) are NUL-terminated and live until the
-// handler returns; the alloc lives for the whole run.
+// handler returns; so does an `update`'s alloc, while the alloc `on_start` is given lives for
+// the whole run. Texts are kept to CARAVAN_TEXT_BYTES (cut on a character boundary).
 
 #ifndef CARAVAN_RUNNER_H
 #define CARAVAN_RUNNER_H
@@ -70,9 +71,10 @@ typedef struct {
   size_t event_count;
 } caravan_task_state_t;
 
-// The alloc's state as the runner reports it. Its status follows the tasks until a runner
-// sets one itself: `running` once any task runs, `complete` when every task is dead and none
-// failed, `failed` when every task is dead and one failed. A terminal status is final.
+// The alloc's state as the runner reports it. Its status follows the tasks: `running` once any
+// task runs, `complete` when every task is dead and none failed, `failed` when every task is
+// dead and one failed. A status set with `caravan_state_set_status` holds until the next task
+// change; a terminal one is final.
 typedef struct {
   caravan_runner_types_client_status_t client_status;
   char description[CARAVAN_TEXT_BYTES];
@@ -104,7 +106,9 @@ typedef struct {
                     caravan_error_t *err); // task: NULL for every task
   bool (*on_restart_task)(void *self, const char *task, caravan_state_t *state, caravan_error_t *err);
   void (*on_kill)(void *self, caravan_state_t *state);
-  void (*on_shutdown)(void *self, caravan_state_t *state, caravan_bytes_t *checkpoint);
+  // The bytes to resume from (`caravan_encode_checkpoint` them), or leave `checkpoint` empty
+  // to save nothing; the state is not reported after this, so it is not handed over.
+  void (*on_shutdown)(void *self, caravan_bytes_t *checkpoint);
   void (*drop)(void *self); // the run is over: free what `self` holds
 } caravan_runner_t;
 
@@ -136,7 +140,9 @@ bool caravan_state_is_terminal(const caravan_state_t *state);
 // Sets the status and description yourself; after a terminal one, changes nothing.
 void caravan_state_set_status(caravan_state_t *state, caravan_runner_types_client_status_t status,
                               const char *description);
-caravan_task_state_t *caravan_state_task(caravan_state_t *state, const char *name);
+// Task `name`'s state, to read: change it only through the calls below, which mark the state
+// changed (a report is sent only then).
+const caravan_task_state_t *caravan_state_task(caravan_state_t *state, const char *name);
 // Task running, with a `Started` event.
 void caravan_state_task_started(caravan_state_t *state, const char *name);
 // Task dead, with a `Terminated` event saying `message`.
@@ -166,6 +172,13 @@ bool caravan_config_duration_ms(const caravan_task_t *task, const char *key, uin
 bool caravan_config_whole_number(const caravan_task_t *task, const char *key, int64_t *value,
                                  bool *set, caravan_error_t *err);
 bool caravan_parse_duration_ms(const char *text, size_t len, uint64_t *ms);
+// Fills `err` with `task "NAME": KEY: WHY` (WHY printf-style) and returns false: a config
+// error worded as every SDK words it.
+bool caravan_config_invalid(caravan_error_t *err, const caravan_task_t *task, const char *key,
+                            const char *format, ...) __attribute__((format(printf, 4, 5)));
+// `text` quoted into `out` as every SDK's errors quote it (Rust's `{:?}`: `"we\"b"`, control
+// characters as `\n` or `\u{1b}`), cut to fit.
+void caravan_quote(const uint8_t *text, size_t len, char *out, size_t size);
 // The task's name, NUL-terminated, as the state holds it.
 const char *caravan_task_name(const caravan_state_t *state, size_t index);
 

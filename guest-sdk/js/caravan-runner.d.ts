@@ -65,7 +65,7 @@ export function error(message: string, context?: string): void;
 export function nowMs(): number;
 /** Milliseconds since the Unix epoch. */
 export function nowUnixMs(): bigint;
-/** `text` quoted as every SDK's errors quote it. */
+/** `text` quoted as every SDK's errors quote it, as Rust's `{:?}` does. */
 export function quoted(text: string): string;
 /** `500ms`, `5s`, `2m`, `1h` in milliseconds; throws an Error naming `text` otherwise. */
 export function parseDurationMs(text: string): number;
@@ -83,14 +83,16 @@ export class TaskConfig {
   invalid(key: string, why: string): InvalidConfig;
 }
 
-/** `data` under the versioned header every Caravan SDK writes (`caravan-checkpoint v1\n`). */
+/** `data` under the versioned header every Caravan SDK writes (`caravan-checkpoint v1\n`);
+ * `version` is at most 4294967295. */
 export function encodeCheckpoint(version: number, data: Uint8Array | string): Uint8Array;
 /** The version and data of a checkpoint `encodeCheckpoint` wrote; throws `Failed` otherwise. */
 export function decodeCheckpoint(raw: Uint8Array): { version: number; data: Uint8Array };
 
-/** The alloc's state as the runner reports it. Its status follows the tasks until a runner
- * sets one itself: `running` once any task runs, `complete` when every task is dead and none
- * failed, `failed` when every task is dead and one failed. A terminal status is final. */
+/** The alloc's state as the runner reports it. Its status follows the tasks: `running` once
+ * any task runs, `complete` when every task is dead and none failed, `failed` when every task
+ * is dead and one failed. A status set with `setStatus` holds until the next task change; a
+ * terminal one is final. */
 export class State {
   constructor(alloc: Alloc);
   clientStatus: ClientStatus;
@@ -131,8 +133,9 @@ export class Runner {
   onRestartTask(task: string, state: State): void;
   /** Default: `state.killAll("alloc was stopped")`. */
   onKill(state: State): void;
-  /** The bytes to resume from (`encodeCheckpoint` them), or undefined to save nothing. */
-  onShutdown(state: State): Uint8Array | undefined;
+  /** The bytes to resume from (`encodeCheckpoint` them), or undefined to save nothing. The
+   * state is not reported after this, so it is not handed over. */
+  onShutdown(): Uint8Array | undefined;
 }
 
 /** Runs `runner` in the loop; throws the runner error to return from `run`. */

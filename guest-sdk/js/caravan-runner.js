@@ -63,14 +63,31 @@ export const nowUnixMs = () => BigInt(Date.now());
 
 const UNITS_MS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
 
-/** `text` quoted as the Rust SDK's errors quote it (`"soon"`). */
-export const quoted = (text) => JSON.stringify(text);
+const ESCAPES = { '"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0" };
+const U64_MAX = 2n ** 64n - 1n;
+
+/** `text` quoted as every SDK's errors quote it, as Rust's `{:?}` does: `"we\"b"`, control
+ * characters as `\n` or `\u{1b}`. */
+export function quoted(text) {
+  let out = '"';
+  for (const ch of text) {
+    const code = ch.codePointAt(0) ?? 0;
+    if (ch in ESCAPES) out += ESCAPES[/** @type {keyof typeof ESCAPES} */ (ch)];
+    else if (code < 0x20 || (code >= 0x7f && code < 0xa0)) out += `\\u{${code.toString(16)}}`;
+    else out += ch;
+  }
+  return `${out}"`;
+}
 
 /** `500ms`, `5s`, `2m`, `1h` in milliseconds; throws an Error naming `text` otherwise. */
 export function parseDurationMs(text) {
   const match = /^\+?([0-9]+)(ms|s|m|h)$/.exec(text);
-  if (!match) throw new Error(`${quoted(text)} is not a duration such as 500ms, 5s or 2m`);
-  return Number(match[1]) * UNITS_MS[match[2]];
+  if (!match || BigInt(match[1]) > U64_MAX) {
+    throw new Error(`${quoted(text)} is not a duration such as 500ms, 5s or 2m`);
+  }
+  const ms = BigInt(match[1]) * BigInt(UNITS_MS[match[2]]);
+  if (ms > U64_MAX) throw new Error(`${quoted(text)} is too long`);
+  return Number(ms);
 }
 
 function parseWholeNumber(text) {
@@ -120,12 +137,13 @@ export function wakeupFor(deadlinesMs) {
 
 // ---- checkpoints -------------------------------------------------------------------------
 
-const HEADER = /^caravan-checkpoint v([0-9]{1,9})\n/;
+const HEADER = /^caravan-checkpoint v([0-9]{1,10})\n/;
+const U32_MAX = 4_294_967_295;
 
-/** `data` (a Uint8Array or a string) under a header naming its `version`
- * (`caravan-checkpoint v1\n`): the same bytes every Caravan SDK writes. */
+/** `data` (a Uint8Array or a string) under a header naming its `version` (at most
+ * 4294967295; `caravan-checkpoint v1\n`): the same bytes every Caravan SDK writes. */
 export function encodeCheckpoint(version, data) {
-  if (!Number.isInteger(version) || version < 0 || version > 999_999_999) {
+  if (!Number.isInteger(version) || version < 0 || version > U32_MAX) {
     throw new RangeError(`checkpoint version ${version} is out of range`);
   }
   const header = new TextEncoder().encode(`caravan-checkpoint v${version}\n`);
@@ -141,7 +159,9 @@ export function decodeCheckpoint(raw) {
   const newline = raw.indexOf(10);
   const head = newline < 0 ? "" : new TextDecoder().decode(raw.subarray(0, newline + 1));
   const match = HEADER.exec(head);
-  if (!match) throw new Failed("the restored checkpoint has no caravan-checkpoint header");
+  if (!match || Number(match[1]) > U32_MAX) {
+    throw new Failed("the restored checkpoint has no caravan-checkpoint header");
+  }
   return { version: Number(match[1]), data: raw.subarray(newline + 1) };
 }
 
@@ -289,7 +309,7 @@ export class Runner {
   onKill(state) {
     state.killAll("alloc was stopped");
   }
-  onShutdown(state) {
+  onShutdown() {
     return undefined;
   }
 }
@@ -300,14 +320,15 @@ function drive(runner, alloc, restored, state) {
   state.report();
   while (!state.isTerminal()) {
     const wait = runner.nextWakeupMs();
-    const next = nextEvent(wait === undefined ? FOREVER : BigInt(Math.max(0, Math.ceil(wait))));
+    const timeout = wait === undefined || !Number.isFinite(wait) ? FOREVER : BigInt(Math.max(0, Math.ceil(wait)));
+    const next = nextEvent(timeout > FOREVER ? FOREVER : timeout);
     if (next === undefined || next === null) runner.onWakeup(state);
     else if (next.tag === "update") runner.onUpdate(next.val, state);
     else if (next.tag === "signal") runner.onSignal(next.val.task ?? undefined, next.val.signal, state);
     else if (next.tag === "restart-task") runner.onRestartTask(next.val, state);
     else if (next.tag === "kill") runner.onKill(state);
     else if (next.tag === "shutdown") {
-      const bytes = runner.onShutdown(state);
+      const bytes = runner.onShutdown();
       if (bytes !== undefined && bytes !== null) {
         try {
           checkpoint(bytes);

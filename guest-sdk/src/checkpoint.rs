@@ -34,7 +34,7 @@ pub fn decode_checkpoint(raw: &[u8]) -> Result<(u32, &[u8]), RunnerError> {
         || RunnerError::Failed("the restored checkpoint has no caravan-checkpoint header".into());
     let rest = raw.strip_prefix(HEADER).ok_or_else(no_header)?;
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || digits > 9 || rest.get(digits) != Some(&b'\n') {
+    if digits == 0 || digits > 10 || rest.get(digits) != Some(&b'\n') {
         return Err(no_header());
     }
     let version = std::str::from_utf8(&rest[..digits])

@@ -11,9 +11,10 @@ const MAX_EVENTS_PER_TASK: usize = 10;
 /// Change it with the `task_*` methods (they add the usual events and derive the client
 /// status), then call [`State::report`], which sends it only when it changed.
 ///
-/// Client status is derived from the tasks until a runner sets one itself: `running` once any
-/// task runs, `complete` when every task is dead and none failed, `failed` when every task is
-/// dead and one failed.
+/// Client status is derived from the tasks: `running` once any task runs, `complete` when
+/// every task is dead and none failed, `failed` when every task is dead and one failed. A
+/// status set with [`State::set_status`] holds until the next task change; a terminal one is
+/// final.
 ///
 /// ```
 /// use caravan_guest::{ClientStatus, State, TaskLifecycle};

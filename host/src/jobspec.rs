@@ -308,6 +308,10 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         if tasks.iter().any(|t| t.name == name) {
             return Err(error(field, format!("{name:?} is used by another task")));
         }
+        if name.chars().any(char::is_control) {
+            // A task's name is a line in logs, tables and runners' C strings.
+            return Err(error(field, format!("{name:?} has a control character")));
+        }
         let config = task
             .config
             .into_iter()
@@ -451,6 +455,17 @@ mod tests {
             parse_toml("[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n")
                 .unwrap();
         assert_eq!(without.restart, None, "no restarts in place unless asked");
+    }
+
+    #[test]
+    fn a_task_name_with_a_control_character_is_refused() {
+        let refused = parse_toml(
+            "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n\
+             [[job.tasks]]\nname = \"we\\u0000b\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(refused.field, "job.tasks[0].name");
+        assert!(refused.message.contains("control character"), "{refused}");
     }
 
     #[test]

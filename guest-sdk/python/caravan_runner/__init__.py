@@ -37,7 +37,6 @@ PATH/TO/guest-sdk/python --output runner.wasm`, or install this package with pip
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from typing import Callable, Optional, Sequence, TypeVar, Union
@@ -142,21 +141,37 @@ def now_unix_ms() -> int:
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+_U64_MAX = 2**64 - 1
+
+
 def quoted(text: str) -> str:
-    """`text` quoted as the Rust SDK's errors quote it (`"soon"`)."""
-    return json.dumps(text)
+    """`text` quoted as every SDK's errors quote it, as Rust's `{:?}` does: `"we\\"b"`, control
+    characters as `\\n` or `\\u{1b}`."""
+    def escape(ch: str) -> str:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            return _ESCAPES[ch]
+        if code < 0x20 or 0x7F <= code < 0xA0:
+            return "\\u{%x}" % code
+        return ch
+
+    return '"' + "".join(escape(ch) for ch in text) + '"'
 
 
 def parse_duration_ms(text: str) -> int:
     """`500ms`, `5s`, `2m`, `1h` in milliseconds; `ValueError` naming `text` otherwise."""
-    match = re.fullmatch(r"\+?([0-9]+)(ms|s|m|h)", text)
-    if match is None:
+    match = re.fullmatch(r"\+?([0-9]+)(ms|s|m|h)", text, re.ASCII)
+    if match is None or int(match[1]) > _U64_MAX:
         raise ValueError(f"{quoted(text)} is not a duration such as 500ms, 5s or 2m")
-    return int(match[1]) * _UNITS_MS[match[2]]
+    ms = int(match[1]) * _UNITS_MS[match[2]]
+    if ms > _U64_MAX:
+        raise ValueError(f"{quoted(text)} is too long")
+    return ms
 
 
 def _parse_whole_number(text: str) -> int:
-    if re.fullmatch(r"[+-]?[0-9]+", text) is None or not -(2**63) <= int(text) < 2**63:
+    if re.fullmatch(r"[+-]?[0-9]+", text, re.ASCII) is None or not -(2**63) <= int(text) < 2**63:
         raise ValueError(f"{quoted(text)} is not a whole number")
     return int(text)
 
@@ -201,13 +216,14 @@ def wakeup_for(deadlines_ms: Sequence[Optional[int]]) -> Optional[int]:
 
 # ---- checkpoints -----------------------------------------------------------------------
 
-_CHECKPOINT_HEADER = re.compile(rb"caravan-checkpoint v([0-9]{1,9})\n")
+_CHECKPOINT_HEADER = re.compile(rb"caravan-checkpoint v([0-9]{1,10})\n")
+_U32_MAX = 2**32 - 1
 
 
 def encode_checkpoint(version: int, data: bytes) -> bytes:
     """`data` under a header naming its `version` (`caravan-checkpoint v1\\n`), the same bytes
-    every Caravan SDK writes."""
-    if not 0 <= version <= 999_999_999:
+    every Caravan SDK writes; `version` is at most 4294967295."""
+    if not 0 <= version <= _U32_MAX:
         raise ValueError(f"checkpoint version {version} is out of range")
     return b"caravan-checkpoint v%d\n" % version + data
 
@@ -215,7 +231,7 @@ def encode_checkpoint(version: int, data: bytes) -> bytes:
 def decode_checkpoint(raw: bytes) -> tuple[int, bytes]:
     """The version and data of a checkpoint `encode_checkpoint` wrote; `Failed` otherwise."""
     match = _CHECKPOINT_HEADER.match(raw)
-    if match is None:
+    if match is None or int(match[1]) > _U32_MAX:
         raise Failed("the restored checkpoint has no caravan-checkpoint header")
     return int(match[1]), raw[match.end():]
 
@@ -239,9 +255,9 @@ class State:
     state per task. Change it with the `task_*` calls (they add the usual events and derive
     the status), then `report()`, which sends it only when it changed.
 
-    The status follows the tasks until a runner sets one itself: `running` once any task
-    runs, `complete` when every task is dead and none failed, `failed` when every task is
-    dead and one failed. A terminal status is final."""
+    The status follows the tasks: `running` once any task runs, `complete` when every task
+    is dead and none failed, `failed` when every task is dead and one failed. A status set
+    with `set_status` holds until the next task change; a terminal one is final."""
 
     def __init__(self, alloc: Alloc):
         self.client_status = ClientStatus.PENDING
@@ -392,9 +408,10 @@ class Runner:
         """The alloc is being stopped for good. Default: `state.kill_all`."""
         state.kill_all("alloc was stopped")
 
-    def on_shutdown(self, state: State) -> Optional[bytes]:
+    def on_shutdown(self) -> Optional[bytes]:
         """The agent is stopping, or a new build takes over: return the bytes to resume from
-        (`encode_checkpoint` them), or None to save nothing."""
+        (`encode_checkpoint` them), or None to save nothing. The state is not reported
+        after this (the alloc goes on elsewhere), so it is not handed to you."""
         return None
 
 
@@ -431,7 +448,7 @@ def _drive(runner: Runner, alloc: Alloc, restored: Optional[bytes], state: State
     state.report()
     while not state.is_terminal():
         wait = runner.next_wakeup_ms()
-        event = host.next_event(FOREVER if wait is None else max(0, wait))
+        event = host.next_event(FOREVER if wait is None else min(max(0, wait), FOREVER))
         if event is None:
             runner.on_wakeup(state)
         elif isinstance(event, Event_Update):
@@ -443,7 +460,7 @@ def _drive(runner: Runner, alloc: Alloc, restored: Optional[bytes], state: State
         elif isinstance(event, Event_Kill):
             runner.on_kill(state)
         elif isinstance(event, Event_Shutdown):
-            checkpoint = runner.on_shutdown(state)
+            checkpoint = runner.on_shutdown()
             if checkpoint is not None:
                 try:
                     host.checkpoint(checkpoint)

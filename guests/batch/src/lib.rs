@@ -9,7 +9,8 @@
 //! `name<TAB>next<TAB>sum` per task) and resumes from it, whichever language wrote it.
 
 use caravan_guest::{
-    Alloc, Runner, RunnerError, State, TaskConfig, decode_checkpoint, encode_checkpoint, info,
+    Alloc, ClientStatus, Runner, RunnerError, State, TaskConfig, decode_checkpoint,
+    encode_checkpoint, info,
 };
 use std::time::Duration;
 
@@ -44,6 +45,8 @@ fn setting(
 }
 
 impl Batch {
+    /// Each line `name<TAB>next<TAB>sum` of a version 1 checkpoint sets that task's progress;
+    /// anything else in it is refused, in the same words by every language's batch runner.
     fn restore(&mut self, restored: &[u8]) -> Result<(), RunnerError> {
         let (version, data) = decode_checkpoint(restored)?;
         if version != CHECKPOINT_VERSION {
@@ -51,20 +54,34 @@ impl Batch {
                 "checkpoint version {version} is not one this runner reads"
             )));
         }
-        for line in String::from_utf8_lossy(data).lines() {
-            let mut fields = line.split('\t');
-            let (Some(name), Some(next), Some(sum)) = (fields.next(), fields.next(), fields.next())
-            else {
-                continue;
+        let unreadable =
+            || RunnerError::Failed("the restored checkpoint's progress cannot be read".into());
+        let text = std::str::from_utf8(data).map_err(|_| unreadable())?;
+        for line in text.split('\n').filter(|line| !line.is_empty()) {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [name, next, sum] = fields[..] else {
+                return Err(unreadable());
             };
+            let next = digits(next)
+                .filter(|n| (1..=MAX_NUMBERS as u64 + 1).contains(n))
+                .ok_or_else(unreadable)?;
+            let sum = digits(sum).ok_or_else(unreadable)?;
             if let Some(task) = self.tasks.iter_mut().find(|t| t.name == name) {
-                task.next = next.parse().unwrap_or(1);
-                task.sum = sum.parse().unwrap_or(0);
-                info!("task {name} resumed at {}", task.next);
+                task.next = next as i64;
+                task.sum = sum;
+                info!("task {name} resumed at {next}");
             }
         }
         Ok(())
     }
+}
+
+/// Decimal digits only (no sign), fitting a u64.
+fn digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 impl Runner for Batch {
@@ -91,6 +108,9 @@ impl Runner for Batch {
         }
         for task in &batch.tasks {
             state.task_started(&task.name);
+        }
+        if batch.tasks.is_empty() {
+            state.set_status(ClientStatus::Complete, "All tasks have completed");
         }
         Ok(batch)
     }

@@ -37,15 +37,27 @@ static bool setting(const caravan_task_t *spec, const char *key, int64_t fallbac
   if (!set) *value = fallback;
   if (*value >= low && *value <= high) return true;
   if (high == INT64_MAX) {
-    return caravan_invalid_config(err, "task \"%.*s\": %s: %" PRId64 " is not at least %" PRId64,
-                                  (int)spec->name.len, (char *)spec->name.ptr, key, *value, low);
+    return caravan_config_invalid(err, spec, key, "%" PRId64 " is not at least %" PRId64, *value, low);
   }
-  return caravan_invalid_config(err, "task \"%.*s\": %s: %" PRId64 " is not between %" PRId64
-                                     " and %" PRId64,
-                                (int)spec->name.len, (char *)spec->name.ptr, key, *value, low, high);
+  return caravan_config_invalid(err, spec, key, "%" PRId64 " is not between %" PRId64 " and %" PRId64,
+                                *value, low, high);
 }
 
-// Each line `name<TAB>next<TAB>sum` of a version 1 checkpoint sets that task's progress.
+// Decimal digits only (no sign), fitting a u64, in `*value`; false otherwise.
+static bool digits(const char *text, uint64_t *value) {
+  *value = 0;
+  if (!*text) return false;
+  for (; *text; text++) {
+    if (*text < '0' || *text > '9') return false;
+    uint64_t digit = (uint64_t)(*text - '0');
+    if (*value > (UINT64_MAX - digit) / 10) return false;
+    *value = *value * 10 + digit;
+  }
+  return true;
+}
+
+// Each line `name<TAB>next<TAB>sum` of a version 1 checkpoint sets that task's progress;
+// anything else in it is refused, in the same words by every language's batch runner.
 static bool restore(batch_t *batch, const caravan_bytes_t *restored, caravan_error_t *err) {
   uint32_t version;
   const uint8_t *data;
@@ -56,25 +68,34 @@ static bool restore(batch_t *batch, const caravan_bytes_t *restored, caravan_err
   if (version != CHECKPOINT_VERSION) {
     return caravan_failed(err, "checkpoint version %u is not one this runner reads", (unsigned)version);
   }
+  if (memchr(data, '\0', len)) return caravan_failed(err, "the restored checkpoint's progress cannot be read");
   char *text = malloc(len + 1);
   if (!text) return caravan_failed(err, "out of memory");
   memcpy(text, data, len);
   text[len] = '\0';
-  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-    char *tab = strchr(line, '\t');
-    if (!tab) continue;
-    *tab = '\0';
-    for (size_t i = 0; i < batch->count; i++) {
+  bool ok = true;
+  for (char *line = text, *end; ok && *line; line = end) {
+    end = strchr(line, '\n');
+    end = end ? (*end = '\0', end + 1) : line + strlen(line);
+    if (!*line) continue;
+    char *first_tab = strchr(line, '\t'), *second_tab = first_tab ? strchr(first_tab + 1, '\t') : NULL;
+    uint64_t next, sum;
+    ok = second_tab && !strchr(second_tab + 1, '\t');
+    if (ok) {
+      *first_tab = *second_tab = '\0';
+      ok = digits(first_tab + 1, &next) && next >= 1 && next <= MAX_NUMBERS + 1 &&
+           digits(second_tab + 1, &sum);
+    }
+    for (size_t i = 0; ok && i < batch->count; i++) {
       summing_t *task = &batch->tasks[i];
       if (strcmp(task->name, line)) continue;
-      char *rest;
-      task->next = strtoll(tab + 1, &rest, 10);
-      task->sum = strtoull(rest, NULL, 10);
+      task->next = (int64_t)next;
+      task->sum = sum;
       caravan_info("batch", "task %s resumed at %" PRId64, task->name, task->next);
     }
   }
   free(text);
-  return true;
+  return ok ? true : caravan_failed(err, "the restored checkpoint's progress cannot be read");
 }
 
 static bool on_start(void *self, const caravan_alloc_t *alloc, const caravan_bytes_t *restored,
@@ -93,6 +114,7 @@ static bool on_start(void *self, const caravan_alloc_t *alloc, const caravan_byt
   }
   if (restored && !restore(batch, restored, err)) return false;
   for (size_t i = 0; i < batch->count; i++) caravan_state_task_started(state, batch->tasks[i].name);
+  if (batch->count == 0) caravan_state_set_status(state, CARAVAN_COMPLETE, "All tasks have completed");
   return true;
 }
 
@@ -110,8 +132,9 @@ static bool on_wakeup(void *self, caravan_state_t *state, caravan_error_t *err) 
   for (size_t i = 0; i < batch->count; i++) {
     summing_t *task = &batch->tasks[i];
     if (task->done) continue;
-    int64_t last = task->next + task->chunk - 1 < task->numbers ? task->next + task->chunk - 1
-                                                                 : task->numbers;
+    // `chunk` may be near INT64_MAX: compared as what is left, not added up.
+    int64_t last = task->chunk - 1 >= task->numbers - task->next ? task->numbers
+                                                                : task->next + task->chunk - 1;
     for (int64_t n = task->next; n <= last; n++) task->sum += (uint64_t)n * (uint64_t)n;
     task->next = last + 1;
     if (task->next <= task->numbers) continue;
@@ -126,8 +149,7 @@ static bool on_wakeup(void *self, caravan_state_t *state, caravan_error_t *err) 
   return true;
 }
 
-static void on_shutdown(void *self, caravan_state_t *state, caravan_bytes_t *checkpoint) {
-  (void)state;
+static void on_shutdown(void *self, caravan_bytes_t *checkpoint) {
   batch_t *batch = self;
   size_t room = 1;
   for (size_t i = 0; i < batch->count; i++) room += strlen(batch->tasks[i].name) + 48;

@@ -19,6 +19,13 @@ const info = (message) => caravan.info(message, "batch");
 
 /** @typedef {import("../../../guest-sdk/js/caravan-runner.js").State} State */
 
+/** Decimal digits only (no sign), fitting a u64; undefined otherwise.
+ * @param {string} text */
+function digits(text) {
+  if (!/^[0-9]+$/.test(text) || BigInt(text) >= 2n ** 64n) return undefined;
+  return BigInt(text);
+}
+
 class Summing {
   /** @param {import("../../../guest-sdk/js/caravan-runner.js").Task} task */
   constructor(task) {
@@ -46,21 +53,35 @@ class Batch extends caravan.Runner {
     this.tasks = alloc.tasks.map((task) => new Summing(task));
     if (restored !== undefined) this.restore(restored);
     for (const task of this.tasks) state.taskStarted(task.name);
+    if (this.tasks.length === 0) state.setStatus("complete", "All tasks have completed");
   }
 
-  /** @param {Uint8Array} restored */
+  /** Each line `name<TAB>next<TAB>sum` of a version 1 checkpoint sets that task's progress;
+   * anything else in it is refused, in the same words in every language.
+   * @param {Uint8Array} restored */
   restore(restored) {
     const { version, data } = caravan.decodeCheckpoint(restored);
     if (version !== CHECKPOINT_VERSION) {
       throw new Failed(`checkpoint version ${version} is not one this runner reads`);
     }
-    for (const line of new TextDecoder().decode(data).split("\n").filter((l) => l !== "")) {
-      const [name, next, sum] = line.split("\t");
-      if (sum === undefined) continue;
+    const unreadable = new Failed("the restored checkpoint's progress cannot be read");
+    let text;
+    try {
+      text = new TextDecoder("utf-8", { fatal: true }).decode(data);
+    } catch {
+      throw unreadable;
+    }
+    for (const line of text.split("\n").filter((l) => l !== "")) {
+      const fields = line.split("\t");
+      if (fields.length !== 3) throw unreadable;
+      const [name, nextText, sumText] = fields;
+      const next = digits(nextText);
+      const sum = digits(sumText);
+      if (next === undefined || next < 1n || next > MAX_NUMBERS + 1n || sum === undefined) throw unreadable;
       const task = this.tasks.find((t) => t.name === name);
       if (task !== undefined) {
-        task.next = BigInt(next);
-        task.sum = BigInt(sum);
+        task.next = next;
+        task.sum = sum;
         info(`task ${name} resumed at ${task.next}`);
       }
     }
@@ -84,8 +105,7 @@ class Batch extends caravan.Runner {
     }
   }
 
-  /** @param {State} state */
-  onShutdown(state) {
+  onShutdown() {
     const lines = this.tasks.map((t) => `${t.name}\t${t.next}\t${t.sum}\n`).join("");
     return caravan.encodeCheckpoint(CHECKPOINT_VERSION, lines);
   }

@@ -21,6 +21,13 @@ def info(message: str) -> None:
     caravan.info(message, "batch")
 
 
+def digits(text: str) -> Optional[int]:
+    """Decimal digits only (no sign), fitting a u64; None otherwise."""
+    if not text or not all("0" <= c <= "9" for c in text) or int(text) >= 2**64:
+        return None
+    return int(text)
+
+
 class Summing:
     def __init__(self, task):
         config = TaskConfig(task)
@@ -45,19 +52,30 @@ class Batch(caravan.Runner):
             self.restore(restored)
         for task in self.tasks:
             state.task_started(task.name)
+        if not self.tasks:
+            state.set_status(caravan.ClientStatus.COMPLETE, "All tasks have completed")
 
     def restore(self, restored: bytes) -> None:
+        """Each line `name<TAB>next<TAB>sum` of a version 1 checkpoint sets that task's
+        progress; anything else in it is refused, in the same words in every language."""
         version, data = caravan.decode_checkpoint(restored)
         if version != CHECKPOINT_VERSION:
             raise Failed(f"checkpoint version {version} is not one this runner reads")
-        for line in data.decode(errors="replace").splitlines():
+        unreadable = Failed("the restored checkpoint's progress cannot be read")
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise unreadable from None
+        for line in (line for line in text.split("\n") if line):
             fields = line.split("\t")
-            if len(fields) < 3:
-                continue
-            name, next_number, total = fields[:3]
+            if len(fields) != 3:
+                raise unreadable
+            name, next_number, total = fields[0], digits(fields[1]), digits(fields[2])
+            if next_number is None or not 1 <= next_number <= MAX_NUMBERS + 1 or total is None:
+                raise unreadable
             task = next((t for t in self.tasks if t.name == name), None)
             if task is not None:
-                task.next, task.sum = int(next_number), int(total)
+                task.next, task.sum = next_number, total
                 info(f"task {name} resumed at {task.next}")
 
     def next_wakeup_ms(self) -> Optional[int]:
@@ -75,7 +93,7 @@ class Batch(caravan.Runner):
                 info(f"task {task.name} computed the sum of squares of 1..{task.numbers}: {task.sum}")
                 state.task_finished(task.name, False, f"Computed the sum of squares of 1..{task.numbers}: {task.sum}")
 
-    def on_shutdown(self, state: State) -> Optional[bytes]:
+    def on_shutdown(self) -> Optional[bytes]:
         lines = "".join(f"{t.name}\t{t.next}\t{t.sum}\n" for t in self.tasks)
         return caravan.encode_checkpoint(CHECKPOINT_VERSION, lines.encode())
 

@@ -164,6 +164,30 @@ async fn the_sleepers_refuse_bad_config_and_answer_kill_alike() {
             "invalid config: task \"web\": exit_code: \"3x\" is not a whole number",
             "{language}"
         );
+        // Quoted as Rust's `{:?}` quotes: the same bytes in every language.
+        let odd = vec![task("we\"b", &[("exit_code", "é\"\n\u{1b}\u{85}3")])];
+        let state = start_runner(&runner, odd, None).stopped().await;
+        assert_eq!(
+            state.description,
+            r#"invalid config: task "we\"b": exit_code: "é\"\n\u{1b}\u{85}3" is not a whole number"#,
+            "{language}"
+        );
+        for (run_for, why) in [
+            ("18446744073709551615h", "is too long"),
+            (
+                "18446744073709551616ms",
+                "is not a duration such as 500ms, 5s or 2m",
+            ),
+        ] {
+            let state = start_runner(&runner, vec![task("web", &[("run_for", run_for)])], None)
+                .stopped()
+                .await;
+            assert_eq!(
+                state.description,
+                format!("invalid config: task \"web\": run_for: \"{run_for}\" {why}"),
+                "{language}"
+            );
+        }
         let killed = start_runner(&runner, vec![task("web", &[])], None);
         killed.recorder.wait_for_status(ClientStatus::Running).await;
         killed.runner.kill();
@@ -251,18 +275,41 @@ async fn a_batch_checkpoint_written_in_any_language_resumes_in_every_other() {
         }
     }
     for (language, path) in &batches {
-        let refused = start_runner(path, vec![task("a", &[])], Some(b"7".to_vec()));
+        for (checkpoint, why) in [
+            (
+                &b"7"[..],
+                "the restored checkpoint has no caravan-checkpoint header",
+            ),
+            (
+                b"caravan-checkpoint v4294967296\n",
+                "the restored checkpoint has no caravan-checkpoint header",
+            ),
+            (
+                b"caravan-checkpoint v4294967295\n",
+                "checkpoint version 4294967295 is not one this runner reads",
+            ),
+            (
+                b"caravan-checkpoint v1\na\t1\n",
+                "the restored checkpoint's progress cannot be read",
+            ),
+            (
+                b"caravan-checkpoint v1\na\t-5\t0\n",
+                "the restored checkpoint's progress cannot be read",
+            ),
+        ] {
+            let refused = start_runner(path, vec![task("a", &[])], Some(checkpoint.to_vec()));
+            assert_eq!(
+                refused.stopped().await.description,
+                why,
+                "{language} given {}",
+                String::from_utf8_lossy(checkpoint)
+            );
+        }
+        let no_tasks = start_runner(path, vec![], None).stopped().await;
         assert_eq!(
-            refused.stopped().await.description,
-            "the restored checkpoint has no caravan-checkpoint header",
-            "{language}"
-        );
-        let newer = b"caravan-checkpoint v2\n".to_vec();
-        let refused = start_runner(path, vec![task("a", &[])], Some(newer));
-        assert_eq!(
-            refused.stopped().await.description,
-            "checkpoint version 2 is not one this runner reads",
-            "{language}"
+            (no_tasks.client_status, no_tasks.description.as_str()),
+            (ClientStatus::Complete, "All tasks have completed"),
+            "{language}: a batch of nothing is done"
         );
     }
 }
