@@ -83,12 +83,7 @@ async fn a_new_build_takes_over_from_the_checkpoint_of_the_old_one() {
         1,
         "the new build starts from the old one's checkpoint"
     );
-    let at: u64 = message(&resumed[0])
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let at = count_in(message(&resumed[0]));
     assert!(at >= 3, "{}", message(&resumed[0]));
     counted_to(&started, at + 2).await;
     let state = started.runner.alloc_state();
@@ -155,12 +150,7 @@ async fn a_new_build_that_fails_before_running_is_rolled_back_and_the_alloc_runs
         1,
         "the old build resumes from its checkpoint"
     );
-    let at: u64 = message(&resumed[0])
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let at = count_in(message(&resumed[0]));
     counted_to(&started, at + 2).await;
     let state = started.runner.alloc_state();
     assert_eq!(state.client_status, ClientStatus::Running, "{state:?}");
@@ -395,12 +385,7 @@ fn job_run_after_a_rebuild_upgrades_the_running_alloc_and_it_counts_on() {
     let (resumed, _) = agent.wait_for("the new build's resume", |line| {
         message(line).starts_with("resuming from checkpoint at count")
     });
-    let at: u64 = message(&resumed)
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let at = count_in(message(&resumed));
     assert!(at >= 4, "{resumed}");
     let next_tick = format!("tick {}", at + 1);
     agent.wait_for(&next_tick, |line| message(line) == next_tick);
@@ -458,12 +443,7 @@ fn run_watch_upgrades_in_place_when_the_component_file_changes() {
         line.contains("resuming from checkpoint at count")
     });
     let resumed: Value = serde_json::from_str(&resumed).unwrap();
-    let at: u64 = message(&resumed)
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let at = count_in(message(&resumed));
     assert!(at >= 2, "{resumed}");
     let next_tick = format!("\"message\":\"tick {}\"", at + 1);
     wait_for_line(&lines, "the next tick", |line| line.contains(&next_tick));
@@ -496,25 +476,21 @@ pub fn new_build_of(path: &str, dir: &Path, name: &str) -> PathBuf {
     let section_name = b"caravan-test-build";
     let payload = name.as_bytes();
     let mut section = Vec::new();
-    leb128(&mut section, section_name.len() as u64);
+    leb128(&mut section, section_name.len() as u32);
     section.extend_from_slice(section_name);
     section.extend_from_slice(payload);
     bytes.push(0); // a custom section
-    leb128(&mut bytes, section.len() as u64);
+    leb128(&mut bytes, section.len() as u32);
     bytes.extend_from_slice(&section);
     let build = dir.join(name);
     std::fs::write(&build, bytes).unwrap();
     build
 }
 
-fn leb128(out: &mut Vec<u8>, mut value: u64) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
+/// The count a line such as `resuming from checkpoint at count 7` ends with.
+fn count_in(line: &str) -> u64 {
+    line.rsplit(' ')
+        .next()
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no count at the end of {line:?}"))
 }

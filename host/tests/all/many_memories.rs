@@ -37,18 +37,6 @@ fn push_section(out: &mut Vec<u8>, id: u8, contents: &[u8]) {
     out.extend_from_slice(contents);
 }
 
-fn leb128(out: &mut Vec<u8>, mut value: u32) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
 fn read_leb128(bytes: &[u8], at: &mut usize) -> u32 {
     let (mut value, mut shift) = (0u32, 0);
     loop {

@@ -640,3 +640,16 @@ pub async fn agent(configure: impl FnOnce(&mut AgentConfig)) -> (Agent, tempfile
         data_dir,
     )
 }
+
+/// Appends `value` as an unsigned LEB128 number, as wasm binaries write counts and sizes.
+pub fn leb128(out: &mut Vec<u8>, mut value: u32) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
