@@ -1,20 +1,19 @@
 //! [`WasmAllocRunner`]: the [`AllocRunner`] whose logic is a WebAssembly component.
 //!
-//! One store per run, built when the runner starts and dropped when `run` returns, traps,
-//! hits a limit, or outlives its kill timeout. An alloc may get more than one run: after a
-//! crash its restart policy allows, its runner starts again in a fresh store (see
-//! `restarts`), and a new build of its runner takes over in place (see `upgrade`).
+//! One store per run (`store`, `guest_run`), built when the runner starts and dropped when
+//! `run` returns, traps, hits a limit, or outlives its kill timeout. An alloc may get more
+//! than one run: after a crash its restart policy allows, its runner starts again in a fresh
+//! store (see `restarts`), and a new build of its runner takes over in place (see `upgrade`).
 //! The final state is decided in one place, [`final_state`], from the guest's last report and
 //! how the last run ended.
 
 use super::alloc_dir::remove_alloc_dir;
-use super::bindings::{self, Event};
-use super::disk_ledger::{DiskLedger, DiskQuota};
+use super::bindings::Event;
 use super::host_api::StateCell;
 use super::lifecycle::{Lifecycle, Phase, StopStep};
-use super::outcome::{RunOutcome, describe_failure, end_unfinished_tasks, final_state};
+use super::outcome::{RunOutcome, end_unfinished_tasks, final_state};
 use super::store_limits::UsageGauges;
-use super::{LoadedComponent, Runtime, StoreData};
+use super::{LoadedComponent, Runtime};
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
     TaskActionError, UpgradeReport, signal_name, target_tasks,
@@ -27,15 +26,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tracing::Instrument;
-use wasmtime::Store;
 
 mod factory;
+mod guest_run;
 mod restarts;
 mod store;
 mod upgrade;
 pub use factory::WasmAllocRunnerFactory;
 use restarts::Restarts;
-use upgrade::{Build, Upgrades};
+use upgrade::Upgrades;
 
 /// What an alloc must meet to start: the capabilities it asks must be offered, and its
 /// limits must be within the caps (when there are any).
@@ -155,15 +154,6 @@ impl WasmAllocRunner {
     pub fn ending(&self) -> Option<RunEnding> {
         *self.shared.ending.lock_unpoisoned()
     }
-}
-
-/// What one run starts from: the build's component and alloc, the checkpoint, and the latch
-/// through which an upgrade asks it to end.
-struct GuestRun<'a> {
-    component: &'a LoadedComponent,
-    alloc: &'a Arc<Alloc>,
-    restored: Option<restarts::Checkpoint>,
-    upgrade_asked: Latch,
 }
 
 /// How a runner's run ended, for tools that judge runners (`caravan runner check`).
@@ -366,139 +356,6 @@ impl Shared {
         );
         self.state.finish(final_state);
         self.stopped.set();
-    }
-
-    /// One run of `build` in a fresh store, `restored` being the checkpoint it starts from
-    /// and `upgrade_asked` how an upgrade asks it to end; returns how it ended and, when the
-    /// store was built, the event queue back.
-    async fn run_guest(
-        self: Arc<Self>,
-        events: mpsc::UnboundedReceiver<Event>,
-        build: &Build,
-        restored: Option<restarts::Checkpoint>,
-        upgrade_asked: Latch,
-    ) -> (RunOutcome, Option<mpsc::UnboundedReceiver<Event>>) {
-        let alloc = &build.alloc;
-        let (disk, over_quota) =
-            DiskLedger::new(self.config.alloc_dir.clone(), DiskQuota::of(&self.limits));
-        let made = self.new_store(alloc, events, disk.clone(), upgrade_asked.clone());
-        let (mut store, dir_made_now) = match made {
-            Ok(made) => made,
-            Err(error) => {
-                let outcome = RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
-                return (outcome, None);
-            }
-        };
-        let run = GuestRun {
-            component: &build.component,
-            alloc,
-            restored,
-            upgrade_asked,
-        };
-        let outcome = self
-            .run_in_store(&mut store, run, disk, over_quota, dir_made_now)
-            .await;
-        (outcome, Some(store.into_data().host_api.into_events()))
-    }
-
-    async fn run_in_store(
-        &self,
-        store: &mut Store<StoreData>,
-        run: GuestRun<'_>,
-        disk: Arc<DiskLedger>,
-        mut over_quota: super::disk_ledger::QuotaExceeded,
-        dir_made_now: bool,
-    ) -> RunOutcome {
-        let GuestRun {
-            component,
-            alloc,
-            restored,
-            upgrade_asked,
-        } = run;
-        // What the directory holds already (a restored or restarted alloc's files) counts
-        // from the start. One made now is empty: skipping the look spares a new alloc's start
-        // a trip through the blocking pool, which cost more than the rest of the start.
-        if !dir_made_now {
-            let looking = disk.clone();
-            let _ = tokio::task::spawn_blocking(move || looking.look_now()).await;
-        }
-        let instantiating = std::time::Instant::now();
-        let polls = store.data().cpu.poll_counter();
-        let instance = match polls
-            .clone()
-            .count(component.pre.instantiate_async(&mut *store))
-            .await
-        {
-            Ok(instance) => {
-                self.runtime
-                    .inner
-                    .instantiations
-                    .record(instantiating.elapsed());
-                instance
-            }
-            Err(error) => {
-                return RunOutcome::Failed(describe_failure(
-                    &error,
-                    store.data(),
-                    "cannot instantiate",
-                ));
-            }
-        };
-        let alloc_wit = bindings::alloc_to_wit(alloc);
-        let polls = store.data().cpu.poll_counter();
-        let call = polls.count(instance.caravan_runner_runner().call_run(
-            &mut *store,
-            &alloc_wit,
-            restored.as_deref(),
-        ));
-        // The run, unless the alloc dir goes over its quota first (a look finds it over, or
-        // the WASI layer refuses a write past it), or the guest outlives the kill timeout
-        // after an upgrade asked it to end (the upgrade then goes on from its last
-        // checkpoint, as an agent restart would).
-        let _watch = self.runtime.inner.disk_watcher.watch(disk);
-        let upgrade_grace_over = async {
-            upgrade_asked.wait().await;
-            tokio::time::sleep(self.limits.kill_timeout).await;
-        };
-        let watched = async {
-            let result = tokio::select! {
-                over = over_quota.description() => return Err(RunOutcome::Failed(over)),
-                () = upgrade_grace_over => return Err(RunOutcome::ShutdownTimedOut),
-                result = call => result,
-            };
-            // A guest whose write was refused may end its run on that error within the same
-            // poll: the cause to name is then the quota.
-            match over_quota.try_description() {
-                Some(over) => Err(RunOutcome::Failed(over)),
-                None => Ok(result),
-            }
-        };
-        let watched = match self.limits.wall_time {
-            Some(limit) => {
-                match tokio::time::timeout_at(self.wall_deadline(limit), watched).await {
-                    Ok(watched) => watched,
-                    Err(_) => {
-                        return RunOutcome::Failed(format!(
-                            "wall time limit of {} exceeded",
-                            format_duration(limit)
-                        ));
-                    }
-                }
-            }
-            None => watched.await,
-        };
-        let result = match watched {
-            Ok(result) => result,
-            Err(ended) => {
-                store.data().logging.flush();
-                return ended;
-            }
-        };
-        store.data().logging.flush();
-        match result {
-            Ok(returned) => RunOutcome::Returned(returned),
-            Err(error) => RunOutcome::Failed(describe_failure(&error, store.data(), "wasm trap")),
-        }
     }
 }
 
