@@ -180,14 +180,15 @@ pub async fn run(
         _ = shutdown.stopping() => bail!("interrupted before the alloc started"),
     };
     runner.run();
-    let watching = options.watch.then(|| {
-        tokio::spawn(watch_component(
+    // Dropped on every way out of here, which stops the watching.
+    let mut watching = tokio::task::JoinSet::new();
+    if options.watch {
+        watching.spawn(watch_component(
             runner.clone(),
             options.component.clone(),
             span.clone(),
-        ))
-    });
-    let _stop_watching = watching.map(|task| AbortOnDrop(task.abort_handle()));
+        ));
+    }
 
     let stopped = runner.wait();
     let kill_timeout = limits.with_overrides(&alloc.limits).kill_timeout;
@@ -257,7 +258,7 @@ async fn watch_component(runner: Arc<WasmAllocRunner>, path: PathBuf, span: trac
         if runner.runner_sha256().as_ref() == Some(&sha256) || asked.as_ref() == Some(&sha256) {
             continue;
         }
-        tracing::info!(parent: &span, runner_sha256 = %&sha256[..crate::allocrunner::SHORT_HASH_DIGITS], "the runner file changed: upgrading in place");
+        tracing::info!(parent: &span, runner_sha256 = %crate::allocrunner::short_hash(&sha256), "the runner file changed: upgrading in place");
         asked = Some(sha256.clone());
         let current = runner.alloc();
         runner.update(Arc::new(Alloc {
@@ -265,15 +266,6 @@ async fn watch_component(runner: Arc<WasmAllocRunner>, path: PathBuf, span: trac
             modify_index: current.modify_index + 1,
             ..Alloc::clone(&current)
         }));
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

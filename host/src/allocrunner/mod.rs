@@ -237,9 +237,15 @@ pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
 /// tell builds apart, short enough to read.
 pub const SHORT_HASH_DIGITS: usize = 12;
 
-/// Records in an alloc's span which build of its runner runs: the first
-/// [`SHORT_HASH_DIGITS`] of the component's SHA-256 (`sha256_hex`).
+/// The first [`SHORT_HASH_DIGITS`] of a SHA-256 in hex: how logs and statuses name a build.
+pub fn short_hash(sha256_hex: &str) -> &str {
+    sha256_hex.get(..SHORT_HASH_DIGITS).unwrap_or(sha256_hex)
+}
+
+/// Records in an alloc's span which build of its runner runs (see [`short_hash`]).
 pub fn record_runner_hash(span: &tracing::Span, sha256_hex: &str) {
-    let short = sha256_hex.get(..SHORT_HASH_DIGITS).unwrap_or(sha256_hex);
-    span.record("runner_sha256", tracing::field::display(short));
+    span.record(
+        "runner_sha256",
+        tracing::field::display(short_hash(sha256_hex)),
+    );
 }

@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// A one-alloc job of `job_type` with `[job.NAME]` holding `block`, parsed.
+fn job_with_block(job_type: &str, name: &str, block: &str) -> Result<JobSpec, SpecError> {
+    parse_toml(&format!(
+        "[job]\nid = \"web\"\ntype = \"{job_type}\"\ncount = 1\nrunner = \"r.wasm\"\n\
+         [job.{name}]\n{block}\n"
+    ))
+}
+
 #[test]
 fn toml_errors_say_where_and_hint_at_the_usual_mistakes() {
     let single_brackets = "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\n\
@@ -33,12 +41,7 @@ fn toml_errors_say_where_and_hint_at_the_usual_mistakes() {
 
 #[test]
 fn a_reschedule_block_parses_and_a_bad_key_is_named_under_it() {
-    let with_block = |block: &str| {
-        parse_toml(&format!(
-            "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
-             [job.reschedule]\n{block}\n"
-        ))
-    };
+    let with_block = |block: &str| job_with_block("batch", "reschedule", block);
     let policy = with_block("attempts = 1\ndelay = \"30s\"\nmax_delay = \"1m\"")
         .unwrap()
         .reschedule
@@ -66,12 +69,7 @@ fn a_reschedule_block_parses_and_a_bad_key_is_named_under_it() {
 
 #[test]
 fn a_restart_block_parses_into_the_job_and_a_bad_key_is_named_under_it() {
-    let with_block = |block: &str| {
-        parse_toml(&format!(
-            "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n\
-             [job.restart]\n{block}\n"
-        ))
-    };
+    let with_block = |block: &str| job_with_block("service", "restart", block);
     let policy = with_block("attempts = 3\nmode = \"delay\"")
         .unwrap()
         .restart
@@ -101,12 +99,7 @@ fn a_task_name_with_a_control_character_is_refused() {
 
 #[test]
 fn an_update_block_opts_in_to_carrying_checkpoints_and_an_unknown_key_is_named() {
-    let with_block = |block: &str| {
-        parse_toml(&format!(
-            "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n\
-             [job.update]\n{block}\n"
-        ))
-    };
+    let with_block = |block: &str| job_with_block("service", "update", block);
     assert!(
         with_block("carry_checkpoint = true")
             .unwrap()

@@ -415,7 +415,7 @@ impl Runtime {
                 // Said once per component and process: why a runner started without compiling.
                 tracing::info!(
                     runner = %path.file_name().unwrap_or(path.as_os_str()).to_string_lossy(),
-                    runner_sha256 = %&hash[..crate::allocrunner::SHORT_HASH_DIGITS],
+                    runner_sha256 = %crate::allocrunner::short_hash(&hash),
                     "loaded compiled runner from the cache"
                 );
                 (component, Origin::DiskCache)
@@ -429,7 +429,7 @@ impl Runtime {
                     .to_string_lossy();
                 tracing::info!(
                     runner = %name,
-                    runner_sha256 = %&hash[..crate::allocrunner::SHORT_HASH_DIGITS],
+                    runner_sha256 = %crate::allocrunner::short_hash(&hash),
                     "compiling runner {name} ({})",
                     crate::units::format_bytes_approx(bytes.len() as u64)
                 );

@@ -73,15 +73,21 @@ fn a_component_is_compiled_once_and_shared() {
     assert_eq!(first.hash.len(), 64);
 }
 
+/// A runtime config that keeps compiled components in `dir` (and pools nothing, so that each
+/// runtime a test makes is cheap).
+fn cached_in(dir: &Path) -> RuntimeConfig {
+    RuntimeConfig {
+        pooling: Pooling::Off,
+        cache_dir: Some(dir.to_path_buf()),
+        ..RuntimeConfig::default()
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn compiled_components_are_cached_on_disk_and_a_corrupted_entry_is_recompiled() {
     let logs = LogCapture::start();
     let cache = tempfile::tempdir().unwrap();
-    let config = RuntimeConfig {
-        pooling: Pooling::Off,
-        cache_dir: Some(cache.path().to_path_buf()),
-        ..RuntimeConfig::default()
-    };
+    let config = cached_in(cache.path());
     let load = || {
         let runtime = Runtime::new(&config).unwrap();
         let loaded = runtime.load_file(Path::new(MINIMAL)).unwrap();
@@ -139,11 +145,7 @@ async fn a_cache_entry_others_may_write_is_never_loaded() {
     use std::os::unix::fs::PermissionsExt;
     let logs = LogCapture::start();
     let cache = tempfile::tempdir().unwrap();
-    let config = RuntimeConfig {
-        pooling: Pooling::Off,
-        cache_dir: Some(cache.path().to_path_buf()),
-        ..RuntimeConfig::default()
-    };
+    let config = cached_in(cache.path());
     let load = || {
         Runtime::new(&config)
             .unwrap()

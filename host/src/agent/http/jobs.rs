@@ -60,11 +60,7 @@ async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)>
             )
         })?
         .map_err(|e| ApiError::bad_request("job.runner", format!("job.runner: {e}")))?;
-    let short_hash = loaded
-        .hash
-        .get(..crate::allocrunner::SHORT_HASH_DIGITS)
-        .unwrap_or(&loaded.hash)
-        .to_string();
+    let short_hash = crate::allocrunner::short_hash(&loaded.hash).to_string();
     spec.runner_sha256 = Some(loaded.hash.clone());
     Ok((spec, short_hash))
 }

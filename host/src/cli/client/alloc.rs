@@ -386,23 +386,24 @@ fn print_file(bytes: &[u8]) -> anyhow::Result<()> {
 /// `/jobs/sleeper.wasm (sha256 1a2b3c4d5e6f)`.
 fn runner_line(path: &serde_json::Value, sha256: &serde_json::Value) -> String {
     match sha256.as_str() {
-        Some(hash) => {
-            let short = hash
-                .get(..crate::allocrunner::SHORT_HASH_DIGITS)
-                .unwrap_or(hash);
-            format!("{} (sha256 {short})", text(path))
-        }
+        Some(hash) => format!(
+            "{} (sha256 {})",
+            text(path),
+            crate::allocrunner::short_hash(hash)
+        ),
         None => text(path),
     }
 }
 
 /// `done: 0123456789ab -> ba9876543210 (at TIME)`, or with `failed` the reason.
 fn upgrade_line(upgrade: &serde_json::Value) -> String {
+    // `to` is the runner's path when its build could not be loaded: shown whole.
     let short_hash = |value: &serde_json::Value| {
         let full = text(value);
-        full.get(..crate::allocrunner::SHORT_HASH_DIGITS)
-            .filter(|_| full.chars().all(|c| c.is_ascii_hexdigit()))
-            .map_or(full.clone(), str::to_string)
+        match full.chars().all(|c| c.is_ascii_hexdigit()) {
+            true => crate::allocrunner::short_hash(&full).to_string(),
+            false => full,
+        }
     };
     let mut line = format!(
         "{}: {} -> {} (asked {})",

@@ -166,8 +166,7 @@ impl Shared {
                     .clone()
                     .unwrap_or_else(|| "it returned without reporting".into());
                 self.roll_back(upgrading, &why).await;
-                next = NextRun::Current;
-                continue;
+                continue; // with the current build, the old one again
             }
             let ended_cleanly = matches!(
                 outcome,

@@ -14,7 +14,7 @@
 
 use super::Shared;
 use super::restarts::Checkpoint;
-use crate::allocrunner::{Latch, LatchTrigger, UpgradeOutcome, UpgradeReport};
+use crate::allocrunner::{Latch, LatchTrigger, UpgradeOutcome, UpgradeReport, short_hash};
 use crate::locks::LockUnpoisoned;
 use crate::runtime::LoadedComponent;
 use crate::runtime::lifecycle::Phase;
@@ -30,14 +30,8 @@ pub(super) struct Build {
 
 impl Build {
     fn short_hash(&self) -> &str {
-        short(&self.component.hash)
+        short_hash(&self.component.hash)
     }
-}
-
-fn short(sha256: &str) -> &str {
-    sha256
-        .get(..crate::allocrunner::SHORT_HASH_DIGITS)
-        .unwrap_or(sha256)
 }
 
 /// One alloc's builds: the one running, the one waiting to take over, the last upgrade.
@@ -231,11 +225,11 @@ impl Shared {
             if let Some(wanted) = &alloc.runner_sha256
                 && *wanted != component.hash
             {
-                let found = short(&component.hash).to_string();
+                let found = short_hash(&component.hash).to_string();
                 let why = format!(
                     "the runner at {} is build {found}, not the {} its job was registered with",
                     alloc.runner,
-                    short(wanted)
+                    short_hash(wanted)
                 );
                 return self.upgrade_failed(version, why);
             }
