@@ -7,9 +7,10 @@
 //!   runner with the id and never looks it up, so it cannot race the alloc map.
 //! - Each pass re-checks, in order, disk usage, inode usage and the live alloc count (runners
 //!   not yet destroyed, running ones included) and destroys the oldest marked alloc while one
-//!   is over: the oldest finished work is the least interesting to keep. The live count is
-//!   taken once per pass and lowered by each alloc the pass claims, so a pass stays linear in
-//!   the allocs it collects; allocs added meanwhile trigger the next pass.
+//!   is over: the oldest finished work is the least interesting to keep. The GC keeps the
+//!   live count itself, raised by [`GarbageCollector::runner_added`] and lowered as each
+//!   destroy ends, so reading it costs nothing however many allocs the node holds: a churn
+//!   of n short allocs, with a pass after nearly every one, stays linear in n.
 //! - Destroys run concurrently but never more than `gc_parallel_destroys` at once (a value
 //!   <= 0 becomes 1 with a warning): destroying is disk-heavy and must not starve the node.
 //! - Nothing that adds allocs waits for a destroy (Nomad removed its blocking `MakeRoomFor`
@@ -222,6 +223,16 @@ pub enum GcError {
 
 type Marked = (String, Arc<dyn AllocRunner>);
 
+/// Runners from their start to their destroy's end.
+#[derive(Default)]
+struct Destroys {
+    /// Runners added and not yet destroyed, the ones being destroyed included.
+    live: usize,
+    /// Allocs claimed for a destroy that has not finished: a pass does not count them as
+    /// live, and no alloc is destroyed twice at once.
+    claimed: std::collections::HashMap<String, Arc<dyn AllocRunner>>,
+}
+
 /// The queue of marked allocs, oldest first.
 #[derive(Default)]
 struct GcQueue {
@@ -251,12 +262,11 @@ pub struct GarbageCollector {
     queue: Mutex<GcQueue>,
     destroy_slots: Arc<Semaphore>,
     stats: Arc<dyn StatsSource>,
-    live_allocs: Box<dyn Fn() -> usize + Send + Sync>,
     /// Told each alloc whose destroy finished, so its saved state can follow.
     on_destroyed: Box<dyn Fn(&str) + Send + Sync>,
-    /// Allocs whose destroy has been started and not finished: a pass does not count them as
-    /// live, and no alloc is destroyed twice at once.
-    destroying: Mutex<std::collections::HashMap<String, Arc<dyn AllocRunner>>>,
+    /// The live count and the destroys under way, under one lock so that a destroy's end
+    /// moves an alloc out of both at once.
+    destroys: Mutex<Destroys>,
     trigger: Notify,
     passes: AtomicU64,
     /// The last time a pass found a threshold exceeded and nothing to collect.
@@ -299,12 +309,11 @@ pub struct GcSkip {
 }
 
 impl GarbageCollector {
-    /// A collector. `live_allocs` counts the client's runners not yet destroyed;
+    /// A collector with no runners yet (see [`GarbageCollector::runner_added`]);
     /// `on_destroyed` hears each alloc once its destroy has finished.
     pub fn new(
         config: GcConfig,
         stats: Arc<dyn StatsSource>,
-        live_allocs: Box<dyn Fn() -> usize + Send + Sync>,
         on_destroyed: Box<dyn Fn(&str) + Send + Sync>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -315,9 +324,8 @@ impl GarbageCollector {
             queue: Mutex::new(GcQueue::default()),
             destroy_slots: Arc::new(Semaphore::new(parallel_destroys)),
             stats,
-            live_allocs,
             on_destroyed,
-            destroying: Mutex::new(std::collections::HashMap::new()),
+            destroys: Mutex::new(Destroys::default()),
             trigger: Notify::new(),
             passes: AtomicU64::new(0),
             last_skip: Mutex::new(None),
@@ -332,6 +340,22 @@ impl GarbageCollector {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GcQueue> {
         self.queue.lock_unpoisoned()
+    }
+
+    fn destroys_lock(&self) -> std::sync::MutexGuard<'_, Destroys> {
+        self.destroys.lock_unpoisoned()
+    }
+
+    /// Counts a runner the client has started (or restored): it is live until the GC has
+    /// destroyed it. Every runner counted must reach the GC's destroy (every one the client
+    /// holds does: the GC is the only place a runner is destroyed), or the count stays high.
+    pub fn runner_added(&self) {
+        self.destroys_lock().live += 1;
+    }
+
+    /// Runners not yet destroyed, running ones included: what `gc_max_allocs` limits.
+    pub fn live(&self) -> usize {
+        self.destroys_lock().live
     }
 
     /// Marks a terminal alloc for collection. The first call for an id queues it and logs;
@@ -365,7 +389,7 @@ impl GarbageCollector {
 
     /// The allocs being destroyed now: their directories are still theirs to remove.
     pub(crate) fn destroying_ids(&self) -> Vec<String> {
-        self.destroying_lock().keys().cloned().collect()
+        self.destroys_lock().claimed.keys().cloned().collect()
     }
 
     /// What the collector is doing now.
@@ -411,9 +435,9 @@ impl GarbageCollector {
 
     /// One pass: collect while a threshold is exceeded and marked allocs remain.
     pub async fn pass(self: &Arc<Self>) {
-        // Counted once per pass, then lowered by each alloc the pass claims: counting every
-        // runner before every claim made a storm of n collections cost n squared.
-        let mut live = self.live_now();
+        // Read once per pass, then lowered by each alloc the pass claims (claims made by
+        // others meanwhile are left for the next pass to see).
+        let mut live = self.live_not_claimed();
         while let Some(reason) = self.exceeded_threshold(live) {
             let Some((alloc_id, runner)) = self.lock().pop() else {
                 let routine = matches!(reason, GcReason::AllocCount { .. })
@@ -447,28 +471,21 @@ impl GarbageCollector {
         self.passes.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn live_now(&self) -> usize {
-        let being_destroyed = self
-            .destroying_lock()
-            .values()
-            .filter(|runner| !runner.is_destroyed())
-            .count();
-        (self.live_allocs)().saturating_sub(being_destroyed)
-    }
-
-    fn destroying_lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<dyn AllocRunner>>> {
-        self.destroying.lock_unpoisoned()
+    /// Live runners that no destroy has claimed yet.
+    fn live_not_claimed(&self) -> usize {
+        let destroys = self.destroys_lock();
+        destroys.live.saturating_sub(destroys.claimed.len())
     }
 
     /// Claims an alloc for destruction; false when it is destroyed or being destroyed.
     fn claim(&self, alloc_id: &str, runner: &Arc<dyn AllocRunner>) -> bool {
-        let mut destroying = self.destroying_lock();
-        if runner.is_destroyed() || destroying.contains_key(alloc_id) {
+        let mut destroys = self.destroys_lock();
+        if runner.is_destroyed() || destroys.claimed.contains_key(alloc_id) {
             return false;
         }
-        destroying.insert(alloc_id.to_string(), runner.clone());
+        destroys
+            .claimed
+            .insert(alloc_id.to_string(), runner.clone());
         true
     }
 
@@ -513,16 +530,24 @@ impl GarbageCollector {
         reason: GcReason,
     ) {
         // The semaphore is never closed, so acquiring only waits.
-        if let Ok(_slot) = self.destroy_slots.acquire().await {
-            self.metrics.destroy_started();
-            tracing::info!(alloc_id, reason = %reason, "garbage collecting allocation");
-            runner.destroy();
-            runner.destroyed().wait().await;
-            (self.on_destroyed)(alloc_id);
-            self.metrics.destroy_finished();
-            self.metrics.collected(reason.kind());
+        let destroyed = match self.destroy_slots.acquire().await {
+            Ok(_slot) => {
+                self.metrics.destroy_started();
+                tracing::info!(alloc_id, reason = %reason, "garbage collecting allocation");
+                runner.destroy();
+                runner.destroyed().wait().await;
+                (self.on_destroyed)(alloc_id);
+                self.metrics.destroy_finished();
+                self.metrics.collected(reason.kind());
+                true
+            }
+            Err(_) => false,
+        };
+        let mut destroys = self.destroys_lock();
+        destroys.claimed.remove(alloc_id);
+        if destroyed {
+            destroys.live = destroys.live.saturating_sub(1);
         }
-        self.destroying_lock().remove(alloc_id);
     }
 
     /// Forced collection of one alloc the caller found terminal (see the client's `collect`):

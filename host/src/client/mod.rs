@@ -43,13 +43,13 @@ use crate::allocrunner::{AllocRunner, AllocRunnerFactory, NotRunningReason, Task
 use crate::locks::LockUnpoisoned;
 use crate::rpc::ServerApi;
 use crate::state::{MemoryStateDb, StateDb};
-use crate::structs::{Alloc, AllocState, Limits};
+use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
 use persist::Persister;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use sync::AllocSync;
 
@@ -145,11 +145,7 @@ impl Client {
     ) -> Client {
         let metrics = Arc::new(Metrics::default());
         let persister = Arc::new(Persister::new(db, metrics.clone()));
-        let inner = Arc::new_cyclic(|weak: &Weak<ClientInner>| {
-            let live_allocs = {
-                let weak = weak.clone();
-                Box::new(move || weak.upgrade().map_or(0, |client| client.live_allocs()))
-            };
+        let inner = Arc::new({
             let on_destroyed = {
                 let persister = persister.clone();
                 Box::new(move |alloc_id: &str| persister.mark_collected(alloc_id))
@@ -164,7 +160,6 @@ impl Client {
                 gc: Arc::new(GarbageCollector::new(
                     config.gc.clone(),
                     stats,
-                    live_allocs,
                     on_destroyed,
                     metrics.clone(),
                 )),
@@ -297,7 +292,7 @@ impl Client {
 
     /// Runners not yet destroyed (running ones included): what `gc_max_allocs` limits.
     pub fn live_allocs(&self) -> usize {
-        self.inner.live_allocs()
+        self.inner.gc.live()
     }
 
     /// The garbage collector, for passes on demand and its queue length.
@@ -392,20 +387,20 @@ impl Client {
     /// The client's counters, with allocs counted by client status now (collected ones by
     /// their final status, and once more under `allocs_destroyed`).
     pub fn metrics(&self) -> MetricsSnapshot {
-        let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+        let mut counts: HashMap<ClientStatus, u64> = HashMap::new();
         let mut destroyed = 0;
         let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
         for runner in runners {
             destroyed += u64::from(runner.is_destroyed());
-            *by_status
-                .entry(runner.alloc_state().client_status.to_string())
-                .or_default() += 1;
+            *counts.entry(runner.client_status()).or_default() += 1;
         }
         for (_, state) in self.inner.runnerless_lock().values() {
-            *by_status
-                .entry(state.client_status.to_string())
-                .or_default() += 1;
+            *counts.entry(state.client_status).or_default() += 1;
         }
+        let by_status: BTreeMap<String, u64> = counts
+            .into_iter()
+            .map(|(status, count)| (status.to_string(), count))
+            .collect();
         self.inner.metrics.snapshot(by_status, destroyed)
     }
 }
@@ -439,13 +434,5 @@ impl ClientInner {
                 self.gc.trigger();
             }
         }
-    }
-
-    fn live_allocs(&self) -> usize {
-        let runners: Vec<_> = self.runners_lock().values().cloned().collect();
-        runners
-            .iter()
-            .filter(|runner| !runner.is_destroyed())
-            .count()
     }
 }

@@ -51,6 +51,7 @@ impl ClientInner {
                 return;
             }
             runners.insert(alloc_id.to_string(), runner.clone());
+            self.gc.runner_added();
         }
         if runner.alloc_state().client_status.is_terminal() {
             self.gc.mark_for_collection(alloc_id, runner);

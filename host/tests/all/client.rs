@@ -351,9 +351,12 @@ async fn the_server_dropping_a_running_alloc_kills_and_destroys_it() {
     })
     .await;
     let runner = client.runner(&running.id).unwrap();
+    assert_eq!(client.live_allocs(), 1);
 
     server.remove(&running.id);
     within("destroyed", runner.destroyed().wait()).await;
+    // Pruned from the map at once, but live (it holds its sandbox) until destroyed.
+    eventually("no live alloc", || client.live_allocs() == 0).await;
     assert_eq!(
         runner.alloc_state().client_status,
         ClientStatus::Complete,
