@@ -29,6 +29,13 @@ const PASSES_PER_DIRECTORY: usize = 4;
 /// Keeps going past entries it cannot remove and returns the first error at the end, so a
 /// failed removal leaves as little behind as it can and can simply be called again.
 pub fn remove_tree(path: &Path) -> io::Result<()> {
+    // The common case, a directory its alloc left empty, is one `rmdir` and no listing. It
+    // fails without touching anything for a non-empty directory, a file and a link alike
+    // (`rmdir` never follows one), which the walk below then handles.
+    match rustix::fs::unlinkat(CWD, path, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(_) => {}
+    }
     let root = match rustix::fs::openat(
         CWD,
         path,
@@ -339,12 +346,23 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_path_or_a_plain_file_is_fine() {
+    fn a_missing_path_an_empty_directory_a_plain_file_or_a_link_is_fine() {
         let dir = tempfile::tempdir().unwrap();
         remove_tree(&dir.path().join("never-made")).unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        remove_tree(&empty).unwrap();
+        assert!(!empty.exists());
         let file = dir.path().join("file");
         std::fs::write(&file, "x").unwrap();
         remove_tree(&file).unwrap();
         assert!(!file.exists());
+        // A link to an empty directory: the link goes, the directory stays.
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        remove_tree(&link).unwrap();
+        assert!(!link.exists() && target.is_dir());
     }
 }

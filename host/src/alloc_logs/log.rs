@@ -184,6 +184,21 @@ impl AllocLog {
 
     /// Discards queued lines, refuses later ones, and deletes every file, one at a time.
     pub(super) async fn remove(self: Arc<Self>) {
+        self.discard_queue();
+        let log = self.clone();
+        let removed = tokio::task::spawn_blocking(move || log.remove_files()).await;
+        if let Err(error) = removed {
+            tracing::warn!(alloc_id = %self.alloc_id, error = %error, "cannot remove the alloc's log files");
+        }
+    }
+
+    /// [`AllocLog::remove`] on the calling thread, which may block on the disk.
+    pub(super) fn remove_blocking(&self) {
+        self.discard_queue();
+        self.remove_files();
+    }
+
+    fn discard_queue(&self) {
         let discarded = {
             let mut queue = self.queue.lock_unpoisoned();
             queue.removed = true;
@@ -191,11 +206,6 @@ impl AllocLog {
             std::mem::take(&mut queue.lines).len() as u64
         };
         self.done.send_modify(|done| *done += discarded);
-        let log = self.clone();
-        let removed = tokio::task::spawn_blocking(move || log.remove_files()).await;
-        if let Err(error) = removed {
-            tracing::warn!(alloc_id = %self.alloc_id, error = %error, "cannot remove the alloc's log files");
-        }
     }
 
     fn remove_files(&self) {

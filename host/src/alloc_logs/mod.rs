@@ -250,18 +250,28 @@ impl AllocLogWriter {
     pub async fn remove(&self) {
         self.owner.remove(self.log.clone()).await;
     }
+
+    /// As [`AllocLogWriter::remove`], on the calling thread: for a caller already on the
+    /// blocking pool with more of the alloc's files to remove, so that one trip does it all.
+    pub fn remove_blocking(&self) {
+        self.owner.forget(&self.log);
+        self.log.remove_blocking();
+    }
 }
 
 impl Inner {
     /// Forgets `log` (and only it: a newer log of the same alloc stays) and deletes its files.
     async fn remove(&self, log: Arc<AllocLog>) {
-        {
-            let mut registry = self.allocs.lock_unpoisoned();
-            let registered = registry.logs.get(&log.alloc_id);
-            if registered.is_some_and(|known| std::ptr::eq(known.as_ptr(), Arc::as_ptr(&log))) {
-                registry.logs.remove(&log.alloc_id);
-            }
-        }
+        self.forget(&log);
         log.remove().await;
+    }
+
+    /// Unregisters `log`, and only it: a newer log of the same alloc stays.
+    fn forget(&self, log: &Arc<AllocLog>) {
+        let mut registry = self.allocs.lock_unpoisoned();
+        let registered = registry.logs.get(&log.alloc_id);
+        if registered.is_some_and(|known| std::ptr::eq(known.as_ptr(), Arc::as_ptr(log))) {
+            registry.logs.remove(&log.alloc_id);
+        }
     }
 }

@@ -20,7 +20,7 @@ pub use task_action::{
 };
 
 use crate::alloc_logs::AllocLogWriter;
-use crate::structs::{Alloc, AllocState, Limits};
+use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -90,6 +90,12 @@ pub trait AllocRunner: Send + Sync {
 
     /// The alloc's current state: the runner's last report, or the final state once stopped.
     fn alloc_state(&self) -> AllocState;
+
+    /// The client status of [`AllocRunner::alloc_state`], without copying the tasks and their
+    /// events: what counting allocs by status needs. Runners that can read it cheaply should.
+    fn client_status(&self) -> ClientStatus {
+        self.alloc_state().client_status
+    }
 
     /// True once [`AllocRunner::destroy`] has finished.
     fn is_destroyed(&self) -> bool;

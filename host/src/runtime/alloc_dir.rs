@@ -1,8 +1,10 @@
 //! An alloc's directory on the host: made when its runner starts, removed when it is
-//! destroyed. Removal must survive whatever a guest left (any depth, odd names, links), so
-//! it goes through [`crate::fs_tree`], never recursion, and a failure is never fatal to the
-//! agent. This module touches that one directory and nothing else.
+//! destroyed (with the alloc's log files, in the same trip to the blocking pool). Removal
+//! must survive whatever a guest left (any depth, odd names, links), so it goes through
+//! [`crate::fs_tree`], never recursion, and a failure is never fatal to the agent. This
+//! module touches that one directory, and the log files only through their writer.
 
+use crate::alloc_logs::AllocLogWriter;
 use crate::units::format_duration;
 use std::path::Path;
 
@@ -25,18 +27,30 @@ pub(super) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<bool> {
 /// leftover sweep.
 const ALLOC_DIR_REMOVAL_ATTEMPTS: u32 = 5;
 
-/// Removes what an alloc left on disk, on the blocking pool and without recursion (a guest
-/// may have nested its directories 20,000 deep; see [`crate::fs_tree`]). A failure is
-/// reported and retried with a growing pause; it is never fatal to the agent, and after the
-/// last attempt what is left is named in the log, and left to the client, which sweeps
-/// directories no alloc owns at every GC interval and at start.
-pub(super) async fn remove_alloc_dir(alloc_dir: &Path, span: &tracing::Span) {
+/// Removes what an alloc left on disk, its log files (first, and once) and its directory, on
+/// the blocking pool and without recursion (a guest may have nested its directories 20,000
+/// deep; see [`crate::fs_tree`]). A failure is reported and retried with a growing pause; it
+/// is never fatal to the agent, and after the last attempt what is left is named in the log,
+/// and left to the client, which sweeps directories no alloc owns at every GC interval and
+/// at start.
+pub(super) async fn remove_alloc_files(
+    alloc_dir: &Path,
+    mut log: Option<AllocLogWriter>,
+    span: &tracing::Span,
+) {
     let mut pause = std::time::Duration::from_secs(1);
     for attempt in 1..=ALLOC_DIR_REMOVAL_ATTEMPTS {
         let path = alloc_dir.to_path_buf();
-        let removed = tokio::task::spawn_blocking(move || crate::fs_tree::remove_tree(&path))
-            .await
-            .unwrap_or_else(|join_error| Err(std::io::Error::other(join_error.to_string())));
+        let log = log.take();
+        // One trip for both: a short alloc's life has few enough of them that each counts.
+        let removed = tokio::task::spawn_blocking(move || {
+            if let Some(log) = log {
+                log.remove_blocking();
+            }
+            crate::fs_tree::remove_tree(&path)
+        })
+        .await
+        .unwrap_or_else(|join_error| Err(std::io::Error::other(join_error.to_string())));
         let Err(error) = removed else {
             return;
         };

@@ -86,6 +86,11 @@ impl StateCell {
         self.lock().current.clone()
     }
 
+    /// The current client status, read without a copy of the state.
+    pub fn client_status(&self) -> ClientStatus {
+        self.lock().current.client_status
+    }
+
     /// Applies a guest's report: refuses what breaks the rules, tidies what is merely long,
     /// lists left-out tasks as pending, skips what changes nothing, and passes the rest to the
     /// updater. The updater is called under the cell's lock, so reports reach it in order.

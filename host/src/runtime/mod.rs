@@ -67,7 +67,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use store_limits::MemoryLimiter;
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 /// How the runtime allocates instances.
@@ -503,11 +503,26 @@ fn engine_config(pooling_slots: Option<u32>) -> Config {
             .total_stacks(slots)
             .max_memories_per_component(memories)
             .max_tables_per_component(tables)
-            .max_core_instances_per_component(core_instances);
+            .max_core_instances_per_component(core_instances)
+            // A finished alloc's slot is zeroed by rewriting the pages it dirtied, found with
+            // Linux's PAGEMAP_SCAN (6.7 and later; without it, this falls back to wasmtime's
+            // default), rather than by `madvise`: on a busy node, every `madvise` is a TLB
+            // shootdown that interrupts every other core running the agent, and the next alloc
+            // in the slot would fault its pages back in. The caps bound what a slot keeps
+            // resident, and wasmtime keeps at most 100 unused slots warm.
+            .pagemap_scan(Enabled::Auto)
+            .linear_memory_keep_resident(SLOT_MEMORY_KEPT_RESIDENT)
+            .table_keep_resident(SLOT_TABLE_KEPT_RESIDENT);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config
 }
+
+/// The most of a finished alloc's linear memory its pool slot keeps resident (rewritten,
+/// not returned to the kernel): more than a small runner dirties.
+const SLOT_MEMORY_KEPT_RESIDENT: usize = 512 * 1024;
+/// The same for its tables.
+const SLOT_TABLE_KEPT_RESIDENT: usize = 64 * 1024;
 
 /// Memory maps one live alloc needs, measured: about 7 with either allocator (linear memory,
 /// guard regions, fiber stack, instance data).

@@ -7,7 +7,7 @@
 //! The final state is decided in one place, [`final_state`], from the guest's last report and
 //! how the last run ended.
 
-use super::alloc_dir::remove_alloc_dir;
+use super::alloc_dir::remove_alloc_files;
 use super::bindings::Event;
 use super::host_api::StateCell;
 use super::lifecycle::{Lifecycle, Phase, StopStep};
@@ -453,16 +453,22 @@ impl AllocRunner for WasmAllocRunner {
         shared.kill();
         tokio::spawn(async move {
             shared.stopped.latch().wait().await;
-            if let Some(log_writer) = &shared.config.log_writer {
-                log_writer.remove().await;
-            }
-            remove_alloc_dir(&shared.config.alloc_dir, &shared.config.span).await;
+            remove_alloc_files(
+                &shared.config.alloc_dir,
+                shared.config.log_writer.clone(),
+                &shared.config.span,
+            )
+            .await;
             shared.destroyed.set();
         });
     }
 
     fn alloc_state(&self) -> AllocState {
         self.shared.state.get()
+    }
+
+    fn client_status(&self) -> ClientStatus {
+        self.shared.state.client_status()
     }
 
     fn is_destroyed(&self) -> bool {
