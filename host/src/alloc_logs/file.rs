@@ -6,17 +6,64 @@ use super::{LOG_FILE_MAX_BYTES, LOG_FILES_KEPT};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// A guest line as its alloc's queue holds it: stamped when the guest logged it, formatted
+/// only by the writer, off the guest's path (and not at all when the queue drops it).
+pub(super) struct QueuedLine {
+    at: std::time::SystemTime,
+    level: tracing::Level,
+    /// The source and then the message, in one allocation.
+    text: String,
+    source_len: usize,
+}
+
+impl QueuedLine {
+    /// Roughly what the line takes in the file, for the queue's byte bound.
+    pub(super) fn len_estimate(source: &str, message: &str) -> usize {
+        32 + source.len() + message.len()
+    }
+
+    /// The line, stamped now.
+    pub(super) fn new(level: tracing::Level, source: &str, message: &str) -> Self {
+        let mut text = String::with_capacity(source.len() + message.len());
+        text.push_str(source);
+        text.push_str(message);
+        QueuedLine {
+            at: std::time::SystemTime::now(),
+            level,
+            text,
+            source_len: source.len(),
+        }
+    }
+
+    /// The line as the file has it (see [`format_line`]).
+    pub(super) fn format(&self) -> String {
+        let (source, message) = self.text.split_at(self.source_len);
+        format_line_at(self.at, self.level, source, message)
+    }
+}
+
+/// One line of the file, stamped now (see [`format_line_at`]).
+#[cfg(test)]
+pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) -> String {
+    format_line_at(std::time::SystemTime::now(), level, source, message)
+}
+
 /// One line of the file: `2026-11-29T20:41:20.816Z  INFO stdout: message\n`. The guest's
 /// source and message have their control characters escaped: one guest line is one file line,
 /// and `alloc logs` never hands a terminal a raw escape.
-pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) -> String {
+fn format_line_at(
+    at: std::time::SystemTime,
+    level: tracing::Level,
+    source: &str,
+    message: &str,
+) -> String {
     use crate::text::escape_controls;
     use crate::timestamp::{Fraction, write_utc};
     use std::fmt::Write;
     let (source, message) = (escape_controls(source), escape_controls(message));
     let mut line = String::with_capacity(32 + source.len() + message.len());
     // Writing into a String cannot fail.
-    let _ = write_utc(&mut line, std::time::SystemTime::now(), Fraction::Millis);
+    let _ = write_utc(&mut line, at, Fraction::Millis);
     let _ = write!(line, " {level:>5} ");
     line.push_str(&source);
     line.push_str(": ");

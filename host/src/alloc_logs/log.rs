@@ -5,7 +5,7 @@
 //! ends when it finds the queue empty, so a quiet or finished alloc holds no task. Each batch
 //! is written on tokio's blocking pool, never on an async worker.
 
-use super::file::{self, LogFile};
+use super::file::{self, LogFile, QueuedLine};
 use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES};
 use crate::locks::LockUnpoisoned;
 use crate::locks::RwLockUnpoisoned;
@@ -32,7 +32,7 @@ pub(super) struct AllocLog {
 }
 
 struct Queue {
-    lines: Vec<String>,
+    lines: Vec<QueuedLine>,
     bytes: usize,
     /// Lines ever queued; [`AllocLog::settle`] waits for `done` to reach it.
     accepted: u64,
@@ -75,22 +75,29 @@ impl AllocLog {
         }
     }
 
-    /// Queues `line`, starting the writer if none runs. False when the queue was full and the
-    /// line dropped. After [`AllocLog::remove`] every line is discarded, and that is no drop.
-    pub(super) fn enqueue(self: &Arc<Self>, line: String) -> bool {
+    /// Queues a line, stamped now, starting the writer if none runs. False when the queue was
+    /// full and the line dropped. After [`AllocLog::remove`] every line is discarded, and that
+    /// is no drop.
+    pub(super) fn enqueue(
+        self: &Arc<Self>,
+        level: tracing::Level,
+        source: &str,
+        message: &str,
+    ) -> bool {
+        let len = QueuedLine::len_estimate(source, message);
         let mut queue = self.queue.lock_unpoisoned();
         if queue.removed {
             return true;
         }
         let full = queue.lines.len() >= QUEUE_MAX_LINES
-            || (!queue.lines.is_empty() && queue.bytes + line.len() > QUEUE_MAX_BYTES);
+            || (!queue.lines.is_empty() && queue.bytes + len > QUEUE_MAX_BYTES);
         if full {
             queue.unreported_drops += 1;
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        queue.bytes += line.len();
-        queue.lines.push(line);
+        queue.bytes += len;
+        queue.lines.push(QueuedLine::new(level, source, message));
         queue.accepted += 1;
         if !queue.draining {
             queue.draining = true;
@@ -140,7 +147,7 @@ impl AllocLog {
 
     /// Takes every queued line, or, when there is none, ends the drain (and reports drops
     /// not yet reported).
-    fn next_batch(&self) -> Option<Vec<String>> {
+    fn next_batch(&self) -> Option<Vec<QueuedLine>> {
         let mut queue = self.queue.lock_unpoisoned();
         if queue.lines.is_empty() {
             queue.draining = false;
@@ -152,10 +159,11 @@ impl AllocLog {
         Some(std::mem::take(&mut queue.lines))
     }
 
-    fn write_batch(&self, lines: &[String]) {
+    fn write_batch(&self, queued: &[QueuedLine]) {
+        let lines: Vec<String> = queued.iter().map(QueuedLine::format).collect();
         let mut files = self.files.write_unpoisoned();
         if !files.removed {
-            files.rotations += files.current.append_batch(lines) as i64;
+            files.rotations += files.current.append_batch(&lines) as i64;
         }
     }
 

@@ -235,8 +235,7 @@ impl AllocLogWriter {
     /// Queues one line for the file, stamped now, and returns at once: never waits on the
     /// disk. A line that finds the queue full is dropped and counted.
     pub fn write(&self, level: tracing::Level, source: &str, message: &str) {
-        let line = file::format_line(level, source, message);
-        if !self.log.enqueue(line) {
+        if !self.log.enqueue(level, source, message) {
             self.owner.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -107,9 +107,10 @@ impl GuestLogSink {
                 Origin::Stream(_) => 0,
             };
         let (admitted, dropped_report) = {
+            let now = Instant::now();
             let mut limiter = self.limiter.lock_unpoisoned();
-            let admitted = limiter.admit(Instant::now(), bytes);
-            (admitted, limiter.take_drop_report(Instant::now(), false))
+            let admitted = limiter.admit(now, bytes);
+            (admitted, limiter.take_drop_report(now, false))
         };
         if let Some(dropped) = dropped_report {
             self.report_dropped(dropped);
