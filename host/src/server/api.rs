@@ -4,18 +4,15 @@
 //!
 //! Invariants, for the reasons given:
 //! - An update is acknowledged only once saved, and a failed save is
-//!   [`ServerError::Unavailable`], so the client keeps the update and sends it again.
-//! - A terminal alloc never turns non-terminal: no client runs a finished alloc again, so
-//!   such a report is a stale one delivered late (a restarted node's request still in
-//!   flight is one way; the nodesim test once waited in vain for its last `complete` under
-//!   load, which this would explain).
+//!   [`ServerError::Unavailable`], so the client keeps the update and sends it again
+//!   (`intake` takes updates in groups, one save each; `apply`'s `take_updates` says what
+//!   an update does).
 
 use super::{EmbeddedServer, MAX_NODES};
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use crate::structs::Alloc;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 #[async_trait::async_trait]
 impl ServerApi for EmbeddedServer {
@@ -85,48 +82,7 @@ impl ServerApi for EmbeddedServer {
     }
 
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
-        let restart_limit = self.config.restart_limit;
-        let now_unix_ms = crate::timestamp::unix_ms_now();
-        let mut reporting_nodes = std::collections::BTreeSet::new();
-        let (accepted, saved) = self.change(|state, index| {
-            let mut accepted = Vec::new();
-            for update in updates {
-                let Some(record) = state.alloc_mut(&update.alloc_id) else {
-                    continue;
-                };
-                if let Some(node) = &record.node_id {
-                    reporting_nodes.insert(node.clone());
-                }
-                // A terminal alloc stays terminal. A lost one until its node, back, reports
-                // how it ended; a finished one for good: its client never runs it again
-                // (restore keeps it finished), so a later non-terminal report is a stale one,
-                // delivered late (a restarted node's request still in flight), and taking it
-                // would bring the alloc back to life on the server alone.
-                let terminal = record
-                    .client_state
-                    .as_ref()
-                    .is_some_and(|s| s.client_status.is_terminal());
-                if terminal && !update.state.client_status.is_terminal() {
-                    accepted.push(update.alloc_id.clone());
-                    continue;
-                }
-                if update.state.client_status.is_terminal() && record.terminal_since.is_none() {
-                    record.terminal_since = Some(Instant::now());
-                }
-                record.client_state = Some(update.state.clone());
-                accepted.push(update.alloc_id.clone());
-                state.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
-            }
-            accepted
-        });
-        // Not acknowledged unless on disk: the client keeps them and sends them again.
-        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))?;
-        self.metrics.updates_taken(accepted.len());
-        // A node busy starting its allocs may be a while between two watches; its reports
-        // show it is there all the same.
-        for node in &reporting_nodes {
-            self.liveness.seen(node);
-        }
-        Ok(accepted)
+        // Taken in a group with the reports that wait beside it: one save for them all.
+        self.take_report(updates).await
     }
 }

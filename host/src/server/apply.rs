@@ -8,7 +8,9 @@ use super::reconcile::{self, JobPlan, Plan, Replacement};
 use super::records::{AllocRecord, JobRecord};
 use super::{Registration, State, gc, placement};
 use crate::jobspec::JobSpec;
+use crate::rpc::AllocUpdate;
 use crate::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, Reschedule};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -153,6 +155,49 @@ impl State {
                 });
             }
         }
+    }
+
+    /// Takes one node's reports into the allocs' records; returns the ids accepted (every
+    /// alloc the server knows) and adds the nodes they are on to `reporting_nodes`. A failed
+    /// alloc is replaced as its job says.
+    ///
+    /// A terminal alloc stays terminal. A lost one until its node, back, reports how it
+    /// ended; a finished one for good: its client never runs it again (restore keeps it
+    /// finished), so a later non-terminal report is a stale one, delivered late (a restarted
+    /// node's request still in flight), and taking it would bring the alloc back to life on
+    /// the server alone.
+    pub(super) fn take_updates(
+        &mut self,
+        updates: &[AllocUpdate],
+        index: u64,
+        restart_limit: u32,
+        now_unix_ms: u64,
+        reporting_nodes: &mut BTreeSet<String>,
+    ) -> Vec<String> {
+        let mut accepted = Vec::new();
+        for update in updates {
+            let Some(record) = self.alloc_mut(&update.alloc_id) else {
+                continue;
+            };
+            if let Some(node) = &record.node_id {
+                reporting_nodes.insert(node.clone());
+            }
+            let terminal = record
+                .client_state
+                .as_ref()
+                .is_some_and(|s| s.client_status.is_terminal());
+            if terminal && !update.state.client_status.is_terminal() {
+                accepted.push(update.alloc_id.clone());
+                continue;
+            }
+            if update.state.client_status.is_terminal() && record.terminal_since.is_none() {
+                record.terminal_since = Some(Instant::now());
+            }
+            record.client_state = Some(update.state.clone());
+            accepted.push(update.alloc_id.clone());
+            self.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
+        }
+        accepted
     }
 
     /// Replaces a failed alloc that failed at `now_unix_ms`, as its job's reschedule policy

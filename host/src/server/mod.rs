@@ -10,7 +10,8 @@
 //!   replace or forget. Each keeps its own rules, listed at its top; a distributed scheduler
 //!   calls the same functions.
 //! - `persist`: reading the state back at open, and saving what each change touched.
-//! - `api`: the [`crate::rpc::ServerApi`] impl, the clients' side of the server.
+//! - `api`: the [`crate::rpc::ServerApi`] impl, the clients' side of the server; `intake`
+//!   takes the nodes' reports in groups, one save per group.
 //! - This module: [`EmbeddedServer`], its lock, and applying each decision with its effects
 //!   (alloc ids, indexes, saving, waking clients).
 //!
@@ -27,6 +28,7 @@
 mod api;
 mod apply;
 pub mod gc;
+mod intake;
 mod liveness;
 mod metrics;
 mod node_watch;
@@ -133,6 +135,7 @@ pub struct EmbeddedServer {
     db: Arc<dyn StateDb>,
     liveness: liveness::Liveness,
     metrics: metrics::ServerMetrics,
+    intake: intake::ReportIntake,
 }
 
 impl EmbeddedServer {
@@ -144,6 +147,7 @@ impl EmbeddedServer {
             db: Arc::new(MemoryStateDb::new()),
             liveness: Default::default(),
             metrics: Default::default(),
+            intake: Default::default(),
         })
     }
 
@@ -157,6 +161,7 @@ impl EmbeddedServer {
             db,
             liveness: Default::default(),
             metrics: Default::default(),
+            intake: Default::default(),
         }))
     }
 

@@ -1,0 +1,123 @@
+use super::super::{EmbeddedServer, ServerConfig};
+use crate::jobspec::JobType;
+use crate::rpc::{AllocUpdate, ServerApi, ServerError};
+use crate::server::testkit::spec;
+use crate::state::{MemoryStateDb, SavedAlloc, ServerTable, StateDb, StateError, Write};
+use crate::structs::{AllocState, ClientStatus};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+/// A store whose next save, once armed, waits for the test to release it: a save under way
+/// for as long as the test needs to queue reports behind it.
+struct GatedDb {
+    inner: MemoryStateDb,
+    saves: AtomicU64,
+    hold_next: AtomicBool,
+    entered: Mutex<mpsc::Sender<()>>,
+    release: Mutex<mpsc::Receiver<()>>,
+}
+
+impl StateDb for GatedDb {
+    fn apply(&self, writes: Vec<Write>) -> Result<(), StateError> {
+        if self.hold_next.swap(false, Ordering::SeqCst) {
+            self.entered.lock().unwrap().send(()).unwrap();
+            self.release.lock().unwrap().recv().unwrap();
+        }
+        self.saves.fetch_add(1, Ordering::SeqCst);
+        self.inner.apply(writes)
+    }
+
+    fn client_allocs(&self) -> Result<Vec<SavedAlloc>, StateError> {
+        self.inner.client_allocs()
+    }
+
+    fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.inner.server_records(table)
+    }
+}
+
+fn running(alloc_id: &str) -> AllocUpdate {
+    AllocUpdate {
+        alloc_id: alloc_id.into(),
+        state: AllocState {
+            client_status: ClientStatus::Running,
+            description: String::new(),
+            task_states: vec![],
+        },
+    }
+}
+
+/// A server on `db` with node `n1` running `count` allocs of job `web`; their ids, in order.
+async fn server_with_allocs(
+    db: Arc<dyn StateDb>,
+    count: u32,
+) -> (Arc<EmbeddedServer>, Vec<String>) {
+    let server = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
+    server.register_node("n1").await.unwrap();
+    server
+        .register_job(spec("web", JobType::Service, count))
+        .unwrap();
+    let mut ids: Vec<String> = server.allocs().iter().map(|a| a.alloc.id.clone()).collect();
+    ids.sort();
+    (server, ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_that_arrive_during_a_save_share_the_next_one_and_each_hears_its_own() {
+    let (entered, saving) = mpsc::channel();
+    let (release, released) = mpsc::channel();
+    let db = Arc::new(GatedDb {
+        inner: MemoryStateDb::new(),
+        saves: AtomicU64::new(0),
+        hold_next: AtomicBool::new(false),
+        entered: Mutex::new(entered),
+        release: Mutex::new(released),
+    });
+    let (server, ids) = server_with_allocs(db.clone(), 3).await;
+    let saves_before = db.saves.load(Ordering::SeqCst);
+
+    db.hold_next.store(true, Ordering::SeqCst);
+    let report = |id: &String| {
+        let (server, update) = (server.clone(), running(id));
+        tokio::spawn(async move { server.update_allocs(&[update]).await })
+    };
+    let first = report(&ids[0]);
+    saving.recv().unwrap(); // The first report's save has begun, and waits.
+    let (second, third) = (report(&ids[1]), report(&ids[2]));
+    while server.reports_waiting() < 2 {
+        tokio::task::yield_now().await;
+    }
+    release.send(()).unwrap();
+
+    assert_eq!(first.await.unwrap().unwrap(), vec![ids[0].clone()]);
+    assert_eq!(second.await.unwrap().unwrap(), vec![ids[1].clone()]);
+    assert_eq!(third.await.unwrap().unwrap(), vec![ids[2].clone()]);
+    assert_eq!(
+        db.saves.load(Ordering::SeqCst) - saves_before,
+        2,
+        "the first report's save, then one for the two that waited behind it"
+    );
+    for record in server.allocs() {
+        let status = record.client_state.map(|s| s.client_status);
+        assert_eq!(status, Some(ClientStatus::Running), "{}", record.alloc.id);
+    }
+}
+
+#[tokio::test]
+async fn a_report_whose_save_fails_is_not_acknowledged_and_is_taken_when_sent_again() {
+    let db = Arc::new(crate::state::FaultyStateDb::new(Arc::new(
+        MemoryStateDb::new(),
+    )));
+    let (server, ids) = server_with_allocs(db.clone(), 1).await;
+    db.fail_writes(true);
+    let refused = server.update_allocs(&[running(&ids[0])]).await.unwrap_err();
+    assert!(
+        matches!(&refused, ServerError::Unavailable(m) if m.starts_with("cannot save server state")),
+        "{refused:?}"
+    );
+    db.fail_writes(false);
+    assert_eq!(
+        server.update_allocs(&[running(&ids[0])]).await.unwrap(),
+        vec![ids[0].clone()]
+    );
+}
