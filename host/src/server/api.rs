@@ -18,22 +18,10 @@ use std::time::Duration;
 impl ServerApi for EmbeddedServer {
     async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
         self.liveness.seen(node_id);
-        // Registering again (after an error, or a restart) changes nothing: no save.
-        if self.lock().nodes.contains(node_id) {
-            return Ok(());
-        }
-        let (added, saved) = self.change(|state, index| {
-            // Each node costs the server memory and a longer node list to save.
-            if state.nodes.len() >= MAX_NODES {
-                return false;
-            }
-            if state.add_node(node_id) {
-                state.place_unplaced(index);
-            }
-            true
-        });
-        saved.map_err(|e| ServerError::Unavailable(format!("cannot save server state: {e}")))?;
-        if !added {
+        // Taken in a group with the requests that wait beside it: one save for them all (and
+        // none for a node registering again, which changes nothing). Not looked up first:
+        // the server's lock is held while a save runs, and a node must be able to queue then.
+        if !self.take_registration(node_id).await? {
             return Err(ServerError::Refused(format!(
                 "the server has {MAX_NODES} nodes registered, its most; node {node_id:?} is refused"
             )));

@@ -1,60 +1,96 @@
-//! The nodes' reports, taken in groups: calls of `update_allocs` that arrive while a save is
-//! under way wait, and the next of them to run takes every report waiting in one change of
-//! the server's state and one save (group commit). A save is a disk sync; one per report made
-//! the server's save rate, not its CPU, the limit on how many updates it took per second
-//! (1,400/s with 5,000 simulated nodes).
+//! What nodes send, taken in groups: registrations and reports (`update_allocs`) that
+//! arrive while a save is under way wait, and the next of their callers to run takes every
+//! one waiting in one change of the server's state and one save (group commit). A save is a
+//! disk sync; one per request made the server's sync rate, not its CPU, the limit on how
+//! fast nodes joined and how many updates it took a second (1,400 a second with 5,000
+//! simulated nodes, and 5 to 30 s for them to register, as the disk allowed).
 //!
 //! Invariants, for the reasons given:
-//! - A report is answered only after the save that holds it, with what that save accepted,
-//!   or with the save's error, so a client still never forgets an update a restart would undo.
-//! - Reports are taken in the order their calls queued them: two reports of one alloc keep
+//! - A request is answered only after the save that holds it, with what that save made of
+//!   it, or with the save's error, so a client still never forgets an update a restart would
+//!   undo, nor believes itself registered when it is not.
+//! - Requests are taken in the order their calls queued them: two reports of one alloc keep
 //!   their order.
 //! - Whoever leads a group takes it whole and then steps aside: no caller serves others for
 //!   longer than one save (leadership is a fair lock, so callers lead in the order they came).
-//! - A caller that goes away (its HTTP request dropped) leaves its report queued: it is
-//!   taken all the same, and the client, not having heard, sends it again (taking a report
+//! - A caller that goes away (its HTTP request dropped) leaves its request queued: it is
+//!   taken all the same, and the client, not having heard, sends it again (taking either
 //!   twice changes nothing).
 //!
-//! This module only groups; what an update does to an alloc is `api`'s `take_updates`.
+//! This module only groups; what an update does to an alloc is `apply`'s `take_updates`.
 
-use super::EmbeddedServer;
+use super::{EmbeddedServer, MAX_NODES, State};
 use crate::locks::LockUnpoisoned;
 use crate::rpc::{AllocUpdate, ServerError};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use tokio::sync::oneshot;
 
-type Answer = Result<Vec<String>, ServerError>;
-
-/// One caller's report, waiting for a group.
-struct Waiting {
-    updates: Vec<AllocUpdate>,
-    answer: oneshot::Sender<Answer>,
+/// One caller's request, waiting for a group, with where its answer goes.
+enum Request {
+    Register {
+        node_id: String,
+        answer: oneshot::Sender<Result<bool, ServerError>>,
+    },
+    Report {
+        updates: Vec<AllocUpdate>,
+        answer: oneshot::Sender<Result<Vec<String>, ServerError>>,
+    },
 }
 
-/// Reports waiting, and who may take them.
+/// What the group's change made of one request.
+enum Outcome {
+    Registered(bool),
+    Accepted(Vec<String>),
+}
+
+/// Requests waiting, and who may take them.
 #[derive(Default)]
-pub(super) struct ReportIntake {
-    waiting: Mutex<Vec<Waiting>>,
+pub(super) struct Intake {
+    waiting: Mutex<Vec<Request>>,
     /// Held by the caller taking a group; tokio's mutex is fair, so the callers waiting for
     /// it lead in turn.
     leader: tokio::sync::Mutex<()>,
 }
 
 impl EmbeddedServer {
+    /// Registers a node not yet known, with whatever others wait beside it; `false` when the
+    /// server has its most nodes already.
+    pub(super) async fn take_registration(&self, node_id: &str) -> Result<bool, ServerError> {
+        let (answer, answered) = oneshot::channel();
+        let request = Request::Register {
+            node_id: node_id.to_string(),
+            answer,
+        };
+        self.submit(request, answered).await
+    }
+
     /// Takes a node's report with whatever others wait beside it; see the module docs.
-    pub(super) async fn take_report(&self, updates: &[AllocUpdate]) -> Answer {
-        let (answer, mut answered) = oneshot::channel();
-        self.intake.waiting.lock_unpoisoned().push(Waiting {
+    pub(super) async fn take_report(
+        &self,
+        updates: &[AllocUpdate],
+    ) -> Result<Vec<String>, ServerError> {
+        let (answer, answered) = oneshot::channel();
+        let request = Request::Report {
             updates: updates.to_vec(),
             answer,
-        });
+        };
+        self.submit(request, answered).await
+    }
+
+    /// Queues `request`, then waits for its answer, leading a group when its turn comes.
+    async fn submit<T>(
+        &self,
+        request: Request,
+        mut answered: oneshot::Receiver<Result<T, ServerError>>,
+    ) -> Result<T, ServerError> {
+        self.intake.waiting.lock_unpoisoned().push(request);
         loop {
             tokio::select! {
                 biased;
                 answer = &mut answered => {
                     return answer.unwrap_or_else(|_| {
-                        Err(ServerError::Unavailable("the server dropped the report".into()))
+                        Err(ServerError::Unavailable("the server dropped the request".into()))
                     });
                 }
                 _leading = self.intake.leader.lock() => {
@@ -67,55 +103,86 @@ impl EmbeddedServer {
         }
     }
 
-    /// Reports queued and not yet taken.
+    /// Requests queued and not yet taken.
     #[cfg(test)]
-    pub(super) fn reports_waiting(&self) -> usize {
+    pub(super) fn requests_waiting(&self) -> usize {
         self.intake.waiting.lock_unpoisoned().len()
     }
 
-    /// One change and one save for every report in `group`; each caller hears its own part.
-    fn take_group(&self, group: Vec<Waiting>) {
+    /// One change and one save for every request in `group`; each caller hears its own part.
+    fn take_group(&self, group: Vec<Request>) {
         let restart_limit = self.config.restart_limit;
         let now_unix_ms = crate::timestamp::unix_ms_now();
         let mut reporting_nodes = BTreeSet::new();
-        let (accepted, saved) = self.change(|state, index| {
-            group
+        let (outcomes, saved) = self.change(|state, index| {
+            let mut joined = false;
+            let outcomes: Vec<Outcome> = group
                 .iter()
-                .map(|waiting| {
-                    state.take_updates(
-                        &waiting.updates,
+                .map(|request| match request {
+                    Request::Register { node_id, .. } => {
+                        let known = state.nodes.contains(node_id);
+                        let registered = known || register(state, node_id);
+                        joined |= registered && !known;
+                        Outcome::Registered(registered)
+                    }
+                    Request::Report { updates, .. } => Outcome::Accepted(state.take_updates(
+                        updates,
                         index,
                         restart_limit,
                         now_unix_ms,
                         &mut reporting_nodes,
-                    )
+                    )),
                 })
-                .collect::<Vec<_>>()
+                .collect();
+            // Once for the group: the allocs waiting for a node spread over all that joined.
+            if joined {
+                state.place_unplaced(index);
+            }
+            outcomes
         });
-        match saved {
-            Ok(()) => {
-                self.metrics
-                    .updates_taken(accepted.iter().map(Vec::len).sum());
-                // A node busy starting its allocs may be a while between two watches; its
-                // reports show it is there all the same.
-                for node in &reporting_nodes {
-                    self.liveness.seen(node);
-                }
-                for (waiting, accepted) in group.into_iter().zip(accepted) {
-                    let _ = waiting.answer.send(Ok(accepted));
+        if let Err(error) = saved {
+            // Not acknowledged unless on disk: the clients keep them and send them again.
+            let error = format!("cannot save server state: {error}");
+            for request in group {
+                let unavailable = ServerError::Unavailable(error.clone());
+                match request {
+                    Request::Register { answer, .. } => drop(answer.send(Err(unavailable))),
+                    Request::Report { answer, .. } => drop(answer.send(Err(unavailable))),
                 }
             }
-            // Not acknowledged unless on disk: the clients keep them and send them again.
-            Err(error) => {
-                let error = format!("cannot save server state: {error}");
-                for waiting in group {
-                    let _ = waiting
-                        .answer
-                        .send(Err(ServerError::Unavailable(error.clone())));
+            return;
+        }
+        let mut updates_taken = 0;
+        for (request, outcome) in group.into_iter().zip(outcomes) {
+            match (request, outcome) {
+                (Request::Register { answer, .. }, Outcome::Registered(registered)) => {
+                    let _ = answer.send(Ok(registered));
                 }
+                (Request::Report { answer, .. }, Outcome::Accepted(accepted)) => {
+                    updates_taken += accepted.len();
+                    let _ = answer.send(Ok(accepted));
+                }
+                // Outcomes are made from the requests in order, one each.
+                _ => unreachable!("an outcome of another kind than its request"),
             }
         }
+        self.metrics.updates_taken(updates_taken);
+        // A node busy starting its allocs may be a while between two watches; its reports
+        // show it is there all the same.
+        for node in &reporting_nodes {
+            self.liveness.seen(node);
+        }
     }
+}
+
+/// Adds a node not yet known to the nodes allocs are placed on, unless the server has its
+/// most nodes (each costs the server memory and a longer node list to save). True when added.
+fn register(state: &mut State, node_id: &str) -> bool {
+    if state.nodes.len() >= MAX_NODES {
+        return false;
+    }
+    state.add_node(node_id);
+    true
 }
 
 #[cfg(test)]

@@ -135,7 +135,7 @@ pub struct EmbeddedServer {
     db: Arc<dyn StateDb>,
     liveness: liveness::Liveness,
     metrics: metrics::ServerMetrics,
-    intake: intake::ReportIntake,
+    intake: intake::Intake,
 }
 
 impl EmbeddedServer {
@@ -191,7 +191,13 @@ impl EmbeddedServer {
         let index = state.index;
         let result = change(&mut state, index);
         let writes = state.dirty_writes();
-        let saved = blocking(|| self.db.apply(writes));
+        // A change that touched nothing saved (a node registering again, a stale report)
+        // costs no disk sync.
+        let saved = if writes.is_empty() {
+            Ok(())
+        } else {
+            blocking(|| self.db.apply(writes))
+        };
         match &saved {
             Ok(()) => {
                 state.saved_index = index;

@@ -36,6 +36,41 @@ impl StateDb for GatedDb {
     }
 }
 
+impl GatedDb {
+    /// A gated store, the receiver told when a held save begins, and the sender that lets it
+    /// go on.
+    fn new() -> (Arc<GatedDb>, mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (entered, saving) = mpsc::channel();
+        let (release, released) = mpsc::channel();
+        let db = Arc::new(GatedDb {
+            inner: MemoryStateDb::new(),
+            saves: AtomicU64::new(0),
+            hold_next: AtomicBool::new(false),
+            entered: Mutex::new(entered),
+            release: Mutex::new(released),
+        });
+        (db, saving, release)
+    }
+
+    fn saves(&self) -> u64 {
+        self.saves.load(Ordering::SeqCst)
+    }
+}
+
+/// Waits until `count` requests are queued behind the save under way; fails, rather than
+/// hangs, when they never are (a request that blocks before it queues).
+async fn until_waiting(server: &EmbeddedServer, count: usize) {
+    let since = std::time::Instant::now();
+    while server.requests_waiting() < count {
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(10),
+            "{} of {count} requests queued behind the save",
+            server.requests_waiting()
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 fn running(alloc_id: &str) -> AllocUpdate {
     AllocUpdate {
         alloc_id: alloc_id.into(),
@@ -64,17 +99,9 @@ async fn server_with_allocs(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_that_arrive_during_a_save_share_the_next_one_and_each_hears_its_own() {
-    let (entered, saving) = mpsc::channel();
-    let (release, released) = mpsc::channel();
-    let db = Arc::new(GatedDb {
-        inner: MemoryStateDb::new(),
-        saves: AtomicU64::new(0),
-        hold_next: AtomicBool::new(false),
-        entered: Mutex::new(entered),
-        release: Mutex::new(released),
-    });
+    let (db, saving, release) = GatedDb::new();
     let (server, ids) = server_with_allocs(db.clone(), 3).await;
-    let saves_before = db.saves.load(Ordering::SeqCst);
+    let saves_before = db.saves();
 
     db.hold_next.store(true, Ordering::SeqCst);
     let report = |id: &String| {
@@ -84,16 +111,14 @@ async fn reports_that_arrive_during_a_save_share_the_next_one_and_each_hears_its
     let first = report(&ids[0]);
     saving.recv().unwrap(); // The first report's save has begun, and waits.
     let (second, third) = (report(&ids[1]), report(&ids[2]));
-    while server.reports_waiting() < 2 {
-        tokio::task::yield_now().await;
-    }
+    until_waiting(&server, 2).await;
     release.send(()).unwrap();
 
     assert_eq!(first.await.unwrap().unwrap(), vec![ids[0].clone()]);
     assert_eq!(second.await.unwrap().unwrap(), vec![ids[1].clone()]);
     assert_eq!(third.await.unwrap().unwrap(), vec![ids[2].clone()]);
     assert_eq!(
-        db.saves.load(Ordering::SeqCst) - saves_before,
+        db.saves() - saves_before,
         2,
         "the first report's save, then one for the two that waited behind it"
     );
@@ -120,4 +145,47 @@ async fn a_report_whose_save_fails_is_not_acknowledged_and_is_taken_when_sent_ag
         server.update_allocs(&[running(&ids[0])]).await.unwrap(),
         vec![ids[0].clone()]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_join_during_a_save_join_in_the_next_one_and_share_the_waiting_allocs() {
+    let (db, saving, release) = GatedDb::new();
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    server
+        .register_job(spec("web", JobType::Service, 4))
+        .unwrap();
+    let waiting_alloc = server.allocs()[0].alloc.id.clone();
+    let saves_before = db.saves();
+
+    // A report of an alloc not yet placed is taken (and saved) all the same.
+    db.hold_next.store(true, Ordering::SeqCst);
+    let holder = {
+        let (server, update) = (server.clone(), running(&waiting_alloc));
+        tokio::spawn(async move { server.update_allocs(&[update]).await })
+    };
+    saving.recv().unwrap();
+    let join = |node: &'static str| {
+        let server = server.clone();
+        tokio::spawn(async move { server.register_node(node).await })
+    };
+    let (first, second) = (join("n1"), join("n2"));
+    until_waiting(&server, 2).await;
+    release.send(()).unwrap();
+
+    assert_eq!(holder.await.unwrap().unwrap(), vec![waiting_alloc]);
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(
+        db.saves() - saves_before,
+        2,
+        "the held save, then one for both nodes"
+    );
+    let on = |node: &str| {
+        let allocs = server.allocs();
+        allocs
+            .iter()
+            .filter(|a| a.node_id.as_deref() == Some(node))
+            .count()
+    };
+    assert_eq!((on("n1"), on("n2")), (2, 2), "placed once both had joined");
 }
