@@ -17,7 +17,8 @@ pub(super) struct QueuedLine {
 }
 
 impl QueuedLine {
-    /// Roughly what the line takes in the file, for the queue's byte bound.
+    /// What the line holds while queued (its text and about the size of its stamp), for the
+    /// queue's byte bound; known before the line is made, so a dropped line costs no copy.
     pub(super) fn len_estimate(source: &str, message: &str) -> usize {
         32 + source.len() + message.len()
     }
