@@ -128,10 +128,14 @@ impl LogFile {
     /// Appends `lines` (each ending in a newline), rotating before any line that would take
     /// the file past [`LOG_FILE_MAX_BYTES`]; one write per file touched. Returns how many
     /// times it rotated.
-    pub(super) fn append_batch(&mut self, lines: &[String]) -> u64 {
+    pub(super) fn append_batch<L: AsRef<str>>(
+        &mut self,
+        lines: impl IntoIterator<Item = L>,
+    ) -> u64 {
         let mut rotations = 0;
         let mut pending = Vec::new();
         for line in lines {
+            let line = line.as_ref();
             // Opened before the size check, so a file left by an earlier run counts.
             if self.failed || !self.open() {
                 break;
@@ -267,8 +271,8 @@ mod tests {
         let path = dir.path().join("a.log");
         std::fs::write(&path, "x".repeat(LOG_FILE_MAX_BYTES as usize - 10)).unwrap();
         let mut file = LogFile::new(path.clone());
-        assert_eq!(file.append_batch(&["short\n".into()]), 0);
-        assert_eq!(file.append_batch(&["longer than ten\n".into()]), 1);
+        assert_eq!(file.append_batch(["short\n"]), 0);
+        assert_eq!(file.append_batch(["longer than ten\n"]), 1);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "longer than ten\n");
     }
 }

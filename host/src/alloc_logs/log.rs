@@ -160,10 +160,13 @@ impl AllocLog {
     }
 
     fn write_batch(&self, queued: &[QueuedLine]) {
-        let lines: Vec<String> = queued.iter().map(QueuedLine::format).collect();
         let mut files = self.files.write_unpoisoned();
         if !files.removed {
-            files.rotations += files.current.append_batch(&lines) as i64;
+            // Formatted one at a time into the file's buffer: a batch is never held twice.
+            files.rotations += files
+                .current
+                .append_batch(queued.iter().map(QueuedLine::format))
+                as i64;
         }
     }
 

@@ -21,8 +21,12 @@
 //! - Forced collection ignores thresholds but not the destroy limit, and refuses an alloc
 //!   that is not terminal.
 //!
+//! - A destroy, once claimed, runs to its end on a task of its own: a caller that goes away
+//!   (an operator's HTTP request dropped) must not leave it half done, its claim held and
+//!   its alloc counted live for good.
+//!
 //! The GC may use the seam ([`AllocRunner`]) and its own stats source; it knows nothing of
-//! the server or of the alloc map beyond the live count it is given.
+//! the server, nor of the alloc map beyond the runners the client tells it of.
 
 use super::metrics::Metrics;
 use crate::allocrunner::AllocRunner;
@@ -516,10 +520,18 @@ impl GarbageCollector {
     }
 
     /// Destroys one alloc under the destroy limit, waiting for a slot; does nothing when it
-    /// is already destroyed or being destroyed.
-    pub async fn destroy(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>, reason: GcReason) {
+    /// is already destroyed or being destroyed. The destroy goes on if the caller goes away.
+    pub async fn destroy(
+        self: &Arc<Self>,
+        alloc_id: &str,
+        runner: Arc<dyn AllocRunner>,
+        reason: GcReason,
+    ) {
         if self.claim(alloc_id, &runner) {
-            self.destroy_claimed(alloc_id, runner, reason).await;
+            let (gc, alloc_id) = (self.clone(), alloc_id.to_string());
+            let _ =
+                tokio::spawn(async move { gc.destroy_claimed(&alloc_id, runner, reason).await })
+                    .await;
         }
     }
 
@@ -552,14 +564,14 @@ impl GarbageCollector {
 
     /// Forced collection of one alloc the caller found terminal (see the client's `collect`):
     /// unqueued if marked, destroyed under the destroy limit whatever the thresholds.
-    pub async fn collect(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
+    pub async fn collect(self: &Arc<Self>, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
         self.lock().runners.remove(alloc_id);
         self.destroy(alloc_id, runner, GcReason::Forced).await;
     }
 
     /// Collects an alloc the server dropped, as [`GarbageCollector::collect`] does; a
     /// running alloc is killed by its destroy before it is freed.
-    pub async fn collect_removed(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
+    pub async fn collect_removed(self: &Arc<Self>, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
         self.forget(alloc_id);
         self.destroy(alloc_id, runner, GcReason::ServerRemoved)
             .await;

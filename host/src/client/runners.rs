@@ -50,6 +50,12 @@ impl ClientInner {
             if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 return;
             }
+            if runners.contains_key(alloc_id) {
+                // Two answers applied at once may both add an alloc: the first runner stays,
+                // and this one, never started, is let go (a second would run the alloc twice).
+                tracing::debug!(alloc_id, "the alloc has a runner already");
+                return;
+            }
             runners.insert(alloc_id.to_string(), runner.clone());
             self.gc.runner_added();
         }

@@ -107,8 +107,9 @@ impl GuestLogSink {
                 Origin::Stream(_) => 0,
             };
         let (admitted, dropped_report) = {
-            let now = Instant::now();
             let mut limiter = self.limiter.lock_unpoisoned();
+            // Read under the lock, so that no report takes an older time than the last one.
+            let now = Instant::now();
             let admitted = limiter.admit(now, bytes);
             (admitted, limiter.take_drop_report(now, false))
         };

@@ -503,16 +503,19 @@ fn engine_config(pooling_slots: Option<u32>) -> Config {
             .total_stacks(slots)
             .max_memories_per_component(memories)
             .max_tables_per_component(tables)
-            .max_core_instances_per_component(core_instances)
-            // A finished alloc's slot is zeroed by rewriting the pages it dirtied, found with
-            // Linux's PAGEMAP_SCAN (6.7 and later; without it, this falls back to wasmtime's
-            // default), rather than by `madvise`: on a busy node, every `madvise` is a TLB
-            // shootdown that interrupts every other core running the agent, and the next alloc
-            // in the slot would fault its pages back in. The caps bound what a slot keeps
-            // resident, and wasmtime keeps at most 100 unused slots warm.
-            .pagemap_scan(Enabled::Auto)
-            .linear_memory_keep_resident(SLOT_MEMORY_KEPT_RESIDENT)
-            .table_keep_resident(SLOT_TABLE_KEPT_RESIDENT);
+            .max_core_instances_per_component(core_instances);
+        // A finished alloc's slot is zeroed by rewriting the pages it dirtied, found with
+        // Linux's PAGEMAP_SCAN (6.7 and later), rather than by `madvise`: on a busy node,
+        // every `madvise` is a TLB shootdown that interrupts every other core running the
+        // agent, and the next alloc in the slot would fault its pages back in. The caps bound
+        // what a slot keeps resident, and wasmtime keeps at most 100 unused slots warm.
+        // Without the ioctl, keeping memory resident would mean zeroing the caps' whole
+        // length at every reset, dirtied or not: wasmtime's default (`madvise`) stays then.
+        if PoolingAllocationConfig::is_pagemap_scan_available() {
+            pool.pagemap_scan(Enabled::Yes)
+                .linear_memory_keep_resident(SLOT_MEMORY_KEPT_RESIDENT)
+                .table_keep_resident(SLOT_TABLE_KEPT_RESIDENT);
+        }
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config

@@ -13,9 +13,13 @@
 //!   their order.
 //! - Whoever leads a group takes it whole and then steps aside: no caller serves others for
 //!   longer than one save (leadership is a fair lock, so callers lead in the order they came).
-//! - A caller that goes away (its HTTP request dropped) leaves its request queued: it is
-//!   taken all the same, and the client, not having heard, sends it again (taking either
-//!   twice changes nothing).
+//! - A request whose caller went away before its group was taken (its HTTP request dropped)
+//!   is not applied: the client, not having heard, sends it again, and a registration
+//!   applied late could bring back a node taken down meanwhile.
+//! - A group holds at most [`MAX_GROUP`] requests, so that one save, and the server's lock
+//!   held through it, stays bounded; the rest lead the next group.
+//! - A node already registered is answered at once, even while saves fail: registering
+//!   again changes nothing, and a node that cannot register cannot watch.
 //!
 //! This module only groups; what an update does to an alloc is `apply`'s `take_updates`.
 
@@ -38,10 +42,27 @@ enum Request {
     },
 }
 
+/// The most requests taken in one group.
+const MAX_GROUP: usize = 1024;
+
 /// What the group's change made of one request.
 enum Outcome {
+    /// The node was registered before this group: nothing to save for it.
+    Known,
+    /// Registered now (true), or refused: the server has its most nodes (false).
     Registered(bool),
     Accepted(Vec<String>),
+    /// The caller went away before the group was taken: not applied.
+    Abandoned,
+}
+
+impl Request {
+    fn abandoned(&self) -> bool {
+        match self {
+            Request::Register { answer, .. } => answer.is_closed(),
+            Request::Report { answer, .. } => answer.is_closed(),
+        }
+    }
 }
 
 /// Requests waiting, and who may take them.
@@ -94,7 +115,11 @@ impl EmbeddedServer {
                     });
                 }
                 _leading = self.intake.leader.lock() => {
-                    let group = std::mem::take(&mut *self.intake.waiting.lock_unpoisoned());
+                    let group: Vec<Request> = {
+                        let mut waiting = self.intake.waiting.lock_unpoisoned();
+                        let taken = waiting.len().min(MAX_GROUP);
+                        waiting.drain(..taken).collect()
+                    };
                     if !group.is_empty() {
                         self.take_group(group);
                     }
@@ -119,10 +144,13 @@ impl EmbeddedServer {
             let outcomes: Vec<Outcome> = group
                 .iter()
                 .map(|request| match request {
+                    _ if request.abandoned() => Outcome::Abandoned,
+                    Request::Register { node_id, .. } if state.nodes.contains(node_id) => {
+                        Outcome::Known
+                    }
                     Request::Register { node_id, .. } => {
-                        let known = state.nodes.contains(node_id);
-                        let registered = known || register(state, node_id);
-                        joined |= registered && !known;
+                        let registered = register(state, node_id);
+                        joined |= registered;
                         Outcome::Registered(registered)
                     }
                     Request::Report { updates, .. } => Outcome::Accepted(state.take_updates(
@@ -140,31 +168,38 @@ impl EmbeddedServer {
             }
             outcomes
         });
-        if let Err(error) = saved {
-            // Not acknowledged unless on disk: the clients keep them and send them again.
-            let error = format!("cannot save server state: {error}");
-            for request in group {
-                let unavailable = ServerError::Unavailable(error.clone());
-                match request {
-                    Request::Register { answer, .. } => drop(answer.send(Err(unavailable))),
-                    Request::Report { answer, .. } => drop(answer.send(Err(unavailable))),
-                }
-            }
-            return;
-        }
+        // Not acknowledged unless on disk: the clients keep them and send them again.
+        let unsaved = saved
+            .err()
+            .map(|error| ServerError::Unavailable(format!("cannot save server state: {error}")));
         let mut updates_taken = 0;
         for (request, outcome) in group.into_iter().zip(outcomes) {
-            match (request, outcome) {
-                (Request::Register { answer, .. }, Outcome::Registered(registered)) => {
+            match (request, outcome, &unsaved) {
+                (_, Outcome::Abandoned, _) => {}
+                (Request::Register { answer, .. }, Outcome::Known, _) => {
+                    let _ = answer.send(Ok(true));
+                }
+                (Request::Register { answer, .. }, _, Some(error)) => {
+                    let _ = answer.send(Err(error.clone()));
+                }
+                (Request::Report { answer, .. }, _, Some(error)) => {
+                    let _ = answer.send(Err(error.clone()));
+                }
+                (Request::Register { answer, .. }, Outcome::Registered(registered), None) => {
                     let _ = answer.send(Ok(registered));
                 }
-                (Request::Report { answer, .. }, Outcome::Accepted(accepted)) => {
+                (Request::Report { answer, .. }, Outcome::Accepted(accepted), None) => {
                     updates_taken += accepted.len();
                     let _ = answer.send(Ok(accepted));
                 }
-                // Outcomes are made from the requests in order, one each.
-                _ => unreachable!("an outcome of another kind than its request"),
+                // Outcomes are made from the requests in order, one each, of their kind.
+                (Request::Register { .. } | Request::Report { .. }, _, None) => {
+                    unreachable!("an outcome of another kind than its request")
+                }
             }
+        }
+        if unsaved.is_some() {
+            return;
         }
         self.metrics.updates_taken(updates_taken);
         // A node busy starting its allocs may be a while between two watches; its reports

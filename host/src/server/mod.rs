@@ -190,14 +190,13 @@ impl EmbeddedServer {
         state.index += 1;
         let index = state.index;
         let result = change(&mut state, index);
+        if !state.has_unsaved_changes() {
+            // Nothing changed (a node registering again): no index spent, no disk sync.
+            state.index -= 1;
+            return (result, Ok(()));
+        }
         let writes = state.dirty_writes();
-        // A change that touched nothing saved (a node registering again, a stale report)
-        // costs no disk sync.
-        let saved = if writes.is_empty() {
-            Ok(())
-        } else {
-            blocking(|| self.db.apply(writes))
-        };
+        let saved = blocking(|| self.db.apply(writes));
         match &saved {
             Ok(()) => {
                 state.saved_index = index;

@@ -160,6 +160,12 @@ impl State {
         writes
     }
 
+    /// Whether anything is waiting to be saved: a change that leaves nothing dirty (a node
+    /// registering again) needs no save.
+    pub(super) fn has_unsaved_changes(&self) -> bool {
+        !self.dirty_jobs.is_empty() || !self.dirty_allocs.is_empty() || self.dirty_nodes
+    }
+
     /// Clears the dirty marks once their writes are committed.
     pub(super) fn mark_saved(&mut self) {
         self.dirty_jobs.clear();

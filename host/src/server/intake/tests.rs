@@ -189,3 +189,63 @@ async fn nodes_that_join_during_a_save_join_in_the_next_one_and_share_the_waitin
     };
     assert_eq!((on("n1"), on("n2")), (2, 2), "placed once both had joined");
 }
+
+#[tokio::test]
+async fn a_node_registering_again_costs_no_save_and_is_answered_while_saves_fail() {
+    let db = Arc::new(crate::state::FaultyStateDb::new(Arc::new(
+        MemoryStateDb::new(),
+    )));
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    server.register_node("n1").await.unwrap();
+    db.fail_writes(true);
+    server.register_node("n1").await.unwrap();
+    assert_eq!(db.failed_writes(), 0, "nothing to save for a known node");
+
+    let refused = server.register_node("n2").await.unwrap_err();
+    assert!(
+        matches!(refused, ServerError::Unavailable(_)),
+        "{refused:?}"
+    );
+    // n2's change waits to be saved, so the next group saves (and fails) again; n1 is still
+    // a node, and is told so: a node that cannot register cannot watch.
+    server.register_node("n1").await.unwrap();
+    assert_eq!(db.failed_writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_whose_caller_went_away_before_its_group_is_not_applied() {
+    let (db, saving, release) = GatedDb::new();
+    let (server, ids) = server_with_allocs(db.clone(), 3).await;
+    db.hold_next.store(true, Ordering::SeqCst);
+    let report = |id: &String| {
+        let (server, update) = (server.clone(), running(id));
+        tokio::spawn(async move { server.update_allocs(&[update]).await })
+    };
+    let first = report(&ids[0]);
+    saving.recv().unwrap();
+    let gone = report(&ids[1]);
+    until_waiting(&server, 1).await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    release.send(()).unwrap();
+    first.await.unwrap().unwrap();
+
+    // The abandoned report is still queued; the next caller's group passes over it.
+    assert_eq!(
+        report(&ids[2]).await.unwrap().unwrap(),
+        vec![ids[2].clone()]
+    );
+    let status = |id: &String| {
+        let allocs = server.allocs();
+        let record = allocs.iter().find(|a| &a.alloc.id == id).unwrap();
+        record.client_state.as_ref().map(|s| s.client_status)
+    };
+    assert_eq!(status(&ids[0]), Some(ClientStatus::Running));
+    assert_eq!(
+        status(&ids[1]),
+        None,
+        "its caller went away before it was taken"
+    );
+    assert_eq!(status(&ids[2]), Some(ClientStatus::Running));
+    assert_eq!(server.requests_waiting(), 0);
+}
