@@ -528,10 +528,12 @@ impl GarbageCollector {
         reason: GcReason,
     ) {
         if self.claim(alloc_id, &runner) {
-            let (gc, alloc_id) = (self.clone(), alloc_id.to_string());
-            let _ =
-                tokio::spawn(async move { gc.destroy_claimed(&alloc_id, runner, reason).await })
-                    .await;
+            let (gc, id) = (self.clone(), alloc_id.to_string());
+            let destroying =
+                tokio::spawn(async move { gc.destroy_claimed(&id, runner, reason).await });
+            if let Err(error) = destroying.await {
+                tracing::error!(alloc_id, error = %error, "destroying the allocation failed");
+            }
         }
     }
 

@@ -6,9 +6,12 @@
 //! simulated nodes, and 5 to 30 s for them to register, as the disk allowed).
 //!
 //! Invariants, for the reasons given:
-//! - A request is answered only after the save that holds it, with what that save made of
-//!   it, or with the save's error, so a client still never forgets an update a restart would
-//!   undo, nor believes itself registered when it is not.
+//! - A report is answered only after the save that holds it, with what that save accepted,
+//!   or with the save's error, so a client never forgets an update a restart would undo. A
+//!   registration likewise, except for a node the server already holds: it is answered yes
+//!   even when its group's save fails, as it was before groups, since registering again
+//!   changes nothing and a node that cannot register cannot watch (a server restarted before
+//!   the node was saved does not hold it, and the node's next watch registers it again).
 //! - Requests are taken in the order their calls queued them: two reports of one alloc keep
 //!   their order.
 //! - Whoever leads a group takes it whole and then steps aside: no caller serves others for
@@ -16,10 +19,9 @@
 //! - A request whose caller went away before its group was taken (its HTTP request dropped)
 //!   is not applied: the client, not having heard, sends it again, and a registration
 //!   applied late could bring back a node taken down meanwhile.
-//! - A group holds at most [`MAX_GROUP`] requests, so that one save, and the server's lock
-//!   held through it, stays bounded; the rest lead the next group.
-//! - A node already registered is answered at once, even while saves fail: registering
-//!   again changes nothing, and a node that cannot register cannot watch.
+//! - A group holds at most [`MAX_GROUP`] requests (each report at most the HTTP API's 512
+//!   updates), so that one save, and the server's lock held through it, stays bounded; the
+//!   rest lead the next group.
 //!
 //! This module only groups; what an update does to an alloc is `apply`'s `take_updates`.
 
