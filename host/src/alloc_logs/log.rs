@@ -76,7 +76,7 @@ impl AllocLog {
     }
 
     /// Queues a line, stamped now, starting the writer if none runs. False when the queue was
-    /// full and the line dropped. After [`AllocLog::remove`] every line is discarded, and that
+    /// full and the line dropped. After [`AllocLog::remove_blocking`] every line is discarded, and that
     /// is no drop.
     pub(super) fn enqueue(
         self: &Arc<Self>,
@@ -193,17 +193,8 @@ impl AllocLog {
         );
     }
 
-    /// Discards queued lines, refuses later ones, and deletes every file, one at a time.
-    pub(super) async fn remove(self: Arc<Self>) {
-        self.discard_queue();
-        let log = self.clone();
-        let removed = tokio::task::spawn_blocking(move || log.remove_files()).await;
-        if let Err(error) = removed {
-            tracing::warn!(alloc_id = %self.alloc_id, error = %error, "cannot remove the alloc's log files");
-        }
-    }
-
-    /// [`AllocLog::remove`] on the calling thread, which may block on the disk.
+    /// Discards queued lines, refuses later ones, and deletes every file, one at a time, on
+    /// the calling thread, which may block on the disk.
     pub(super) fn remove_blocking(&self) {
         self.discard_queue();
         self.remove_files();

@@ -182,7 +182,7 @@ impl AllocLogs {
     /// Deletes `alloc_id`'s files, discarding lines still queued for them and refusing later
     /// ones. Never fails: what cannot be removed is logged at WARN and left.
     pub async fn remove(&self, alloc_id: &str) {
-        self.inner.remove(self.log(alloc_id)).await;
+        self.writer(alloc_id).remove().await;
     }
 
     /// Lines dropped because an alloc's queue was full, over every alloc since the agent
@@ -245,9 +245,13 @@ impl AllocLogWriter {
         self.log.lines_dropped()
     }
 
-    /// Deletes this alloc's files, as [`AllocLogs::remove`] does.
+    /// Deletes this alloc's files, as [`AllocLogs::remove`] does, on the blocking pool.
     pub async fn remove(&self) {
-        self.owner.remove(self.log.clone()).await;
+        let writer = self.clone();
+        let removed = tokio::task::spawn_blocking(move || writer.remove_blocking()).await;
+        if let Err(error) = removed {
+            tracing::warn!(alloc_id = %self.log.alloc_id, error = %error, "cannot remove the alloc's log files");
+        }
     }
 
     /// As [`AllocLogWriter::remove`], on the calling thread: for a caller already on the
@@ -259,12 +263,6 @@ impl AllocLogWriter {
 }
 
 impl Inner {
-    /// Forgets `log` (and only it: a newer log of the same alloc stays) and deletes its files.
-    async fn remove(&self, log: Arc<AllocLog>) {
-        self.forget(&log);
-        log.remove().await;
-    }
-
     /// Unregisters `log`, and only it: a newer log of the same alloc stays.
     fn forget(&self, log: &Arc<AllocLog>) {
         let mut registry = self.allocs.lock_unpoisoned();
