@@ -1,22 +1,34 @@
 //! [`Latch`]: a flag that is set once and can be awaited by any number of waiters.
-//! It knows nothing but tokio's `watch` channel.
+//! It knows nothing but an atomic flag and tokio's `Notify`.
+//!
+//! Every live alloc holds several (stopped, destroyed, a stop asked, a kill sent, an upgrade
+//! asked), so a latch is kept small: a flag and a waiter list, about 64 bytes, where a
+//! `watch` channel took over 300.
 
-use tokio::sync::watch;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::Notify;
+
+#[derive(Debug, Default)]
+struct Flag {
+    set: AtomicBool,
+    waiters: Notify,
+}
 
 /// The setting side of a [`Latch`]. Dropping it without [`LatchTrigger::set`] leaves the
 /// latch unset for ever, so owners set it on every path (see the wasm runner's `finish`).
 #[derive(Debug)]
-pub struct LatchTrigger(watch::Sender<bool>);
+pub struct LatchTrigger(Arc<Flag>);
 
 /// Completes once its [`LatchTrigger`] is set; clones share the same flag.
 #[derive(Debug, Clone)]
-pub struct Latch(watch::Receiver<bool>);
+pub struct Latch(Arc<Flag>);
 
 impl Latch {
     /// A new unset latch and its trigger.
     pub fn new() -> (LatchTrigger, Latch) {
-        let (sender, receiver) = watch::channel(false);
-        (LatchTrigger(sender), Latch(receiver))
+        let flag = Arc::new(Flag::default());
+        (LatchTrigger(flag.clone()), Latch(flag))
     }
 
     /// A latch that is already set.
@@ -28,15 +40,22 @@ impl Latch {
 
     /// True once set.
     pub fn is_set(&self) -> bool {
-        *self.0.borrow()
+        self.0.set.load(Ordering::Acquire)
     }
 
     /// Waits until set. Returns at once if it already is. If the trigger was dropped unset,
-    /// this waits for ever, as the event it stands for never happened.
+    /// this waits for ever, as the event it stands for never happened. Cancel-safe.
     pub async fn wait(&self) {
-        let mut receiver = self.0.clone();
-        if receiver.wait_for(|set| *set).await.is_err() {
-            std::future::pending::<()>().await;
+        loop {
+            let notified = self.0.waiters.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the flag is read: a `set` between the read and the await
+            // still wakes this waiter.
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
         }
     }
 }
@@ -44,18 +63,18 @@ impl Latch {
 impl LatchTrigger {
     /// Sets the latch, waking every waiter. Setting it again changes nothing.
     pub fn set(&self) {
-        self.0.send_replace(true);
+        self.0.set.store(true, Ordering::Release);
+        self.0.waiters.notify_waiters();
     }
 
-    /// True once set: what `self.latch().is_set()` answers, without subscribing a waiter
-    /// (the GC asks every runner, at every pass).
+    /// True once set: what `self.latch().is_set()` answers.
     pub fn is_set(&self) -> bool {
-        *self.0.borrow()
+        self.0.set.load(Ordering::Acquire)
     }
 
     /// A latch that follows this trigger.
     pub fn latch(&self) -> Latch {
-        Latch(self.0.subscribe())
+        Latch(self.0.clone())
     }
 }
 
@@ -77,5 +96,24 @@ mod tests {
         assert!(trigger.latch().is_set());
         assert!(trigger.is_set());
         assert!(Latch::done().is_set());
+    }
+
+    #[tokio::test]
+    async fn a_waiter_already_waiting_is_woken_by_the_set() {
+        let (trigger, latch) = Latch::new();
+        let waiter = tokio::spawn(async move { latch.wait().await });
+        // On this one-thread runtime, yielding lets the waiter run until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        trigger.set();
+        waiter.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_latch_whose_trigger_is_dropped_unset_never_completes() {
+        let (trigger, latch) = Latch::new();
+        drop(trigger);
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(3600), latch.wait());
+        assert!(waited.await.is_err());
     }
 }
