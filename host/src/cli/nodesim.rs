@@ -116,7 +116,8 @@ impl NodesimCommand {
         let mut stop = shutdown.listener();
         let open_files = crate::agent::descriptors::raise_open_files_limit();
         if self.runner == SimRunner::Wasm {
-            // Each live alloc holds its alloc dir and its log file open.
+            // A live alloc may hold its log file open, and its alloc dir when its runner
+            // imports `wasi:filesystem` (the sim runner does not).
             crate::agent::descriptors::warn_if_allocs_can_exhaust(
                 open_files,
                 self.max_live_allocs,

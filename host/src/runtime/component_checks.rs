@@ -1,7 +1,8 @@
 //! What a file must be before it is a runner: a WebAssembly component (not a core module,
 //! not other bytes), checked before compiling, and one exporting `caravan:runner/runner`,
-//! checked once compiled. Each refusal says what the file is instead. Reads only the bytes
-//! and the compiled component it is given.
+//! checked once compiled. Each refusal says what the file is instead. Also what a compiled
+//! runner can reach of the host that its sandbox need not build when it cannot. Reads only
+//! the bytes and the compiled component it is given.
 
 use super::LoadError;
 use super::bindings::RUNNER_EXPORT;
@@ -26,6 +27,17 @@ pub(super) fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), Lo
         ));
     }
     Ok(())
+}
+
+/// Whether `component` imports any `wasi:filesystem` interface. One that does not can name
+/// no directory, so its sandbox is given none to open: each preopened directory holds a host
+/// descriptor for the alloc's whole life, and descriptors, not memory, would cap how many
+/// such allocs a node keeps live.
+pub(super) fn imports_filesystem(engine: &Engine, component: &Component) -> bool {
+    component
+        .component_type()
+        .imports(engine)
+        .any(|(name, _)| name.starts_with("wasi:filesystem/"))
 }
 
 pub(super) fn check_runner_export(

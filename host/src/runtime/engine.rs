@@ -1,49 +1,122 @@
 //! The runtime's one wasmtime `Engine`, as configured: epoch interruption, the pooling
-//! allocator sized so `max_live_allocs` allocs of any runners fit and reset cheaply, the
-//! check of the kernel's map count against that size, and the thread that ticks the epoch.
-//! It decides nothing about components, stores or allocs.
+//! allocator sized so `max_live_allocs` allocs of any runners fit and reset cheaply (or, on
+//! demand, linear memories that reserve no more address space than that many allocs can
+//! share), the check of the kernel's map count against that size, and the thread that ticks
+//! the epoch. It decides nothing about components, stores or allocs.
 
 use super::store_limits::{self, EPOCH_TICK};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-pub(super) fn engine_config(pooling_slots: Option<u32>) -> Config {
+/// Where the engine takes each instance's memories, tables and stack from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Instances {
+    /// A pool reserved up front, one slot per live alloc.
+    Pooled,
+    /// Mapped when an alloc starts and unmapped when it ends.
+    OnDemand,
+}
+
+/// The engine's configuration for `max_live_allocs` live allocs whose instances come from
+/// `instances`.
+pub(super) fn engine_config(max_live_allocs: u32, instances: Instances) -> Config {
     let mut config = Config::new();
     // Every running guest reaches an epoch check at each tick, where it yields to tokio (so
     // no guest pins a worker thread) and is charged CPU time.
     config.epoch_interruption(true);
-    if let Some(slots) = pooling_slots {
-        let mut pool = PoolingAllocationConfig::new();
-        // Each live alloc's share of the pool is the most one instance may hold, so no runner
-        // can take another's slots: `max_live_allocs` allocs of any runners always fit.
-        let memories = store_limits::MAX_MEMORIES_PER_INSTANCE as u32;
-        let tables = store_limits::MAX_TABLES_PER_INSTANCE as u32;
-        let core_instances = store_limits::MAX_CORE_INSTANCES_PER_INSTANCE as u32;
-        pool.total_component_instances(slots)
-            .total_core_instances(slots.saturating_mul(core_instances))
-            .total_memories(slots.saturating_mul(memories))
-            .total_tables(slots.saturating_mul(tables))
-            // Every live alloc waits inside an async call, which holds one fiber stack.
-            .total_stacks(slots)
-            .max_memories_per_component(memories)
-            .max_tables_per_component(tables)
-            .max_core_instances_per_component(core_instances);
-        // A finished alloc's slot is zeroed by rewriting the pages it dirtied, found with
-        // Linux's PAGEMAP_SCAN (6.7 and later), rather than by `madvise`: on a busy node,
-        // every `madvise` is a TLB shootdown that interrupts every other core running the
-        // agent, and the next alloc in the slot would fault its pages back in. The caps bound
-        // what a slot keeps resident, and wasmtime keeps at most 100 unused slots warm.
-        // Without the ioctl, keeping memory resident would mean zeroing the caps' whole
-        // length at every reset, dirtied or not: wasmtime's default (`madvise`) stays then.
-        if PoolingAllocationConfig::is_pagemap_scan_available() {
-            pool.pagemap_scan(Enabled::Yes)
-                .linear_memory_keep_resident(SLOT_MEMORY_KEPT_RESIDENT)
-                .table_keep_resident(SLOT_TABLE_KEPT_RESIDENT);
-        }
-        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    }
+    match instances {
+        Instances::Pooled => config.allocation_strategy(InstanceAllocationStrategy::Pooling(
+            pool_config(max_live_allocs),
+        )),
+        Instances::OnDemand => match on_demand_memory_reservation(max_live_allocs) {
+            Some(reservation) => {
+                tracing::info!(
+                    max_live_allocs,
+                    reservation = %crate::units::format_bytes(reservation),
+                    "each linear memory reserves less than 4 GiB of address space so that \
+                     max_live_allocs fit in it; guest code checks memory bounds explicitly"
+                );
+                config
+                    .memory_reservation(reservation)
+                    .memory_reservation_for_growth(reservation)
+            }
+            None => &mut config,
+        },
+    };
     config
+}
+
+/// The part of a process's address space (128 TiB on Linux x86-64 and aarch64) that live
+/// allocs' linear memories may reserve between them; the rest is the agent's. Measured:
+/// on-demand memories of 4 GiB and their guards fill the whole 128 TiB at about 32,200.
+const ADDRESS_SPACE_FOR_MEMORIES: u64 = 100 << 40;
+/// wasmtime's default reservation for a linear memory on a 64-bit host: with it, and the
+/// default guard regions, compiled code needs no bounds checks.
+const DEFAULT_MEMORY_RESERVATION: u64 = 4 << 30;
+/// wasmtime's default guard regions, before and after each linear memory.
+const MEMORY_GUARDS: u64 = 2 * (32 << 20);
+
+/// What each linear memory reserves of address space when instances are allocated on demand:
+/// `None` (wasmtime's 4 GiB) while `max_live_allocs` allocs, each with the most memories an
+/// instance may have, fit in [`ADDRESS_SPACE_FOR_MEMORIES`] so (up to about 12,600 allocs),
+/// else the largest power of two that fits. At 4 GiB and 64 MiB of guards a memory, about
+/// 32,000 memories exhaust the address space of the process, long before its RAM.
+///
+/// A smaller reservation costs explicit bounds checks in guest code (measured with nodesim's
+/// sim runner: its 1,000 nodes placed 10,000 allocs 1.6x as slowly with 2 GiB reservations),
+/// and a memory that grows past it is moved (copied) into a new reservation of its size plus
+/// as much again. So it is taken only where the live allocs could not otherwise fit.
+fn on_demand_memory_reservation(max_live_allocs: u32) -> Option<u64> {
+    let memories = u64::from(max_live_allocs) * store_limits::MAX_MEMORIES_PER_INSTANCE as u64;
+    let share = ADDRESS_SPACE_FOR_MEMORIES / memories.max(1);
+    let usable = share.saturating_sub(MEMORY_GUARDS);
+    if usable >= DEFAULT_MEMORY_RESERVATION {
+        return None;
+    }
+    // At least one wasm page: a smaller reservation only means every memory is moved once.
+    Some(prev_power_of_two(usable).max(WASM_PAGE))
+}
+
+const WASM_PAGE: u64 = 64 * 1024;
+
+fn prev_power_of_two(n: u64) -> u64 {
+    match n {
+        0 => 0,
+        n => 1 << (63 - n.leading_zeros()),
+    }
+}
+
+/// The pooling allocator for `slots` live allocs.
+fn pool_config(slots: u32) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    // Each live alloc's share of the pool is the most one instance may hold, so no runner
+    // can take another's slots: `max_live_allocs` allocs of any runners always fit.
+    let memories = store_limits::MAX_MEMORIES_PER_INSTANCE as u32;
+    let tables = store_limits::MAX_TABLES_PER_INSTANCE as u32;
+    let core_instances = store_limits::MAX_CORE_INSTANCES_PER_INSTANCE as u32;
+    pool.total_component_instances(slots)
+        .total_core_instances(slots.saturating_mul(core_instances))
+        .total_memories(slots.saturating_mul(memories))
+        .total_tables(slots.saturating_mul(tables))
+        // Every live alloc waits inside an async call, which holds one fiber stack.
+        .total_stacks(slots)
+        .max_memories_per_component(memories)
+        .max_tables_per_component(tables)
+        .max_core_instances_per_component(core_instances);
+    // A finished alloc's slot is zeroed by rewriting the pages it dirtied, found with
+    // Linux's PAGEMAP_SCAN (6.7 and later), rather than by `madvise`: on a busy node,
+    // every `madvise` is a TLB shootdown that interrupts every other core running the
+    // agent, and the next alloc in the slot would fault its pages back in. The caps bound
+    // what a slot keeps resident, and wasmtime keeps at most 100 unused slots warm.
+    // Without the ioctl, keeping memory resident would mean zeroing the caps' whole
+    // length at every reset, dirtied or not: wasmtime's default (`madvise`) stays then.
+    if PoolingAllocationConfig::is_pagemap_scan_available() {
+        pool.pagemap_scan(Enabled::Yes)
+            .linear_memory_keep_resident(SLOT_MEMORY_KEPT_RESIDENT)
+            .table_keep_resident(SLOT_TABLE_KEPT_RESIDENT);
+    }
+    pool
 }
 
 /// The most of a finished alloc's linear memory its pool slot keeps resident (rewritten,
@@ -88,4 +161,19 @@ pub(super) fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> anyho
             }
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memories_reserve_less_address_space_only_when_the_live_allocs_would_not_fit() {
+        assert_eq!(on_demand_memory_reservation(1_000), None);
+        assert_eq!(on_demand_memory_reservation(12_000), None);
+        assert_eq!(on_demand_memory_reservation(13_000), Some(2 << 30));
+        // 100,016 allocs of two memories share 100 TiB: 524 MiB each, 64 MiB of it guards.
+        assert_eq!(on_demand_memory_reservation(100_016), Some(256 << 20));
+        assert_eq!(on_demand_memory_reservation(u32::MAX), Some(WASM_PAGE));
+    }
 }

@@ -11,13 +11,13 @@ use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::token_bucket::TokenBucket;
 use crate::allocrunner::{Latch, StateUpdater};
 use crate::locks::LockUnpoisoned;
+use crate::runtime::event_queue::EventReceiver;
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits, TaskLifecycle, TaskState};
 use crate::text::{cut, cut_in_place};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// Events kept per task (the newest), as Nomad does.
 pub const MAX_EVENTS_PER_TASK: usize = 10;
@@ -261,7 +261,7 @@ pub struct EndingLatches {
 /// The host import of one alloc's store.
 pub struct HostApi {
     alloc: Arc<Alloc>,
-    events: mpsc::UnboundedReceiver<Event>,
+    events: EventReceiver,
     /// Signals and task restarts queued and not yet taken: the runner counts them up to its
     /// bound, this counts them down as the guest takes them.
     queued_task_actions: Arc<AtomicUsize>,
@@ -288,7 +288,7 @@ pub struct HostApi {
 impl HostApi {
     pub fn new(
         alloc: Arc<Alloc>,
-        events: mpsc::UnboundedReceiver<Event>,
+        events: EventReceiver,
         queued_task_actions: Arc<AtomicUsize>,
         state: Arc<StateCell>,
         span: tracing::Span,
@@ -316,7 +316,7 @@ impl HostApi {
 
     /// The event queue, back from a guest whose run ended, for the next one: signals and
     /// restarts it had not taken yet wait there.
-    pub fn into_events(self) -> mpsc::UnboundedReceiver<Event> {
+    pub fn into_events(self) -> EventReceiver {
         self.events
     }
 

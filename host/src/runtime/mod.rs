@@ -8,7 +8,8 @@
 //!
 //! Layout:
 //! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
-//! - `host_api`: the `caravan:runner/host` import.
+//! - `host_api`: the `caravan:runner/host` import; `event_queue`, the events the host sends
+//!   each alloc's runner, waiting there for its `next-event`.
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing; `last_words`,
 //!   what a runner last wrote to stderr or logged at ERROR, for the description of its trap.
 //! - `store_limits`: the memory limiter, instance counts and the epoch tick; `cpu_meter`: the CPU
@@ -40,6 +41,7 @@ pub mod disk_cache;
 mod disk_ledger;
 mod disk_watch;
 mod engine;
+mod event_queue;
 mod host_api;
 mod last_words;
 mod lifecycle;
@@ -59,9 +61,9 @@ pub use wasm_runner::{
 
 use crate::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
-use component_checks::{check_component_header, check_runner_export};
+use component_checks::{check_component_header, check_runner_export, imports_filesystem};
 use cpu_meter::CpuMeter;
-use engine::{engine_config, spawn_epoch_ticker, warn_if_map_count_too_low};
+use engine::{Instances, engine_config, spawn_epoch_ticker, warn_if_map_count_too_low};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -162,6 +164,9 @@ pub struct LoadedComponent {
     pub hash: String,
     /// Whether it was compiled now or read from the on-disk cache.
     pub origin: Origin,
+    /// Whether it imports `wasi:filesystem`: only then does its sandbox open the alloc dir
+    /// and the granted volumes for it.
+    pub imports_filesystem: bool,
     pre: AllocRunnerPre<StoreData>,
 }
 
@@ -238,23 +243,23 @@ impl Runtime {
     /// Builds the engine, starts the epoch ticker and fills the linker.
     pub fn new(config: &RuntimeConfig) -> anyhow::Result<Runtime> {
         let (engine, pooling) = match config.pooling {
-            Pooling::Auto => match Engine::new(&engine_config(Some(config.max_live_allocs))) {
-                Ok(engine) => (engine, true),
-                Err(error) => {
-                    tracing::warn!(
-                        error = %format!("{error:#}"),
-                        "cannot reserve the pooling allocator's address space; allocating instances on demand"
-                    );
-                    (
-                        Engine::new(&engine_config(None)).map_err(anyhow::Error::from)?,
-                        false,
-                    )
+            Pooling::Auto => {
+                match Engine::new(&engine_config(config.max_live_allocs, Instances::Pooled)) {
+                    Ok(engine) => (engine, true),
+                    Err(error) => {
+                        tracing::warn!(
+                            error = %format!("{error:#}"),
+                            "cannot reserve the pooling allocator's address space; allocating instances on demand"
+                        );
+                        let on_demand = engine_config(config.max_live_allocs, Instances::OnDemand);
+                        (Engine::new(&on_demand).map_err(anyhow::Error::from)?, false)
+                    }
                 }
-            },
-            Pooling::Off => (
-                Engine::new(&engine_config(None)).map_err(anyhow::Error::from)?,
-                false,
-            ),
+            }
+            Pooling::Off => {
+                let on_demand = engine_config(config.max_live_allocs, Instances::OnDemand);
+                (Engine::new(&on_demand).map_err(anyhow::Error::from)?, false)
+            }
         };
 
         let mut linker = Linker::<StoreData>::new(&engine);
@@ -474,6 +479,7 @@ impl Runtime {
         let loaded = Arc::new(LoadedComponent {
             hash: hash.clone(),
             origin,
+            imports_filesystem: imports_filesystem(&self.inner.engine, &component),
             pre,
         });
         let mut components = self.inner.components.lock_unpoisoned();

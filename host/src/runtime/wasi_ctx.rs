@@ -2,7 +2,8 @@
 //!
 //! By default that is its alloc directory at `/alloc` (read-write), stdout and stderr into the
 //! agent's log, tokio's clock, and nothing else: no environment, no other directory, no
-//! sockets. The alloc's [`Grants`] add network destinations, read-only volumes and
+//! sockets. A runner that imports no `wasi:filesystem` interface is opened no directory at
+//! all, as it could not reach one. The alloc's [`Grants`] add network destinations, read-only volumes and
 //! environment variables (see [`crate::capabilities`]). This module builds the context only;
 //! it decides nothing about what is granted.
 
@@ -31,27 +32,29 @@ impl wasmtime_wasi::HostMonotonicClock for TokioClock {
     }
 }
 
+/// Whether the sandbox opens its directories (the alloc dir and the granted volumes) for the
+/// guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Directories {
+    /// Opened, each held as a host descriptor while the sandbox lives.
+    Open,
+    /// Not opened: the runner imports no `wasi:filesystem` interface, so no call could reach
+    /// them, and a live alloc of it holds no descriptor for them. Tens of thousands of such
+    /// allocs would otherwise hit the process's open-files limit long before its memory.
+    Unreachable,
+}
+
 /// The context for an alloc whose directory is `alloc_dir`, given `grants`, with its output
 /// going to `sink`. An error names the directory that could not be opened.
 pub(super) fn sandbox_wasi(
     alloc_dir: &Path,
+    directories: Directories,
     grants: &Grants,
     sink: &GuestLogSink,
 ) -> anyhow::Result<WasiCtx> {
     let mut builder = WasiCtxBuilder::new();
-    builder
-        .preopened_dir(alloc_dir, "/alloc", FsPerms::ReadWrite)
-        .map_err(|e| anyhow::anyhow!("cannot open alloc dir {}: {e}", alloc_dir.display()))?;
-    for volume in &grants.volumes {
-        builder
-            .preopened_dir(&volume.host_dir, &volume.guest_path, FsPerms::ReadOnly)
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot open volume {:?} ({}): {e}",
-                    volume.name,
-                    volume.host_dir.display()
-                )
-            })?;
+    if directories == Directories::Open {
+        open_directories(&mut builder, alloc_dir, grants)?;
     }
     builder
         .envs(&grants.env)
@@ -72,6 +75,29 @@ pub(super) fn sandbox_wasi(
         });
     }
     Ok(builder.build())
+}
+
+/// Opens the alloc dir read-write at `/alloc` and each granted volume read-only at its path.
+fn open_directories(
+    builder: &mut WasiCtxBuilder,
+    alloc_dir: &Path,
+    grants: &Grants,
+) -> anyhow::Result<()> {
+    builder
+        .preopened_dir(alloc_dir, "/alloc", FsPerms::ReadWrite)
+        .map_err(|e| anyhow::anyhow!("cannot open alloc dir {}: {e}", alloc_dir.display()))?;
+    for volume in &grants.volumes {
+        builder
+            .preopened_dir(&volume.host_dir, &volume.guest_path, FsPerms::ReadOnly)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open volume {:?} ({}): {e}",
+                    volume.name,
+                    volume.host_dir.display()
+                )
+            })?;
+    }
+    Ok(())
 }
 
 /// Whether a guest may use `addr` for `usage`: talk to a granted destination, or bind the

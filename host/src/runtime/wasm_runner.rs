@@ -20,11 +20,11 @@ use crate::allocrunner::{
 };
 use crate::capabilities::CapabilityPolicy;
 use crate::locks::LockUnpoisoned;
+use crate::runtime::event_queue::{EventReceiver, EventSender, event_queue};
 use crate::structs::{Alloc, AllocState, ClientStatus, LimitCaps, Limits};
 use crate::units::format_duration;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 mod factory;
@@ -63,8 +63,8 @@ struct Shared {
     limits: Limits,
     alloc: Mutex<Arc<Alloc>>,
     state: Arc<StateCell>,
-    events: mpsc::UnboundedSender<Event>,
-    receiver: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
+    events: EventSender,
+    receiver: Mutex<Option<EventReceiver>>,
     lifecycle: Mutex<Lifecycle>,
     /// Signals and task restarts sent and not yet taken by the guest (it decrements).
     queued_task_actions: Arc<AtomicUsize>,
@@ -99,7 +99,7 @@ impl WasmAllocRunner {
         mut config: AllocRunnerConfig,
         admission: Admission,
     ) -> Self {
-        let (events, receiver) = mpsc::unbounded_channel();
+        let (events, receiver) = event_queue();
         let initial = config
             .last_state
             .clone()
@@ -193,7 +193,7 @@ impl Shared {
             let step = lifecycle.ask_kill();
             if step == StopStep::AskGuest {
                 // Sent under the lifecycle lock, so no signal or restart passes it.
-                let _ = self.events.send(Event::Kill);
+                self.events.send(Event::Kill);
                 self.kill_sent.set();
                 self.stop_asked.set();
             }
@@ -247,7 +247,7 @@ impl Shared {
                     self.queued_task_actions
                         .fetch_add(events.len(), Ordering::SeqCst);
                     for event in events {
-                        let _ = self.events.send(event);
+                        self.events.send(event);
                     }
                     return Ok(());
                 }
@@ -268,7 +268,7 @@ impl Shared {
             let mut lifecycle = self.lifecycle();
             let step = lifecycle.ask_shutdown();
             if step == StopStep::AskGuest {
-                let _ = self.events.send(Event::Shutdown);
+                self.events.send(Event::Shutdown);
                 self.stop_asked.set();
             }
             step
@@ -420,7 +420,7 @@ impl AllocRunner for WasmAllocRunner {
             return;
         }
         self.shared.upgrades.track(alloc.clone());
-        let _ = self.shared.events.send(Event::Update(alloc));
+        self.shared.events.send(Event::Update(alloc));
         if stop {
             self.shared.kill();
         }

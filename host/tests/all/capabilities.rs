@@ -6,6 +6,7 @@
 
 use crate::support::*;
 use caravan_host::agent::Agent;
+use caravan_host::allocrunner::AllocRunner;
 use caravan_host::capabilities::{Capabilities, CapabilityPolicy, VolumeMount};
 use caravan_host::runtime::WasmAllocRunnerFactory;
 use caravan_host::structs::{Alloc, ClientStatus, LimitCaps, LimitOverrides};
@@ -61,6 +62,49 @@ async fn by_default_a_runner_reaches_no_socket_no_host_directory_and_no_environm
         "{}",
         volume.description
     );
+}
+
+#[tokio::test]
+async fn only_a_runner_importing_wasi_filesystem_holds_its_alloc_dir_open() {
+    let _logs = LogCapture::start();
+    // The hostile fixture imports `wasi:filesystem`; the sleeper imports nothing of it.
+    let blocking = Alloc {
+        limits: LimitOverrides {
+            kill_timeout: Some(std::time::Duration::from_millis(100)),
+            ..LimitOverrides::default()
+        },
+        ..hostile_attack("block-after-kill", &[])
+    };
+    let with_files = start(blocking, None);
+    let without = start(
+        alloc(
+            caravan_test_artifacts::SLEEPER,
+            &["main"],
+            &[("run_for", "1h")],
+        ),
+        None,
+    );
+    for started in [&with_files, &without] {
+        started
+            .recorder
+            .wait_for_status(ClientStatus::Running)
+            .await;
+        assert!(started.alloc_dir().is_dir(), "the alloc dir is made");
+    }
+    assert_eq!(
+        descriptors_open_on(&with_files.alloc_dir()),
+        1,
+        "a runner that can name a directory has its alloc dir opened for it"
+    );
+    assert_eq!(
+        descriptors_open_on(&without.alloc_dir()),
+        0,
+        "a runner that cannot holds no descriptor for it: descriptors would cap live allocs"
+    );
+    for started in [&with_files, &without] {
+        started.runner.destroy();
+        within("the destroy", started.runner.destroyed().wait()).await;
+    }
 }
 
 #[tokio::test]

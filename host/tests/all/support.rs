@@ -190,6 +190,15 @@ pub fn hostile_attack(attack: &str, settings: &[(&str, &str)]) -> Alloc {
     alloc(caravan_test_artifacts::FIXTURE_HOSTILE, &["main"], &config)
 }
 
+/// How many of this process's file descriptors are open on `path`.
+pub fn descriptors_open_on(path: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("this process's descriptors are listed in /proc/self/fd")
+        .filter_map(Result::ok)
+        .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+        .count()
+}
+
 fn rand_u32() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(1);

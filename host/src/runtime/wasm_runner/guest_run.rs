@@ -6,14 +6,14 @@ use super::Shared;
 use super::restarts::Checkpoint;
 use super::upgrade::Build;
 use crate::allocrunner::Latch;
-use crate::runtime::bindings::{self, Event};
+use crate::runtime::bindings;
 use crate::runtime::disk_ledger::{DiskLedger, DiskQuota, QuotaExceeded};
+use crate::runtime::event_queue::EventReceiver;
 use crate::runtime::outcome::{RunOutcome, describe_failure};
 use crate::runtime::{LoadedComponent, StoreData};
 use crate::structs::Alloc;
 use crate::units::format_duration;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use wasmtime::Store;
 
 /// What one run starts from: the build's component and alloc, the checkpoint, and the latch
@@ -31,15 +31,21 @@ impl Shared {
     /// store was built, the event queue back.
     pub(super) async fn run_guest(
         self: Arc<Self>,
-        events: mpsc::UnboundedReceiver<Event>,
+        events: EventReceiver,
         build: &Build,
         restored: Option<Checkpoint>,
         upgrade_asked: Latch,
-    ) -> (RunOutcome, Option<mpsc::UnboundedReceiver<Event>>) {
+    ) -> (RunOutcome, Option<EventReceiver>) {
         let alloc = &build.alloc;
         let (disk, over_quota) =
             DiskLedger::new(self.config.alloc_dir.clone(), DiskQuota::of(&self.limits));
-        let made = self.new_store(alloc, events, disk.clone(), upgrade_asked.clone());
+        let made = self.new_store(
+            &build.component,
+            alloc,
+            events,
+            disk.clone(),
+            upgrade_asked.clone(),
+        );
         let (mut store, dir_made_now) = match made {
             Ok(made) => made,
             Err(error) => {

@@ -12,14 +12,13 @@ use super::upgrade::{Build, Upgrading};
 use crate::allocrunner::{CheckpointSaved, StateUpdater};
 use crate::locks::LockUnpoisoned;
 use crate::restart::{RestartDecision, RestartPolicy, RestartTracker};
-use crate::runtime::bindings::Event;
+use crate::runtime::event_queue::EventReceiver;
 use crate::runtime::outcome::RunOutcome;
 use crate::structs::AllocState;
 use crate::units::format_duration;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// One alloc's restarts and its last checkpoint.
 pub(super) struct Restarts {
@@ -119,10 +118,7 @@ impl Shared {
     /// Runs the guest, again after each crash its restart policy allows, and each build an
     /// upgrade brings in its place, until a run ends for good; returns how the last one
     /// ended.
-    pub(super) async fn run_until_done(
-        self: Arc<Self>,
-        events: mpsc::UnboundedReceiver<Event>,
-    ) -> RunOutcome {
+    pub(super) async fn run_until_done(self: Arc<Self>, events: EventReceiver) -> RunOutcome {
         let mut events = events;
         let mut next = NextRun::Current;
         // An upgrade whose new build was replaced by a newer one before it reported: the

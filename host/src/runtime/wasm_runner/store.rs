@@ -3,28 +3,28 @@
 
 use super::Shared;
 use crate::allocrunner::Latch;
-use crate::runtime::StoreData;
 use crate::runtime::alloc_dir::create_alloc_dir;
-use crate::runtime::bindings::Event;
 use crate::runtime::cpu_meter::CpuMeter;
 use crate::runtime::disk_ledger::DiskLedger;
+use crate::runtime::event_queue::EventReceiver;
 use crate::runtime::host_api::{EndingLatches, HostApi};
 use crate::runtime::logging::{GuestLogSink, GuestLogging, LogLimits};
 use crate::runtime::store_limits::MemoryLimiter;
-use crate::runtime::wasi_ctx::sandbox_wasi;
+use crate::runtime::wasi_ctx::{Directories, sandbox_wasi};
+use crate::runtime::{LoadedComponent, StoreData};
 use crate::structs::Alloc;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use wasmtime::Store;
 use wasmtime::component::ResourceTable;
 
 impl Shared {
-    /// The alloc's sandbox, with its directory made if it was not there: returns the store
-    /// and whether the directory was made now (and so holds nothing yet).
+    /// The alloc's sandbox for `component`, with its directory made if it was not there:
+    /// returns the store and whether the directory was made now (and so holds nothing yet).
     pub(super) fn new_store(
         &self,
+        component: &LoadedComponent,
         alloc: &Arc<Alloc>,
-        events: mpsc::UnboundedReceiver<Event>,
+        events: EventReceiver,
         disk: Arc<DiskLedger>,
         upgrade_asked: Latch,
     ) -> anyhow::Result<(Store<StoreData>, bool)> {
@@ -52,7 +52,12 @@ impl Shared {
             LogLimits::of(&self.limits),
             self.config.log_writer.clone(),
         );
-        let wasi = sandbox_wasi(alloc_dir, &grants, &sink)?;
+        let directories = if component.imports_filesystem {
+            Directories::Open
+        } else {
+            Directories::Unreachable
+        };
+        let wasi = sandbox_wasi(alloc_dir, directories, &grants, &sink)?;
         let data = StoreData {
             wasi,
             table: ResourceTable::new(),

@@ -1,0 +1,140 @@
+//! The queue of [`Event`]s the host sends one alloc's runner (updates, signals, task
+//! restarts, `kill`, `shutdown`): one sender, the runner's, and one receiver, handed from
+//! each run's store to the next.
+//!
+//! A live alloc holds its queue for its whole life and it is nearly always empty, so the
+//! queue allocates nothing until an event is sent: tokio's unbounded channel allocated a
+//! block of 32 slots (about 2 KiB) up front, the largest single cost of an idle alloc's
+//! host memory after wasmtime's own. What bounds it is the sender's business (the runner
+//! counts queued signals and restarts against `MAX_QUEUED_TASK_ACTIONS`). Knows nothing but
+//! the event type.
+
+use super::bindings::Event;
+use crate::locks::LockUnpoisoned;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct Queue {
+    events: VecDeque<Event>,
+    sender_gone: bool,
+    receiver_gone: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Holds one wake-up for the receiver, given by every send and by the sender's drop.
+    ready: Notify,
+}
+
+/// The sending side; dropping it ends the receiver's `recv` with `None` once the queue is
+/// empty.
+pub(crate) struct EventSender(Arc<Shared>);
+
+/// The receiving side.
+pub(crate) struct EventReceiver(Arc<Shared>);
+
+/// A new, empty queue.
+pub(crate) fn event_queue() -> (EventSender, EventReceiver) {
+    let shared = Arc::new(Shared::default());
+    (EventSender(shared.clone()), EventReceiver(shared))
+}
+
+impl EventSender {
+    /// Queues `event` behind those queued before it; dropped if the receiver is gone.
+    pub(crate) fn send(&self, event: Event) {
+        {
+            let mut queue = self.0.queue.lock_unpoisoned();
+            if queue.receiver_gone {
+                return;
+            }
+            queue.events.push_back(event);
+        }
+        self.0.ready.notify_one();
+    }
+}
+
+impl Drop for EventSender {
+    fn drop(&mut self) {
+        self.0.queue.lock_unpoisoned().sender_gone = true;
+        self.0.ready.notify_one();
+    }
+}
+
+impl EventReceiver {
+    /// The oldest queued event, waiting for one if there is none; `None` once the queue is
+    /// empty and its sender gone. Cancel-safe: an event is taken only when it is returned.
+    pub(crate) async fn recv(&mut self) -> Option<Event> {
+        loop {
+            {
+                let mut queue = self.0.queue.lock_unpoisoned();
+                if let Some(event) = queue.events.pop_front() {
+                    return Some(event);
+                }
+                if queue.sender_gone {
+                    return None;
+                }
+            }
+            // A send between the look above and this wait left its wake-up stored.
+            self.0.ready.notified().await;
+        }
+    }
+}
+
+impl Drop for EventReceiver {
+    fn drop(&mut self) {
+        let mut queue = self.0.queue.lock_unpoisoned();
+        queue.receiver_gone = true;
+        queue.events.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn events_arrive_in_the_order_sent_then_none_once_the_sender_is_gone() {
+        let (sender, mut receiver) = event_queue();
+        sender.send(Event::Shutdown);
+        sender.send(Event::Kill);
+        drop(sender);
+        assert!(matches!(receiver.recv().await, Some(Event::Shutdown)));
+        assert!(matches!(receiver.recv().await, Some(Event::Kill)));
+        assert!(receiver.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_receiver_already_waiting_is_woken_by_a_send() {
+        let (sender, mut receiver) = event_queue();
+        let waiter = tokio::spawn(async move { receiver.recv().await });
+        // On this one-thread runtime, yielding lets the waiter run until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        sender.send(Event::Kill);
+        assert!(matches!(waiter.await.unwrap(), Some(Event::Kill)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_given_up_loses_no_event() {
+        let (sender, mut receiver) = event_queue();
+        let timed_out = tokio::time::timeout(Duration::from_secs(1), receiver.recv()).await;
+        assert!(timed_out.is_err());
+        sender.send(Event::Kill);
+        // The wake-up the abandoned wait left does not stand in for the event either.
+        assert!(matches!(receiver.recv().await, Some(Event::Kill)));
+        let empty = tokio::time::timeout(Duration::from_secs(1), receiver.recv()).await;
+        assert!(empty.is_err(), "one event is received once");
+    }
+
+    #[tokio::test]
+    async fn what_is_sent_after_the_receiver_is_gone_is_dropped() {
+        let (sender, receiver) = event_queue();
+        drop(receiver);
+        sender.send(Event::Kill);
+        assert!(sender.0.queue.lock_unpoisoned().events.is_empty());
+    }
+}
