@@ -99,14 +99,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_waiter_already_waiting_is_woken_by_the_set() {
+    async fn every_waiter_already_waiting_is_woken_by_the_set() {
         let (trigger, latch) = Latch::new();
-        let waiter = tokio::spawn(async move { latch.wait().await });
-        // On this one-thread runtime, yielding lets the waiter run until it waits.
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let latch = latch.clone();
+                tokio::spawn(async move { latch.wait().await })
+            })
+            .collect();
+        // On this one-thread runtime, yielding lets the waiters run until they wait.
         tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
+        assert!(waiters.iter().all(|waiter| !waiter.is_finished()));
         trigger.set();
-        waiter.await.unwrap();
+        for waiter in waiters {
+            // A lost wake-up fails here rather than hanging the test run.
+            tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+                .await
+                .expect("the set wakes every waiter")
+                .unwrap();
+        }
     }
 
     #[tokio::test(start_paused = true)]

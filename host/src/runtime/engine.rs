@@ -47,9 +47,11 @@ pub(super) fn engine_config(max_live_allocs: u32, instances: Instances) -> Confi
     config
 }
 
-/// The part of a process's address space (128 TiB on Linux x86-64 and aarch64) that live
-/// allocs' linear memories may reserve between them; the rest is the agent's. Measured:
-/// on-demand memories of 4 GiB and their guards fill the whole 128 TiB at about 32,200.
+/// The part of a process's address space that live allocs' linear memories may reserve
+/// between them; the rest is the agent's. Sized for Linux on x86-64 (128 TiB with 4-level
+/// page tables), the hosts this is built and measured on: there, on-demand memories of 4 GiB
+/// and their guards filled the whole space at about 32,200. A host with less (aarch64 with
+/// 39-bit addresses) needs a smaller `max_live_allocs`.
 const ADDRESS_SPACE_FOR_MEMORIES: u64 = 100 << 40;
 /// wasmtime's default reservation for a linear memory on a 64-bit host: with it, and the
 /// default guard regions, compiled code needs no bounds checks.
@@ -65,8 +67,9 @@ const MEMORY_GUARDS: u64 = 2 * (32 << 20);
 ///
 /// A smaller reservation costs explicit bounds checks in guest code (measured with nodesim's
 /// sim runner: its 1,000 nodes placed 10,000 allocs 1.6x as slowly with 2 GiB reservations),
-/// and a memory that grows past it is moved (copied) into a new reservation of its size plus
-/// as much again. So it is taken only where the live allocs could not otherwise fit.
+/// and a memory that grows past it is moved (copied) into a new reservation of its new size
+/// plus this reservation again. So it is taken only where the live allocs could not
+/// otherwise fit.
 fn on_demand_memory_reservation(max_live_allocs: u32) -> Option<u64> {
     let memories = u64::from(max_live_allocs) * store_limits::MAX_MEMORIES_PER_INSTANCE as u64;
     let share = ADDRESS_SPACE_FOR_MEMORIES / memories.max(1);

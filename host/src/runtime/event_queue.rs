@@ -3,8 +3,8 @@
 //! each run's store to the next.
 //!
 //! A live alloc holds its queue for its whole life and it is nearly always empty, so the
-//! queue allocates nothing until an event is sent: tokio's unbounded channel allocated a
-//! block of 32 slots (about 2 KiB) up front, the largest single cost of an idle alloc's
+//! queue allocates no buffer until an event is sent (only its shared part, about 100 bytes):
+//! tokio's unbounded channel allocated a block of 32 slots (about 2 KiB) up front, the largest single cost of an idle alloc's
 //! host memory after wasmtime's own. What bounds it is the sender's business (the runner
 //! counts queued signals and restarts against `MAX_QUEUED_TASK_ACTIONS`). Knows nothing but
 //! the event type.
@@ -115,7 +115,23 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         sender.send(Event::Kill);
-        assert!(matches!(waiter.await.unwrap(), Some(Event::Kill)));
+        // A lost wake-up fails here rather than hanging the test run.
+        let received = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        assert!(matches!(
+            received.expect("woken").unwrap(),
+            Some(Event::Kill)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_receiver_already_waiting_gets_none_when_the_sender_goes() {
+        let (sender, mut receiver) = event_queue();
+        let waiter = tokio::spawn(async move { receiver.recv().await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(sender);
+        let received = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        assert!(received.expect("woken").unwrap().is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -91,15 +91,16 @@ async fn only_a_runner_importing_wasi_filesystem_holds_its_alloc_dir_open() {
             .await;
         assert!(started.alloc_dir().is_dir(), "the alloc dir is made");
     }
-    assert_eq!(
-        descriptors_open_on(&with_files.alloc_dir()),
-        1,
+    // The disk quota's look, once a second, may hold one more for a moment.
+    assert!(
+        descriptors_open_on(&with_files.alloc_dir()) >= 1,
         "a runner that can name a directory has its alloc dir opened for it"
     );
     assert_eq!(
         descriptors_open_on(&without.alloc_dir()),
         0,
-        "a runner that cannot holds no descriptor for it: descriptors would cap live allocs"
+        "a runner that cannot holds no descriptor for it (nor is it looked at for its quota): \
+         descriptors would cap live allocs"
     );
     for started in [&with_files, &without] {
         started.runner.destroy();
