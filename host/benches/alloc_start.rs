@@ -12,7 +12,9 @@
 //!   Rounds alternate between the two so machine noise hits both alike. Both run on a tokio
 //!   worker task, as the client's add path does.
 //! - live allocs: start N minimal runners, wait until all are running (waiting in
-//!   `next-event`), and divide the growth of the process's RSS by N.
+//!   `next-event`), and divide the growth of the process's RSS by N. Each size runs in a
+//!   fresh process of its own: one that ran other allocs before would reuse the memory they
+//!   freed (the allocator keeps it), and count too little.
 
 use caravan_host::allocrunner::AllocRunner;
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
@@ -171,7 +173,30 @@ fn main() {
     let rounds = arg_value("--rounds")
         .and_then(|r| r.parse().ok())
         .unwrap_or(2000);
+    if let Some(count) = arg_value(ONLY_LIVE).and_then(|n| n.parse().ok()) {
+        run_on_worker(live_memory(count));
+        return;
+    }
     let live = arg_value("--live").unwrap_or_else(|| "1000,10000".into());
+    run_on_worker(start_latency(rounds));
+    for count in live.split(',').filter(|n| n.parse::<u32>().is_ok()) {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--bench", ONLY_LIVE, count])
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "the {count} live allocs run failed: {status}"
+        );
+    }
+}
+
+/// Given to the child process that measures one size of live allocs.
+const ONLY_LIVE: &str = "--only-live";
+
+/// Runs `measure` to its end from a tokio worker task, as the client's add path runs: a
+/// runner task spawned from there starts on the same worker, without waking another thread.
+fn run_on_worker(measure: impl std::future::Future<Output = ()> + Send + 'static) {
     let tokio = if std::env::var_os("BENCH_CURRENT_THREAD").is_some() {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -183,16 +208,5 @@ fn main() {
             .build()
             .unwrap()
     };
-    // Measured from a worker task, as the client's add path runs: a runner task spawned from
-    // there starts on the same worker, without waking another thread.
-    tokio.block_on(async {
-        tokio::spawn(async move {
-            start_latency(rounds).await;
-            for count in live.split(',').filter_map(|n| n.parse().ok()) {
-                live_memory(count).await;
-            }
-        })
-        .await
-        .unwrap();
-    });
+    tokio.block_on(async { tokio::spawn(measure).await.unwrap() });
 }

@@ -504,8 +504,8 @@ pub(crate) struct StoreData {
     logging: logging::GuestLogging,
     memory: MemoryLimiter,
     cpu: CpuMeter,
-    /// The limits the alloc runs under, for naming the one it hit.
-    limits: crate::structs::Limits,
+    /// The limits the alloc runs under, for naming the one it hit (shared with its runner).
+    limits: Arc<crate::structs::Limits>,
     /// The alloc directory's account, which the WASI layer reserves writes in.
     disk: Arc<disk_ledger::DiskLedger>,
 }

@@ -44,6 +44,28 @@ pub(super) enum Directories {
     Unreachable,
 }
 
+/// `wasi:random/random`'s bytes, from the calling thread's generator (`rand`'s `ThreadRng`:
+/// ChaCha12, seeded and reseeded from the kernel). wasmtime-wasi's default gives each sandbox
+/// a generator of its own, 336 bytes held for the alloc's whole life; this one holds nothing.
+struct ThreadSecureRandom;
+
+impl rand::TryRng for ThreadSecureRandom {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok(rand::Rng::next_u32(&mut rand::rng()))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(rand::Rng::next_u64(&mut rand::rng()))
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), Self::Error> {
+        rand::Rng::fill_bytes(&mut rand::rng(), dest);
+        Ok(())
+    }
+}
+
 /// The context for an alloc whose directory is `alloc_dir`, given `grants`, with its output
 /// going to `sink`. An error names the directory that could not be opened.
 pub(super) fn sandbox_wasi(
@@ -62,7 +84,8 @@ pub(super) fn sandbox_wasi(
         .stderr(GuestOutput::stderr(sink.clone()))
         .monotonic_clock(TokioClock {
             start: tokio::time::Instant::now(),
-        });
+        })
+        .secure_random(ThreadSecureRandom);
     // Without a destination, no socket is made at all (each would hold a host descriptor).
     let networked = !grants.network.is_empty();
     builder.allow_tcp(networked).allow_udp(networked);
@@ -117,6 +140,16 @@ fn socket_use_allowed(destinations: &[SocketAddr], addr: SocketAddr, usage: Sock
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secure_random_bytes_differ_from_call_to_call() {
+        use rand::Rng;
+        let (mut first, mut second) = ([0u8; 32], [0u8; 32]);
+        ThreadSecureRandom.fill_bytes(&mut first);
+        ThreadSecureRandom.fill_bytes(&mut second);
+        assert_ne!(first, [0; 32]);
+        assert_ne!(first, second);
+    }
 
     #[test]
     fn only_granted_destinations_and_ephemeral_binds_are_allowed() {

@@ -14,6 +14,7 @@ use super::lifecycle::{Lifecycle, Phase, StopStep};
 use super::outcome::{RunOutcome, end_unfinished_tasks, final_state};
 use super::store_limits::UsageGauges;
 use super::{LoadedComponent, Runtime};
+use crate::alloc_logs::AllocLogWriter;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
     TaskActionError, UpgradeReport, signal_name, target_tasks,
@@ -59,8 +60,9 @@ struct Shared {
     /// The build that runs the alloc, one waiting to take over, the last upgrade.
     upgrades: Upgrades,
     admission: Admission,
-    config: AllocRunnerConfig,
-    limits: Limits,
+    config: RunnerConfig,
+    /// The alloc's limits; its stores share them.
+    limits: Arc<Limits>,
     alloc: Mutex<Arc<Alloc>>,
     state: Arc<StateCell>,
     events: EventSender,
@@ -89,6 +91,16 @@ struct Shared {
     destroyed: LatchTrigger,
 }
 
+/// What a runner keeps of its [`AllocRunnerConfig`] for its whole life; the rest (the node's
+/// limits, the restored checkpoint, the last state) is used once, when it is built, and not
+/// held by every live alloc.
+struct RunnerConfig {
+    alloc_id: String,
+    span: tracing::Span,
+    alloc_dir: std::path::PathBuf,
+    log_writer: Option<AllocLogWriter>,
+}
+
 impl WasmAllocRunner {
     /// A runner for `config.alloc` on `component`, started only if it meets `admission`;
     /// nothing runs until [`AllocRunner::run`]. A restored terminal alloc (see
@@ -105,7 +117,7 @@ impl WasmAllocRunner {
             .clone()
             .unwrap_or_else(AllocState::pending);
         let finished = initial.client_status.is_terminal();
-        let limits = config.limits.with_overrides(&config.alloc.limits);
+        let limits = Arc::new(config.limits.with_overrides(&config.alloc.limits));
         // Held once, by the restarts: each run starts from a copy of the last checkpoint.
         let restarts = Restarts::new(config.alloc.restart, config.restored.take());
         let state = Arc::new(StateCell::new(
@@ -125,7 +137,12 @@ impl WasmAllocRunner {
                 admission,
                 alloc: Mutex::new(config.alloc.clone()),
                 limits,
-                config,
+                config: RunnerConfig {
+                    alloc_id: config.alloc.id.clone(),
+                    span: config.span,
+                    alloc_dir: config.alloc_dir,
+                    log_writer: config.log_writer,
+                },
                 state,
                 events,
                 receiver: Mutex::new(Some(receiver)),
@@ -232,7 +249,7 @@ impl Shared {
     /// given `kill` or `shutdown`). The check and the sending happen under the lifecycle lock,
     /// as `kill` and `shutdown` send theirs, so none of these ever follows a stop.
     fn send_task_actions(&self, events: Vec<Event>) -> Result<(), TaskActionError> {
-        let alloc_id = self.config.alloc.id.clone();
+        let alloc_id = self.config.alloc_id.clone();
         let known_reason = {
             let lifecycle = self.lifecycle();
             match (lifecycle.phase(), lifecycle.stop_asked()) {

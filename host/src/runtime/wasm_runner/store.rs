@@ -75,7 +75,7 @@ impl Shared {
             cpu: CpuMeter::new(self.limits.cpu, self.limits.cpu_share)
                 .charged_already(self.usage.snapshot().cpu_used)
                 .reporting_to(self.usage.clone()),
-            limits: self.limits,
+            limits: self.limits.clone(),
             disk,
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
