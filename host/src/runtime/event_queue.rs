@@ -107,31 +107,35 @@ mod tests {
         assert!(receiver.recv().await.is_none());
     }
 
-    #[tokio::test]
-    async fn a_receiver_already_waiting_is_woken_by_a_send() {
-        let (sender, mut receiver) = event_queue();
+    /// `receiver` waiting in `recv` on a task of its own; what it got, once woken.
+    async fn waiting(mut receiver: EventReceiver) -> tokio::task::JoinHandle<Option<Event>> {
         let waiter = tokio::spawn(async move { receiver.recv().await });
         // On this one-thread runtime, yielding lets the waiter run until it waits.
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
-        sender.send(Event::Kill);
-        // A lost wake-up fails here rather than hanging the test run.
+        waiter
+    }
+
+    /// What `waiter` got; a lost wake-up fails here rather than hanging the test run.
+    async fn woken(waiter: tokio::task::JoinHandle<Option<Event>>) -> Option<Event> {
         let received = tokio::time::timeout(Duration::from_secs(10), waiter).await;
-        assert!(matches!(
-            received.expect("woken").unwrap(),
-            Some(Event::Kill)
-        ));
+        received.expect("the waiter is woken").unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_receiver_already_waiting_is_woken_by_a_send() {
+        let (sender, receiver) = event_queue();
+        let waiter = waiting(receiver).await;
+        sender.send(Event::Kill);
+        assert!(matches!(woken(waiter).await, Some(Event::Kill)));
     }
 
     #[tokio::test]
     async fn a_receiver_already_waiting_gets_none_when_the_sender_goes() {
-        let (sender, mut receiver) = event_queue();
-        let waiter = tokio::spawn(async move { receiver.recv().await });
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
+        let (sender, receiver) = event_queue();
+        let waiter = waiting(receiver).await;
         drop(sender);
-        let received = tokio::time::timeout(Duration::from_secs(10), waiter).await;
-        assert!(received.expect("woken").unwrap().is_none());
+        assert!(woken(waiter).await.is_none());
     }
 
     #[tokio::test(start_paused = true)]
