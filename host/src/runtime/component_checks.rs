@@ -1,8 +1,8 @@
 //! What a file must be before it is a runner: a WebAssembly component (not a core module,
 //! not other bytes), checked before compiling, and one exporting `caravan:runner/runner`,
-//! checked once compiled. Each refusal says what the file is instead. Also what a compiled
-//! runner can reach of the host that its sandbox need not build when it cannot. Reads only
-//! the bytes and the compiled component it is given.
+//! checked once compiled. Each refusal says what the file is instead. Also whether a
+//! compiled runner can reach a directory at all, so that its sandbox opens none when it
+//! cannot. Reads only the bytes and the compiled component it is given.
 
 use super::LoadError;
 use super::bindings::RUNNER_EXPORT;

@@ -3,9 +3,9 @@
 //! By default that is its alloc directory at `/alloc` (read-write), stdout and stderr into the
 //! agent's log, tokio's clock, and nothing else: no environment, no other directory, no
 //! sockets. A runner that imports no `wasi:filesystem` interface is opened no directory at
-//! all, as it could not reach one. The alloc's [`Grants`] add network destinations, read-only volumes and
-//! environment variables (see [`crate::capabilities`]). This module builds the context only;
-//! it decides nothing about what is granted.
+//! all, as it could not reach one. The alloc's [`Grants`] add network destinations, read-only
+//! volumes and environment variables (see [`crate::capabilities`]). This module builds the
+//! context only; it decides nothing about what is granted.
 
 use super::logging::{GuestLogSink, GuestOutput};
 use crate::capabilities::Grants;
