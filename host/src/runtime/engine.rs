@@ -29,30 +29,45 @@ pub(super) fn engine_config(max_live_allocs: u32, instances: Instances) -> Confi
         Instances::Pooled => config.allocation_strategy(InstanceAllocationStrategy::Pooling(
             pool_config(max_live_allocs),
         )),
-        Instances::OnDemand => match on_demand_memory_reservation(max_live_allocs) {
-            Some(reservation) => {
-                tracing::info!(
-                    max_live_allocs,
-                    reservation = %crate::units::format_bytes(reservation),
-                    "each linear memory reserves less than 4 GiB of address space so that \
-                     max_live_allocs fit in it; guest code checks memory bounds explicitly"
-                );
-                config
-                    .memory_reservation(reservation)
-                    .memory_reservation_for_growth(reservation)
+        Instances::OnDemand => {
+            match on_demand_memory_reservation(max_live_allocs, address_space_for_memories()) {
+                Some(reservation) => {
+                    tracing::info!(
+                        max_live_allocs,
+                        reservation = %crate::units::format_bytes(reservation),
+                        "each linear memory reserves less than 4 GiB of address space so that \
+                         max_live_allocs fit in it; guest code checks memory bounds explicitly"
+                    );
+                    config
+                        .memory_reservation(reservation)
+                        .memory_reservation_for_growth(reservation)
+                }
+                None => &mut config,
             }
-            None => &mut config,
-        },
+        }
     };
     config
 }
 
-/// The part of a process's address space that live allocs' linear memories may reserve
-/// between them; the rest is the agent's. Sized for Linux on x86-64 (128 TiB with 4-level
-/// page tables), the hosts this is built and measured on: there, on-demand memories of 4 GiB
-/// and their guards filled the whole space at about 32,200. A host with less (aarch64 with
-/// 39-bit addresses) needs a smaller `max_live_allocs`.
-const ADDRESS_SPACE_FOR_MEMORIES: u64 = 100 << 40;
+/// The part of this process's address space that live allocs' linear memories may reserve
+/// between them: 100/128 of it, the rest being the agent's (its heap, stacks and code). On
+/// Linux x86-64 the space is 128 TiB, and on-demand memories of 4 GiB and their guards
+/// filled it at about 32,200 (measured); aarch64 kernels give 512 GiB to 256 TiB.
+fn address_space_for_memories() -> u64 {
+    let bits = user_address_bits().unwrap_or(47);
+    (1u64 << bits) / 128 * 100
+}
+
+/// How many bits a user address has in this process, from the top of the main thread's
+/// stack, which Linux places just under the top of the user address space.
+fn user_address_bits() -> Option<u32> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let stack = maps.lines().find(|line| line.ends_with("[stack]"))?;
+    let end = stack.split(['-', ' ']).nth(1)?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    Some(64 - end.leading_zeros())
+}
+
 /// wasmtime's default reservation for a linear memory on a 64-bit host: with it, and the
 /// default guard regions, compiled code needs no bounds checks.
 const DEFAULT_MEMORY_RESERVATION: u64 = 4 << 30;
@@ -61,8 +76,8 @@ const MEMORY_GUARDS: u64 = 2 * (32 << 20);
 
 /// What each linear memory reserves of address space when instances are allocated on demand:
 /// `None` (wasmtime's 4 GiB) while `max_live_allocs` allocs, each with the most memories an
-/// instance may have, fit in [`ADDRESS_SPACE_FOR_MEMORIES`] so (up to about 12,600 allocs),
-/// else the largest power of two that fits. At 4 GiB and 64 MiB of guards a memory, about
+/// instance may have, fit in `address_space` so (up to about 12,600 allocs on x86-64), else
+/// the largest power of two that fits. At 4 GiB and 64 MiB of guards a memory, about
 /// 32,000 memories exhaust the address space of the process, long before its RAM.
 ///
 /// A smaller reservation costs explicit bounds checks in guest code (measured with nodesim's
@@ -70,9 +85,9 @@ const MEMORY_GUARDS: u64 = 2 * (32 << 20);
 /// and a memory that grows past it is moved (copied) into a new reservation of its new size
 /// plus this reservation again. So it is taken only where the live allocs could not
 /// otherwise fit.
-fn on_demand_memory_reservation(max_live_allocs: u32) -> Option<u64> {
+fn on_demand_memory_reservation(max_live_allocs: u32, address_space: u64) -> Option<u64> {
     let memories = u64::from(max_live_allocs) * store_limits::MAX_MEMORIES_PER_INSTANCE as u64;
-    let share = ADDRESS_SPACE_FOR_MEMORIES / memories.max(1);
+    let share = address_space / memories.max(1);
     let usable = share.saturating_sub(MEMORY_GUARDS);
     if usable >= DEFAULT_MEMORY_RESERVATION {
         return None;
@@ -172,11 +187,29 @@ mod tests {
 
     #[test]
     fn memories_reserve_less_address_space_only_when_the_live_allocs_would_not_fit() {
-        assert_eq!(on_demand_memory_reservation(1_000), None);
-        assert_eq!(on_demand_memory_reservation(12_000), None);
-        assert_eq!(on_demand_memory_reservation(13_000), Some(2 << 30));
+        let x86_64 = 100 << 40;
+        let reservation = |allocs| on_demand_memory_reservation(allocs, x86_64);
+        assert_eq!(reservation(1_000), None);
+        assert_eq!(reservation(12_000), None);
+        assert_eq!(reservation(13_000), Some(2 << 30));
         // 100,016 allocs of two memories share 100 TiB: 524 MiB each, 64 MiB of it guards.
-        assert_eq!(on_demand_memory_reservation(100_016), Some(256 << 20));
-        assert_eq!(on_demand_memory_reservation(u32::MAX), Some(WASM_PAGE));
+        assert_eq!(reservation(100_016), Some(256 << 20));
+        assert_eq!(reservation(u32::MAX), Some(WASM_PAGE));
+        // With 39-bit addresses, 1,000 allocs share 400 GiB: 200 MiB each.
+        assert_eq!(
+            on_demand_memory_reservation(1_000, 400 << 30),
+            Some(128 << 20)
+        );
+    }
+
+    #[test]
+    fn this_hosts_address_space_is_read_from_its_stack() {
+        // Linux on x86-64 with 4-level page tables, where this is built and tested; aarch64
+        // kernels are configured for 39 to 48 bits.
+        let bits = user_address_bits().expect("the main thread's stack is in /proc/self/maps");
+        assert!((39..=48).contains(&bits), "{bits}");
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(address_space_for_memories(), 100 << 40);
+        }
     }
 }
