@@ -95,7 +95,6 @@ struct Shared {
 /// limits, the restored checkpoint, the last state) is used once, when it is built, and not
 /// held by every live alloc.
 struct RunnerConfig {
-    alloc_id: String,
     span: tracing::Span,
     alloc_dir: std::path::PathBuf,
     log_writer: Option<AllocLogWriter>,
@@ -138,7 +137,6 @@ impl WasmAllocRunner {
                 alloc: Mutex::new(config.alloc.clone()),
                 limits,
                 config: RunnerConfig {
-                    alloc_id: config.alloc.id.clone(),
                     span: config.span,
                     alloc_dir: config.alloc_dir,
                     log_writer: config.log_writer,
@@ -249,7 +247,7 @@ impl Shared {
     /// given `kill` or `shutdown`). The check and the sending happen under the lifecycle lock,
     /// as `kill` and `shutdown` send theirs, so none of these ever follows a stop.
     fn send_task_actions(&self, events: Vec<Event>) -> Result<(), TaskActionError> {
-        let alloc_id = self.config.alloc_id.clone();
+        let alloc_id = self.alloc().id.clone();
         let known_reason = {
             let lifecycle = self.lifecycle();
             match (lifecycle.phase(), lifecycle.stop_asked()) {
