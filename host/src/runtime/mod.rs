@@ -242,24 +242,26 @@ impl Drop for RuntimeInner {
 impl Runtime {
     /// Builds the engine, starts the epoch ticker and fills the linker.
     pub fn new(config: &RuntimeConfig) -> anyhow::Result<Runtime> {
-        let (engine, pooling) = match config.pooling {
+        let pooled = match config.pooling {
             Pooling::Auto => {
                 match Engine::new(&engine_config(config.max_live_allocs, Instances::Pooled)) {
-                    Ok(engine) => (engine, true),
+                    Ok(engine) => Some(engine),
                     Err(error) => {
                         tracing::warn!(
                             error = %format!("{error:#}"),
                             "cannot reserve the pooling allocator's address space; allocating instances on demand"
                         );
-                        let on_demand = engine_config(config.max_live_allocs, Instances::OnDemand);
-                        (Engine::new(&on_demand).map_err(anyhow::Error::from)?, false)
+                        None
                     }
                 }
             }
-            Pooling::Off => {
-                let on_demand = engine_config(config.max_live_allocs, Instances::OnDemand);
-                (Engine::new(&on_demand).map_err(anyhow::Error::from)?, false)
-            }
+            Pooling::Off => None,
+        };
+        let pooling = pooled.is_some();
+        let engine = match pooled {
+            Some(engine) => engine,
+            None => Engine::new(&engine_config(config.max_live_allocs, Instances::OnDemand))
+                .map_err(anyhow::Error::from)?,
         };
 
         let mut linker = Linker::<StoreData>::new(&engine);

@@ -47,15 +47,18 @@ enum Request {
 /// The most requests taken in one group.
 const MAX_GROUP: usize = 1024;
 
-/// What the group's change made of one request.
-enum Outcome {
-    /// The node was registered before this group: nothing to save for it.
-    Known,
+/// What the group's change made of one request, with where its answer goes once the save
+/// is known.
+enum Reply {
+    /// The node was registered before this group: answered yes, saved or not.
+    Known(oneshot::Sender<Result<bool, ServerError>>),
     /// Registered now (true), or refused: the server has its most nodes (false).
-    Registered(bool),
-    Accepted(Vec<String>),
-    /// The caller went away before the group was taken: not applied.
-    Abandoned,
+    Registered(oneshot::Sender<Result<bool, ServerError>>, bool),
+    /// The ids of the allocs whose updates were taken.
+    Accepted(
+        oneshot::Sender<Result<Vec<String>, ServerError>>,
+        Vec<String>,
+    ),
 }
 
 impl Request {
@@ -141,62 +144,55 @@ impl EmbeddedServer {
         let restart_limit = self.config.restart_limit;
         let now_unix_ms = crate::timestamp::unix_ms_now();
         let mut reporting_nodes = BTreeSet::new();
-        let (outcomes, saved) = self.change(|state, index| {
+        let (replies, saved) = self.change(|state, index| {
             let mut joined = false;
-            let outcomes: Vec<Outcome> = group
-                .iter()
+            // A request whose caller went away is not applied, nor answered.
+            let replies: Vec<Reply> = group
+                .into_iter()
+                .filter(|request| !request.abandoned())
                 .map(|request| match request {
-                    _ if request.abandoned() => Outcome::Abandoned,
-                    Request::Register { node_id, .. } if state.nodes.contains(node_id) => {
-                        Outcome::Known
+                    Request::Register { node_id, answer } if state.nodes.contains(&node_id) => {
+                        Reply::Known(answer)
                     }
-                    Request::Register { node_id, .. } => {
-                        let registered = register(state, node_id);
+                    Request::Register { node_id, answer } => {
+                        let registered = register(state, &node_id);
                         joined |= registered;
-                        Outcome::Registered(registered)
+                        Reply::Registered(answer, registered)
                     }
-                    Request::Report { updates, .. } => Outcome::Accepted(state.take_updates(
-                        updates,
-                        index,
-                        restart_limit,
-                        now_unix_ms,
-                        &mut reporting_nodes,
-                    )),
+                    Request::Report { updates, answer } => {
+                        let accepted = state.take_updates(
+                            &updates,
+                            index,
+                            restart_limit,
+                            now_unix_ms,
+                            &mut reporting_nodes,
+                        );
+                        Reply::Accepted(answer, accepted)
+                    }
                 })
                 .collect();
             // Once for the group: the allocs waiting for a node spread over all that joined.
             if joined {
                 state.place_unplaced(index);
             }
-            outcomes
+            replies
         });
         // Not acknowledged unless on disk: the clients keep them and send them again.
         let unsaved = saved
             .err()
             .map(|error| ServerError::Unavailable(format!("cannot save server state: {error}")));
         let mut updates_taken = 0;
-        for (request, outcome) in group.into_iter().zip(outcomes) {
-            match (request, outcome, &unsaved) {
-                (_, Outcome::Abandoned, _) => {}
-                (Request::Register { answer, .. }, Outcome::Known, _) => {
+        for reply in replies {
+            match reply {
+                Reply::Known(answer) => {
                     let _ = answer.send(Ok(true));
                 }
-                (Request::Register { answer, .. }, _, Some(error)) => {
-                    let _ = answer.send(Err(error.clone()));
+                Reply::Registered(answer, registered) => {
+                    let _ = answer.send(unsaved.clone().map_or(Ok(registered), Err));
                 }
-                (Request::Report { answer, .. }, _, Some(error)) => {
-                    let _ = answer.send(Err(error.clone()));
-                }
-                (Request::Register { answer, .. }, Outcome::Registered(registered), None) => {
-                    let _ = answer.send(Ok(registered));
-                }
-                (Request::Report { answer, .. }, Outcome::Accepted(accepted), None) => {
+                Reply::Accepted(answer, accepted) => {
                     updates_taken += accepted.len();
-                    let _ = answer.send(Ok(accepted));
-                }
-                // Outcomes are made from the requests in order, one each, of their kind.
-                (Request::Register { .. } | Request::Report { .. }, _, None) => {
-                    unreachable!("an outcome of another kind than its request")
+                    let _ = answer.send(unsaved.clone().map_or(Ok(accepted), Err));
                 }
             }
         }

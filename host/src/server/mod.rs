@@ -11,7 +11,7 @@
 //!   calls the same functions.
 //! - `persist`: reading the state back at open, and saving what each change touched.
 //! - `api`: the [`crate::rpc::ServerApi`] impl, the clients' side of the server; `intake`
-//!   takes the nodes' reports in groups, one save per group.
+//!   takes the nodes' registrations and reports in groups, one save per group.
 //! - This module: [`EmbeddedServer`], its lock, and applying each decision with its effects
 //!   (alloc ids, indexes, saving, waking clients).
 //!
@@ -187,14 +187,13 @@ impl EmbeddedServer {
     /// disk. The error is logged and returned for callers that can retry.
     fn change<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> (T, Result<(), StateError>) {
         let mut state = self.lock();
-        state.index += 1;
-        let index = state.index;
+        let index = state.index + 1;
         let result = change(&mut state, index);
         if !state.has_unsaved_changes() {
             // Nothing changed (a node registering again): no index spent, no disk sync.
-            state.index -= 1;
             return (result, Ok(()));
         }
+        state.index = index;
         let writes = state.dirty_writes();
         let saved = blocking(|| self.db.apply(writes));
         match &saved {
