@@ -6,74 +6,139 @@ use super::{LOG_FILE_MAX_BYTES, LOG_FILES_KEPT};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// A guest line as its alloc's queue holds it: stamped when the guest logged it, formatted
-/// only by the writer, off the guest's path (and not at all when the queue drops it).
-pub(super) struct QueuedLine {
-    at: std::time::SystemTime,
-    level: tracing::Level,
-    /// The source and then the message, in one allocation.
+/// Guest lines waiting for the file, as an alloc's queue holds them: stamped when the guest
+/// logged them, formatted only by the writer, off the guest's path (and not at all when the
+/// queue drops them). Every line's text shares one buffer, so once the buffers have grown,
+/// queueing a line allocates nothing; the writer hands a written batch's buffers back for
+/// the next one (see `AllocLog::drain`).
+#[derive(Default)]
+pub(super) struct QueuedLines {
+    lines: Vec<LineMark>,
+    /// Each line's source and then its message, line after line.
     text: String,
-    source_len: usize,
 }
 
-impl QueuedLine {
-    /// What the line holds while queued (its text and about the size of its stamp), for the
-    /// queue's byte bound; known before the line is made, so a dropped line costs no copy.
+/// Where one queued line's source and message end in [`QueuedLines::text`].
+struct LineMark {
+    at: std::time::SystemTime,
+    level: tracing::Level,
+    source_end: usize,
+    message_end: usize,
+}
+
+impl QueuedLines {
+    /// What a line holds while queued (its text and about the size of its mark), for the
+    /// queue's byte bound; known before the line is queued, so a dropped line costs no copy.
     pub(super) fn len_estimate(source: &str, message: &str) -> usize {
         32 + source.len() + message.len()
     }
 
-    /// The line, stamped now.
-    pub(super) fn new(level: tracing::Level, source: &str, message: &str) -> Self {
-        let mut text = String::with_capacity(source.len() + message.len());
-        text.push_str(source);
-        text.push_str(message);
-        QueuedLine {
+    /// Queues a line, stamped now.
+    pub(super) fn push(&mut self, level: tracing::Level, source: &str, message: &str) {
+        self.text.push_str(source);
+        let source_end = self.text.len();
+        self.text.push_str(message);
+        self.lines.push(LineMark {
             at: std::time::SystemTime::now(),
             level,
-            text,
-            source_len: source.len(),
-        }
+            source_end,
+            message_end: self.text.len(),
+        });
     }
 
-    /// The line as the file has it (see [`format_line`]).
-    pub(super) fn format(&self) -> String {
-        let (source, message) = self.text.split_at(self.source_len);
-        format_line_at(self.at, self.level, source, message)
+    pub(super) fn len(&self) -> usize {
+        self.lines.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    /// Forgets every line and keeps the buffers.
+    pub(super) fn clear(&mut self) {
+        self.lines.clear();
+        self.text.clear();
+    }
+
+    fn iter(&self) -> impl Iterator<Item = QueuedLine<'_>> {
+        let mut line_start = 0;
+        self.lines.iter().map(move |mark| {
+            let line = QueuedLine {
+                at: mark.at,
+                level: mark.level,
+                source: &self.text[line_start..mark.source_end],
+                message: &self.text[mark.source_end..mark.message_end],
+            };
+            line_start = mark.message_end;
+            line
+        })
     }
 }
 
-/// One line of the file, stamped now (see [`format_line_at`]).
+/// One of [`QueuedLines`].
+struct QueuedLine<'a> {
+    at: std::time::SystemTime,
+    level: tracing::Level,
+    source: &'a str,
+    message: &'a str,
+}
+
+/// What [`LogFile::append_batch`] appends: a text that is already whole lines, or a queued
+/// line, formatted on the way.
+pub(super) trait FileLines {
+    /// Appends the text to `out`; each line ends in a newline.
+    fn write_to(&self, out: &mut String);
+}
+
+impl<T: AsRef<str>> FileLines for T {
+    fn write_to(&self, out: &mut String) {
+        out.push_str(self.as_ref());
+    }
+}
+
+impl FileLines for QueuedLine<'_> {
+    fn write_to(&self, out: &mut String) {
+        write_line(out, self.at, self.level, self.source, self.message);
+    }
+}
+
+/// One line of the file, stamped now (see [`write_line`]).
 #[cfg(test)]
 pub(super) fn format_line(level: tracing::Level, source: &str, message: &str) -> String {
-    format_line_at(std::time::SystemTime::now(), level, source, message)
+    let mut line = String::new();
+    write_line(
+        &mut line,
+        std::time::SystemTime::now(),
+        level,
+        source,
+        message,
+    );
+    line
 }
 
-/// One line of the file: `2026-11-29T20:41:20.816Z  INFO stdout: message\n`. The guest's
-/// source and message have their control characters escaped: one guest line is one file line,
-/// and `alloc logs` never hands a terminal a raw escape.
-fn format_line_at(
+/// Appends one line of the file to `out`: `2026-11-29T20:41:20.816Z  INFO stdout:
+/// message\n`. The guest's source and message have their control characters escaped: one
+/// guest line is one file line, and `alloc logs` never hands a terminal a raw escape.
+fn write_line(
+    out: &mut String,
     at: std::time::SystemTime,
     level: tracing::Level,
     source: &str,
     message: &str,
-) -> String {
+) {
     use crate::text::escape_controls;
     use crate::timestamp::{Fraction, write_utc};
     use std::fmt::Write;
-    let (source, message) = (escape_controls(source), escape_controls(message));
-    let mut line = String::with_capacity(32 + source.len() + message.len());
     // Writing into a String cannot fail.
-    let _ = write_utc(&mut line, at, Fraction::Millis);
-    let _ = write!(line, " {level:>5} ");
-    line.push_str(&source);
-    line.push_str(": ");
-    line.push_str(&message);
-    line.push('\n');
-    line
+    let _ = write_utc(out, at, Fraction::Millis);
+    let _ = write!(out, " {level:>5} ");
+    out.push_str(&escape_controls(source));
+    out.push_str(": ");
+    out.push_str(&escape_controls(message));
+    out.push('\n');
 }
 
-/// One line of the file, taken apart: the inverse of `format_line`. `None` for a line not in
+/// One line of the file, taken apart: the inverse of `write_line`. `None` for a line not in
 /// that format. A source holding `": "` is split at its first one (sources are the runner's
 /// `wasi:logging` contexts, or `stdout` and `stderr`).
 pub fn parse_line(line: &str) -> Option<super::LogLine<'_>> {
@@ -125,21 +190,25 @@ impl LogFile {
         &self.path
     }
 
-    /// Appends `lines` (each ending in a newline), rotating before any line that would take
-    /// the file past [`LOG_FILE_MAX_BYTES`]; one write per file touched. Returns how many
-    /// times it rotated.
-    pub(super) fn append_batch<L: AsRef<str>>(
-        &mut self,
-        lines: impl IntoIterator<Item = L>,
-    ) -> u64 {
+    /// Appends the queued lines, as [`LogFile::append_batch`] does.
+    pub(super) fn append_queued(&mut self, batch: &QueuedLines) -> u64 {
+        self.append_batch(batch.iter())
+    }
+
+    /// Appends `lines`, rotating before any that would take the file past
+    /// [`LOG_FILE_MAX_BYTES`]; one write per file touched. Returns how many times it rotated.
+    pub(super) fn append_batch<L: FileLines>(&mut self, lines: impl IntoIterator<Item = L>) -> u64 {
         let mut rotations = 0;
         let mut pending = Vec::new();
-        for line in lines {
-            let line = line.as_ref();
+        // Each line is formatted here, one at a time, into the same buffer.
+        let mut line = String::new();
+        for next in lines {
             // Opened before the size check, so a file left by an earlier run counts.
             if self.failed || !self.open() {
                 break;
             }
+            line.clear();
+            next.write_to(&mut line);
             if self.size + line.len() as u64 > LOG_FILE_MAX_BYTES && self.size > 0 {
                 self.write_out(&mut pending);
                 self.rotate();
@@ -220,6 +289,28 @@ impl LogFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing::Level;
+
+    #[test]
+    fn queued_lines_come_back_as_queued_when_their_buffers_are_reused() {
+        let mut queued = QueuedLines::default();
+        for round in 0..2 {
+            queued.clear();
+            queued.push(Level::INFO, "stdout", "first");
+            queued.push(Level::WARN, "", "");
+            queued.push(Level::ERROR, "ctx", "é\n");
+            let lines: Vec<_> = queued
+                .iter()
+                .map(|line| (line.level, line.source, line.message))
+                .collect();
+            let expected = [
+                (Level::INFO, "stdout", "first"),
+                (Level::WARN, "", ""),
+                (Level::ERROR, "ctx", "é\n"),
+            ];
+            assert_eq!(lines, expected, "round {round}");
+        }
+    }
 
     #[test]
     fn the_log_file_rotates_by_size_and_keeps_two_old_files() {

@@ -5,7 +5,7 @@
 //! ends when it finds the queue empty, so a quiet or finished alloc holds no task. Each batch
 //! is written on tokio's blocking pool, never on an async worker.
 
-use super::file::{self, LogFile, QueuedLine};
+use super::file::{self, LogFile, QueuedLines};
 use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES};
 use crate::locks::LockUnpoisoned;
 use crate::locks::RwLockUnpoisoned;
@@ -32,7 +32,7 @@ pub(super) struct AllocLog {
 }
 
 struct Queue {
-    lines: Vec<QueuedLine>,
+    lines: QueuedLines,
     bytes: usize,
     /// Lines ever queued; [`AllocLog::settle`] waits for `done` to reach it.
     accepted: u64,
@@ -57,7 +57,7 @@ impl AllocLog {
         AllocLog {
             alloc_id: alloc_id.to_string(),
             queue: Mutex::new(Queue {
-                lines: Vec::new(),
+                lines: QueuedLines::default(),
                 bytes: 0,
                 accepted: 0,
                 draining: false,
@@ -84,7 +84,7 @@ impl AllocLog {
         source: &str,
         message: &str,
     ) -> bool {
-        let len = QueuedLine::len_estimate(source, message);
+        let len = QueuedLines::len_estimate(source, message);
         let mut queue = self.queue.lock_unpoisoned();
         if queue.removed {
             return true;
@@ -97,7 +97,7 @@ impl AllocLog {
             return false;
         }
         queue.bytes += len;
-        queue.lines.push(QueuedLine::new(level, source, message));
+        queue.lines.push(level, source, message);
         queue.accepted += 1;
         if !queue.draining {
             queue.draining = true;
@@ -125,13 +125,21 @@ impl AllocLog {
         let _ = done.wait_for(|done| *done >= accepted).await;
     }
 
-    /// The writer task: batches until the queue is empty.
+    /// The writer task: batches until the queue is empty. A written batch's buffers take the
+    /// next batch's place in the queue, so a steady flood reuses two sets of buffers; they
+    /// are freed when the drain ends.
     async fn drain(self: Arc<Self>) {
-        while let Some(batch) = self.next_batch() {
+        let mut written = QueuedLines::default();
+        while let Some(batch) = self.next_batch(written) {
             let count = batch.len() as u64;
             let log = self.clone();
             // A panic while writing loses that batch only; it still counts as done.
-            let _ = tokio::task::spawn_blocking(move || log.write_batch(&batch)).await;
+            written = tokio::task::spawn_blocking(move || {
+                log.write_batch(&batch);
+                batch
+            })
+            .await
+            .unwrap_or_default();
             self.done.send_modify(|done| *done += count);
             self.report_drops(false);
         }
@@ -139,34 +147,35 @@ impl AllocLog {
 
     /// [`AllocLog::drain`] on the calling thread.
     fn drain_here(&self) {
-        while let Some(batch) = self.next_batch() {
+        let mut written = QueuedLines::default();
+        while let Some(batch) = self.next_batch(written) {
             self.write_batch(&batch);
             self.done.send_modify(|done| *done += batch.len() as u64);
+            written = batch;
         }
     }
 
-    /// Takes every queued line, or, when there is none, ends the drain (and reports drops
-    /// not yet reported).
-    fn next_batch(&self) -> Option<Vec<QueuedLine>> {
+    /// Takes every queued line, leaving `written`'s emptied buffers in their place, or, when
+    /// there is none, ends the drain (and reports drops not yet reported).
+    fn next_batch(&self, mut written: QueuedLines) -> Option<QueuedLines> {
         let mut queue = self.queue.lock_unpoisoned();
         if queue.lines.is_empty() {
             queue.draining = false;
+            // A quiet alloc holds no buffer (freed once the lock is let go).
+            let _idle = std::mem::take(&mut queue.lines);
             drop(queue);
             self.report_drops(true);
             return None;
         }
         queue.bytes = 0;
-        Some(std::mem::take(&mut queue.lines))
+        written.clear();
+        Some(std::mem::replace(&mut queue.lines, written))
     }
 
-    fn write_batch(&self, queued: &[QueuedLine]) {
+    fn write_batch(&self, queued: &QueuedLines) {
         let mut files = self.files.write_unpoisoned();
         if !files.removed {
-            // Formatted one at a time into the file's buffer: a batch is never held twice.
-            files.rotations += files
-                .current
-                .append_batch(queued.iter().map(QueuedLine::format))
-                as i64;
+            files.rotations += files.current.append_queued(queued) as i64;
         }
     }
 
