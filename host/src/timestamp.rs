@@ -48,9 +48,22 @@ pub fn write_utc(w: &mut impl Write, at: SystemTime, fraction: Fraction) -> fmt:
         w.write_str(text)
     })?;
     match fraction {
-        Fraction::Millis => write!(w, ".{:03}Z", since_epoch.subsec_millis()),
-        Fraction::Micros => write!(w, ".{:06}Z", since_epoch.subsec_micros()),
+        Fraction::Millis => write_fraction(w, since_epoch.subsec_millis(), 3),
+        Fraction::Micros => write_fraction(w, since_epoch.subsec_micros(), 6),
     }
+}
+
+/// Writes `.` and the `digits` last digits of `value`, zero-padded, and `Z`. By hand, not
+/// with `write!`: this is on the path of every line a guest logs.
+fn write_fraction(w: &mut impl Write, mut value: u32, digits: usize) -> fmt::Result {
+    let mut text = *b".000000Z";
+    for at in (1..=digits).rev() {
+        text[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+    text[digits + 1] = b'Z';
+    // Only ASCII digits were written.
+    w.write_str(std::str::from_utf8(&text[..digits + 2]).unwrap_or_default())
 }
 
 /// `unix_ms` as an RFC 3339 UTC timestamp to the millisecond (`2026-12-01T18:09:42.791Z`),

@@ -10,6 +10,7 @@
 //! subscriber's.
 
 use crate::timestamp::Fraction;
+use std::cell::RefCell;
 use std::fmt::{self, Write};
 use std::time::SystemTime;
 use tracing::field::{Field, Visit};
@@ -23,6 +24,16 @@ use tracing_subscriber::registry::LookupSpan;
 /// as a JSON object.
 pub struct JsonLine;
 
+/// A thread's line buffer grows to its longest line; past this it is let go after the line.
+const LINE_CAPACITY_KEPT: usize = 64 * 1024;
+
+thread_local! {
+    /// The line being formatted on this thread. It is written with plain `String` pushes and
+    /// handed to the subscriber's writer in one call: each write to that writer is a dynamic
+    /// call, and a line is some twenty writes.
+    static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
 impl<S> FormatEvent<S, JsonFields> for JsonLine
 where
     S: Subscriber + for<'lookup> LookupSpan<'lookup>,
@@ -33,56 +44,88 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        // A `log` crate record (wasmtime's, say) arrives as an event of target `log`; its
-        // own target and level are in its fields, as tracing's formatter shows them.
-        let normalized = event.normalized_metadata();
-        let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
-        writer.write_str("{\"timestamp\":\"")?;
-        crate::timestamp::write_utc(&mut writer, SystemTime::now(), Fraction::Micros)?;
-        write!(writer, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
-        let mut fields = FieldsVisitor {
-            writer: &mut writer,
-            first: true,
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        writer.write_str("},\"target\":")?;
-        write_json_str(&mut writer, meta.target())?;
-        if let Some(span) = ctx.parent_span() {
-            let extensions = span.extensions();
-            let stored = extensions
-                .get::<FormattedFields<JsonFields>>()
-                .map(|fields| fields.fields.as_str())
-                .unwrap_or("{}");
-            // `{"a":1,"b":2}` as `"a":1,"b":2`: the span's fields are already a JSON object.
-            let inner = stored
-                .strip_prefix('{')
-                .and_then(|rest| rest.strip_suffix('}'))
-                .unwrap_or("")
-                .trim();
-            writer.write_str(",\"span\":{")?;
-            if !inner.is_empty() {
-                writer.write_str(inner)?;
-                writer.write_char(',')?;
+        LINE.with(|line| match line.try_borrow_mut() {
+            Ok(mut line) => {
+                line.clear();
+                let written =
+                    write_line(&mut line, ctx, event).and_then(|()| writer.write_str(&line));
+                if line.capacity() > LINE_CAPACITY_KEPT {
+                    *line = String::new();
+                }
+                written
             }
-            writer.write_str("\"name\":")?;
-            write_json_str(&mut writer, span.name())?;
-            writer.write_char('}')?;
-        }
-        writer.write_str("}\n")
+            // An event logged while this thread formats another (by a field's `Debug`).
+            Err(_) => {
+                let mut line = String::new();
+                write_line(&mut line, ctx, event)?;
+                writer.write_str(&line)
+            }
+        })
     }
 }
 
+/// Writes `event` as one JSON line. Fails only when one of its fields' `Debug` or `Display`
+/// does.
+fn write_line<S>(
+    line: &mut String,
+    ctx: &FmtContext<'_, S, JsonFields>,
+    event: &Event<'_>,
+) -> fmt::Result
+where
+    S: Subscriber + for<'lookup> LookupSpan<'lookup>,
+{
+    // A `log` crate record (wasmtime's, say) arrives as an event of target `log`; its own
+    // target and level are in its fields, as tracing's formatter shows them.
+    let normalized = event.normalized_metadata();
+    let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
+    line.push_str("{\"timestamp\":\"");
+    crate::timestamp::write_utc(line, SystemTime::now(), Fraction::Micros)?;
+    line.push_str("\",\"level\":\"");
+    line.push_str(meta.level().as_str());
+    line.push_str("\",\"fields\":{");
+    let mut fields = FieldsVisitor {
+        line,
+        first: true,
+        result: Ok(()),
+    };
+    event.record(&mut fields);
+    fields.result?;
+    line.push_str("},\"target\":");
+    write_json_str(line, meta.target())?;
+    if let Some(span) = ctx.parent_span() {
+        let extensions = span.extensions();
+        let stored = extensions
+            .get::<FormattedFields<JsonFields>>()
+            .map(|fields| fields.fields.as_str())
+            .unwrap_or("{}");
+        // `{"a":1,"b":2}` as `"a":1,"b":2`: the span's fields are already a JSON object.
+        let inner = stored
+            .strip_prefix('{')
+            .and_then(|rest| rest.strip_suffix('}'))
+            .unwrap_or("")
+            .trim();
+        line.push_str(",\"span\":{");
+        if !inner.is_empty() {
+            line.push_str(inner);
+            line.push(',');
+        }
+        line.push_str("\"name\":");
+        write_json_str(line, span.name())?;
+        line.push('}');
+    }
+    line.push_str("}\n");
+    Ok(())
+}
+
 /// Writes an event's fields as `"name":value` pairs.
-struct FieldsVisitor<'a, 'w> {
-    writer: &'a mut Writer<'w>,
+struct FieldsVisitor<'a> {
+    line: &'a mut String,
     first: bool,
     result: fmt::Result,
 }
 
-impl FieldsVisitor<'_, '_> {
-    fn entry(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
+impl FieldsVisitor<'_> {
+    fn entry(&mut self, field: &Field, value: impl FnOnce(&mut String) -> fmt::Result) {
         if self.result.is_err() {
             return;
         }
@@ -91,16 +134,15 @@ impl FieldsVisitor<'_, '_> {
         } else {
             ","
         };
-        self.result = self
-            .writer
-            .write_str(separator)
-            .and_then(|()| write_json_str(self.writer, field.name()))
-            .and_then(|()| self.writer.write_char(':'))
-            .and_then(|()| value(self.writer));
+        self.line.push_str(separator);
+        self.result = write_json_str(self.line, field.name()).and_then(|()| {
+            self.line.push(':');
+            value(self.line)
+        });
     }
 }
 
-impl Visit for FieldsVisitor<'_, '_> {
+impl Visit for FieldsVisitor<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         self.entry(field, |w| {
             w.write_char('"')?;
@@ -155,6 +197,9 @@ struct JsonEscaped<'a, W: Write>(&'a mut W);
 
 impl<W: Write> Write for JsonEscaped<'_, W> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
+        if !needs_escape(text) {
+            return self.0.write_str(text);
+        }
         let mut plain_from = 0;
         for (at, byte) in text.bytes().enumerate() {
             let escape = match byte {
@@ -179,6 +224,16 @@ impl<W: Write> Write for JsonEscaped<'_, W> {
     }
 }
 
+/// Whether any byte of `text` is one JSON needs escaped. Most lines have none, and this
+/// looks at sixteen bytes at a time without a branch among them, which compiles to vector
+/// compares.
+fn needs_escape(text: &str) -> bool {
+    let escaped = |byte: u8| byte < 0x20 || byte == b'"' || byte == b'\\';
+    let mut chunks = text.as_bytes().chunks_exact(16);
+    chunks.any(|chunk| chunk.iter().fold(false, |any, &byte| any | escaped(byte)))
+        || chunks.remainder().iter().any(|&byte| escaped(byte))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +248,18 @@ mod tests {
         );
         let back: String = serde_json::from_str(&text).unwrap();
         assert_eq!(back, "a\"b\\c\nd\re\tf\u{1}g\u{1b}[2Jé\u{202e}");
+        // Past the first sixteen bytes, and in the last ones.
+        for at in [0, 15, 16, 31, 32, 39] {
+            let mut plain = "x".repeat(40);
+            plain.replace_range(at..=at, "\"");
+            text.clear();
+            write_json_str(&mut text, &plain).unwrap();
+            assert_eq!(text.matches("\\\"").count(), 1, "{at}: {text}");
+            assert_eq!(serde_json::from_str::<String>(&text).unwrap(), plain);
+        }
+        text.clear();
+        write_json_str(&mut text, &"y".repeat(40)).unwrap();
+        assert_eq!(text, format!("\"{}\"", "y".repeat(40)));
     }
 
     /// The lines a subscriber wrote, through `install`'s formatter, for the same events.
@@ -216,6 +283,9 @@ mod tests {
             let span = tracing::info_span!("alloc", alloc_id = "a-1", job = "web \"x\"");
             let _in = span.enter();
             tracing::info!(target: "caravan::guest", context = "ctx", "line\twith \"quotes\"");
+            // A guest's record: its message is a string field, not format arguments.
+            let message = "guest\nline";
+            tracing::info!(target: "caravan::guest", stream = "stdout", message);
             let error = std::io::Error::other("disk full");
             tracing::error!(
                 error = &error as &dyn std::error::Error,
@@ -281,11 +351,12 @@ mod tests {
                     .finish(),
             )
         });
-        assert_eq!(ours.len(), 4);
+        assert_eq!(ours.len(), 5);
+        assert_eq!(ours[2]["fields"]["message"], "guest\nline", "{:?}", ours[2]);
         assert_eq!(
-            ours[3]["target"], "cranelift_codegen::timing",
+            ours[4]["target"], "cranelift_codegen::timing",
             "{:?}",
-            ours[3]
+            ours[4]
         );
         assert_eq!(ours, theirs);
     }
