@@ -7,15 +7,17 @@ use caravan_host::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use std::io::{BufRead, Read, Write as _};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 use tokio::sync::Notify;
 
-/// Notifies once the guest reports a status (`running` for a start).
+/// Notifies once the guest reports a status (`running` for a start), and keeps when the
+/// host's state updater first saw it.
 pub struct StatusSignal {
     status: ClientStatus,
     pub reached: Notify,
+    seen_at: std::sync::OnceLock<Instant>,
 }
 
 impl StatusSignal {
@@ -23,7 +25,14 @@ impl StatusSignal {
         Arc::new(StatusSignal {
             status,
             reached: Notify::new(),
+            seen_at: std::sync::OnceLock::new(),
         })
+    }
+
+    /// When the state updater first saw the status: the end of a start as the host sees
+    /// it, as the raw baseline's import sees it, before any task is woken.
+    pub fn seen_at(&self) -> Option<Instant> {
+        self.seen_at.get().copied()
     }
 
     pub fn running() -> Arc<Self> {
@@ -34,6 +43,7 @@ impl StatusSignal {
 impl StateUpdater for StatusSignal {
     fn alloc_state_updated(&self, _alloc_id: &str, state: &AllocState) {
         if state.client_status == self.status {
+            self.seen_at.get_or_init(Instant::now);
             self.reached.notify_one();
         }
     }

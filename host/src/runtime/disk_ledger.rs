@@ -25,7 +25,7 @@ use super::disk_watch::check;
 use crate::locks::LockUnpoisoned;
 use crate::units::format_bytes;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -122,7 +122,9 @@ pub struct QuotaFull;
 pub struct DiskLedger {
     dir: PathBuf,
     quota: DiskQuota,
-    block: u64,
+    /// Read on first use: most runners never write a file, and reading it costs a start
+    /// two `stat`s, before its directory exists.
+    block: OnceLock<u64>,
     recheck_interval: Duration,
     account: Mutex<Account>,
 }
@@ -216,7 +218,7 @@ impl DiskLedger {
     pub fn new(dir: PathBuf, quota: DiskQuota) -> (Arc<DiskLedger>, QuotaExceeded) {
         let (tell, told) = oneshot::channel();
         let ledger = DiskLedger {
-            block: block_size(&dir),
+            block: OnceLock::new(),
             dir,
             quota,
             recheck_interval: RECHECK_INTERVAL,
@@ -230,13 +232,13 @@ impl DiskLedger {
 
     /// The filesystem's block: what the smallest write to a new place takes on disk.
     pub fn block(&self) -> u64 {
-        self.block
+        *self.block.get_or_init(|| block_size(&self.dir))
     }
 
     /// What writing `len` bytes at `offset` may take on disk: every block it touches, or,
     /// when the offset is not known, its length in blocks and one more.
     pub fn blocks_for_write(&self, offset: Option<u64>, len: u64) -> DiskUse {
-        let block = self.block;
+        let block = self.block();
         let bytes = match (len, offset) {
             (0, _) => 0,
             (_, Some(offset)) => {
