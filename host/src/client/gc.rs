@@ -33,101 +33,12 @@ use crate::allocrunner::AllocRunner;
 use crate::locks::LockUnpoisoned;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
 
-/// The garbage collector's knobs, with Nomad's names and defaults.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct GcConfig {
-    /// Time between passes (`gc_interval`, default 1m).
-    pub interval: Duration,
-    /// Disk usage percent of the data dir's filesystem above which allocs are collected
-    /// (`gc_disk_usage_threshold`, default 80).
-    pub disk_usage_threshold: f64,
-    /// Inode usage percent above which allocs are collected (`gc_inode_usage_threshold`,
-    /// default 70).
-    pub inode_usage_threshold: f64,
-    /// Live allocs above which terminal ones are collected (`gc_max_allocs`, default 50).
-    pub max_allocs: usize,
-    /// Destroys allowed at once (`gc_parallel_destroys`, default 2; <= 0 becomes 1).
-    pub parallel_destroys: i64,
-}
-
-impl Default for GcConfig {
-    fn default() -> Self {
-        GcConfig {
-            interval: Duration::from_secs(60),
-            disk_usage_threshold: 80.0,
-            inode_usage_threshold: 70.0,
-            max_allocs: 50,
-            parallel_destroys: 2,
-        }
-    }
-}
-
-impl GcConfig {
-    /// `parallel_destroys` as a usable count: a value <= 0 becomes 1, with a warning.
-    pub fn sanitized_parallel_destroys(&self) -> usize {
-        if self.parallel_destroys <= 0 {
-            tracing::warn!(
-                gc_parallel_destroys = self.parallel_destroys,
-                "gc_parallel_destroys must be greater than 0; using 1"
-            );
-            1
-        } else {
-            self.parallel_destroys as usize
-        }
-    }
-}
-
-/// Usage of the filesystem that holds the data dir, in percent.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DiskStats {
-    /// Used space.
-    pub used_percent: f64,
-    /// Used inodes.
-    pub inodes_used_percent: f64,
-}
-
-/// Where the GC learns disk usage; injected so tests can drive the thresholds.
-pub trait StatsSource: Send + Sync {
-    /// Current usage. Called once per check of a pass; may block briefly (a `statvfs`).
-    fn stats(&self) -> std::io::Result<DiskStats>;
-}
-
-/// The real [`StatsSource`]: `statvfs` of a path.
-pub struct StatvfsStats {
-    path: PathBuf,
-}
-
-impl StatvfsStats {
-    /// Stats of the filesystem holding `path`.
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        StatvfsStats { path: path.into() }
-    }
-}
-
-impl StatsSource for StatvfsStats {
-    fn stats(&self) -> std::io::Result<DiskStats> {
-        let vfs = rustix::fs::statvfs(&self.path)?;
-        let percent = |used: u64, total: u64| {
-            if total == 0 {
-                0.0
-            } else {
-                used as f64 * 100.0 / total as f64
-            }
-        };
-        // As `df` does: used over used plus what an unprivileged user may still take.
-        let used = vfs.f_blocks.saturating_sub(vfs.f_bfree);
-        Ok(DiskStats {
-            used_percent: percent(used, used + vfs.f_bavail),
-            inodes_used_percent: percent(vfs.f_files.saturating_sub(vfs.f_ffree), vfs.f_files),
-        })
-    }
-}
+mod config;
+pub use config::{DiskStats, GcConfig, StatsSource, StatvfsStats};
 
 /// Why an alloc is collected. [`GcReason::kind`] is the stable label for metrics; the
 /// `Display` form is the sentence logged for operators (Nomad's wording).
@@ -459,17 +370,15 @@ impl GarbageCollector {
                 });
                 break;
             };
-            if !self.claim(&alloc_id, &runner) {
+            // The count drops as each destroy finishes: start it and go on to the next. What a
+            // destroy frees on disk is only known after it: one at a time.
+            let one_at_a_time = !matches!(reason, GcReason::AllocCount { .. });
+            let Some(destroying) = self.start_destroy(&alloc_id, runner, reason) else {
                 continue;
-            }
+            };
             live = live.saturating_sub(1);
-            if matches!(reason, GcReason::AllocCount { .. }) {
-                // The count drops as each destroy finishes: start it and go on to the next.
-                let gc = self.clone();
-                tokio::spawn(async move { gc.destroy_claimed(&alloc_id, runner, reason).await });
-            } else {
-                // What a destroy frees on disk is only known after it: one at a time.
-                self.destroy_claimed(&alloc_id, runner, reason).await;
+            if one_at_a_time {
+                destroying.finished().await;
             }
         }
         self.passes.fetch_add(1, Ordering::SeqCst);
@@ -527,14 +436,29 @@ impl GarbageCollector {
         runner: Arc<dyn AllocRunner>,
         reason: GcReason,
     ) {
-        if self.claim(alloc_id, &runner) {
-            let (gc, id) = (self.clone(), alloc_id.to_string());
-            let destroying =
-                tokio::spawn(async move { gc.destroy_claimed(&id, runner, reason).await });
-            if let Err(error) = destroying.await {
-                tracing::error!(alloc_id, error = %error, "destroying the allocation failed");
-            }
+        if let Some(destroying) = self.start_destroy(alloc_id, runner, reason) {
+            destroying.finished().await;
         }
+    }
+
+    /// Claims an alloc and starts destroying it under the destroy limit, on a task of its
+    /// own; `None` when it is destroyed or being destroyed already. Every destroy starts
+    /// here: callers that start many keep one task each, not a task waiting on another.
+    pub fn start_destroy(
+        self: &Arc<Self>,
+        alloc_id: &str,
+        runner: Arc<dyn AllocRunner>,
+        reason: GcReason,
+    ) -> Option<Destroying> {
+        if !self.claim(alloc_id, &runner) {
+            return None;
+        }
+        let (gc, id) = (self.clone(), alloc_id.to_string());
+        let task = tokio::spawn(async move { gc.destroy_claimed(&id, runner, reason).await });
+        Some(Destroying {
+            alloc_id: alloc_id.to_string(),
+            task,
+        })
     }
 
     async fn destroy_claimed(
@@ -581,17 +505,33 @@ impl GarbageCollector {
 
     /// Forced collection of every marked alloc, under the destroy limit.
     pub async fn collect_all(self: &Arc<Self>) {
-        let mut destroys = tokio::task::JoinSet::new();
+        let mut started = Vec::new();
         loop {
             let Some((alloc_id, runner)) = self.lock().pop() else {
                 break;
             };
-            let gc = self.clone();
-            destroys.spawn(async move {
-                gc.destroy(&alloc_id, runner, GcReason::FullNode).await;
-            });
+            started.extend(self.start_destroy(&alloc_id, runner, GcReason::FullNode));
         }
-        while destroys.join_next().await.is_some() {}
+        for destroying in started {
+            destroying.finished().await;
+        }
+    }
+}
+
+/// A destroy [`GarbageCollector::start_destroy`] started. Dropping it leaves the destroy
+/// running.
+pub struct Destroying {
+    alloc_id: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Destroying {
+    /// Waits for the destroy to end. A panic in it is logged here and goes no further.
+    pub async fn finished(self) {
+        if let Err(error) = self.task.await {
+            let alloc_id = self.alloc_id;
+            tracing::error!(alloc_id, error = %error, "destroying the allocation failed");
+        }
     }
 }
 

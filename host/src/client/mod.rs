@@ -372,15 +372,16 @@ impl Client {
             .iter()
             .map(|(id, runner)| (id.clone(), runner.clone()))
             .collect();
-        let mut destroys = tokio::task::JoinSet::new();
-        for (alloc_id, runner) in runners {
-            let gc = self.inner.gc.clone();
-            destroys.spawn(async move {
-                gc.destroy(&alloc_id, runner, gc::GcReason::DevAgentStopping)
-                    .await;
-            });
+        let gc = &self.inner.gc;
+        let started: Vec<_> = runners
+            .into_iter()
+            .filter_map(|(alloc_id, runner)| {
+                gc.start_destroy(&alloc_id, runner, gc::GcReason::DevAgentStopping)
+            })
+            .collect();
+        for destroying in started {
+            destroying.finished().await;
         }
-        while destroys.join_next().await.is_some() {}
         self.flush_state().await;
     }
 
