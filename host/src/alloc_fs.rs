@@ -34,7 +34,9 @@ pub enum FsError {
     Outside { path: String },
     #[error("{path:?} does not exist in the alloc dir")]
     NotFound { path: String },
-    #[error("the alloc has no directory now (not started here, or collected)")]
+    #[error(
+        "the alloc has no directory now (not started here, collected, or its runner reaches no files: it imports no wasi:filesystem)"
+    )]
     NoAllocDir,
     #[error("{path:?} is a directory: list it instead")]
     IsADirectory { path: String },

@@ -164,8 +164,8 @@ pub struct LoadedComponent {
     pub hash: String,
     /// Whether it was compiled now or read from the on-disk cache.
     pub origin: Origin,
-    /// Whether it imports `wasi:filesystem`: only then does its sandbox open the alloc dir
-    /// and the granted volumes for it.
+    /// Whether it imports `wasi:filesystem`: only then is the alloc dir made, and opened
+    /// with the granted volumes for its sandbox.
     pub imports_filesystem: bool,
     pre: AllocRunnerPre<StoreData>,
 }

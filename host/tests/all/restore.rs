@@ -349,8 +349,11 @@ async fn a_restart_removes_alloc_directories_no_alloc_owns_and_keeps_the_rest() 
     })
     .await;
     node.crash().await;
-    // What a removal cut short by the crash leaves: a deep tree no saved alloc owns.
+    // What a removal cut short by the crash leaves: a deep tree no saved alloc owns. The
+    // counter reaches no files and was given no directory: one is made for it here, as an
+    // earlier build of its runner that could reach files would have left it.
     let allocs = data_dir.path().join("allocs");
+    std::fs::create_dir_all(allocs.join(&counters[0])).unwrap();
     let orphan = allocs.join("0000dead-orphan");
     std::fs::create_dir_all(orphan.join("d/d/d/d")).unwrap();
     std::fs::write(orphan.join("d/file"), "left").unwrap();
@@ -391,6 +394,8 @@ async fn a_running_client_sweeps_leftover_alloc_directories_at_the_gc_interval()
     // What destroys whose removal failed leave, while the agent goes on running: the
     // collected alloc's directory, and one of an alloc this client never knew.
     let leftover = allocs.join("0000dead-leftover");
+    // The running counter's own directory, as an earlier build that reached files left it.
+    std::fs::create_dir_all(allocs.join(&counters[0])).unwrap();
     for dir in [&leftover, &allocs.join(collected)] {
         std::fs::create_dir_all(dir.join("d/d/d/d")).unwrap();
         std::fs::write(dir.join("d/file"), "left").unwrap();

@@ -46,7 +46,7 @@ impl Shared {
             disk.clone(),
             upgrade_asked.clone(),
         );
-        let (mut store, dir_made_now) = match made {
+        let (mut store, first_look_due) = match made {
             Ok(made) => made,
             Err(error) => {
                 let outcome = RunOutcome::Failed(format!("cannot set up the sandbox: {error:#}"));
@@ -60,7 +60,7 @@ impl Shared {
             upgrade_asked,
         };
         let outcome = self
-            .run_in_store(&mut store, run, disk, over_quota, dir_made_now)
+            .run_in_store(&mut store, run, disk, over_quota, first_look_due)
             .await;
         (outcome, Some(store.into_data().host_api.into_events()))
     }
@@ -71,7 +71,7 @@ impl Shared {
         run: GuestRun<'_>,
         disk: Arc<DiskLedger>,
         mut over_quota: QuotaExceeded,
-        dir_made_now: bool,
+        first_look_due: bool,
     ) -> RunOutcome {
         let GuestRun {
             component,
@@ -80,9 +80,10 @@ impl Shared {
             upgrade_asked,
         } = run;
         // What the directory holds already (a restored or restarted alloc's files) counts
-        // from the start. One made now is empty: skipping the look spares a new alloc's start
-        // a trip through the blocking pool, which cost more than the rest of the start.
-        if !dir_made_now {
+        // from the start. One made now is empty, and one the runner cannot reach it cannot
+        // fill: skipping the look spares the start a trip through the blocking pool, which
+        // cost more than the rest of the start.
+        if first_look_due {
             let looking = disk.clone();
             let _ = tokio::task::spawn_blocking(move || looking.look_now()).await;
         }

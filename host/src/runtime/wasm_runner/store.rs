@@ -18,8 +18,9 @@ use wasmtime::Store;
 use wasmtime::component::ResourceTable;
 
 impl Shared {
-    /// The alloc's sandbox for `component`, with its directory made if it was not there:
-    /// returns the store and whether the directory was made now (and so holds nothing yet).
+    /// The alloc's sandbox for `component`, with its directory made if it was not there and
+    /// the runner can reach files: returns the store and whether the disk quota's first look
+    /// is due (a directory it can reach that was there before, holding what it holds).
     pub(super) fn new_store(
         &self,
         component: &LoadedComponent,
@@ -46,7 +47,9 @@ impl Shared {
         }
         let grants = self.admission.offered.grant(&alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
-        let dir_made_now = create_alloc_dir(alloc_dir)?;
+        // A runner that cannot reach files is given no directory: it would stay empty, and
+        // making and removing it was most of a short alloc's cost on disk.
+        let first_look_due = component.imports_filesystem && !create_alloc_dir(alloc_dir)?;
         let sink = GuestLogSink::new(
             self.config.span.clone(),
             LogLimits::of(&self.limits),
@@ -93,6 +96,6 @@ impl Shared {
             }
         });
         store.set_epoch_deadline(1);
-        Ok((store, dir_made_now))
+        Ok((store, first_look_due))
     }
 }
