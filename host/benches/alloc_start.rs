@@ -73,8 +73,8 @@ async fn start_latency(rounds: usize) {
             resumed_samples.push(resumed);
         }
     }
-    // What the filesystem alone costs Caravan per alloc: making its directory (the minimal
-    // runner imports no `wasi:filesystem`, so its sandbox does not open it).
+    // What a directory would cost per alloc: the minimal runner imports no `wasi:filesystem`
+    // and is given none, but a runner that reads or writes files pays this on its start.
     let mut dir_samples = Vec::new();
     for round in 0..rounds {
         let dir = data_dir.path().join(format!("probe-{round}"));
@@ -103,7 +103,7 @@ async fn start_latency(rounds: usize) {
         median(resumed_samples).as_secs_f64() * 1e6
     );
     println!(
-        "  of which making the alloc dir (mkdir on this disk): {:.1} us",
+        "  (a runner that reaches files also makes its alloc dir: mkdir here {:.1} us)",
         median(dir_samples).as_secs_f64() * 1e6
     );
 }

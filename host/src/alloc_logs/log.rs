@@ -214,9 +214,10 @@ impl AllocLog {
             let mut queue = self.queue.lock_unpoisoned();
             queue.removed = true;
             queue.bytes = 0;
-            std::mem::take(&mut queue.lines).len() as u64
+            std::mem::take(&mut queue.lines)
         };
-        self.done.send_modify(|done| *done += discarded);
+        self.done
+            .send_modify(|done| *done += discarded.len() as u64);
     }
 
     fn remove_files(&self) {

@@ -157,11 +157,11 @@ fn emit_event(span: &tracing::Span, level: tracing::Level, origin: Origin<'_>, m
     macro_rules! at_level {
         ($field:ident, $value:expr) => {
             match level {
-                tracing::Level::ERROR => tracing::error!(target: GUEST_TARGET, parent: span, $field = $value, message),
-                tracing::Level::WARN => tracing::warn!(target: GUEST_TARGET, parent: span, $field = $value, message),
-                tracing::Level::INFO => tracing::info!(target: GUEST_TARGET, parent: span, $field = $value, message),
-                tracing::Level::DEBUG => tracing::debug!(target: GUEST_TARGET, parent: span, $field = $value, message),
-                tracing::Level::TRACE => tracing::trace!(target: GUEST_TARGET, parent: span, $field = $value, message),
+                tracing::Level::ERROR => tracing::error!(target: GUEST_TARGET, parent: span, message, $field = $value),
+                tracing::Level::WARN => tracing::warn!(target: GUEST_TARGET, parent: span, message, $field = $value),
+                tracing::Level::INFO => tracing::info!(target: GUEST_TARGET, parent: span, message, $field = $value),
+                tracing::Level::DEBUG => tracing::debug!(target: GUEST_TARGET, parent: span, message, $field = $value),
+                tracing::Level::TRACE => tracing::trace!(target: GUEST_TARGET, parent: span, message, $field = $value),
             }
         };
     }

@@ -9,25 +9,81 @@ mod stderr_writer;
 pub use stderr_writer::flush;
 use stderr_writer::{Escaping, StderrWriter};
 
+use std::fmt;
 use std::io::IsTerminal;
+use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::field::MakeExt;
-use tracing_subscriber::fmt::format::debug_fn;
+use tracing_subscriber::field::{MakeExt, MakeVisitor, VisitFmt, VisitOutput};
+use tracing_subscriber::fmt::format::Writer;
 
 /// Text-log fields with control characters escaped (see [`crate::text::escape_controls`]):
 /// a guest's newline cannot start a line that looks like the host's, nor its ESC reach the
 /// operator's terminal, whichever field (message, context, description) carries it.
 fn escaped_text_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFields<'writer> {
-    debug_fn(|writer, field, value| {
-        let rendered = format!("{value:?}");
-        let rendered = crate::text::escape_controls(&rendered);
-        if field.name() == "message" {
-            write!(writer, "{rendered}")
-        } else {
-            write!(writer, "{field}={rendered}")
+    EscapedTextFields.delimited(" ")
+}
+
+/// Makes an [`EscapedTextVisitor`] for each event and span.
+struct EscapedTextFields;
+
+impl<'writer> MakeVisitor<Writer<'writer>> for EscapedTextFields {
+    type Visitor = EscapedTextVisitor<'writer>;
+
+    fn make_visitor(&self, writer: Writer<'writer>) -> Self::Visitor {
+        EscapedTextVisitor {
+            writer,
+            result: Ok(()),
         }
-    })
-    .delimited(" ")
+    }
+}
+
+/// Writes the message as it is and every other field as `name=value`, in `Debug` form (a
+/// string quoted), as tracing's own text formatter does, with control characters escaped.
+struct EscapedTextVisitor<'writer> {
+    writer: Writer<'writer>,
+    result: fmt::Result,
+}
+
+impl EscapedTextVisitor<'_> {
+    fn write(&mut self, field: &Field, rendered: &str) {
+        if self.result.is_err() {
+            return;
+        }
+        let rendered = crate::text::escape_controls(rendered);
+        self.result = if field.name() == "message" {
+            self.writer.write_str(&rendered)
+        } else {
+            write!(self.writer, "{field}={rendered}")
+        };
+    }
+}
+
+impl Visit for EscapedTextVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        // A guest's line is its record's message as a string: unquoted, as format
+        // arguments would be.
+        if field.name() == "message" {
+            self.write(field, value);
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.write(field, &format!("{value:?}"));
+    }
+}
+
+impl VisitOutput<fmt::Result> for EscapedTextVisitor<'_> {
+    fn finish(self) -> fmt::Result {
+        self.result
+    }
+}
+
+impl VisitFmt for EscapedTextVisitor<'_> {
+    fn writer(&mut self) -> &mut dyn fmt::Write {
+        &mut self.writer
+    }
 }
 
 /// Installs the global subscriber, writing to stderr through `stderr_writer`'s thread.
@@ -68,4 +124,54 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
         print_panic(info);
     }));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn text_lines_show_a_string_message_as_format_arguments_would_and_escape_controls() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .fmt_fields(escaped_text_fields())
+            .without_time()
+            .with_level(false)
+            .with_target(false)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            // A guest's record, as `runtime::logging` emits it.
+            let message = "task web \"started\"\nINFO forged";
+            tracing::info!(message, stream = "stdout");
+            tracing::info!(context = "ctx", count = 3, "from {}", "arguments");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "task web \"started\"\\nINFO forged stream=\"stdout\"",
+                "from arguments context=\"ctx\" count=3",
+            ],
+            "{text}"
+        );
+    }
 }
