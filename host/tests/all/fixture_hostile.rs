@@ -42,6 +42,23 @@ async fn a_directory_bomb_fails_at_a_disk_limit_and_is_removed_without_harm() {
 }
 
 #[tokio::test]
+async fn shutdown_leaves_the_alloc_dir_and_what_its_runner_wrote_for_the_restore() {
+    let _logs = LogCapture::start();
+    // Three directories deep, then running: a runner that reaches files, with files.
+    let started = start(hostile_attack("dir-bomb", &[("depth", "3")]), None);
+    started
+        .recorder
+        .wait_for_status(ClientStatus::Running)
+        .await;
+    started.runner.shutdown();
+    within("shutdown", started.runner.shutdown_done().wait()).await;
+    assert!(
+        started.alloc_dir().join("d/d/d").is_dir(),
+        "shutdown keeps the alloc dir for the restore"
+    );
+}
+
+#[tokio::test]
 async fn a_descriptor_bomb_fails_its_alloc_at_the_handle_limit() {
     let _logs = LogCapture::start();
     let started = start(hostile_attack("fd-bomb", &[]), None);
