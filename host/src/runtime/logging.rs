@@ -153,15 +153,16 @@ impl GuestLogSink {
 fn emit_event(span: &tracing::Span, level: tracing::Level, origin: Origin<'_>, message: &str) {
     // tracing needs the level and the field names at compile time: one arm per combination.
     // The message goes as a string field, not as format arguments: a formatter writes it
-    // without going through `fmt`.
+    // without going through `fmt`. Named last: the logs bench measured the JSON line slower
+    // with it first (23% of the no-op rate against 29%); the text line puts it first anyway.
     macro_rules! at_level {
         ($field:ident, $value:expr) => {
             match level {
-                tracing::Level::ERROR => tracing::error!(target: GUEST_TARGET, parent: span, message, $field = $value),
-                tracing::Level::WARN => tracing::warn!(target: GUEST_TARGET, parent: span, message, $field = $value),
-                tracing::Level::INFO => tracing::info!(target: GUEST_TARGET, parent: span, message, $field = $value),
-                tracing::Level::DEBUG => tracing::debug!(target: GUEST_TARGET, parent: span, message, $field = $value),
-                tracing::Level::TRACE => tracing::trace!(target: GUEST_TARGET, parent: span, message, $field = $value),
+                tracing::Level::ERROR => tracing::error!(target: GUEST_TARGET, parent: span, $field = $value, message),
+                tracing::Level::WARN => tracing::warn!(target: GUEST_TARGET, parent: span, $field = $value, message),
+                tracing::Level::INFO => tracing::info!(target: GUEST_TARGET, parent: span, $field = $value, message),
+                tracing::Level::DEBUG => tracing::debug!(target: GUEST_TARGET, parent: span, $field = $value, message),
+                tracing::Level::TRACE => tracing::trace!(target: GUEST_TARGET, parent: span, $field = $value, message),
             }
         };
     }

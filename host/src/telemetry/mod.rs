@@ -13,14 +13,14 @@ use std::fmt;
 use std::io::IsTerminal;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::field::{MakeExt, MakeVisitor, VisitFmt, VisitOutput};
+use tracing_subscriber::field::{MakeVisitor, VisitFmt, VisitOutput};
 use tracing_subscriber::fmt::format::Writer;
 
 /// Text-log fields with control characters escaped (see [`crate::text::escape_controls`]):
 /// a guest's newline cannot start a line that looks like the host's, nor its ESC reach the
 /// operator's terminal, whichever field (message, context, description) carries it.
 fn escaped_text_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFields<'writer> {
-    EscapedTextFields.delimited(" ")
+    EscapedTextFields
 }
 
 /// Makes an [`EscapedTextVisitor`] for each event and span.
@@ -32,29 +32,42 @@ impl<'writer> MakeVisitor<Writer<'writer>> for EscapedTextFields {
     fn make_visitor(&self, writer: Writer<'writer>) -> Self::Visitor {
         EscapedTextVisitor {
             writer,
+            fields: String::new(),
+            wrote_message: false,
             result: Ok(()),
         }
     }
 }
 
-/// Writes the message as it is and every other field as `name=value`, in `Debug` form (a
-/// string quoted), as tracing's own text formatter does, with control characters escaped.
+/// Writes the message as it is and then every other field as `name=value`, in `Debug` form
+/// (a string quoted), space-separated as tracing's own text formatter does, with control
+/// characters escaped. The message comes first whatever the event's field order: a guest's
+/// record names its message last, which the JSON line writes faster (measured with the
+/// logs bench).
 struct EscapedTextVisitor<'writer> {
     writer: Writer<'writer>,
+    /// The fields other than the message, written after it.
+    fields: String,
+    wrote_message: bool,
     result: fmt::Result,
 }
 
 impl EscapedTextVisitor<'_> {
     fn write(&mut self, field: &Field, rendered: &str) {
-        if self.result.is_err() {
-            return;
-        }
         let rendered = crate::text::escape_controls(rendered);
-        self.result = if field.name() == "message" {
-            self.writer.write_str(&rendered)
+        if field.name() == "message" {
+            if self.result.is_ok() {
+                self.result = self.writer.write_str(&rendered);
+            }
+            self.wrote_message = true;
         } else {
-            write!(self.writer, "{field}={rendered}")
-        };
+            if !self.fields.is_empty() {
+                self.fields.push(' ');
+            }
+            self.fields.push_str(field.name());
+            self.fields.push('=');
+            self.fields.push_str(&rendered);
+        }
     }
 }
 
@@ -75,8 +88,15 @@ impl Visit for EscapedTextVisitor<'_> {
 }
 
 impl VisitOutput<fmt::Result> for EscapedTextVisitor<'_> {
-    fn finish(self) -> fmt::Result {
-        self.result
+    fn finish(mut self) -> fmt::Result {
+        self.result?;
+        if self.fields.is_empty() {
+            return Ok(());
+        }
+        if self.wrote_message {
+            self.writer.write_str(" ")?;
+        }
+        self.writer.write_str(&self.fields)
     }
 }
 
@@ -158,10 +178,14 @@ mod tests {
             .with_ansi(false)
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            // A guest's record, as `runtime::logging` emits it.
+            // A guest's record, as `runtime::logging` emits it: its message named last.
             let message = "task web \"started\"\nINFO forged";
-            tracing::info!(message, stream = "stdout");
+            tracing::info!(stream = "stdout", message);
             tracing::info!(context = "ctx", count = 3, "from {}", "arguments");
+            let span = tracing::info_span!("alloc", alloc_id = "a-1", runner = %"m.wasm");
+            span.record("runner", "n.wasm");
+            let _in = span.enter();
+            tracing::info!("inside");
         });
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
@@ -170,6 +194,7 @@ mod tests {
             [
                 "task web \"started\"\\nINFO forged stream=\"stdout\"",
                 "from arguments context=\"ctx\" count=3",
+                "alloc{alloc_id=\"a-1\" runner=m.wasm runner=\"n.wasm\"}: inside",
             ],
             "{text}"
         );
