@@ -237,6 +237,7 @@ fn needs_escape(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::tests::Captured;
 
     #[test]
     fn strings_escape_what_json_requires() {
@@ -316,28 +317,6 @@ mod tests {
                 value
             })
             .collect()
-    }
-
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-        type Writer = Captured;
-
-        fn make_writer(&'a self) -> Captured {
-            self.clone()
-        }
     }
 
     #[test]

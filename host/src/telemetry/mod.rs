@@ -147,12 +147,13 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
+    /// What a test's subscriber wrote.
     #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
+    pub(in crate::telemetry) struct Captured(pub(in crate::telemetry) Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Captured {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -165,12 +166,19 @@ mod tests {
         }
     }
 
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
     #[test]
     fn text_lines_show_a_string_message_as_format_arguments_would_and_escape_controls() {
         let captured = Captured::default();
-        let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
+            .with_writer(captured.clone())
             .fmt_fields(escaped_text_fields())
             .without_time()
             .with_level(false)
