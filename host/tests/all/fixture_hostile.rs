@@ -50,8 +50,7 @@ async fn shutdown_leaves_the_alloc_dir_and_what_its_runner_wrote_for_the_restore
         .recorder
         .wait_for_status(ClientStatus::Running)
         .await;
-    started.runner.shutdown();
-    within("shutdown", started.runner.shutdown_done().wait()).await;
+    started.shut_down().await;
     assert!(
         started.alloc_dir().join("d/d/d").is_dir(),
         "shutdown keeps the alloc dir for the restore"

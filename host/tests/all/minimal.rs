@@ -37,8 +37,7 @@ async fn shutdown_stops_the_runner_but_leaves_the_alloc_running() {
         .wait_for_status(ClientStatus::Running)
         .await;
 
-    started.runner.shutdown();
-    within("shutdown", started.runner.shutdown_done().wait()).await;
+    started.shut_down().await;
 
     assert_eq!(
         started.runner.alloc_state().client_status,
@@ -86,8 +85,7 @@ async fn a_destroy_after_a_shutdown_still_ends_the_alloc_complete() {
         .recorder
         .wait_for_status(ClientStatus::Running)
         .await;
-    started.runner.shutdown();
-    within("shutdown", started.runner.shutdown_done().wait()).await;
+    started.shut_down().await;
 
     started.runner.destroy();
     within("destroy", started.runner.destroyed().wait()).await;

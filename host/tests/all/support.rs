@@ -223,6 +223,12 @@ impl Started {
         within("the runner to stop", self.runner.wait().wait()).await;
         self.runner.alloc_state()
     }
+
+    /// Shuts the runner down, as a stopping agent does, and waits until it has.
+    pub async fn shut_down(&self) {
+        self.runner.shutdown();
+        within("shutdown", self.runner.shutdown_done().wait()).await;
+    }
 }
 
 /// Builds a runner for `alloc` through the wasm factory and starts it.
