@@ -83,13 +83,15 @@ struct QueuedLine<'a> {
     message: &'a str,
 }
 
-/// What [`LogFile::append_batch`] appends: a text that is already whole lines, or a queued
-/// line, formatted on the way.
+/// What [`LogFile::append_batch`] appends: a queued line, formatted on the way (or, in tests,
+/// a text that is already whole lines).
 pub(super) trait FileLines {
     /// Appends the text to `out`; each line ends in a newline.
     fn write_to(&self, out: &mut String);
 }
 
+/// Lines already formatted, as tests give them.
+#[cfg(test)]
 impl<T: AsRef<str>> FileLines for T {
     fn write_to(&self, out: &mut String) {
         out.push_str(self.as_ref());

@@ -47,19 +47,22 @@ impl Shared {
         }
         let grants = self.admission.offered.grant(&alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
-        // A runner that cannot reach files is given no directory: it would stay empty, and
-        // making and removing it was most of a short alloc's cost on disk.
-        let first_look_due = component.imports_filesystem && !create_alloc_dir(alloc_dir)?;
-        let sink = GuestLogSink::new(
-            self.config.span.clone(),
-            LogLimits::of(&self.limits),
-            self.config.log_writer.clone(),
-        );
         let directories = if component.imports_filesystem {
             Directories::Open
         } else {
             Directories::Unreachable
         };
+        let first_look_due = match directories {
+            Directories::Open => !create_alloc_dir(alloc_dir)?,
+            // Nor is a runner that cannot reach files given a directory: it would stay empty,
+            // and making and removing it was most of a short alloc's cost on disk.
+            Directories::Unreachable => false,
+        };
+        let sink = GuestLogSink::new(
+            self.config.span.clone(),
+            LogLimits::of(&self.limits),
+            self.config.log_writer.clone(),
+        );
         let wasi = sandbox_wasi(alloc_dir, directories, &grants, &sink)?;
         let data = StoreData {
             wasi,
