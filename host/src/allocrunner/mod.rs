@@ -218,6 +218,9 @@ pub struct AllocRunnerConfig {
 
 /// Builds the runner of one alloc. An error fails that alloc only; its message becomes the
 /// alloc's description, so it names what is wrong (a path, a missing export).
+///
+/// A client calls it on tokio's blocking pool, where it may block (to read and compile a
+/// component), for its new allocs one after another; a panic fails that alloc only.
 pub type AllocRunnerFactory =
     Arc<dyn Fn(AllocRunnerConfig) -> anyhow::Result<Arc<dyn AllocRunner>> + Send + Sync>;
 

@@ -25,7 +25,7 @@
 
 use super::metrics::Metrics;
 use crate::locks::LockUnpoisoned;
-use crate::state::{StateDb, StateError, Write, blocking};
+use crate::state::{StateDb, StateError, Write, call_store};
 use crate::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -273,7 +273,7 @@ impl Persister {
         let writes = batch.writes(&states);
         let count = writes.len();
         // A store that panics must not take the loop (and every waiter) down with it.
-        let result = blocking(|| {
+        let result = call_store(self.db.as_ref(), || {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.db.apply(writes)))
                 .unwrap_or_else(|_| Err(StateError::Io("the state store panicked".into())))
         });

@@ -18,6 +18,7 @@
 //!   `client/leftovers.rs`, which goes on sweeping while the client runs).
 
 use super::leftovers::{list_alloc_dirs, owned_by, remove_leftovers};
+use super::runners::Built;
 use super::{Client, ClientInner, check_alloc_id};
 use crate::allocrunner::alloc_span;
 use crate::state::{SavedAlloc, StateError};
@@ -118,34 +119,20 @@ impl ClientInner {
             }
             to_build.push(self.runner_config(&alloc, record.checkpoint, state));
         }
-        // One trip to the blocking pool for every runner: the factory compiles a component
-        // once, then each build is cheap. A panic fails its own alloc only.
-        let factory = self.factory.clone();
-        let built = tokio::task::spawn_blocking(move || {
-            to_build
-                .into_iter()
-                .map(|config| {
-                    let (alloc, span) = (config.alloc.clone(), config.span.clone());
-                    let last_state = config.last_state.clone();
-                    let factory = &factory;
-                    let result =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
-                            .unwrap_or_else(|_| {
-                                Err(anyhow::anyhow!("the runner factory panicked"))
-                            });
-                    (alloc, span, last_state, result)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
+        let built = self.build_runners(to_build).await;
         let (mut running, mut finished) = (0usize, 0usize);
         // Finished allocs whose runner cannot be rebuilt (often: it was deleted since, as a
         // finished job's file may well be): one line for all of them, not a WARN each.
         let mut runnerless = 0usize;
         let mut first_reason = None;
-        for (alloc, span, last_state, result) in built {
-            match (result, last_state) {
+        for Built {
+            alloc,
+            span,
+            last_state,
+            runner,
+        } in built
+        {
+            match (runner, last_state) {
                 (Ok(runner), _) => {
                     if runner.alloc_state().client_status.is_terminal() {
                         finished += 1;

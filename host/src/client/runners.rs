@@ -10,34 +10,64 @@ use crate::allocrunner::{
 use crate::structs::{Alloc, AllocState};
 use std::sync::{Arc, Weak};
 
+/// One alloc's runner as its factory built it (or why not), with what its config carried.
+pub(super) struct Built {
+    pub(super) alloc: Arc<Alloc>,
+    pub(super) span: tracing::Span,
+    pub(super) last_state: Option<AllocState>,
+    pub(super) runner: anyhow::Result<Arc<dyn AllocRunner>>,
+}
+
 /// An alloc's directory under a client's data dir.
 pub(super) fn alloc_dir_in(data_dir: &std::path::Path, alloc_id: &str) -> std::path::PathBuf {
     data_dir.join("allocs").join(alloc_id)
 }
 
 impl ClientInner {
-    /// Builds and starts the runner of a saved alloc (restored with its last checkpoint and
-    /// state when it comes from an earlier run).
-    pub(super) async fn add_alloc(
-        self: &Arc<Self>,
-        alloc: Arc<Alloc>,
-        restored: Option<Vec<u8>>,
-        last_state: Option<AllocState>,
-    ) {
-        let config = self.runner_config(&alloc, restored, last_state);
-        let span = config.span.clone();
-        // A factory may read and compile a component (tens of milliseconds, seconds for some
-        // languages): keep that off the async workers.
-        let factory = self.factory.clone();
-        let built = tokio::task::spawn_blocking(move || factory(config))
-            .await
-            .unwrap_or_else(|join_error| {
-                Err(anyhow::anyhow!("the runner factory panicked: {join_error}"))
-            });
-        match built {
-            Ok(runner) => self.start_runner(&alloc.id, runner),
-            Err(error) => self.fail_alloc(alloc, &span, format!("{error:#}")),
+    /// Builds and starts the runners of new allocs, saved already, in their order; or fails
+    /// the allocs whose runner cannot be built.
+    pub(super) async fn add_allocs(self: &Arc<Self>, allocs: &[Arc<Alloc>]) {
+        let configs = allocs
+            .iter()
+            .map(|alloc| self.runner_config(alloc, None, None))
+            .collect();
+        for built in self.build_runners(configs).await {
+            match built.runner {
+                Ok(runner) => self.start_runner(&built.alloc.id, runner),
+                Err(error) => self.fail_alloc(built.alloc, &built.span, format!("{error:#}")),
+            }
         }
+    }
+
+    /// Calls the factory for each config, in order, off the async workers: a factory may
+    /// read and compile a component (tens of milliseconds, seconds for some languages). One
+    /// trip to the blocking pool for the lot, since after a component's first build each is
+    /// cheap, cheaper than a trip. A panic fails its own alloc only.
+    pub(super) async fn build_runners(&self, configs: Vec<AllocRunnerConfig>) -> Vec<Built> {
+        let factory = self.factory.clone();
+        tokio::task::spawn_blocking(move || {
+            configs
+                .into_iter()
+                .map(|config| {
+                    let (alloc, span) = (config.alloc.clone(), config.span.clone());
+                    let last_state = config.last_state.clone();
+                    let runner =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
+                            .unwrap_or_else(|_| {
+                                Err(anyhow::anyhow!("the runner factory panicked"))
+                            });
+                    Built {
+                        alloc,
+                        span,
+                        last_state,
+                        runner,
+                    }
+                })
+                .collect()
+        })
+        .await
+        // Only a runtime shutting down fails the trip itself: nothing is left to start.
+        .unwrap_or_default()
     }
 
     /// Puts a built runner in the map; runs it unless it is restored terminal, in which

@@ -126,11 +126,10 @@ impl ClientInner {
             let reason = check_alloc_id(&alloc.id).unwrap_err();
             self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
         }
-        let saved = self.persister.save_allocs(&valid).await;
-        for alloc in valid {
-            match &saved {
-                Ok(()) => self.add_alloc(alloc, None, None).await,
-                Err(error) => {
+        match self.persister.save_allocs(&valid).await {
+            Ok(()) => self.add_allocs(&valid).await,
+            Err(error) => {
+                for alloc in valid {
                     let reason = format!("cannot save the alloc before running it: {error}");
                     self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
                 }

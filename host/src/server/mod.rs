@@ -44,7 +44,7 @@ pub use records::{AllocRecord, JobRecord};
 
 use crate::jobspec::JobSpec;
 use crate::locks::LockUnpoisoned;
-use crate::state::{MemoryStateDb, StateDb, StateError, blocking};
+use crate::state::{MemoryStateDb, StateDb, StateError, blocking, call_store};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -195,7 +195,7 @@ impl EmbeddedServer {
         }
         state.index = index;
         let writes = state.dirty_writes();
-        let saved = blocking(|| self.db.apply(writes));
+        let saved = call_store(self.db.as_ref(), || self.db.apply(writes));
         match &saved {
             Ok(()) => {
                 state.saved_index = index;

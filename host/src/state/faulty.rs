@@ -67,4 +67,8 @@ impl StateDb for FaultyStateDb {
         self.check_read()?;
         self.inner.server_records(table)
     }
+
+    fn waits_on_io(&self) -> bool {
+        self.inner.waits_on_io()
+    }
 }

@@ -60,6 +60,10 @@ impl StateDb for MemoryStateDb {
     fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError> {
         Ok(table_rows(&self.lock(), Table::Server(table)))
     }
+
+    fn waits_on_io(&self) -> bool {
+        false
+    }
 }
 
 fn table_rows(rows: &BTreeMap<(Table, String), Vec<u8>>, table: Table) -> Vec<(String, Vec<u8>)> {

@@ -147,7 +147,8 @@ pub struct SavedAlloc {
 /// # Concurrency
 /// Every method may be called from any thread. Batches are applied one at a time; a caller
 /// that needs an order between two batches must wait for the first before sending the second.
-/// Methods block the calling thread for the store's I/O (a disk sync for [`RedbStateDb`]).
+/// Methods block the calling thread for the store's I/O (a disk sync for [`RedbStateDb`]),
+/// unless [`waits_on_io`](StateDb::waits_on_io) says the store has none.
 pub trait StateDb: Send + Sync + 'static {
     /// Applies `writes` in one transaction (see the trait docs).
     fn apply(&self, writes: Vec<Write>) -> Result<(), StateError>;
@@ -157,6 +158,14 @@ pub trait StateDb: Send + Sync + 'static {
 
     /// Every record of one server table, ordered by key.
     fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError>;
+
+    /// Whether a call may wait on I/O. Callers on an async worker hand such calls to
+    /// [`call_store`]; a store that never waits (one held in memory) is called in place,
+    /// which spares each commit a hand-over of the worker to another thread. Fixed for the
+    /// store's life.
+    fn waits_on_io(&self) -> bool {
+        true
+    }
 }
 
 /// The tables rows live in. One row is (table, key) -> bytes.
@@ -276,6 +285,16 @@ pub fn blocking<T>(call: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(call),
         _ => call(),
+    }
+}
+
+/// Runs `call`, a call into `db`, from an async worker: through [`blocking`] when the store
+/// may wait on I/O, in place when it never does.
+pub fn call_store<T>(db: &dyn StateDb, call: impl FnOnce() -> T) -> T {
+    if db.waits_on_io() {
+        blocking(call)
+    } else {
+        call()
     }
 }
 
