@@ -135,6 +135,9 @@ impl AllocSync {
 
     /// The server took `sent`; drops each pending update that is still the one sent.
     fn acknowledge(&self, sent: Vec<AllocUpdate>, accepted: &[String]) {
+        // A set: a busy node sends thousands at once, and a scan per update was quadratic.
+        let accepted: std::collections::HashSet<&str> =
+            accepted.iter().map(String::as_str).collect();
         let mut taken = Vec::new();
         {
             let mut sync = self.lock();
@@ -142,7 +145,7 @@ impl AllocSync {
                 if sync.pending.get(&update.alloc_id) == Some(&update.state) {
                     sync.pending.remove(&update.alloc_id);
                 }
-                if accepted.contains(&update.alloc_id) {
+                if accepted.contains(update.alloc_id.as_str()) {
                     sync.acknowledged
                         .insert(update.alloc_id.clone(), update.state.clone());
                     taken.push(update);

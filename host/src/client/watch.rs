@@ -112,7 +112,8 @@ impl ClientInner {
             if !seen.insert(alloc.id.clone()) {
                 continue;
             }
-            if diff.added.contains(&alloc.id) {
+            // The diff's lists are sorted: a scan per alloc was quadratic in a big answer.
+            if diff.added.binary_search(&alloc.id).is_ok() {
                 added.push(alloc);
             } else {
                 updated.push(alloc);
