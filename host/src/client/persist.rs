@@ -48,8 +48,8 @@ struct Queue {
     known: HashMap<String, Known>,
     /// Alloc records and collection marks, in the order asked.
     structural: Vec<Write>,
-    states: HashMap<String, AllocState>,
-    acked: HashMap<String, AllocState>,
+    states: HashMap<String, Arc<AllocState>>,
+    acked: HashMap<String, Arc<AllocState>>,
     checkpoints: HashMap<String, Vec<u8>>,
     /// Told the outcome of the next commit.
     waiters: Vec<oneshot::Sender<Result<(), String>>>,
@@ -58,7 +58,7 @@ struct Queue {
 struct Known {
     collected: bool,
     /// The last state queued or saved, to skip identical reports.
-    last_state: Option<AllocState>,
+    last_state: Option<Arc<AllocState>>,
 }
 
 impl Persister {
@@ -87,7 +87,7 @@ impl Persister {
             alloc_id.to_string(),
             Known {
                 collected,
-                last_state,
+                last_state: last_state.map(Arc::new),
             },
         );
     }
@@ -131,11 +131,13 @@ impl Persister {
             let Some(known) = queue.known.get_mut(alloc_id) else {
                 return false;
             };
-            if known.collected || known.last_state.as_ref() == Some(state) {
+            if known.collected || known.last_state.as_deref() == Some(state) {
                 return true;
             }
+            // One copy, shared by the queue and the last-saved record.
+            let state = Arc::new(state.clone());
             known.last_state = Some(state.clone());
-            queue.states.insert(alloc_id.to_string(), state.clone());
+            queue.states.insert(alloc_id.to_string(), state);
         }
         self.wake.notify_one();
         true
@@ -148,7 +150,9 @@ impl Persister {
             if queue.known.get(alloc_id).is_none_or(|k| k.collected) {
                 return;
             }
-            queue.acked.insert(alloc_id.to_string(), state.clone());
+            queue
+                .acked
+                .insert(alloc_id.to_string(), Arc::new(state.clone()));
         }
         self.wake.notify_one();
     }
@@ -298,7 +302,7 @@ impl Persister {
     }
 
     /// Puts a failed batch back, behind anything newer queued since.
-    fn requeue(&self, batch: Batch, states: HashMap<String, AllocState>) {
+    fn requeue(&self, batch: Batch, states: HashMap<String, Arc<AllocState>>) {
         let mut queue = self.lock();
         let still_known = |queue: &Queue, id: &str| queue.known.contains_key(id);
         let mut structural: Vec<Write> = batch
@@ -340,7 +344,7 @@ impl Queue {
 /// One commit's writes, apart from the states (kept to tell `on_saved`).
 struct Batch {
     structural: Vec<Write>,
-    acked: HashMap<String, AllocState>,
+    acked: HashMap<String, Arc<AllocState>>,
     checkpoints: HashMap<String, Vec<u8>>,
 }
 
@@ -353,7 +357,7 @@ impl Batch {
     /// checkpoints. That order is right because deleting an alloc drops what is queued for
     /// it (so anything after a delete belongs to a later re-add), and marking it collected
     /// drops its queued checkpoint and keeps its final state.
-    fn writes(&self, states: &HashMap<String, AllocState>) -> Vec<Write> {
+    fn writes(&self, states: &HashMap<String, Arc<AllocState>>) -> Vec<Write> {
         let mut writes: Vec<Write> = self.structural.clone();
         writes.extend(states.iter().map(|(id, state)| Write::PutAllocState {
             alloc_id: id.clone(),

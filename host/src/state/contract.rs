@@ -21,11 +21,11 @@ fn put_all(id: &str) -> Vec<Write> {
         Write::PutAlloc(alloc(id)),
         Write::PutAllocState {
             alloc_id: id.into(),
-            state: state(ClientStatus::Running, "reported"),
+            state: state(ClientStatus::Running, "reported").into(),
         },
         Write::PutAckedState {
             alloc_id: id.into(),
-            state: state(ClientStatus::Pending, "acked"),
+            state: state(ClientStatus::Pending, "acked").into(),
         },
         Write::PutCheckpoint {
             alloc_id: id.into(),
@@ -101,7 +101,7 @@ fn delete_removes_every_record_and_missing_is_not_an_error(db: &dyn StateDb) {
 fn a_record_without_its_alloc_is_listed_as_such(db: &dyn StateDb) {
     db.apply(vec![Write::PutAllocState {
         alloc_id: "orphan".into(),
-        state: state(ClientStatus::Running, ""),
+        state: state(ClientStatus::Running, "").into(),
     }])
     .unwrap();
     let saved = only(db);

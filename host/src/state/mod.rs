@@ -63,15 +63,15 @@ pub enum Write {
     PutAllocState {
         /// The alloc.
         alloc_id: String,
-        /// Its state.
-        state: AllocState,
+        /// Its state, shared with the queue that saves it (a report is copied once).
+        state: Arc<AllocState>,
     },
     /// Saves the state the server last acknowledged.
     PutAckedState {
         /// The alloc.
         alloc_id: String,
         /// The state the server took.
-        state: AllocState,
+        state: Arc<AllocState>,
     },
     /// Saves the runner's checkpoint, replacing the previous one.
     PutCheckpoint {
@@ -220,10 +220,10 @@ fn rows_of(writes: Vec<Write>) -> Vec<RowChange> {
                 rows.push((Table::Allocs, alloc.id.clone(), Some(json(&*alloc))));
             }
             Write::PutAllocState { alloc_id, state } => {
-                rows.push((Table::AllocStates, alloc_id, Some(json(&state))));
+                rows.push((Table::AllocStates, alloc_id, Some(json(&*state))));
             }
             Write::PutAckedState { alloc_id, state } => {
-                rows.push((Table::AckedStates, alloc_id, Some(json(&state))));
+                rows.push((Table::AckedStates, alloc_id, Some(json(&*state))));
             }
             Write::PutCheckpoint { alloc_id, data } => {
                 rows.push((Table::Checkpoints, alloc_id, Some(data)));

@@ -382,7 +382,7 @@ mod tests {
     fn state_write(id: &str) -> Write {
         Write::PutAllocState {
             alloc_id: id.into(),
-            state: AllocState::pending(),
+            state: AllocState::pending().into(),
         }
     }
 

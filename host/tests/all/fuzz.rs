@@ -315,11 +315,11 @@ async fn fuzz_saved_client_records() {
                 writes.push(match acked {
                     false => Write::PutAllocState {
                         alloc_id: alloc.id.clone(),
-                        state: state.clone(),
+                        state: state.clone().into(),
                     },
                     true => Write::PutAckedState {
                         alloc_id: alloc.id.clone(),
-                        state: state.clone(),
+                        state: state.clone().into(),
                     },
                 });
             }

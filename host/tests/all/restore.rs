@@ -318,7 +318,7 @@ async fn a_restored_alloc_the_server_had_stopped_is_killed_not_run() {
     node.crash().await;
     db.apply(vec![Write::PutAllocState {
         alloc_id: ids[0].clone(),
-        state: running,
+        state: running.into(),
     }])
     .unwrap();
     let ticks = guest_lines(&logs, &ids[0], "tick ").len();
