@@ -1,12 +1,9 @@
 //! One alloc's log as the owner keeps it: the bounded queue, the writer task that drains it,
 //! the file lock, and deletion.
 //!
-//! The writer runs only while there are lines: the first line queued starts it, and it ends
-//! when it finds the queue empty, so a quiet or finished alloc holds no thread. It runs on
-//! tokio's blocking pool, never on an async worker nor on the guest's thread: one hand-over
-//! per drain, however many batches it writes. (It was a task handing each batch to the pool:
-//! two hand-overs for a short alloc's one line. A thread of our own for every alloc's log
-//! measured no faster, and tokio's paused test clock cannot see work on it.)
+//! The writer task runs only while there are lines: the first line queued starts it, and it
+//! ends when it finds the queue empty, so a quiet or finished alloc holds no task. Each batch
+//! is written on tokio's blocking pool, never on an async worker.
 
 use super::file::{self, LogFile, QueuedLines};
 use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES};
@@ -39,7 +36,7 @@ struct Queue {
     bytes: usize,
     /// Lines ever queued; [`AllocLog::settle`] waits for `done` to reach it.
     accepted: u64,
-    /// A writer is draining the queue (on the blocking pool, or the writing thread itself).
+    /// A writer task is running (or the writing thread is draining).
     draining: bool,
     removed: bool,
     unreported_drops: u64,
@@ -107,11 +104,10 @@ impl AllocLog {
             drop(queue);
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    let log = self.clone();
-                    runtime.spawn_blocking(move || log.drain());
+                    runtime.spawn(self.clone().drain());
                 }
                 // No runtime to hand the work to: the writing thread is not a guest's.
-                Err(_) => self.drain(),
+                Err(_) => self.drain_here(),
             }
         }
         true
@@ -129,25 +125,33 @@ impl AllocLog {
         let _ = done.wait_for(|done| *done >= accepted).await;
     }
 
-    /// The writer, on the calling thread, which may block on the disk: batches until the
-    /// queue is empty. A written batch's buffers take the next batch's place in the queue,
-    /// so a steady flood reuses two sets of buffers; they are freed when the drain ends.
-    fn drain(&self) {
+    /// The writer task: batches until the queue is empty. A written batch's buffers take the
+    /// next batch's place in the queue, so a steady flood reuses two sets of buffers; they
+    /// are freed when the drain ends.
+    async fn drain(self: Arc<Self>) {
         let mut written = QueuedLines::default();
         while let Some(batch) = self.next_batch(written) {
             let count = batch.len() as u64;
-            // A panic while writing loses that batch only; it still counts as done, and the
-            // drain goes on, so no later line waits on a writer that is gone.
-            let wrote = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.write_batch(&batch);
-            }));
-            written = if wrote.is_ok() {
+            let log = self.clone();
+            // A panic while writing loses that batch only; it still counts as done.
+            written = tokio::task::spawn_blocking(move || {
+                log.write_batch(&batch);
                 batch
-            } else {
-                QueuedLines::default()
-            };
+            })
+            .await
+            .unwrap_or_default();
             self.done.send_modify(|done| *done += count);
             self.report_drops(false);
+        }
+    }
+
+    /// [`AllocLog::drain`] on the calling thread.
+    fn drain_here(&self) {
+        let mut written = QueuedLines::default();
+        while let Some(batch) = self.next_batch(written) {
+            self.write_batch(&batch);
+            self.done.send_modify(|done| *done += batch.len() as u64);
+            written = batch;
         }
     }
 

@@ -8,10 +8,10 @@
 //! - [`AllocLogs`] (one per agent, cheap to clone) hands out writers, reads, follows and
 //!   removes.
 //! - [`AllocLogWriter`] (one per alloc, cheap to clone) takes a guest's lines without ever
-//!   waiting on the disk: each line joins a bounded per-alloc queue that a writer on the
-//!   blocking pool drains in batches; a line that finds the queue full is dropped and
-//!   counted, per alloc and per agent (`caravan_alloc_log_lines_dropped_total`). Lines of
-//!   one alloc reach its file in the order they were written.
+//!   waiting on the disk: each line joins a bounded per-alloc queue that a writer task drains
+//!   in batches; a line that finds the queue full is dropped and counted, per alloc and per
+//!   agent (`caravan_alloc_log_lines_dropped_total`). Lines of one alloc reach its file in the
+//!   order they were written.
 //! - [`LogFollower`] reads everything kept, then what is appended, across rotations, each line
 //!   once and in order, until the caller says the alloc has stopped.
 //!
@@ -77,8 +77,8 @@ pub const DROPPED_METRIC: &str = "caravan_alloc_log_lines_dropped_total";
 /// share everything.
 ///
 /// Everything may be used from any thread. Writing needs no runtime: the queue is drained on
-/// the blocking pool of the tokio runtime current at the time of the write (without one, the
-/// writing thread drains it itself). Reading, following, settling and removing are async and need a tokio runtime
+/// the tokio runtime current at the time of the write (without one, the writing thread drains
+/// it itself). Reading, following, settling and removing are async and need a tokio runtime
 /// (file work runs on its blocking pool).
 #[derive(Clone)]
 pub struct AllocLogs {
