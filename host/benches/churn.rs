@@ -37,7 +37,7 @@ use caravan_host::state::{MemoryStateDb, StateDb};
 use caravan_host::testing::InMemoryServer;
 use caravan_test_artifacts::FIXTURE_WRONG_WORLD;
 use common::{arg_value, count_arg, median};
-use one_node::{LOOK_AT_METRICS, NODE, collected, sim_alloc, wait_until};
+use one_node::{LOOK, NODE, collected, sim_alloc, wait_until};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -66,7 +66,7 @@ async fn caravan_round(factory: &AllocRunnerFactory, allocs: usize, parent: &Pat
     let wanted = (allocs as u64).saturating_sub(kept);
     wait_until(
         "the allocs to complete and be collected",
-        LOOK_AT_METRICS,
+        LOOK,
         || collected(&client) >= wanted,
     )
     .await;

@@ -30,7 +30,7 @@ use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use caravan_host::state::{MemoryStateDb, StateDb};
 use caravan_host::testing::InMemoryServer;
 use common::count_arg;
-use one_node::{LOOK, LOOK_AT_METRICS, NODE, collected, sim_alloc, wait_until};
+use one_node::{LOOK, NODE, collected, sim_alloc, wait_until};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -134,7 +134,7 @@ async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Roun
             restarted.gc().queued() == 0
         })
         .await;
-        wait_until("the storm to end", LOOK_AT_METRICS, || {
+        wait_until("the storm to end", LOOK, || {
             collected(&restarted) >= terminal
         })
         .await;

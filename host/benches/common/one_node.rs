@@ -19,8 +19,6 @@ pub const NODE: &str = "bench-node";
 pub const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How often a cheap condition is looked at.
 pub const LOOK: Duration = Duration::from_millis(5);
-/// How often the client's metrics are: they count every runner, too dear to ask often.
-pub const LOOK_AT_METRICS: Duration = Duration::from_millis(50);
 
 /// Disk usage that never crosses a threshold: only the alloc count triggers the GC.
 struct NoDiskPressure;
@@ -63,9 +61,10 @@ pub fn client(
     )
 }
 
-/// Allocs the client's GC has collected.
+/// Allocs the client's GC has collected: one counter, cheap enough to look at every
+/// [`LOOK`].
 pub fn collected(client: &Client) -> u64 {
-    client.metrics().allocs_collected.values().sum()
+    client.allocs_collected_total()
 }
 
 /// Waits until `done`, looking every `every`; gives up, naming `what`, after

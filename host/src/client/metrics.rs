@@ -69,6 +69,11 @@ impl Metrics {
             .or_default() += 1;
     }
 
+    /// Allocs collected, over every reason.
+    pub(crate) fn collected_total(&self) -> u64 {
+        self.collected.lock_unpoisoned().values().sum()
+    }
+
     pub(crate) fn destroy_started(&self) {
         let now = self.destroys_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.destroys_in_flight_peak

@@ -385,6 +385,12 @@ impl Client {
         self.flush_state().await;
     }
 
+    /// Allocs collected so far, over every reason: one counter, where [`Client::metrics`]
+    /// visits every runner (which, for a watcher looking often at a big node, is not free).
+    pub fn allocs_collected_total(&self) -> u64 {
+        self.inner.metrics.collected_total()
+    }
+
     /// The client's counters, with allocs counted by client status now (collected ones by
     /// their final status, and once more under `allocs_destroyed`).
     pub fn metrics(&self) -> MetricsSnapshot {
