@@ -64,11 +64,9 @@ async fn caravan_round(factory: &AllocRunnerFactory, allocs: usize, parent: &Pat
         (0..allocs).map(|n| sim_alloc(format!("churn-{n:06}"), "churn", &[("run_for", "0s")])),
     );
     let wanted = (allocs as u64).saturating_sub(kept);
-    wait_until(
-        "the allocs to complete and be collected",
-        LOOK,
-        || collected(&client) >= wanted,
-    )
+    wait_until("the allocs to complete and be collected", LOOK, || {
+        collected(&client) >= wanted
+    })
     .await;
     let elapsed = began.elapsed();
     client.destroy_all().await;

@@ -61,8 +61,8 @@ pub fn client(
     )
 }
 
-/// Allocs the client's GC has collected: one counter, cheap enough to look at every
-/// [`LOOK`].
+/// Allocs the client's GC has collected: a sum of a few counters, cheap enough to look at
+/// every [`LOOK`].
 pub fn collected(client: &Client) -> u64 {
     client.allocs_collected_total()
 }

@@ -385,8 +385,9 @@ impl Client {
         self.flush_state().await;
     }
 
-    /// Allocs collected so far, over every reason: one counter, where [`Client::metrics`]
-    /// visits every runner (which, for a watcher looking often at a big node, is not free).
+    /// Allocs collected so far, over every reason: the sum of a few counters, one per
+    /// reason, where [`Client::metrics`] visits every runner (which, for a watcher looking
+    /// often at a big node, is not free).
     pub fn allocs_collected_total(&self) -> u64 {
         self.inner.metrics.collected_total()
     }
