@@ -220,7 +220,8 @@ pub struct AllocRunnerConfig {
 /// alloc's description, so it names what is wrong (a path, a missing export).
 ///
 /// A client calls it on tokio's blocking pool, where it may block (to read and compile a
-/// component), for its new allocs one after another; a panic fails that alloc only.
+/// component), for its new allocs one after another; a panic costs that alloc only (a new
+/// alloc fails; a restored one that had finished keeps its final state).
 pub type AllocRunnerFactory =
     Arc<dyn Fn(AllocRunnerConfig) -> anyhow::Result<Arc<dyn AllocRunner>> + Send + Sync>;
 

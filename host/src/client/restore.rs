@@ -119,18 +119,18 @@ impl ClientInner {
             }
             to_build.push(self.runner_config(&alloc, record.checkpoint, state));
         }
-        let built = self.build_runners(to_build).await;
+        let mut built = self.build_runners(to_build);
         let (mut running, mut finished) = (0usize, 0usize);
         // Finished allocs whose runner cannot be rebuilt (often: it was deleted since, as a
         // finished job's file may well be): one line for all of them, not a WARN each.
         let mut runnerless = 0usize;
         let mut first_reason = None;
-        for Built {
+        while let Some(Built {
             alloc,
             span,
             last_state,
             runner,
-        } in built
+        }) = built.recv().await
         {
             match (runner, last_state) {
                 (Ok(runner), _) => {

@@ -25,13 +25,14 @@ pub(super) fn alloc_dir_in(data_dir: &std::path::Path, alloc_id: &str) -> std::p
 
 impl ClientInner {
     /// Builds and starts the runners of new allocs, saved already, in their order; or fails
-    /// the allocs whose runner cannot be built.
+    /// the allocs whose runner cannot be built. Each starts as soon as it is built.
     pub(super) async fn add_allocs(self: &Arc<Self>, allocs: &[Arc<Alloc>]) {
         let configs = allocs
             .iter()
             .map(|alloc| self.runner_config(alloc, None, None))
             .collect();
-        for built in self.build_runners(configs).await {
+        let mut built = self.build_runners(configs);
+        while let Some(built) = built.recv().await {
             match built.runner {
                 Ok(runner) => self.start_runner(&built.alloc.id, runner),
                 Err(error) => self.fail_alloc(built.alloc, &built.span, format!("{error:#}")),
@@ -42,32 +43,40 @@ impl ClientInner {
     /// Calls the factory for each config, in order, off the async workers: a factory may
     /// read and compile a component (tens of milliseconds, seconds for some languages). One
     /// trip to the blocking pool for the lot, since after a component's first build each is
-    /// cheap, cheaper than a trip. A panic fails its own alloc only.
-    pub(super) async fn build_runners(&self, configs: Vec<AllocRunnerConfig>) -> Vec<Built> {
+    /// cheap, cheaper than a trip; each result is handed back as soon as it is made, so a
+    /// runner need not wait for the builds after it (ten thousand of them, or a compile of
+    /// another language's component). A panic costs its own alloc only. The receiver ends
+    /// after the last config, or at once when there is none (no trip then); a runtime
+    /// shutting down may end it early, and then nothing is left to start anyway.
+    pub(super) fn build_runners(
+        &self,
+        configs: Vec<AllocRunnerConfig>,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<Built> {
+        let (results, received) = tokio::sync::mpsc::unbounded_channel();
+        if configs.is_empty() {
+            return received;
+        }
         let factory = self.factory.clone();
         tokio::task::spawn_blocking(move || {
-            configs
-                .into_iter()
-                .map(|config| {
-                    let (alloc, span) = (config.alloc.clone(), config.span.clone());
-                    let last_state = config.last_state.clone();
-                    let runner =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
-                            .unwrap_or_else(|_| {
-                                Err(anyhow::anyhow!("the runner factory panicked"))
-                            });
-                    Built {
-                        alloc,
-                        span,
-                        last_state,
-                        runner,
-                    }
-                })
-                .collect()
-        })
-        .await
-        // Only a runtime shutting down fails the trip itself: nothing is left to start.
-        .unwrap_or_default()
+            for config in configs {
+                let (alloc, span) = (config.alloc.clone(), config.span.clone());
+                let last_state = config.last_state.clone();
+                let runner =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| factory(config)))
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("the runner factory panicked")));
+                let built = Built {
+                    alloc,
+                    span,
+                    last_state,
+                    runner,
+                };
+                if results.send(built).is_err() {
+                    // Whoever wanted these stopped waiting: the rest need not be built.
+                    return;
+                }
+            }
+        });
+        received
     }
 
     /// Puts a built runner in the map; runs it unless it is restored terminal, in which

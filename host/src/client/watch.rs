@@ -18,7 +18,8 @@ use crate::rpc::{NodeAllocs, ServerError};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-/// How an alloc diff sorts the server's answer.
+/// How an alloc diff sorts the server's answer. Each list is sorted by id, so a caller may
+/// look an id up with a binary search.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct AllocDiff {
     /// On the server, not on the client.
@@ -127,12 +128,16 @@ impl ClientInner {
             let reason = check_alloc_id(&alloc.id).unwrap_err();
             self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
         }
-        match self.persister.save_allocs(&valid).await {
-            Ok(()) => self.add_allocs(&valid).await,
-            Err(error) => {
-                for alloc in valid {
-                    let reason = format!("cannot save the alloc before running it: {error}");
-                    self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
+        // An answer with nothing new waits on no commit: updates and removals are queued
+        // behind whatever the persister holds, in order, without it.
+        if !valid.is_empty() {
+            match self.persister.save_allocs(&valid).await {
+                Ok(()) => self.add_allocs(&valid).await,
+                Err(error) => {
+                    for alloc in valid {
+                        let reason = format!("cannot save the alloc before running it: {error}");
+                        self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
+                    }
                 }
             }
         }

@@ -660,11 +660,18 @@ async fn no_runner_starts_once_the_client_is_shutting_down() {
     let (building_tx, building) = std::sync::mpsc::channel::<()>();
     let (release, release_rx) = std::sync::mpsc::channel::<()>();
     let release_rx = std::sync::Mutex::new(release_rx);
-    let factory: AllocRunnerFactory = Arc::new(move |config: AllocRunnerConfig| {
-        // Each build waits for the test's word.
-        let _ = building_tx.send(());
-        let _ = release_rx.lock().unwrap().recv();
-        Ok(Arc::new(EmptyAllocRunner::new(config)) as Arc<dyn AllocRunner>)
+    // Every runner built, weakly: one the client let go is gone; one it started is held.
+    let built: Arc<std::sync::Mutex<Vec<std::sync::Weak<EmptyAllocRunner>>>> = Arc::default();
+    let factory: AllocRunnerFactory = Arc::new({
+        let built = built.clone();
+        move |config: AllocRunnerConfig| {
+            // Each build waits for the test's word.
+            let _ = building_tx.send(());
+            let _ = release_rx.lock().unwrap().recv();
+            let runner = Arc::new(EmptyAllocRunner::new(config));
+            built.lock().unwrap().push(Arc::downgrade(&runner));
+            Ok(runner as Arc<dyn AllocRunner>)
+        }
     });
     let client = client(&server, factory, gc_config(50, 2), Arc::default());
     let building = Arc::new(std::sync::Mutex::new(building));
@@ -676,17 +683,27 @@ async fn no_runner_starts_once_the_client_is_shutting_down() {
                 .unwrap()
         })
     };
-    // The watch adds a node's new allocs one after another: the second build begins only
-    // once the first alloc's add is over.
     server.place_many(NODE, allocs("late", 2));
     build_begins("the first build to begin").await;
     client.shutdown_all().await;
     release.send(()).unwrap();
     build_begins("the second build to begin").await;
-    assert!(
-        client.runner("late-000").is_none(),
-        "a runner started after shutdown_all"
-    );
     release.send(()).unwrap();
+    // Both builds end after the shutdown; a runner the client started would be in its map
+    // (and so alive), one it refused is dropped.
+    eventually(
+        "both built runners to be let go (a runner started after shutdown_all)",
+        || {
+            let built = built.lock().unwrap();
+            built.len() == 2 && built.iter().all(|runner| runner.strong_count() == 0)
+        },
+    )
+    .await;
+    for id in ["late-000", "late-001"] {
+        assert!(
+            client.runner(id).is_none(),
+            "{id} started after shutdown_all"
+        );
+    }
     client.flush_state().await;
 }
