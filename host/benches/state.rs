@@ -113,7 +113,7 @@ fn churn(window: Duration) {
     while started.elapsed() < window {
         db.apply(vec![Write::PutAllocState {
             alloc_id: format!("alloc-{}", naive as usize % ALLOCS),
-            state: state(naive),
+            state: state(naive).into(),
         }])
         .unwrap();
         naive += 1;
