@@ -32,7 +32,7 @@ impl Client {
     /// cannot be read at all is an error, a bad record costs only its alloc.
     pub async fn restore(&self) -> Result<usize, StateError> {
         let db = self.inner.persister.db().clone();
-        let saved = crate::state::blocking(|| db.client_allocs())?;
+        let saved = crate::state::call_store(db.as_ref(), || db.client_allocs())?;
         let count = saved.len();
         self.inner.restore(saved).await;
         Ok(count)

@@ -17,7 +17,7 @@
 use super::records::{AllocRecord, JobRecord};
 use crate::jobspec::JobType;
 use crate::structs::DesiredStatus;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -31,22 +31,26 @@ pub fn collectable_allocs<'a>(
     force: bool,
 ) -> Vec<String> {
     let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
-    let finished_jobs: BTreeSet<&String> = jobs
+    // One pass over the allocs, not one per job: a server with many batch jobs and many
+    // allocs would otherwise pay jobs x allocs on every GC tick.
+    let jobs_still_running: HashSet<&str> = allocs
+        .iter()
+        .filter(|a| !a.is_terminal())
+        .map(|a| a.alloc.job_id.as_str())
+        .collect();
+    let finished_jobs: HashSet<&str> = jobs
         .iter()
         .filter(|(id, job)| {
             job.stopped
                 || (job.spec.job_type == JobType::Batch
-                    && allocs
-                        .iter()
-                        .filter(|a| &a.alloc.job_id == *id)
-                        .all(|a| a.is_terminal()))
+                    && !jobs_still_running.contains(id.as_str()))
         })
-        .map(|(id, _)| id)
+        .map(|(id, _)| id.as_str())
         .collect();
     allocs
         .iter()
         .filter(|a| {
-            finished_jobs.contains(&a.alloc.job_id)
+            finished_jobs.contains(a.alloc.job_id.as_str())
                 || a.replaced
                 || a.alloc.desired_status != DesiredStatus::Run
         })
@@ -133,6 +137,23 @@ mod tests {
         assert_eq!(
             collectable_allocs(&jobs, &both, later, THRESHOLD, false),
             ["once-1", "once-2"]
+        );
+    }
+
+    #[test]
+    fn a_batch_job_still_running_does_not_hold_back_another_that_finished() {
+        let since = Instant::now();
+        let jobs = jobs([
+            job(spec("done", JobType::Batch, 1), 1),
+            job(spec("busy", JobType::Batch, 1), 1),
+        ]);
+        let allocs = [
+            complete(alloc_on("done", 1, Some("n1")), since),
+            alloc_on("busy", 1, Some("n1")),
+        ];
+        assert_eq!(
+            collectable_allocs(&jobs, &allocs, since, THRESHOLD, true),
+            ["done-1"]
         );
     }
 

@@ -17,14 +17,14 @@ use super::State;
 use super::records::{
     AllocRecord, JobRecord, META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode,
 };
-use crate::state::{ServerTable, StateDb, StateError, Write, blocking};
+use crate::state::{ServerTable, StateDb, StateError, Write, call_store};
 use std::collections::BTreeSet;
 
 impl State {
     /// Everything `db` holds for the server (see the module docs for what is skipped).
     pub(super) fn load(db: &dyn StateDb) -> Result<State, StateError> {
         let mut state = State::default();
-        let records = |table| blocking(|| db.server_records(table));
+        let records = |table| call_store(db, || db.server_records(table));
         let mut nodes_record = None;
         for (key, bytes) in records(ServerTable::Meta)? {
             let read = if key == NODES_KEY {
