@@ -21,7 +21,10 @@
 //!
 //! A wasm size whose nodes would need more open files than this process may have (a
 //! connection or two per node; the sim runner imports no `wasi:filesystem`, so its allocs
-//! hold no alloc dir open) is skipped with the reason.
+//! hold no alloc dir open) is skipped with the reason. One that may need more memory maps
+//! than `vm.max_map_count` allows (about 7 per live alloc; `scripts/bench` raises it when run
+//! as root) says so and runs; should it fail, the failure names the maps held and the limit.
+//! A failed run kills the agent and nodesim it spawned.
 
 mod common;
 
@@ -59,10 +62,11 @@ fn main() {
         }
     }
     let open_files = open_files_limit();
+    let map_count = max_map_count();
     // Shared by every run: the first wasm run compiles the sim runner, the others load it.
     let cache = tempfile::tempdir().unwrap();
     println!(
-        "nodesim scale: {per_node} sim allocs per node, median of {runs} runs, open-files limit {open_files}"
+        "nodesim scale: {per_node} sim allocs per node, median of {runs} runs, open-files limit {open_files}, vm.max_map_count {map_count}"
     );
     println!(
         "{:>6} {:>7} {:>8} {:>10} {:>12} {:>11} {:>10} {:>10} {:>9} {:>9}",
@@ -90,6 +94,15 @@ fn main() {
                     "{nodes:>6} {runner:>7} {allocs:>8} skipped: needs about {needed} open files, the limit is {open_files}"
                 );
                 continue;
+            }
+            // An estimate (the sim runner may need fewer maps than the host counts on), so
+            // the size runs anyway; a run that stalls on the limit names it.
+            let maps_needed = allocs as u64 * MAPS_PER_LIVE_ALLOC;
+            if runner == "wasm" && maps_needed > map_count {
+                println!(
+                    "{nodes:>6} {runner:>7} {allocs:>8} may not fit: about {maps_needed} memory maps against vm.max_map_count {map_count}; run scripts/bench as root, or `sysctl -w vm.max_map_count={}`",
+                    maps_needed.next_power_of_two()
+                );
             }
             let mut measured: Vec<Run> = (0..runs)
                 .map(|_| measure(nodes, allocs, runner, cache.path()))
@@ -165,9 +178,19 @@ fn measure(nodes: usize, allocs: usize, runner: &str, cache: &std::path::Path) -
         if now_running >= allocs {
             break;
         }
+        // When the kernel refuses a map, the allocator aborts nodesim ("memory allocation
+        // of N bytes failed"): say so now rather than after the timeout.
+        if let Ok(Some(exit)) = sim.child.try_wait() {
+            panic!(
+                "{nodes} nodes, {runner}: nodesim exited ({exit}) with {now_running} of {allocs} allocs running; vm.max_map_count is {}",
+                max_map_count()
+            );
+        }
         assert!(
             submitted.elapsed() < Duration::from_secs(300),
-            "{nodes} nodes, {runner}: only {now_running} of {allocs} allocs running after 5 minutes"
+            "{nodes} nodes, {runner}: only {now_running} of {allocs} allocs running after 5 minutes; nodesim holds {} memory maps of vm.max_map_count {}",
+            maps_of(sim.child.id()),
+            max_map_count(),
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -200,7 +223,12 @@ fn measure(nodes: usize, allocs: usize, runner: &str, cache: &std::path::Path) -
     run
 }
 
-/// A `caravan nodesim` process and its stdout.
+/// Memory maps one live wasm alloc needs, as the host's engine counts them when it warns
+/// at start (`MAPS_PER_LIVE_ALLOC` in `runtime/engine.rs`).
+const MAPS_PER_LIVE_ALLOC: u64 = 7;
+
+/// A `caravan nodesim` process and its stdout. Dropping it kills the process, so a failed
+/// run leaves no nodesim behind.
 struct Nodesim {
     child: Child,
     lines: std::sync::mpsc::Receiver<String>,
@@ -247,7 +275,13 @@ impl Nodesim {
         }
     }
 
-    fn stop(mut self) {
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Nodesim {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -280,6 +314,19 @@ fn rss_of(pid: u32) -> u64 {
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
+}
+
+/// How many memory maps the process `pid` holds.
+fn maps_of(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).map_or(0, |maps| maps.lines().count())
+}
+
+/// The kernel's limit on memory maps per process, which live wasm allocs count against.
+fn max_map_count() -> u64 {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(u64::MAX)
 }
 
 /// The hard limit on open files, which nodesim raises its own soft limit to.

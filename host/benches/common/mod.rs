@@ -100,7 +100,8 @@ pub fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-/// A spawned `caravan agent` and its address.
+/// A spawned `caravan agent` and its address. Dropping it kills the agent, so a bench that
+/// panics leaves no agent running behind it.
 pub struct Agent {
     pub child: Child,
     pub addr: String,
@@ -174,11 +175,20 @@ impl Agent {
         }
     }
 
+    /// Stops the agent as an operator's Ctrl-C would, and waits for it to exit.
     pub fn stop(mut self) {
         Command::new("kill")
             .args(["-INT", &self.child.id().to_string()])
             .status()
             .unwrap();
         self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // After `stop` the child is reaped and this does nothing.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
