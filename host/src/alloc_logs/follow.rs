@@ -19,12 +19,20 @@ use std::time::Duration;
 /// How often a follower waiting for lines asks whether the alloc has stopped.
 pub const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
-/// Reads one alloc's log as it grows. Made by [`super::AllocLogs::follow`].
+/// Reads one alloc's log as it grows. Made by [`super::AllocLogs::follow`]. While one is
+/// alive, the alloc's lines go to the file as soon as they are queued (no
+/// [`super::WRITE_BEHIND`]), so a follower sees them at once.
 pub struct LogFollower {
     log: Arc<AllocLog>,
     stopped: Box<dyn Fn() -> bool + Send + Sync>,
     position: Position,
     started: bool,
+}
+
+impl Drop for LogFollower {
+    fn drop(&mut self) {
+        self.log.follower_left();
+    }
 }
 
 /// Where the next unread byte is.
@@ -41,6 +49,7 @@ impl LogFollower {
         log: Arc<AllocLog>,
         stopped: impl Fn() -> bool + Send + Sync + 'static,
     ) -> Self {
+        log.follower_arrived();
         LogFollower {
             log,
             stopped: Box::new(stopped),

@@ -2,18 +2,20 @@
 //! the file lock, and deletion.
 //!
 //! The writer task runs only while there are lines: the first line queued starts it, and it
-//! ends when it finds the queue empty, so a quiet or finished alloc holds no task. Each batch
-//! is written on tokio's blocking pool, never on an async worker.
+//! ends when it finds the queue empty, so a quiet or finished alloc holds no task. It first
+//! waits out [`WRITE_BEHIND`], cut short by whoever needs the lines in the file now (a
+//! settle, a follower, a removal, a half-full queue): see the module above for why. Each
+//! batch is written on tokio's blocking pool, never on an async worker.
 
 use super::file::{self, LogFile, QueuedLines};
-use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES};
+use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES, WRITE_BEHIND};
 use crate::locks::LockUnpoisoned;
 use crate::locks::RwLockUnpoisoned;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 /// How often, at most, an alloc whose writer falls behind gets its WARN about dropped lines.
@@ -29,6 +31,11 @@ pub(super) struct AllocLog {
     /// whole batches, after they are in the file.
     pub(super) done: watch::Sender<u64>,
     dropped: AtomicU64,
+    /// Ends the writer's wait for [`WRITE_BEHIND`]. A permit left when no writer waits only
+    /// makes the next one write early.
+    write_now: Notify,
+    /// Live [`super::LogFollower`]s: while there is one, the writer does not wait.
+    followers: AtomicUsize,
 }
 
 struct Queue {
@@ -38,6 +45,8 @@ struct Queue {
     accepted: u64,
     /// A writer task is running (or the writing thread is draining).
     draining: bool,
+    /// The writer task is waiting out [`WRITE_BEHIND`] and nobody has cut it short yet.
+    lingering: bool,
     removed: bool,
     unreported_drops: u64,
     reported_at: Option<Instant>,
@@ -61,6 +70,7 @@ impl AllocLog {
                 bytes: 0,
                 accepted: 0,
                 draining: false,
+                lingering: false,
                 removed: false,
                 unreported_drops: 0,
                 reported_at: None,
@@ -72,6 +82,8 @@ impl AllocLog {
             }),
             done: watch::Sender::new(0),
             dropped: AtomicU64::new(0),
+            write_now: Notify::new(),
+            followers: AtomicUsize::new(0),
         }
     }
 
@@ -101,34 +113,73 @@ impl AllocLog {
         queue.accepted += 1;
         if !queue.draining {
             queue.draining = true;
-            drop(queue);
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
+                    queue.lingering = true;
+                    drop(queue);
                     runtime.spawn(self.clone().drain());
                 }
                 // No runtime to hand the work to: the writing thread is not a guest's.
-                Err(_) => self.drain_here(),
+                Err(_) => {
+                    drop(queue);
+                    self.drain_here();
+                }
             }
+        } else if queue.lingering
+            && (queue.lines.len() >= QUEUE_MAX_LINES / 2 || queue.bytes >= QUEUE_MAX_BYTES / 2)
+        {
+            // Half full: written now, so a burst finds room rather than a full queue.
+            queue.lingering = false;
+            drop(queue);
+            self.write_now.notify_one();
         }
         true
+    }
+
+    /// Has the writer take what is queued to the file now, not after [`WRITE_BEHIND`].
+    fn write_soon(&self) {
+        let lingering = std::mem::take(&mut self.queue.lock_unpoisoned().lingering);
+        if lingering {
+            self.write_now.notify_one();
+        }
+    }
+
+    /// A follower arrived: until it leaves, lines go to the file as soon as they are queued.
+    pub(super) fn follower_arrived(&self) {
+        self.followers.fetch_add(1, Ordering::SeqCst);
+        self.write_soon();
+    }
+
+    pub(super) fn follower_left(&self) {
+        self.followers.fetch_sub(1, Ordering::SeqCst);
     }
 
     pub(super) fn lines_dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Returns once every line queued before the call is done with.
+    /// Returns once every line queued before the call is done with (written now, without
+    /// waiting out [`WRITE_BEHIND`]).
     pub(super) async fn settle(&self) {
+        self.write_soon();
         let accepted = self.queue.lock_unpoisoned().accepted;
         let mut done = self.done.subscribe();
         // The sender lives in `self`: this never sees it closed.
         let _ = done.wait_for(|done| *done >= accepted).await;
     }
 
-    /// The writer task: batches until the queue is empty. A written batch's buffers take the
-    /// next batch's place in the queue, so a steady flood reuses two sets of buffers; they
-    /// are freed when the drain ends.
+    /// The writer task: waits out [`WRITE_BEHIND`] (unless cut short or followed), then
+    /// batches until the queue is empty. A written batch's buffers take the next batch's
+    /// place in the queue, so a steady flood reuses two sets of buffers; they are freed when
+    /// the drain ends.
     async fn drain(self: Arc<Self>) {
+        if self.followers.load(Ordering::SeqCst) == 0 {
+            tokio::select! {
+                () = tokio::time::sleep(WRITE_BEHIND) => {}
+                () = self.write_now.notified() => {}
+            }
+        }
+        self.queue.lock_unpoisoned().lingering = false;
         let mut written = QueuedLines::default();
         while let Some(batch) = self.next_batch(written) {
             let count = batch.len() as u64;
@@ -206,6 +257,8 @@ impl AllocLog {
     /// the calling thread, which may block on the disk.
     pub(super) fn remove_blocking(&self) {
         self.discard_queue();
+        // The writer has nothing left to wait for.
+        self.write_soon();
         self.remove_files();
     }
 

@@ -11,7 +11,7 @@
 //!   waiting on the disk: each line joins a bounded per-alloc queue that a writer task drains
 //!   in batches; a line that finds the queue full is dropped and counted, per alloc and per
 //!   agent (`caravan_alloc_log_lines_dropped_total`). Lines of one alloc reach its file in the
-//!   order they were written.
+//!   order they were written, up to [`WRITE_BEHIND`] after (see "Write-behind" below).
 //! - [`LogFollower`] reads everything kept, then what is appended, across rotations, each line
 //!   once and in order, until the caller says the alloc has stopped.
 //!
@@ -26,6 +26,15 @@
 //! - Deletion discards queued lines on purpose (the alloc is going away), refuses later
 //!   writes, and is never fatal: a file that cannot be removed is logged and left.
 //! - Shutdown drains: the agent calls [`AllocLogs::settle_all`] after its runners stop.
+//!
+//! Write-behind: a line waits in its queue up to [`WRITE_BEHIND`] before the writer takes it
+//! to the file, unless the log is read, followed or settled (each of which has the writer go
+//! at once, so no reader ever sees the delay) or the queue is half full. The lines that
+//! arrive meanwhile go in the same write; and a short alloc collected before its lines were
+//! due never makes a file at all, where a churn of them would otherwise create, write and
+//! delete one file per alloc (about a tenth of a churn's CPU, measured in BENCHMARKS.md).
+//! What it costs: a process killed outright loses up to [`WRITE_BEHIND`] of lines from the
+//! files, never from the agent's log, which has every line (docs/decisions.md).
 //!
 //! This module is a leaf: it uses std, tokio and tracing, and never the client, the server,
 //! the runtime or wasmtime.
@@ -69,6 +78,9 @@ pub const LOG_FILES_KEPT: usize = 2;
 pub const QUEUE_MAX_LINES: usize = 1024;
 /// Most bytes waiting for one alloc's writer, so a queue of long lines stays small too.
 pub const QUEUE_MAX_BYTES: usize = 512 * 1024;
+/// Longest a line waits in its queue before the writer takes it to the file, when nobody
+/// reads, follows or settles the log and the queue is less than half full.
+pub const WRITE_BEHIND: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The name `/v1/metrics` gives the agent-wide count of dropped lines.
 pub const DROPPED_METRIC: &str = "caravan_alloc_log_lines_dropped_total";

@@ -4,6 +4,7 @@
 
 use super::*;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 /// A line of exactly 1000 bytes in the file, carrying `n`.
 fn thousand_byte_message(n: usize) -> String {
@@ -213,8 +214,10 @@ async fn a_writer_never_waits_for_a_slow_disk() {
         }
         writer.write(tracing::Level::INFO, "stdout", &format!("{n}"));
     }
+    // Kept: the batch the writer took before it got stuck (at most a full queue), and a
+    // full queue; every other line was dropped, none waited.
     let dropped = writer.lines_dropped() as usize;
-    assert!(dropped >= 2 * QUEUE_MAX_LINES - 1, "{dropped}");
+    assert!(dropped >= QUEUE_MAX_LINES, "{dropped}");
     drop(stuck);
     let text = String::from_utf8(logs.read("a").await.unwrap()).unwrap();
     assert_eq!(text.lines().count(), 3 * QUEUE_MAX_LINES - dropped);
@@ -260,6 +263,74 @@ async fn settling_every_alloc_drains_every_queue() {
         let text = std::fs::read_to_string(dir.path().join(format!("{id}.log"))).unwrap();
         assert!(text.ends_with(" INFO stdout: line\n"), "{text}");
     }
+}
+
+/// Waits until `at_least` lines of `alloc_id`'s log are done with (written, failed or
+/// discarded), without settling it.
+async fn lines_done(logs: &AllocLogs, alloc_id: &str, at_least: usize) {
+    let log = logs.log(alloc_id);
+    let mut done = log.done.subscribe();
+    let _ = done.wait_for(|done| *done >= at_least as u64).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_line_reaches_its_file_after_the_write_behind_delay_or_at_once_when_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = AllocLogs::in_dir(dir.path());
+    let writer = logs.writer("a");
+    let file = dir.path().join("a.log");
+    let started = tokio::time::Instant::now();
+    writer.write(tracing::Level::INFO, "stdout", "first");
+    writer.write(tracing::Level::INFO, "stdout", "second");
+    tokio::time::sleep(WRITE_BEHIND - Duration::from_millis(1)).await;
+    assert!(!file.exists(), "not due yet");
+    lines_done(&logs, "a", 2).await;
+    assert!(started.elapsed() >= WRITE_BEHIND);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.len() == 2
+            && lines[0].ends_with("stdout: first")
+            && lines[1].ends_with("stdout: second"),
+        "{text}"
+    );
+
+    // Settling (as reads do, and the agent when it stops) does not wait for the delay.
+    writer.write(tracing::Level::INFO, "stdout", "third");
+    let asked = tokio::time::Instant::now();
+    logs.settle("a").await;
+    assert!(asked.elapsed() < WRITE_BEHIND);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.ends_with("stdout: third\n"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_half_full_queue_is_written_without_waiting_for_the_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = AllocLogs::in_dir(dir.path());
+    let writer = logs.writer("a");
+    let started = tokio::time::Instant::now();
+    for n in 0..QUEUE_MAX_LINES / 2 {
+        writer.write(tracing::Level::INFO, "stdout", &format!("{n}"));
+    }
+    lines_done(&logs, "a", QUEUE_MAX_LINES / 2).await;
+    assert!(started.elapsed() < WRITE_BEHIND, "{:?}", started.elapsed());
+    assert_eq!(writer.lines_dropped(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_alloc_removed_before_its_lines_are_due_never_makes_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = AllocLogs::in_dir(dir.path().join("logs"));
+    let writer = logs.writer("a");
+    writer.write(tracing::Level::INFO, "stdout", "the task ended");
+    tokio::time::sleep(WRITE_BEHIND / 2).await;
+    logs.remove("a").await;
+    tokio::time::sleep(2 * WRITE_BEHIND).await;
+    assert!(
+        !dir.path().join("logs").exists(),
+        "not even the logs directory was made"
+    );
 }
 
 #[test]

@@ -95,14 +95,7 @@ async fn a_new_build_takes_over_from_the_checkpoint_of_the_old_one() {
         ClientStatus::Complete
     );
     // Same alloc, same log: the first build's lines and the second's are in one file.
-    let log = std::fs::read_to_string(
-        started
-            .data_dir
-            .path()
-            .join("logs")
-            .join(format!("{}.log", started.alloc.id)),
-    )
-    .unwrap_or_default();
+    let log = started.log_file_text().await;
     assert!(
         log.contains("tick 1") && log.contains("resuming from checkpoint"),
         "{log}"

@@ -212,11 +212,19 @@ pub struct Started {
     pub alloc: Arc<Alloc>,
     /// Removed without recursion: a hostile runner may leave a tree deeper than any stack.
     pub data_dir: caravan_host::fs_tree::TempTree,
+    /// The logs the runner's log writer belongs to.
+    pub alloc_logs: AllocLogs,
 }
 
 impl Started {
     pub fn alloc_dir(&self) -> std::path::PathBuf {
         self.data_dir.path().join(&self.alloc.id)
+    }
+
+    /// Everything in the alloc's log file, as `alloc logs` shows it.
+    pub async fn log_file_text(&self) -> String {
+        let text = self.alloc_logs.read(&self.alloc.id).await.unwrap();
+        String::from_utf8(text).unwrap()
     }
 
     pub async fn stopped(&self) -> AllocState {
@@ -250,6 +258,7 @@ pub fn start_with(
     let recorder = Recorder::new();
     let data_dir = caravan_host::fs_tree::TempTree::new("caravan-test-").unwrap();
     let alloc = Arc::new(alloc);
+    let alloc_logs = AllocLogs::under_data_dir(data_dir.path());
     let config = AllocRunnerConfig {
         alloc: alloc.clone(),
         span: alloc_span(&alloc),
@@ -258,7 +267,7 @@ pub fn start_with(
         alloc_dir: data_dir.path().join(&alloc.id),
         restored,
         last_state: None,
-        log_writer: Some(AllocLogs::under_data_dir(data_dir.path()).writer(&alloc.id)),
+        log_writer: Some(alloc_logs.writer(&alloc.id)),
     };
     let runner = factory
         .build(config)
@@ -269,6 +278,7 @@ pub fn start_with(
         recorder,
         alloc,
         data_dir,
+        alloc_logs,
     }
 }
 
