@@ -138,8 +138,12 @@ impl AllocLog {
 
     /// Has the writer take what is queued to the file now, not after [`WRITE_BEHIND`].
     fn write_soon(&self) {
-        let lingering = std::mem::take(&mut self.queue.lock_unpoisoned().lingering);
-        if lingering {
+        let mut queue = self.queue.lock_unpoisoned();
+        self.write_soon_locked(&mut queue);
+    }
+
+    fn write_soon_locked(&self, queue: &mut Queue) {
+        if std::mem::take(&mut queue.lingering) {
             self.write_now.notify_one();
         }
     }
@@ -161,8 +165,12 @@ impl AllocLog {
     /// Returns once every line queued before the call is done with (written now, without
     /// waiting out [`WRITE_BEHIND`]).
     pub(super) async fn settle(&self) {
-        self.write_soon();
-        let accepted = self.queue.lock_unpoisoned().accepted;
+        let accepted = {
+            // One lock for both: a line queued in between would start a writer that waits.
+            let mut queue = self.queue.lock_unpoisoned();
+            self.write_soon_locked(&mut queue);
+            queue.accepted
+        };
         let mut done = self.done.subscribe();
         // The sender lives in `self`: this never sees it closed.
         let _ = done.wait_for(|done| *done >= accepted).await;

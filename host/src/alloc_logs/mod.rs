@@ -28,13 +28,15 @@
 //! - Shutdown drains: the agent calls [`AllocLogs::settle_all`] after its runners stop.
 //!
 //! Write-behind: a line waits in its queue up to [`WRITE_BEHIND`] before the writer takes it
-//! to the file, unless the log is read, followed or settled (each of which has the writer go
-//! at once, so no reader ever sees the delay) or the queue is half full. The lines that
-//! arrive meanwhile go in the same write; and a short alloc collected before its lines were
-//! due never makes a file at all, where a churn of them would otherwise create, write and
-//! delete one file per alloc (about a tenth of a churn's CPU, measured in BENCHMARKS.md).
-//! What it costs: a process killed outright loses up to [`WRITE_BEHIND`] of lines from the
-//! files, never from the agent's log, which has every line (docs/decisions.md).
+//! to the file, unless the log is read, followed or settled through this module (each of
+//! which has the writer go at once, so those readers never see the delay; one reading the
+//! file itself does) or the queue is half full. The lines that arrive meanwhile go in the
+//! same write; and a short alloc collected before its lines were due never makes a file at
+//! all, where a churn of them would otherwise create, write and delete one file per alloc
+//! (about a tenth of a churn's CPU, measured in BENCHMARKS.md). A line written where there
+//! is no tokio runtime is written at once, by the writing thread. What it costs: a process
+//! killed outright loses up to [`WRITE_BEHIND`] of lines from the files, not from the
+//! agent's log, which has every line its level filter lets through (docs/decisions.md).
 //!
 //! This module is a leaf: it uses std, tokio and tracing, and never the client, the server,
 //! the runtime or wasmtime.

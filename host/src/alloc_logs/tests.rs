@@ -305,6 +305,27 @@ async fn a_line_reaches_its_file_after_the_write_behind_delay_or_at_once_when_as
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_follower_arriving_while_the_writer_waits_gets_the_lines_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = AllocLogs::in_dir(dir.path());
+    let writer = logs.writer("a");
+    writer.write(tracing::Level::INFO, "stdout", "before anyone followed");
+    tokio::task::yield_now().await;
+    let started = tokio::time::Instant::now();
+    let mut follower = logs.follow("a", || false);
+    let mut text = Vec::new();
+    while text.is_empty() {
+        text = follower.next_chunk().await.unwrap().unwrap();
+    }
+    assert!(started.elapsed() < WRITE_BEHIND, "{:?}", started.elapsed());
+    assert!(
+        String::from_utf8(text)
+            .unwrap()
+            .ends_with("stdout: before anyone followed\n")
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_half_full_queue_is_written_without_waiting_for_the_delay() {
     let dir = tempfile::tempdir().unwrap();
     let logs = AllocLogs::in_dir(dir.path());

@@ -638,11 +638,18 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
         "{description}"
     );
     let alloc_id = failed["span"]["alloc_id"].as_str().unwrap();
-    let status = stdout(&agent.caravan(&["alloc", "status", alloc_id]));
-    assert!(
-        status.contains("Task \"web\" is \"dead\" (failed, 1 restarts)"),
-        "{status}"
-    );
+    // The agent logs the stop before the client's report of it reaches the server, whose
+    // view `alloc status` shows.
+    let dead = "Task \"web\" is \"dead\" (failed, 1 restarts)";
+    let mut status = String::new();
+    for _ in 0..40 {
+        status = stdout(&agent.caravan(&["alloc", "status", alloc_id]));
+        if status.contains(dead) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(status.contains(dead), "{status}");
     assert!(
         status.contains("  Restarting  Task restarting in 5s"),
         "{status}"

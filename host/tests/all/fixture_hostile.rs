@@ -2,7 +2,6 @@
 //! alloc, and what it hands the host is bounded and neutralised before it is stored or shown.
 
 use crate::support::*;
-use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::AllocRunner;
 use caravan_host::structs::{Alloc, ClientStatus, LimitOverrides};
 use caravan_test_artifacts::FIXTURE_HOSTILE;
@@ -247,14 +246,7 @@ async fn forged_log_lines_stay_one_escaped_line_in_the_alloc_log() {
     let started = start(hostile_attack("forged-log", &[]), None);
     let state = started.stopped().await;
     assert_eq!(state.client_status, ClientStatus::Complete);
-    // The runner's writer belongs to another `AllocLogs`: wait for its queue to reach the file.
-    let logs = AllocLogs::under_data_dir(started.data_dir.path());
-    let read = || async { String::from_utf8(logs.read(&started.alloc.id).await.unwrap()).unwrap() };
-    eventually_async("the guest's line in the alloc log", || async {
-        !read().await.is_empty()
-    })
-    .await;
-    let log = read().await;
+    let log = started.log_file_text().await;
     assert_eq!(log.lines().count(), 1, "one guest call, one line:\n{log}");
     assert!(!log.contains('\u{1b}') && !log.contains('\r') && !log.contains('\u{7}'));
     assert!(log.contains("FORGED-MSG\\n2026-01-01"), "{log}");
