@@ -125,13 +125,9 @@ impl AllocLog {
                     self.drain_here();
                 }
             }
-        } else if queue.lingering
-            && (queue.lines.len() >= QUEUE_MAX_LINES / 2 || queue.bytes >= QUEUE_MAX_BYTES / 2)
-        {
+        } else if queue.lines.len() >= QUEUE_MAX_LINES / 2 || queue.bytes >= QUEUE_MAX_BYTES / 2 {
             // Half full: written now, so a burst finds room rather than a full queue.
-            queue.lingering = false;
-            drop(queue);
-            self.write_now.notify_one();
+            self.write_soon_locked(&mut queue);
         }
         true
     }

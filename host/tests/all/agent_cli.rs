@@ -11,6 +11,21 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Runs `caravan args` until its output contains `wanted`, for up to 4 s (what it shows is
+/// the server's view, which a client's report reaches a moment after the agent logs it);
+/// returns the last output either way.
+fn stdout_once_it_says(agent: &AgentProcess, args: &[&str], wanted: &str) -> String {
+    let mut said = String::new();
+    for _ in 0..40 {
+        said = stdout(&agent.caravan(args));
+        if said.contains(wanted) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    said
+}
+
 /// Writes `<dir>/<id>.toml`, a service job of `count` sleeper allocs with one task `web` of
 /// `config` (the inside of a TOML inline table), followed by `more` TOML; returns its path.
 fn sleeper_job(dir: &Path, id: &str, count: u32, config: &str, more: &str) -> PathBuf {
@@ -617,14 +632,7 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
         line["fields"]["message"] == "runner crashed; restarting it in place"
     });
     let expected = " restarting in 5s (restart 1, at most 1 in 30m) after: wasm trap";
-    let mut waiting = String::new();
-    for _ in 0..40 {
-        waiting = stdout(&agent.caravan(&["job", "status", "restarty"]));
-        if waiting.contains(expected) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let waiting = stdout_once_it_says(&agent, &["job", "status", "restarty"], expected);
     assert!(
         waiting.contains("Restarts: alloc ") && waiting.contains(expected),
         "{waiting}"
@@ -638,17 +646,8 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
         "{description}"
     );
     let alloc_id = failed["span"]["alloc_id"].as_str().unwrap();
-    // The agent logs the stop before the client's report of it reaches the server, whose
-    // view `alloc status` shows.
     let dead = "Task \"web\" is \"dead\" (failed, 1 restarts)";
-    let mut status = String::new();
-    for _ in 0..40 {
-        status = stdout(&agent.caravan(&["alloc", "status", alloc_id]));
-        if status.contains(dead) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let status = stdout_once_it_says(&agent, &["alloc", "status", alloc_id], dead);
     assert!(status.contains(dead), "{status}");
     assert!(
         status.contains("  Restarting  Task restarting in 5s"),
