@@ -6,6 +6,7 @@
 //! - [`config`]: the TOML config file and its knobs; [`cluster_config`], its `[cluster]`.
 //! - [`http`]: the HTTP API.
 //! - [`descriptors`]: the process's open-file limit, raised at start.
+//! - `listener`: the listening socket, with a backlog for thousands of nodes at once.
 //!
 //! The agent is the composition root: the only place that knows every layer. It may use all
 //! of them; none of them knows it, and only the CLI's `agent` command starts it.
@@ -15,6 +16,7 @@ mod cluster_mode;
 pub mod config;
 pub mod descriptors;
 pub mod http;
+mod listener;
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::{Client, ClientConfig};
@@ -121,8 +123,7 @@ impl Agent {
         })?;
         // One owner of the alloc log files, shared by the runners and the HTTP API.
         let alloc_logs = AllocLogs::under_data_dir(&config.data_dir);
-        let listener = tokio::net::TcpListener::bind(config.bind)
-            .await
+        let listener = listener::listen(config.bind)
             .with_context(|| format!("cannot listen on {}", config.bind))?;
         let addr = listener.local_addr()?;
         // The server side: the embedded server on this agent's state file, or etcd.
