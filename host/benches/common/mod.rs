@@ -2,6 +2,11 @@
 // Each bench uses a different subset.
 #![allow(dead_code)]
 
+/// The `caravan` binary's allocator (host/src/main.rs), so a bench in process measures
+/// what the agent runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use caravan_host::allocrunner::{AllocRunnerConfig, StateUpdater, alloc_span};
 use caravan_host::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use std::io::{BufRead, Read, Write as _};
