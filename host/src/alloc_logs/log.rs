@@ -8,6 +8,7 @@
 //! batch is written on tokio's blocking pool, never on an async worker.
 
 use super::file::{self, LogFile, QueuedLines};
+use super::on_disk::FilesOnDisk;
 use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES, WRITE_BEHIND};
 use crate::locks::LockUnpoisoned;
 use crate::locks::RwLockUnpoisoned;
@@ -36,6 +37,8 @@ pub(super) struct AllocLog {
     write_now: Notify,
     /// Live [`super::LogFollower`]s: while there is one, the writer does not wait.
     followers: AtomicUsize,
+    /// Told before this log's first batch is written, so a removal knows to look for files.
+    on_disk: Arc<FilesOnDisk>,
 }
 
 struct Queue {
@@ -59,10 +62,12 @@ pub(super) struct Files {
     /// offset, so it finds its file again after any number of rotations.
     pub(super) rotations: i64,
     pub(super) removed: bool,
+    /// [`FilesOnDisk::writing`] has been told of this alloc.
+    told_on_disk: bool,
 }
 
 impl AllocLog {
-    pub(super) fn new(alloc_id: &str, path: PathBuf) -> Self {
+    pub(super) fn new(alloc_id: &str, path: PathBuf, on_disk: Arc<FilesOnDisk>) -> Self {
         AllocLog {
             alloc_id: alloc_id.to_string(),
             queue: Mutex::new(Queue {
@@ -79,11 +84,13 @@ impl AllocLog {
                 current: LogFile::new(path),
                 rotations: 0,
                 removed: false,
+                told_on_disk: false,
             }),
             done: watch::Sender::new(0),
             dropped: AtomicU64::new(0),
             write_now: Notify::new(),
             followers: AtomicUsize::new(0),
+            on_disk,
         }
     }
 
@@ -230,6 +237,9 @@ impl AllocLog {
     fn write_batch(&self, queued: &QueuedLines) {
         let mut files = self.files.write_unpoisoned();
         if !files.removed {
+            if !std::mem::replace(&mut files.told_on_disk, true) {
+                self.on_disk.writing(&self.alloc_id);
+            }
             files.rotations += files.current.append_queued(queued) as i64;
         }
     }
@@ -281,17 +291,27 @@ impl AllocLog {
         let mut files = self.files.write_unpoisoned();
         files.removed = true;
         files.current.close();
+        if !self.on_disk.may_have_files(&self.alloc_id) {
+            return;
+        }
+        let mut all_gone = true;
         for path in file::every_file(files.current.path()) {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => tracing::warn!(
-                    alloc_id = %self.alloc_id,
-                    path = %path.display(),
-                    error = %error,
-                    "cannot remove the alloc's log file"
-                ),
+                Err(error) => {
+                    all_gone = false;
+                    tracing::warn!(
+                        alloc_id = %self.alloc_id,
+                        path = %path.display(),
+                        error = %error,
+                        "cannot remove the alloc's log file"
+                    );
+                }
             }
+        }
+        if all_gone {
+            self.on_disk.deleted(&self.alloc_id);
         }
     }
 }

@@ -32,7 +32,7 @@
 //! which has the writer go at once, so those readers never see the delay; one reading the
 //! file itself does) or the queue is half full. The lines that arrive meanwhile go in the
 //! same write; and a short alloc collected before its lines were due never makes a file at
-//! all, where a churn of them would otherwise create, write and delete one file per alloc
+//! all (nor, knowing that, tries to delete one: `on_disk`), where a churn of them would otherwise create, write and delete one file per alloc
 //! (about a tenth of a churn's CPU, measured in BENCHMARKS.md). A line written where there
 //! is no tokio runtime is written at once, by the writing thread. What it costs: a process
 //! killed outright loses up to [`WRITE_BEHIND`] of lines from the files, not from the
@@ -44,6 +44,7 @@
 mod file;
 mod follow;
 mod log;
+mod on_disk;
 #[cfg(test)]
 mod tests;
 
@@ -66,6 +67,7 @@ pub struct LogLine<'a> {
 
 use crate::locks::LockUnpoisoned;
 use log::AllocLog;
+use on_disk::FilesOnDisk;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,6 +107,7 @@ struct Inner {
     /// one is shared, so every user of an alloc's log takes the same file lock.
     allocs: Mutex<Registry>,
     dropped: AtomicU64,
+    on_disk: Arc<FilesOnDisk>,
 }
 
 #[derive(Default)]
@@ -128,11 +131,14 @@ impl AllocLogs {
         Self::in_dir(data_dir.join("logs"))
     }
 
-    /// Logs kept directly in `dir` (created on the first line).
+    /// Logs kept directly in `dir` (created on the first line). Lists `dir` once, to know
+    /// which allocs have files there already: one owner per directory, as the module says.
     pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
         AllocLogs {
             inner: Arc::new(Inner {
-                dir: dir.into(),
+                on_disk: Arc::new(FilesOnDisk::list(&dir)),
+                dir,
                 allocs: Mutex::new(Registry::default()),
                 dropped: AtomicU64::new(0),
             }),
@@ -226,6 +232,7 @@ impl AllocLogs {
         let log = Arc::new(AllocLog::new(
             alloc_id,
             self.inner.dir.join(format!("{alloc_id}.log")),
+            self.inner.on_disk.clone(),
         ));
         if registry.logs.len() >= registry.prune_at {
             registry.logs.retain(|_, log| log.strong_count() > 0);

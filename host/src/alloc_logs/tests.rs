@@ -250,6 +250,50 @@ async fn removing_deletes_every_file_discards_queued_lines_and_refuses_later_one
     logs.writer("b").remove().await;
 }
 
+/// Whether the owner would look for `alloc_id`'s files on a removal.
+fn may_have_files(logs: &AllocLogs, alloc_id: &str) -> bool {
+    logs.inner.on_disk.may_have_files(alloc_id)
+}
+
+#[tokio::test]
+async fn files_an_earlier_run_left_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["old.log", "old.log.1", "old.log.2", "unrelated.txt"] {
+        std::fs::write(dir.path().join(name), "left by an earlier run\n").unwrap();
+    }
+    let logs = AllocLogs::in_dir(dir.path());
+    assert!(may_have_files(&logs, "old"));
+    logs.remove("old").await;
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["unrelated.txt"]);
+    assert!(!may_have_files(&logs, "old"), "forgotten once deleted");
+}
+
+#[tokio::test]
+async fn a_log_made_again_after_its_writers_are_gone_still_removes_their_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = AllocLogs::in_dir(dir.path());
+    assert!(
+        !may_have_files(&logs, "a"),
+        "nothing written, nothing to look for"
+    );
+    let writer = logs.writer("a");
+    writer.write(tracing::Level::INFO, "stdout", "written");
+    logs.settle("a").await;
+    drop(writer);
+    // Until the writer task has let go of it too, the same log would be handed out again.
+    while logs.inner.allocs.lock_unpoisoned().logs["a"].strong_count() > 0 {
+        tokio::task::yield_now().await;
+    }
+    assert!(may_have_files(&logs, "a"));
+    logs.remove("a").await;
+    assert!(!dir.path().join("a.log").exists());
+    assert!(!may_have_files(&logs, "a"));
+}
+
 #[tokio::test]
 async fn settling_every_alloc_drains_every_queue() {
     let dir = tempfile::tempdir().unwrap();
