@@ -276,6 +276,26 @@ impl AllocLog {
         self.remove_files();
     }
 
+    /// Removal when no file of this alloc can exist, without the disk: discards queued lines
+    /// and refuses later ones, as [`AllocLog::remove_blocking`] does, and returns true. Does
+    /// nothing and returns false when a file may exist, or a batch is being written (its
+    /// writer holds the file lock, and may wait on the disk, so this does not wait for it).
+    pub(super) fn remove_if_nothing_on_disk(&self) -> bool {
+        let Ok(mut files) = self.files.try_write() else {
+            return false;
+        };
+        // Under the file lock: a batch written before it was taken has told `on_disk`, and
+        // none is written after, once `removed` is set.
+        if self.on_disk.may_have_files(&self.alloc_id) {
+            return false;
+        }
+        files.removed = true;
+        drop(files);
+        self.discard_queue();
+        self.write_soon();
+        true
+    }
+
     fn discard_queue(&self) {
         let discarded = {
             let mut queue = self.queue.lock_unpoisoned();

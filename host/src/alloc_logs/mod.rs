@@ -275,6 +275,17 @@ impl AllocLogWriter {
         }
     }
 
+    /// As [`AllocLogWriter::remove`] when the alloc has no file to delete, without the disk,
+    /// so on any thread: true when done; false, having done nothing, when a file may exist
+    /// (or a batch is being written), for the caller to go on with a removal that may wait.
+    pub fn remove_if_nothing_on_disk(&self) -> bool {
+        let removed = self.log.remove_if_nothing_on_disk();
+        if removed {
+            self.owner.forget(&self.log);
+        }
+        removed
+    }
+
     /// As [`AllocLogWriter::remove`], on the calling thread: for a caller already on the
     /// blocking pool with more of the alloc's files to remove, so that one trip does it all.
     pub fn remove_blocking(&self) {

@@ -398,6 +398,36 @@ async fn an_alloc_removed_before_its_lines_are_due_never_makes_a_file() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_log_with_no_file_is_removed_without_the_disk_and_one_with_a_file_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = AllocLogs::in_dir(dir.path().join("logs"));
+
+    let quiet = logs.writer("quiet");
+    quiet.write(tracing::Level::INFO, "stdout", "queued, not yet due");
+    assert!(quiet.remove_if_nothing_on_disk());
+    quiet.write(tracing::Level::INFO, "stdout", "after removal");
+    tokio::time::sleep(2 * WRITE_BEHIND).await;
+    logs.settle("quiet").await;
+    assert!(!dir.path().join("logs").exists(), "no line reached a file");
+    assert_eq!(
+        quiet.lines_dropped(),
+        0,
+        "discarded on purpose, not dropped"
+    );
+
+    let written = logs.writer("written");
+    written.write(tracing::Level::INFO, "stdout", "in the file");
+    logs.settle("written").await;
+    assert!(!written.remove_if_nothing_on_disk(), "a file to delete");
+    written.write(tracing::Level::INFO, "stdout", "still taken");
+    logs.settle("written").await;
+    let text = String::from_utf8(logs.read("written").await.unwrap()).unwrap();
+    assert_eq!(text.lines().count(), 2, "left as it was: {text}");
+    written.remove().await;
+    assert!(!dir.path().join("logs/written.log").exists());
+}
+
 #[test]
 fn without_a_runtime_the_writing_thread_writes() {
     let dir = tempfile::tempdir().unwrap();

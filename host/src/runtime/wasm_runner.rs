@@ -89,6 +89,10 @@ struct Shared {
     wall_deadline: Mutex<Option<tokio::time::Instant>>,
     stopped: LatchTrigger,
     destroyed: LatchTrigger,
+    /// Whether the alloc's directory may exist: a restored alloc's may (an earlier run of the
+    /// agent made it), and so may that of a runner any of whose stores could reach files.
+    /// When it cannot, and the alloc has no log file either, destroy needs no disk at all.
+    alloc_dir_may_exist: std::sync::atomic::AtomicBool,
 }
 
 /// What a runner keeps of its [`AllocRunnerConfig`] for its whole life; the rest (the node's
@@ -116,6 +120,7 @@ impl WasmAllocRunner {
             .clone()
             .unwrap_or_else(AllocState::pending);
         let finished = initial.client_status.is_terminal();
+        let restored = config.last_state.is_some() || config.restored.is_some();
         let limits = Arc::new(config.limits.with_overrides(&config.alloc.limits));
         // Held once, by the restarts: each run starts from a copy of the last checkpoint.
         let restarts = Restarts::new(config.alloc.restart, config.restored.take());
@@ -156,6 +161,7 @@ impl WasmAllocRunner {
                 wall_deadline: Mutex::new(None),
                 stopped,
                 destroyed: Latch::new().0,
+                alloc_dir_may_exist: std::sync::atomic::AtomicBool::new(restored),
             }),
         }
     }
@@ -468,12 +474,12 @@ impl AllocRunner for WasmAllocRunner {
         shared.kill();
         tokio::spawn(async move {
             shared.stopped.latch().wait().await;
-            remove_alloc_files(
-                &shared.config.alloc_dir,
-                shared.config.log_writer.clone(),
-                &shared.config.span,
-            )
-            .await;
+            // Most short allocs have nothing on disk: no trip to the blocking pool for them.
+            let log_left =
+                (shared.config.log_writer.clone()).filter(|log| !log.remove_if_nothing_on_disk());
+            if log_left.is_some() || shared.alloc_dir_may_exist.load(Ordering::SeqCst) {
+                remove_alloc_files(&shared.config.alloc_dir, log_left, &shared.config.span).await;
+            }
             shared.destroyed.set();
         });
     }

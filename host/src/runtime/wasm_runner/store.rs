@@ -14,6 +14,7 @@ use crate::runtime::wasi_ctx::{Directories, sandbox_wasi};
 use crate::runtime::{LoadedComponent, StoreData};
 use crate::structs::Alloc;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use wasmtime::Store;
 use wasmtime::component::ResourceTable;
 
@@ -53,7 +54,11 @@ impl Shared {
             Directories::Unreachable
         };
         let first_look_due = match directories {
-            Directories::Open => !create_alloc_dir(alloc_dir)?,
+            Directories::Open => {
+                // Before it is made: a destroy that reads false removes nothing.
+                self.alloc_dir_may_exist.store(true, Ordering::SeqCst);
+                !create_alloc_dir(alloc_dir)?
+            }
             // Nor is a runner that cannot reach files given a directory: it would stay empty,
             // and making and removing it was most of a short alloc's cost on disk.
             Directories::Unreachable => false,
