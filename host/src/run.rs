@@ -168,6 +168,7 @@ pub async fn run(
         limits,
         alloc_dir: data_dir.join("allocs").join(&alloc.id),
         restored: None,
+        restoring: false,
         last_state: None,
         log_writer: None,
     };

@@ -76,6 +76,7 @@ pub fn config(
         state_updater: updater,
         limits: Limits::default(),
         restored: None,
+        restoring: false,
         last_state: None,
         log_writer: None,
     }

@@ -37,7 +37,7 @@ pub(super) struct AllocLog {
     write_now: Notify,
     /// Live [`super::LogFollower`]s: while there is one, the writer does not wait.
     followers: AtomicUsize,
-    /// Told before this log's first batch is written, so a removal knows to look for files.
+    /// Told before each batch is written, so a removal knows to look for files.
     on_disk: Arc<FilesOnDisk>,
 }
 
@@ -62,8 +62,6 @@ pub(super) struct Files {
     /// offset, so it finds its file again after any number of rotations.
     pub(super) rotations: i64,
     pub(super) removed: bool,
-    /// [`FilesOnDisk::writing`] has been told of this alloc.
-    told_on_disk: bool,
 }
 
 impl AllocLog {
@@ -84,7 +82,6 @@ impl AllocLog {
                 current: LogFile::new(path),
                 rotations: 0,
                 removed: false,
-                told_on_disk: false,
             }),
             done: watch::Sender::new(0),
             dropped: AtomicU64::new(0),
@@ -237,9 +234,9 @@ impl AllocLog {
     fn write_batch(&self, queued: &QueuedLines) {
         let mut files = self.files.write_unpoisoned();
         if !files.removed {
-            if !std::mem::replace(&mut files.told_on_disk, true) {
-                self.on_disk.writing(&self.alloc_id);
-            }
+            // Every batch, not the first only: another log of the same alloc (one made after
+            // this one was forgotten) may have deleted the files and had them forgotten.
+            self.on_disk.writing(&self.alloc_id);
             files.rotations += files.current.append_queued(queued) as i64;
         }
     }
@@ -280,7 +277,8 @@ impl AllocLog {
     /// and refuses later ones, as [`AllocLog::remove_blocking`] does, and returns true. Does
     /// nothing and returns false when a file may exist, or a batch is being written (its
     /// writer holds the file lock, and may wait on the disk, so this does not wait for it).
-    pub(super) fn remove_if_nothing_on_disk(&self) -> bool {
+    /// `unregister` is called, under the file lock, once the removal is certain.
+    pub(super) fn remove_if_nothing_on_disk(&self, unregister: impl FnOnce()) -> bool {
         let Ok(mut files) = self.files.try_write() else {
             return false;
         };
@@ -289,6 +287,7 @@ impl AllocLog {
         if self.on_disk.may_have_files(&self.alloc_id) {
             return false;
         }
+        unregister();
         files.removed = true;
         drop(files);
         self.discard_queue();

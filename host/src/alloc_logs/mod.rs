@@ -32,8 +32,9 @@
 //! which has the writer go at once, so those readers never see the delay; one reading the
 //! file itself does) or the queue is half full. The lines that arrive meanwhile go in the
 //! same write; and a short alloc collected before its lines were due never makes a file at
-//! all (nor, knowing that, tries to delete one: `on_disk`), where a churn of them would otherwise create, write and delete one file per alloc
-//! (about a tenth of a churn's CPU, measured in BENCHMARKS.md). A line written where there
+//! all (nor, knowing that, tries to delete one: `on_disk`), where a churn of them would
+//! otherwise create, write and delete one file per alloc (about a tenth of a churn's CPU,
+//! measured in BENCHMARKS.md). A line written where there
 //! is no tokio runtime is written at once, by the writing thread. What it costs: a process
 //! killed outright loses up to [`WRITE_BEHIND`] of lines from the files, not from the
 //! agent's log, which has every line its level filter lets through (docs/decisions.md).
@@ -148,6 +149,12 @@ impl AllocLogs {
     /// The directory every alloc's files are in.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// `alloc_id` comes back after a restart: a removal of its log looks for files, whatever
+    /// the listing of the directory found (an earlier owner may have written them since).
+    pub fn restored(&self, alloc_id: &str) {
+        self.inner.on_disk.writing(alloc_id);
     }
 
     /// The writer of `alloc_id`'s log: every clone of it, and every later call for the same
@@ -279,11 +286,10 @@ impl AllocLogWriter {
     /// so on any thread: true when done; false, having done nothing, when a file may exist
     /// (or a batch is being written), for the caller to go on with a removal that may wait.
     pub fn remove_if_nothing_on_disk(&self) -> bool {
-        let removed = self.log.remove_if_nothing_on_disk();
-        if removed {
-            self.owner.forget(&self.log);
-        }
-        removed
+        // Unregistered before it refuses lines, as in any removal: a writer asked for from
+        // then on gets a new log, not this one.
+        self.log
+            .remove_if_nothing_on_disk(|| self.owner.forget(&self.log))
     }
 
     /// As [`AllocLogWriter::remove`], on the calling thread: for a caller already on the

@@ -206,6 +206,10 @@ pub struct AllocRunnerConfig {
     pub alloc_dir: PathBuf,
     /// The runner's last checkpoint when the alloc is being restored.
     pub restored: Option<Vec<u8>>,
+    /// The alloc comes back after the agent restarted (with or without a checkpoint or a
+    /// saved state): what an earlier run left on disk, its directory, may still be there,
+    /// and destroy must look for it.
+    pub restoring: bool,
     /// The state saved before a restart, when the alloc is being restored. A terminal one
     /// means the alloc has finished: the runner must not run it again, only answer with this
     /// state and free what is left on destroy. A non-terminal one is the starting state.

@@ -111,6 +111,7 @@ impl Harness {
             alloc,
             state_updater: observer.clone(),
             limits: self.limits,
+            restoring: restored.is_some(),
             restored,
             last_state: None,
         };

@@ -18,7 +18,7 @@
 //!   `client/leftovers.rs`, which goes on sweeping while the client runs).
 
 use super::leftovers::{list_alloc_dirs, owned_by, remove_leftovers};
-use super::runners::Built;
+use super::runners::{Built, Restoring};
 use super::{Client, ClientInner, check_alloc_id};
 use crate::allocrunner::alloc_span;
 use crate::state::{SavedAlloc, StateError};
@@ -59,6 +59,10 @@ impl ClientInner {
             let alloc_id = record.alloc_id.clone();
             let alloc = match record.alloc {
                 Some(Ok(alloc)) if check_alloc_id(&alloc.id).is_ok() && alloc.id == alloc_id => {
+                    // Its log files may be newer than the owner's listing of them: a client
+                    // restarted in process (nodesim's) follows one whose writer may still
+                    // have written them after that.
+                    self.config.alloc_logs.restored(&alloc_id);
                     Arc::new(alloc)
                 }
                 unusable => {
@@ -117,7 +121,13 @@ impl ClientInner {
                 // Saved but never acknowledged: the server has yet to hear it.
                 self.sync.put(&alloc_id, state.clone());
             }
-            to_build.push(self.runner_config(&alloc, record.checkpoint, state));
+            to_build.push(self.runner_config(
+                &alloc,
+                Some(Restoring {
+                    checkpoint: record.checkpoint,
+                    last_state: state,
+                }),
+            ));
         }
         let mut built = self.build_runners(to_build);
         let (mut running, mut finished) = (0usize, 0usize);

@@ -10,6 +10,15 @@ use crate::allocrunner::{
 use crate::structs::{Alloc, AllocState};
 use std::sync::{Arc, Weak};
 
+/// What the runner of an alloc restored after a restart starts from.
+#[derive(Default)]
+pub(super) struct Restoring {
+    /// Its last checkpoint, if it saved one.
+    pub(super) checkpoint: Option<Vec<u8>>,
+    /// Its last saved state, if it reported one.
+    pub(super) last_state: Option<AllocState>,
+}
+
 /// One alloc's runner as its factory built it (or why not), with what its config carried.
 pub(super) struct Built {
     pub(super) alloc: Arc<Alloc>,
@@ -29,7 +38,7 @@ impl ClientInner {
     pub(super) async fn add_allocs(self: &Arc<Self>, allocs: &[Arc<Alloc>]) {
         let configs = allocs
             .iter()
-            .map(|alloc| self.runner_config(alloc, None, None))
+            .map(|alloc| self.runner_config(alloc, None))
             .collect();
         let mut built = self.build_runners(configs);
         while let Some(built) = built.recv().await {
@@ -114,12 +123,18 @@ impl ClientInner {
         }
     }
 
+    /// The config of `alloc`'s runner: a new alloc's, or with `restoring`, one that comes
+    /// back after the agent restarted.
     pub(super) fn runner_config(
         self: &Arc<Self>,
         alloc: &Arc<Alloc>,
-        restored: Option<Vec<u8>>,
-        last_state: Option<AllocState>,
+        restoring: Option<Restoring>,
     ) -> AllocRunnerConfig {
+        let is_restoring = restoring.is_some();
+        let Restoring {
+            checkpoint,
+            last_state,
+        } = restoring.unwrap_or_default();
         AllocRunnerConfig {
             alloc: alloc.clone(),
             span: alloc_span(alloc),
@@ -128,7 +143,8 @@ impl ClientInner {
             }),
             limits: self.config.limits,
             alloc_dir: alloc_dir_in(&self.config.data_dir, &alloc.id),
-            restored,
+            restored: checkpoint,
+            restoring: is_restoring,
             last_state,
             log_writer: Some(self.config.alloc_logs.writer(&alloc.id)),
         }

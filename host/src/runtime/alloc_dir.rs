@@ -1,8 +1,9 @@
 //! An alloc's directory on the host: made when its runner starts, if the runner can reach
 //! files (imports `wasi:filesystem`), removed when it is destroyed (with the alloc's log
-//! files, in the same trip to the blocking pool; a runner with neither makes no trip). Removal must survive whatever a guest left
-//! (any depth, odd names, links), so it goes through [`crate::fs_tree`], never recursion,
-//! and a failure is never fatal to the agent. This module touches that one directory, and the log files only through their writer.
+//! files, in the same trip to the blocking pool; a runner with neither makes no trip).
+//! Removal must survive whatever a guest left (any depth, odd names, links), so it goes
+//! through [`crate::fs_tree`], never recursion, and a failure is never fatal to the agent.
+//! This module touches that one directory, and the log files only through their writer.
 
 use crate::alloc_logs::AllocLogWriter;
 use crate::units::format_duration;

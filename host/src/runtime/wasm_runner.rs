@@ -120,7 +120,6 @@ impl WasmAllocRunner {
             .clone()
             .unwrap_or_else(AllocState::pending);
         let finished = initial.client_status.is_terminal();
-        let restored = config.last_state.is_some() || config.restored.is_some();
         let limits = Arc::new(config.limits.with_overrides(&config.alloc.limits));
         // Held once, by the restarts: each run starts from a copy of the last checkpoint.
         let restarts = Restarts::new(config.alloc.restart, config.restored.take());
@@ -161,7 +160,7 @@ impl WasmAllocRunner {
                 wall_deadline: Mutex::new(None),
                 stopped,
                 destroyed: Latch::new().0,
-                alloc_dir_may_exist: std::sync::atomic::AtomicBool::new(restored),
+                alloc_dir_may_exist: std::sync::atomic::AtomicBool::new(config.restoring),
             }),
         }
     }
@@ -475,8 +474,10 @@ impl AllocRunner for WasmAllocRunner {
         tokio::spawn(async move {
             shared.stopped.latch().wait().await;
             // Most short allocs have nothing on disk: no trip to the blocking pool for them.
-            let log_left =
-                (shared.config.log_writer.clone()).filter(|log| !log.remove_if_nothing_on_disk());
+            let log_left = match shared.config.log_writer.clone() {
+                Some(log) if log.remove_if_nothing_on_disk() => None,
+                log => log,
+            };
             if log_left.is_some() || shared.alloc_dir_may_exist.load(Ordering::SeqCst) {
                 remove_alloc_files(&shared.config.alloc_dir, log_left, &shared.config.span).await;
             }

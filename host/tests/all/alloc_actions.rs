@@ -27,6 +27,7 @@ fn empty_runner(alloc: &Arc<Alloc>) -> EmptyAllocRunner {
         limits: Limits::default(),
         alloc_dir: std::env::temp_dir(),
         restored: None,
+        restoring: false,
         last_state: None,
         log_writer: None,
     })

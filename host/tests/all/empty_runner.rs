@@ -15,6 +15,7 @@ fn empty_runner() -> (EmptyAllocRunner, Arc<Recorder>, Arc<Alloc>) {
         limits: Limits::default(),
         alloc_dir: std::env::temp_dir(),
         restored: None,
+        restoring: false,
         last_state: None,
         log_writer: None,
     });

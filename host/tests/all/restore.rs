@@ -364,6 +364,19 @@ async fn a_restart_removes_alloc_directories_no_alloc_owns_and_keeps_the_rest() 
         allocs.join(&counters[0]).is_dir(),
         "a restored alloc keeps its directory"
     );
+    // Its runner made no directory in this run, but a restored one may have one: collected,
+    // the alloc takes it along.
+    node.server.stop_job("counter", false).unwrap();
+    eventually("the counter stopped", || {
+        node.status(&counters[0])
+            .is_some_and(|status| status.is_terminal())
+    })
+    .await;
+    node.client.collect(&counters[0]).await.unwrap();
+    assert!(
+        !allocs.join(&counters[0]).exists(),
+        "a collected restored alloc's directory is removed"
+    );
     node.crash().await;
 }
 

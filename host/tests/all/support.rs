@@ -265,6 +265,7 @@ pub fn start_with(
         state_updater: recorder.clone(),
         limits: Limits::default(),
         alloc_dir: data_dir.path().join(&alloc.id),
+        restoring: restored.is_some(),
         restored,
         last_state: None,
         log_writer: Some(alloc_logs.writer(&alloc.id)),

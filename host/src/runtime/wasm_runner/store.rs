@@ -55,7 +55,7 @@ impl Shared {
         };
         let first_look_due = match directories {
             Directories::Open => {
-                // Before it is made: a destroy that reads false removes nothing.
+                // Read by destroy, which waits for the runner to stop: no store is made after.
                 self.alloc_dir_may_exist.store(true, Ordering::SeqCst);
                 !create_alloc_dir(alloc_dir)?
             }
