@@ -121,8 +121,6 @@ impl Agent {
             ),
             ..RuntimeConfig::default()
         })?;
-        // One owner of the alloc log files, shared by the runners and the HTTP API.
-        let alloc_logs = AllocLogs::under_data_dir(&config.data_dir);
         let listener = listener::listen(config.bind)
             .with_context(|| format!("cannot listen on {}", config.bind))?;
         let addr = listener.local_addr()?;
@@ -159,7 +157,9 @@ impl Agent {
             }
         };
         let mut client_config = ClientConfig::new(&node_id, &config.data_dir);
-        client_config.alloc_logs = alloc_logs.clone();
+        // One owner of the alloc log files (it lists their directory once), shared by the
+        // runners and the HTTP API: the client's, under the same data dir.
+        let alloc_logs = client_config.alloc_logs.clone();
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
         // The agent decides what runs allocs: WebAssembly components, on the shared runtime.

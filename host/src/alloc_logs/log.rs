@@ -267,9 +267,7 @@ impl AllocLog {
     /// Discards queued lines, refuses later ones, and deletes every file, one at a time, on
     /// the calling thread, which may block on the disk.
     pub(super) fn remove_blocking(&self) {
-        self.discard_queue();
-        // The writer has nothing left to wait for.
-        self.write_soon();
+        self.discard_queued_lines();
         self.remove_files();
     }
 
@@ -290,16 +288,18 @@ impl AllocLog {
         unregister();
         files.removed = true;
         drop(files);
-        self.discard_queue();
-        self.write_soon();
+        self.discard_queued_lines();
         true
     }
 
-    fn discard_queue(&self) {
+    /// Discards what is queued and every later line (both count as done), and lets the
+    /// writer go: it has nothing left to wait for.
+    fn discard_queued_lines(&self) {
         let discarded = {
             let mut queue = self.queue.lock_unpoisoned();
             queue.removed = true;
             queue.bytes = 0;
+            self.write_soon_locked(&mut queue);
             std::mem::take(&mut queue.lines)
         };
         self.done
