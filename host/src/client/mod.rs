@@ -152,8 +152,8 @@ impl Client {
             };
             let on_acked = {
                 let persister = persister.clone();
-                Box::new(move |alloc_id: &str, state: &AllocState| {
-                    persister.save_acked(alloc_id, state)
+                Box::new(move |alloc_id: &str, state: &Arc<AllocState>| {
+                    persister.save_acked(alloc_id, state.clone())
                 })
             };
             ClientInner {
@@ -197,9 +197,9 @@ impl Client {
         let inner = &self.inner;
         let on_saved = {
             let weak = Arc::downgrade(inner);
-            Box::new(move |alloc_id: &str, state: &AllocState| {
+            Box::new(move |alloc_id: &str, state: &Arc<AllocState>| {
                 if let Some(client) = weak.upgrade() {
-                    client.state_saved(alloc_id, state);
+                    client.state_saved(alloc_id, state.clone());
                 }
             })
         };
@@ -428,14 +428,15 @@ impl ClientInner {
     /// alloc the store does not know (its runner never existed) is passed on at once.
     fn report_state(&self, alloc_id: &str, state: &AllocState) {
         if !self.persister.save_state(alloc_id, state) {
-            self.state_saved(alloc_id, state);
+            self.state_saved(alloc_id, Arc::new(state.clone()));
         }
     }
 
     /// A state is on disk: the server may hear it, and a terminal alloc may be collected.
-    fn state_saved(&self, alloc_id: &str, state: &AllocState) {
-        self.sync.put(alloc_id, state.clone());
-        if state.client_status.is_terminal() {
+    fn state_saved(&self, alloc_id: &str, state: Arc<AllocState>) {
+        let terminal = state.client_status.is_terminal();
+        self.sync.put(alloc_id, state);
+        if terminal {
             let runner = self.runners_lock().get(alloc_id).cloned();
             if let Some(runner) = runner {
                 self.gc.mark_for_collection(alloc_id, runner);

@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, oneshot};
 
-/// Receives each state once it is on disk.
-pub type OnSaved = Box<dyn Fn(&str, &AllocState) + Send + Sync>;
+/// Receives each state once it is on disk (the copy that was saved, shared).
+pub type OnSaved = Box<dyn Fn(&str, &Arc<AllocState>) + Send + Sync>;
 
 /// The client's write path to the state store.
 pub struct Persister {
@@ -144,15 +144,13 @@ impl Persister {
     }
 
     /// Saves the state the server acknowledged, behind.
-    pub fn save_acked(&self, alloc_id: &str, state: &AllocState) {
+    pub fn save_acked(&self, alloc_id: &str, state: Arc<AllocState>) {
         {
             let mut queue = self.lock();
             if queue.known.get(alloc_id).is_none_or(|k| k.collected) {
                 return;
             }
-            queue
-                .acked
-                .insert(alloc_id.to_string(), Arc::new(state.clone()));
+            queue.acked.insert(alloc_id.to_string(), state);
         }
         self.wake.notify_one();
     }

@@ -40,13 +40,14 @@ pub struct AllocSync {
     on_acked: OnAcked,
 }
 
-/// Hears each state the server acknowledged, so it can be saved.
-pub type OnAcked = Box<dyn Fn(&str, &AllocState) + Send + Sync>;
+/// Hears each state the server acknowledged, so it can be saved (the copy sync keeps as
+/// acknowledged, shared).
+pub type OnAcked = Box<dyn Fn(&str, &Arc<AllocState>) + Send + Sync>;
 
 #[derive(Default)]
 struct SyncState {
-    pending: HashMap<String, AllocState>,
-    acknowledged: HashMap<String, AllocState>,
+    pending: HashMap<String, Arc<AllocState>>,
+    acknowledged: HashMap<String, Arc<AllocState>>,
 }
 
 impl AllocSync {
@@ -64,7 +65,9 @@ impl AllocSync {
 
     /// Records what the server acknowledged before a restart, so it is not sent again.
     pub fn restore_acknowledged(&self, alloc_id: &str, state: AllocState) {
-        self.lock().acknowledged.insert(alloc_id.to_string(), state);
+        self.lock()
+            .acknowledged
+            .insert(alloc_id.to_string(), Arc::new(state));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SyncState> {
@@ -73,7 +76,8 @@ impl AllocSync {
 
     /// Queues `state` for `alloc_id`, replacing any pending one; wakes the sender when the
     /// client status differs from what the server acknowledged.
-    pub fn put(&self, alloc_id: &str, state: AllocState) {
+    pub fn put(&self, alloc_id: &str, state: impl Into<Arc<AllocState>>) {
+        let state = state.into();
         let urgent = {
             let mut sync = self.lock();
             let urgent = sync
@@ -128,7 +132,7 @@ impl AllocSync {
             .iter()
             .map(|(id, state)| AllocUpdate {
                 alloc_id: id.clone(),
-                state: state.clone(),
+                state: AllocState::clone(state),
             })
             .collect()
     }
@@ -141,19 +145,20 @@ impl AllocSync {
         let mut taken = Vec::new();
         {
             let mut sync = self.lock();
-            for update in sent {
-                if sync.pending.get(&update.alloc_id) == Some(&update.state) {
-                    sync.pending.remove(&update.alloc_id);
+            for AllocUpdate { alloc_id, state } in sent {
+                if sync.pending.get(&alloc_id).map(|p| &**p) == Some(&state) {
+                    sync.pending.remove(&alloc_id);
                 }
-                if accepted.contains(update.alloc_id.as_str()) {
-                    sync.acknowledged
-                        .insert(update.alloc_id.clone(), update.state.clone());
-                    taken.push(update);
+                if accepted.contains(alloc_id.as_str()) {
+                    // One copy, kept as acknowledged and handed to be saved.
+                    let state = Arc::new(state);
+                    sync.acknowledged.insert(alloc_id.clone(), state.clone());
+                    taken.push((alloc_id, state));
                 }
             }
         }
-        for update in taken {
-            (self.on_acked)(&update.alloc_id, &update.state);
+        for (alloc_id, state) in taken {
+            (self.on_acked)(&alloc_id, &state);
         }
     }
 

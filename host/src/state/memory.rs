@@ -1,17 +1,22 @@
 //! [`MemoryStateDb`]: the [`StateDb`] semantics with nothing on disk. It touches nothing but
 //! its own map.
 
-use super::{SavedAlloc, ServerTable, StateDb, StateError, Table, Write};
+use super::{RowValue, SavedAlloc, ServerTable, StateDb, StateError, Table, Write};
 use crate::locks::LockUnpoisoned;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// Keeps every row in one map under one lock, so a batch is atomic by construction. Lost when
 /// dropped: for tests, simulators and `caravan run`, which has nothing to restore.
+///
+/// Rows keep what was written (a shared alloc or state, not its bytes); a read makes the
+/// bytes a durable store would have kept, and decodes them as it would.
 #[derive(Default)]
 pub struct MemoryStateDb {
-    rows: Mutex<BTreeMap<(Table, String), Vec<u8>>>,
+    rows: Mutex<Rows>,
 }
+
+type Rows = BTreeMap<(Table, String), RowValue>;
 
 impl MemoryStateDb {
     /// An empty store.
@@ -19,7 +24,7 @@ impl MemoryStateDb {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Table, String), Vec<u8>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Rows> {
         self.rows.lock_unpoisoned()
     }
 
@@ -33,8 +38,10 @@ impl MemoryStateDb {
             "acked" => Table::AckedStates,
             other => panic!("no client record named {other:?}"),
         };
-        self.lock()
-            .insert((table, alloc_id.to_string()), bytes.to_vec());
+        self.lock().insert(
+            (table, alloc_id.to_string()),
+            RowValue::Bytes(bytes.to_vec()),
+        );
     }
 }
 
@@ -66,9 +73,9 @@ impl StateDb for MemoryStateDb {
     }
 }
 
-fn table_rows(rows: &BTreeMap<(Table, String), Vec<u8>>, table: Table) -> Vec<(String, Vec<u8>)> {
+fn table_rows(rows: &Rows, table: Table) -> Vec<(String, Vec<u8>)> {
     rows.iter()
         .filter(|((t, _), _)| *t == table)
-        .map(|((_, key), value)| (key.clone(), value.clone()))
+        .map(|((_, key), value)| (key.clone(), value.clone().into_bytes()))
         .collect()
 }

@@ -10,8 +10,10 @@
 //!   fails.
 //!
 //! Every implementation stores the same bytes: the typed writes are turned into rows of named
-//! tables by one function (`rows_of`) and rows are read back by one other
-//! (`assemble_client_allocs`), so the three cannot drift apart in what they keep.
+//! tables by one function (`rows_of`), each row's bytes are made by one other
+//! ([`RowValue::into_bytes`]; the memory store makes them when a row is read, not when it is
+//! written) and rows are read back by a third (`assemble_client_allocs`), so the three cannot
+//! drift apart in what they keep.
 //!
 //! This module knows the plain data in [`crate::structs`] and nothing of the client, the server
 //! or wasmtime; it may touch only its own file. The server's records are opaque bytes here;
@@ -204,7 +206,29 @@ impl Table {
 }
 
 /// One row change: a put, or a delete when the value is `None`.
-type RowChange = (Table, String, Option<Vec<u8>>);
+type RowChange = (Table, String, Option<RowValue>);
+
+/// A row's value as written: bytes, or a record whose bytes are made by
+/// [`RowValue::into_bytes`] whenever they are needed. Records are shared and never change,
+/// so their bytes are the same whenever they are made; a store held in memory keeps the
+/// record and spares every state report its encoding, which only a read (a restore) needs.
+#[derive(Debug, Clone)]
+enum RowValue {
+    Bytes(Vec<u8>),
+    Alloc(Arc<Alloc>),
+    State(Arc<AllocState>),
+}
+
+impl RowValue {
+    /// The row's bytes, as every store keeps or returns them.
+    fn into_bytes(self) -> Vec<u8> {
+        match self {
+            RowValue::Bytes(bytes) => bytes,
+            RowValue::Alloc(alloc) => json(&*alloc),
+            RowValue::State(state) => json(&*state),
+        }
+    }
+}
 
 fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
     // Our own plain data types always serialize; a failure would be a bug in a derive.
@@ -217,20 +241,28 @@ fn rows_of(writes: Vec<Write>) -> Vec<RowChange> {
     for write in writes {
         match write {
             Write::PutAlloc(alloc) => {
-                rows.push((Table::Allocs, alloc.id.clone(), Some(json(&*alloc))));
+                rows.push((
+                    Table::Allocs,
+                    alloc.id.clone(),
+                    Some(RowValue::Alloc(alloc)),
+                ));
             }
             Write::PutAllocState { alloc_id, state } => {
-                rows.push((Table::AllocStates, alloc_id, Some(json(&*state))));
+                rows.push((Table::AllocStates, alloc_id, Some(RowValue::State(state))));
             }
             Write::PutAckedState { alloc_id, state } => {
-                rows.push((Table::AckedStates, alloc_id, Some(json(&*state))));
+                rows.push((Table::AckedStates, alloc_id, Some(RowValue::State(state))));
             }
             Write::PutCheckpoint { alloc_id, data } => {
-                rows.push((Table::Checkpoints, alloc_id, Some(data)));
+                rows.push((Table::Checkpoints, alloc_id, Some(RowValue::Bytes(data))));
             }
             Write::MarkCollected(alloc_id) => {
                 rows.push((Table::Checkpoints, alloc_id.clone(), None));
-                rows.push((Table::Collected, alloc_id, Some(Vec::new())));
+                rows.push((
+                    Table::Collected,
+                    alloc_id,
+                    Some(RowValue::Bytes(Vec::new())),
+                ));
             }
             Write::DeleteAlloc(alloc_id) => {
                 for table in Table::CLIENT {
@@ -238,7 +270,7 @@ fn rows_of(writes: Vec<Write>) -> Vec<RowChange> {
                 }
             }
             Write::PutServer { table, key, value } => {
-                rows.push((Table::Server(table), key, Some(value)));
+                rows.push((Table::Server(table), key, Some(RowValue::Bytes(value))));
             }
             Write::DeleteServer { table, key } => rows.push((Table::Server(table), key, None)),
         }

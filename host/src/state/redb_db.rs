@@ -346,7 +346,10 @@ impl StateDb for RedbStateDb {
         // Rows grouped by table, each table's rows in order: one open per table per batch.
         let mut by_table: BTreeMap<Table, Vec<RowChangeInTable>> = BTreeMap::new();
         for (table, key, value) in super::rows_of(writes) {
-            by_table.entry(table).or_default().push((key, value));
+            by_table
+                .entry(table)
+                .or_default()
+                .push((key, value.map(super::RowValue::into_bytes)));
         }
         let write = self.db.begin_write().map_err(io)?;
         for (table, rows) in by_table {
