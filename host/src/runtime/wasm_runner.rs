@@ -224,8 +224,10 @@ impl Shared {
             StopStep::NeverStarted => self.record_final(RunOutcome::NeverStarted),
             StopStep::AlreadyFinished => {
                 // Stopped already (after a shutdown, say) but not terminal: a kill makes it so.
-                let mut last = self.state.get();
-                if !last.client_status.is_terminal() {
+                // (Most are terminal: the GC's destroy kills every finished alloc. The status
+                // is read without a copy of the state.)
+                if !self.state.client_status().is_terminal() {
+                    let mut last = self.state.get();
                     let description = "alloc was stopped";
                     end_unfinished_tasks(
                         &mut last.task_states,
