@@ -169,6 +169,23 @@ impl StateCell {
         }
     }
 
+    /// As [`StateCell::finish`] with the final state made from the current one, unless the
+    /// current one is terminal already (then nothing changes). One lock for the look and the
+    /// change: a final state the run recorded meanwhile is never overwritten.
+    pub fn finish_unless_terminal(&self, final_state: impl FnOnce(&AllocState) -> AllocState) {
+        let mut cell = self.lock();
+        if cell.current.client_status.is_terminal() {
+            return;
+        }
+        let final_state = final_state(&cell.current);
+        cell.closed = true;
+        if cell.current != final_state {
+            cell.current = final_state;
+            self.updater
+                .alloc_state_updated(&self.alloc_id, &cell.current);
+        }
+    }
+
     /// Saves `data` as the alloc's checkpoint, through the updater (the client's store).
     pub fn checkpoint(&self, data: &[u8]) -> crate::allocrunner::CheckpointSaved {
         self.updater.checkpoint_saved(&self.alloc_id, data)

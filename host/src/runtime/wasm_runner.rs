@@ -224,23 +224,23 @@ impl Shared {
             StopStep::NeverStarted => self.record_final(RunOutcome::NeverStarted),
             StopStep::AlreadyFinished => {
                 // Stopped already (after a shutdown, say) but not terminal: a kill makes it so.
-                // (Most are terminal: the GC's destroy kills every finished alloc. The status
-                // is read without a copy of the state.)
-                if !self.state.client_status().is_terminal() {
-                    let mut last = self.state.get();
+                // (Most are terminal, and are not copied: the GC's destroy kills every
+                // finished alloc.)
+                self.state.finish_unless_terminal(|last| {
                     let description = "alloc was stopped";
+                    let mut task_states = last.task_states.clone();
                     end_unfinished_tasks(
-                        &mut last.task_states,
+                        &mut task_states,
                         false,
                         description,
                         crate::timestamp::unix_ms_now(),
                     );
-                    self.state.finish(AllocState {
+                    AllocState {
                         client_status: ClientStatus::Complete,
                         description: description.into(),
-                        task_states: last.task_states,
-                    });
-                }
+                        task_states,
+                    }
+                });
             }
             StopStep::AskGuest => {
                 tracing::info!(parent: &self.config.span, kill_timeout = %format_duration(self.limits.kill_timeout), "killing alloc");

@@ -59,13 +59,23 @@ impl StateDb for MemoryStateDb {
     }
 
     fn client_allocs(&self) -> Result<Vec<SavedAlloc>, StateError> {
-        // One lock for every table: one consistent snapshot.
-        let rows = self.lock();
-        super::assemble_client_allocs(|table| Ok(table_rows(&rows, table)))
+        // One lock for every table: one consistent snapshot. Its records are shared and never
+        // change, so their bytes are made after the lock is let go, not holding up commits.
+        let mut snapshot: BTreeMap<Table, Vec<(String, RowValue)>> = {
+            let rows = self.lock();
+            Table::CLIENT
+                .into_iter()
+                .map(|table| (table, table_values(&rows, table)))
+                .collect()
+        };
+        super::assemble_client_allocs(|table| {
+            Ok(in_bytes(snapshot.remove(&table).unwrap_or_default()))
+        })
     }
 
     fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        Ok(table_rows(&self.lock(), Table::Server(table)))
+        let values = table_values(&self.lock(), Table::Server(table));
+        Ok(in_bytes(values))
     }
 
     fn waits_on_io(&self) -> bool {
@@ -73,9 +83,16 @@ impl StateDb for MemoryStateDb {
     }
 }
 
-fn table_rows(rows: &Rows, table: Table) -> Vec<(String, Vec<u8>)> {
+fn table_values(rows: &Rows, table: Table) -> Vec<(String, RowValue)> {
     rows.iter()
         .filter(|((t, _), _)| *t == table)
-        .map(|((_, key), value)| (key.clone(), value.clone().into_bytes()))
+        .map(|((_, key), value)| (key.clone(), value.clone()))
+        .collect()
+}
+
+fn in_bytes(values: Vec<(String, RowValue)>) -> Vec<(String, Vec<u8>)> {
+    values
+        .into_iter()
+        .map(|(key, value)| (key, value.into_bytes()))
         .collect()
 }

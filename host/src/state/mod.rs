@@ -9,11 +9,11 @@
 //!   and fails its writes or reads on demand, for tests of what the client does when saving
 //!   fails.
 //!
-//! Every implementation stores the same bytes: the typed writes are turned into rows of named
-//! tables by one function (`rows_of`), each row's bytes are made by one other
-//! ([`RowValue::into_bytes`]; the memory store makes them when a row is read, not when it is
-//! written) and rows are read back by a third (`assemble_client_allocs`), so the three cannot
-//! drift apart in what they keep.
+//! Every implementation keeps and returns the same bytes: the typed writes are turned into
+//! rows of named tables by one function (`rows_of`), each row's bytes are made by one other
+//! (`RowValue::into_bytes`; the memory store makes them when a row is read, not when it is
+//! written) and rows are read back by a third (`assemble_client_allocs`), so the stores
+//! cannot drift apart in what they keep.
 //!
 //! This module knows the plain data in [`crate::structs`] and nothing of the client, the server
 //! or wasmtime; it may touch only its own file. The server's records are opaque bytes here;
@@ -170,7 +170,8 @@ pub trait StateDb: Send + Sync + 'static {
     }
 }
 
-/// The tables rows live in. One row is (table, key) -> bytes.
+/// The tables rows live in. One row is (table, key) -> value ([`RowValue`]: bytes, or a record
+/// that becomes them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Table {
     Allocs,
