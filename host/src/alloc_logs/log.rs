@@ -121,7 +121,13 @@ impl AllocLog {
                 Ok(runtime) => {
                     queue.lingering = true;
                     drop(queue);
-                    runtime.spawn(self.clone().drain());
+                    // The guard goes into the task as it is made: a task dropped before its
+                    // first poll finishes the drain too.
+                    runtime.spawn(AllocLog::drain(UnfinishedDrain {
+                        log: self.clone(),
+                        in_flight: 0,
+                        finished: false,
+                    }));
                 }
                 // No runtime to hand the work to: the writing thread is not a guest's.
                 Err(_) => {
@@ -180,18 +186,20 @@ impl AllocLog {
     /// batches until the queue is empty. A written batch's buffers take the next batch's
     /// place in the queue, so a steady flood reuses two sets of buffers; they are freed when
     /// the drain ends.
-    async fn drain(self: Arc<Self>) {
-        if self.followers.load(Ordering::SeqCst) == 0 {
+    async fn drain(mut unfinished: UnfinishedDrain) {
+        let this = unfinished.log.clone();
+        if this.followers.load(Ordering::SeqCst) == 0 {
             tokio::select! {
                 () = tokio::time::sleep(WRITE_BEHIND) => {}
-                () = self.write_now.notified() => {}
+                () = this.write_now.notified() => {}
             }
         }
-        self.queue.lock_unpoisoned().lingering = false;
+        this.queue.lock_unpoisoned().lingering = false;
         let mut written = QueuedLines::default();
-        while let Some(batch) = self.next_batch(written) {
+        while let Some(batch) = this.next_batch(written) {
             let count = batch.len() as u64;
-            let log = self.clone();
+            unfinished.in_flight = count;
+            let log = this.clone();
             // A panic while writing loses that batch only; it still counts as done.
             written = tokio::task::spawn_blocking(move || {
                 log.write_batch(&batch);
@@ -199,12 +207,16 @@ impl AllocLog {
             })
             .await
             .unwrap_or_default();
-            self.done.send_modify(|done| *done += count);
-            self.report_drops(false);
+            unfinished.in_flight = 0;
+            this.done.send_modify(|done| *done += count);
+            this.report_drops(false);
         }
+        unfinished.finished = true;
     }
 
     /// [`AllocLog::drain`] on the calling thread.
+    ///
+    /// Also how a drain the runtime dropped midway (it shut down) is finished.
     fn drain_here(&self) {
         let mut written = QueuedLines::default();
         while let Some(batch) = self.next_batch(written) {
@@ -332,5 +344,28 @@ impl AllocLog {
         if all_gone {
             self.on_disk.deleted(&self.alloc_id);
         }
+    }
+}
+
+/// Finishes a drain whose task the runtime dropped midway (it shut down, as a test's or a
+/// restarted node's runtime does), so the log does not stay "draining" with no writer: its
+/// lines would wait forever, and so would whoever settles it. The batch the blocking pool
+/// has counts as done (written or not, it is not the queue's any more); what is left is
+/// written on the dropping thread.
+struct UnfinishedDrain {
+    log: Arc<AllocLog>,
+    in_flight: u64,
+    finished: bool,
+}
+
+impl Drop for UnfinishedDrain {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let in_flight = self.in_flight;
+        self.log.done.send_modify(|done| *done += in_flight);
+        self.log.queue.lock_unpoisoned().lingering = false;
+        self.log.drain_here();
     }
 }

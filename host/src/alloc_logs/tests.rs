@@ -428,6 +428,54 @@ async fn a_log_with_no_file_is_removed_without_the_disk_and_one_with_a_file_is_n
     assert!(!dir.path().join("logs/written.log").exists());
 }
 
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A runtime that shuts down (a test's, a restarted node's) drops the writer task it ran;
+/// the log must not stay "draining" with no writer, its lines unwritten and a settle
+/// waiting forever.
+#[test]
+fn a_writer_task_dropped_with_its_runtime_finishes_its_lines_and_the_log_writes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = AllocLogs::in_dir(dir.path());
+    let writer = logs.writer("a");
+    let file = dir.path().join("a.log");
+
+    // Dropped while it waits out the write-behind delay.
+    let waited = current_thread_runtime();
+    waited.block_on(async {
+        writer.write(tracing::Level::INFO, "stdout", "one");
+        tokio::task::yield_now().await;
+    });
+    assert!(!file.exists(), "the writer task was waiting");
+    drop(waited);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.ends_with("stdout: one\n"), "{text}");
+
+    // Dropped before it ever ran.
+    let never_ran = current_thread_runtime();
+    never_ran.block_on(async { writer.write(tracing::Level::INFO, "stdout", "two") });
+    drop(never_ran);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.ends_with("stdout: two\n"), "{text}");
+
+    // And the log writes on, through a new runtime's writer.
+    let next = current_thread_runtime();
+    next.block_on(async {
+        writer.write(tracing::Level::INFO, "stdout", "three");
+        tokio::time::timeout(Duration::from_secs(30), logs.settle("a"))
+            .await
+            .expect("settling ends: a writer took the line");
+    });
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(text.ends_with("stdout: three\n"), "{text}");
+}
+
 #[test]
 fn without_a_runtime_the_writing_thread_writes() {
     let dir = tempfile::tempdir().unwrap();

@@ -50,11 +50,20 @@ fn client(
     gc: GcConfig,
     stats: Arc<FakeStats>,
 ) -> Client {
-    let mut config = ClientConfig::new(NODE, std::env::temp_dir().join("caravan-client-tests"));
+    let mut config = ClientConfig::new(NODE, own_data_dir());
     config.gc = gc;
     let client = Client::new(config, server.clone(), factory, stats);
     client.start();
     client
+}
+
+/// A data dir for one client: clients sharing one would sweep each other's alloc dirs as
+/// leftovers and list each other's log files. Kept (not removed on drop), as the client
+/// outlives its maker; `run-tests` clears the tests' temp dir at each run.
+fn own_data_dir() -> std::path::PathBuf {
+    tempfile::tempdir()
+        .expect("a temp dir for the client")
+        .keep()
 }
 
 fn gc_config(max_allocs: usize, parallel_destroys: i64) -> GcConfig {
@@ -630,7 +639,7 @@ async fn an_update_for_an_unknown_alloc_is_logged_and_ignored() {
         inner: inner.clone(),
         stray,
     });
-    let mut config = ClientConfig::new(NODE, std::env::temp_dir());
+    let mut config = ClientConfig::new(NODE, own_data_dir());
     config.gc = gc_config(50, 2);
     let client = Client::new(
         config,
