@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 /// mimalloc, not glibc's malloc: see the workspace's Cargo.toml for why. The benches in
 /// `benches/common` set the same, so that they measure what the agent runs.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -4,6 +4,7 @@
 
 /// The `caravan` binary's allocator (host/src/main.rs), so a bench in process measures
 /// what the agent runs.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
