@@ -157,6 +157,22 @@ pub fn parse_line(line: &str) -> Option<super::LogLine<'_>> {
     })
 }
 
+/// `alloc_id`'s current file in `dir`: `<id>.log`.
+pub(super) fn current_file(dir: &Path, alloc_id: &str) -> PathBuf {
+    dir.join(format!("{alloc_id}.log"))
+}
+
+/// The alloc whose file `name` is (its current one, or a rotated one), if it is one: what
+/// [`current_file`] and [`rotated`] name, read back.
+pub(super) fn alloc_of(name: &str) -> Option<String> {
+    let current = name.strip_suffix(".log").or_else(|| {
+        let (current, n) = name.rsplit_once('.')?;
+        n.parse::<usize>().ok()?;
+        current.strip_suffix(".log")
+    })?;
+    (!current.is_empty()).then(|| current.to_string())
+}
+
 /// `<id>.log` -> `<id>.log.N`.
 pub(super) fn rotated(path: &Path, n: usize) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
@@ -291,6 +307,22 @@ impl LogFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_names_name_their_alloc_and_other_names_none() {
+        assert_eq!(alloc_of("a1b2.log").as_deref(), Some("a1b2"));
+        assert_eq!(alloc_of("a1b2.log.2").as_deref(), Some("a1b2"));
+        assert_eq!(alloc_of("web.1.log").as_deref(), Some("web.1"));
+        for other in [
+            ".log",
+            "notes.txt",
+            "a1b2.log.old",
+            "a1b2.logs",
+            "a1b2.log.",
+        ] {
+            assert_eq!(alloc_of(other), None, "{other}");
+        }
+    }
     use tracing::Level;
 
     #[test]

@@ -238,7 +238,7 @@ impl AllocLogs {
         }
         let log = Arc::new(AllocLog::new(
             alloc_id,
-            self.inner.dir.join(format!("{alloc_id}.log")),
+            file::current_file(&self.inner.dir, alloc_id),
             self.inner.on_disk.clone(),
         ));
         if registry.logs.len() >= registry.prune_at {

@@ -8,6 +8,7 @@
 //! since. It is forgotten once its files are all deleted. When the directory cannot be
 //! listed, every alloc may have files: every removal tries, as before.
 
+use super::file::alloc_of;
 use crate::locks::LockUnpoisoned;
 use std::collections::HashSet;
 use std::path::Path;
@@ -64,35 +65,9 @@ impl FilesOnDisk {
     }
 }
 
-/// The alloc whose file `name` is (`<id>.log`, or rotated, `<id>.log.<n>`), if it is one.
-fn alloc_of(name: &str) -> Option<String> {
-    let current = name.strip_suffix(".log").or_else(|| {
-        let (current, n) = name.rsplit_once('.')?;
-        n.parse::<usize>().ok()?;
-        current.strip_suffix(".log")
-    })?;
-    (!current.is_empty()).then(|| current.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn file_names_name_their_alloc_and_other_names_none() {
-        assert_eq!(alloc_of("a1b2.log").as_deref(), Some("a1b2"));
-        assert_eq!(alloc_of("a1b2.log.2").as_deref(), Some("a1b2"));
-        assert_eq!(alloc_of("web.1.log").as_deref(), Some("web.1"));
-        for other in [
-            ".log",
-            "notes.txt",
-            "a1b2.log.old",
-            "a1b2.logs",
-            "a1b2.log.",
-        ] {
-            assert_eq!(alloc_of(other), None, "{other}");
-        }
-    }
 
     #[test]
     fn a_directory_that_cannot_be_listed_leaves_every_alloc_to_try() {
