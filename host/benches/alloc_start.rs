@@ -171,11 +171,9 @@ async fn live_memory(count: u32) {
 }
 
 fn main() {
-    // As an agent would run: a subscriber at INFO, so spans and fields are really built.
-    tracing_subscriber::fmt()
-        .with_env_filter("info")
-        .with_writer(std::io::sink)
-        .init();
+    // The agent's own subscriber at INFO (its text lines), so spans and fields are really
+    // built and formatted as an agent's are; the lines themselves go nowhere.
+    caravan_host::telemetry::init_with_writer("info", std::io::sink).unwrap();
     let rounds = arg_value("--rounds")
         .and_then(|r| r.parse().ok())
         .unwrap_or(2000);

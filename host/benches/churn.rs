@@ -123,11 +123,9 @@ fn wasmtime_cli() -> PathBuf {
 }
 
 fn main() {
-    // As an agent would run: a subscriber at INFO, so spans and fields are really built.
-    tracing_subscriber::fmt()
-        .with_env_filter("info")
-        .with_writer(std::io::sink)
-        .init();
+    // The agent's own subscriber at INFO (its text lines), so spans and fields are really
+    // built and formatted as an agent's are; the lines themselves go nowhere.
+    caravan_host::telemetry::init_with_writer("info", std::io::sink).unwrap();
     let allocs = count_arg("--allocs", 10_000);
     let processes = count_arg("--processes", 200);
     let rounds = count_arg("--rounds", 3);

@@ -156,11 +156,9 @@ async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Roun
 }
 
 fn main() {
-    // As an agent would run: a subscriber at INFO, so spans and fields are really built.
-    tracing_subscriber::fmt()
-        .with_env_filter("info")
-        .with_writer(std::io::sink)
-        .init();
+    // The agent's own subscriber at INFO (its text lines), so spans and fields are really
+    // built and formatted as an agent's are; the lines themselves go nowhere.
+    caravan_host::telemetry::init_with_writer("info", std::io::sink).unwrap();
     let sizes = Sizes {
         terminal: count_arg("--terminal", 10_000),
         new: count_arg("--new", 500),

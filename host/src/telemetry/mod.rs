@@ -1,5 +1,6 @@
 //! The process's one tracing subscriber: every line, host or guest, in the same format.
-//! Set up once, by the CLI; library code only emits events, never installs a subscriber.
+//! Set up once, by the CLI (a bench or an embedder: [`init_with_writer`], with a writer of
+//! its own); library code only emits events, never installs a subscriber.
 //! Lines reach stderr through `stderr_writer`, off the thread that logs; the CLI calls
 //! [`flush`] before the process exits, and a panic before its message is printed.
 
@@ -43,7 +44,8 @@ impl<'writer> MakeVisitor<Writer<'writer>> for EscapedTextFields {
 /// (a string quoted), space-separated as tracing's own text formatter does, with control
 /// characters escaped. The message comes first whatever the event's field order: a guest's
 /// record names its message last, which the JSON line writes faster (measured with the
-/// logs bench).
+/// logs bench). Values are rendered straight into the line or the fields, never into a
+/// string of their own: every alloc's span and every line pays for this formatting.
 struct EscapedTextVisitor<'writer> {
     writer: Writer<'writer>,
     /// The fields other than the message, written after it.
@@ -53,20 +55,27 @@ struct EscapedTextVisitor<'writer> {
 }
 
 impl EscapedTextVisitor<'_> {
-    fn write(&mut self, field: &Field, rendered: &str) {
-        let rendered = crate::text::escape_controls(rendered);
+    /// Writes the message with `render`, or starts the next `name=` in `fields` and
+    /// renders the value after it.
+    /// A value whose `Debug` fails fails the line, as in tracing's own formatter (the
+    /// subscriber writes a notice in its place); the fields after it are not rendered.
+    fn write(&mut self, field: &Field, render: impl FnOnce(&mut dyn fmt::Write) -> fmt::Result) {
+        if self.result.is_err() {
+            return;
+        }
         if field.name() == "message" {
-            if self.result.is_ok() {
-                self.result = self.writer.write_str(&rendered);
-            }
+            self.result = render(&mut ControlsEscaped(&mut self.writer));
             self.wrote_message = true;
         } else {
-            if !self.fields.is_empty() {
+            if self.fields.is_empty() {
+                // Room for an alloc span's fields, or a line's few, in one allocation.
+                self.fields.reserve(128);
+            } else {
                 self.fields.push(' ');
             }
             self.fields.push_str(field.name());
             self.fields.push('=');
-            self.fields.push_str(&rendered);
+            self.result = render(&mut ControlsEscaped(&mut self.fields));
         }
     }
 }
@@ -76,14 +85,25 @@ impl Visit for EscapedTextVisitor<'_> {
         // A guest's line is its record's message as a string: unquoted, as format
         // arguments would be.
         if field.name() == "message" {
-            self.write(field, value);
+            self.write(field, |out| out.write_str(value));
         } else {
             self.record_debug(field, &value);
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.write(field, &format!("{value:?}"));
+        self.write(field, |out| write!(out, "{value:?}"));
+    }
+}
+
+/// A writer that passes text on with its control characters escaped, as
+/// [`crate::text::escape_controls`] escapes them. Escaping goes character by character, so
+/// escaping each piece a value is written in is the same as escaping the whole.
+struct ControlsEscaped<'a, W: fmt::Write>(&'a mut W);
+
+impl<W: fmt::Write> fmt::Write for ControlsEscaped<'_, W> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        self.0.write_str(&crate::text::escape_controls(text))
     }
 }
 
@@ -112,8 +132,7 @@ impl VisitFmt for EscapedTextVisitor<'_> {
 /// With `json`, each line is one JSON object whose `span` holds the alloc's fields
 /// (`alloc_id`, `job`, `group`, `runner`).
 pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_new(level)
-        .map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))?;
+    let filter = level_filter(level)?;
     let escaping = if json {
         Escaping::JsonControls
     } else {
@@ -121,22 +140,9 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
     };
     let writer = StderrWriter::global(escaping)
         .map_err(|e| anyhow::anyhow!("cannot start the log writer thread: {e}"))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal());
-    let installed = if json {
-        builder
-            .with_writer(move || writer.clone())
-            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
-            .event_format(json_line::JsonLine)
-            .try_init()
-    } else {
-        builder
-            .with_writer(move || writer.clone())
-            .fmt_fields(escaped_text_fields())
-            .try_init()
-    };
-    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))?;
+    install(filter, json, std::io::stderr().is_terminal(), move || {
+        writer.clone()
+    })?;
     // A panic's message goes straight to stderr: the lines logged before it go first.
     let print_panic = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -144,6 +150,41 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
         print_panic(info);
     }));
     Ok(())
+}
+
+/// Installs the global subscriber [`init`] installs for text lines (the same filter, fields
+/// and line format, no colours), writing each line to `writer` as it is made: for an
+/// embedder that keeps the lines itself, and for the benches, which must pay for the
+/// agent's own formatting (`std::io::sink` as the writer) and nothing else. Text only: a
+/// JSON line has some of its controls escaped by the stderr writer, which this bypasses.
+pub fn init_with_writer<W>(level: &str, writer: W) -> anyhow::Result<()>
+where
+    W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + Send + Sync + 'static,
+{
+    install(level_filter(level)?, false, false, writer)
+}
+
+fn level_filter(level: &str) -> anyhow::Result<EnvFilter> {
+    EnvFilter::try_new(level).map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))
+}
+
+fn install<W>(filter: EnvFilter, json: bool, ansi: bool, writer: W) -> anyhow::Result<()>
+where
+    W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(writer);
+    let installed = if json {
+        builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(json_line::JsonLine)
+            .try_init()
+    } else {
+        builder.fmt_fields(escaped_text_fields()).try_init()
+    };
+    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
 }
 
 #[cfg(test)]
@@ -190,6 +231,8 @@ pub(super) mod tests {
             let message = "task web \"started\"\nINFO forged";
             tracing::info!(stream = "stdout", message);
             tracing::info!(context = "ctx", count = 3, "from {}", "arguments");
+            // Controls reach a line through `Display` and format arguments too.
+            tracing::info!(reason = %"a\nb", "from {}", "\u{1b}[31m");
             let span = tracing::info_span!("alloc", alloc_id = "a-1", runner = %"m.wasm");
             span.record("runner", "n.wasm");
             let _in = span.enter();
@@ -202,6 +245,7 @@ pub(super) mod tests {
             [
                 "task web \"started\"\\nINFO forged stream=\"stdout\"",
                 "from arguments context=\"ctx\" count=3",
+                "from \\u{1b}[31m reason=a\\nb",
                 "alloc{alloc_id=\"a-1\" runner=m.wasm runner=\"n.wasm\"}: inside",
             ],
             "{text}"
