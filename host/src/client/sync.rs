@@ -132,7 +132,7 @@ impl AllocSync {
             .iter()
             .map(|(id, state)| AllocUpdate {
                 alloc_id: id.clone(),
-                state: AllocState::clone(state),
+                state: Arc::clone(state),
             })
             .collect()
     }
@@ -146,12 +146,11 @@ impl AllocSync {
         {
             let mut sync = self.lock();
             for AllocUpdate { alloc_id, state } in sent {
-                if sync.pending.get(&alloc_id).map(|p| &**p) == Some(&state) {
+                if sync.pending.get(&alloc_id) == Some(&state) {
                     sync.pending.remove(&alloc_id);
                 }
                 if accepted.contains(alloc_id.as_str()) {
-                    // One copy, kept as acknowledged and handed to be saved.
-                    let state = Arc::new(state);
+                    // The one copy, kept as acknowledged and handed to be saved.
                     sync.acknowledged.insert(alloc_id.clone(), state.clone());
                     taken.push((alloc_id, state));
                 }

@@ -262,7 +262,10 @@ impl Leader {
         let update = |key: &str, value: &[u8]| {
             let alloc_id = key.strip_prefix(&prefix)?.to_string();
             match serde_json::from_slice::<AllocState>(value) {
-                Ok(state) => Some(AllocUpdate { alloc_id, state }),
+                Ok(state) => Some(AllocUpdate {
+                    alloc_id,
+                    state: Arc::new(state),
+                }),
                 Err(error) => {
                     tracing::warn!(key, %error, "skipping a client state in etcd that cannot be read");
                     None

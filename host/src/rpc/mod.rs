@@ -72,8 +72,9 @@ pub struct NodeAllocs {
 pub struct AllocUpdate {
     /// The alloc.
     pub alloc_id: String,
-    /// Its state as the client last saw it.
-    pub state: AllocState,
+    /// Its state as the client last saw it: shared with the client's send queue, so an
+    /// update costs no copy of the state (on the wire it is the state itself).
+    pub state: Arc<AllocState>,
 }
 
 /// How a client node talks to the server that schedules it. See the module docs for what an

@@ -193,7 +193,7 @@ impl State {
             if update.state.client_status.is_terminal() && record.terminal_since.is_none() {
                 record.terminal_since = Some(Instant::now());
             }
-            record.client_state = Some(update.state.clone());
+            record.client_state = Some(AllocState::clone(&update.state));
             accepted.push(update.alloc_id.clone());
             self.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
         }

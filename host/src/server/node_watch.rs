@@ -165,7 +165,8 @@ mod tests {
             state: AllocState {
                 client_status: ClientStatus::Running,
                 ..AllocState::pending()
-            },
+            }
+            .into(),
         };
         server.update_allocs(&[running]).await.unwrap();
         let started = Instant::now();

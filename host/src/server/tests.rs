@@ -23,7 +23,7 @@ async fn report(server: &EmbeddedServer, alloc_id: &str, status: ClientStatus) {
     server
         .update_allocs(&[AllocUpdate {
             alloc_id: alloc_id.into(),
-            state,
+            state: state.into(),
         }])
         .await
         .unwrap();

@@ -21,7 +21,8 @@ struct ServerState {
     index: u64,
     nodes: Vec<String>,
     allocs: HashMap<String, (String, Arc<Alloc>)>,
-    client_states: HashMap<String, AllocState>,
+    /// Shared with the updates that brought them, as the client shares them with its queue.
+    client_states: HashMap<String, Arc<AllocState>>,
     update_batches: Vec<Vec<AllocUpdate>>,
     failing_updates: usize,
     unavailable: bool,
@@ -93,7 +94,10 @@ impl InMemoryServer {
 
     /// The last state the client sent for an alloc.
     pub fn client_state(&self, alloc_id: &str) -> Option<AllocState> {
-        self.lock().client_states.get(alloc_id).cloned()
+        self.lock()
+            .client_states
+            .get(alloc_id)
+            .map(|state| AllocState::clone(state))
     }
 
     /// Every batch of updates received, in order.

@@ -240,7 +240,7 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
     .await;
     let late = caravan_host::rpc::AllocUpdate {
         alloc_id: first.id.clone(),
-        state: AllocState::failed("too late"),
+        state: AllocState::failed("too late").into(),
     };
     use caravan_host::rpc::ServerApi;
     assert_eq!(

@@ -470,7 +470,8 @@ async fn the_server_acknowledges_an_update_only_once_it_is_saved() {
             client_status: ClientStatus::Running,
             description: String::new(),
             task_states: vec![],
-        },
+        }
+        .into(),
     };
     faulty.fail_writes(true);
     let refused = server.update_allocs(std::slice::from_ref(&update)).await;

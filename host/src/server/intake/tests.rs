@@ -78,7 +78,8 @@ fn running(alloc_id: &str) -> AllocUpdate {
             client_status: ClientStatus::Running,
             description: String::new(),
             task_states: vec![],
-        },
+        }
+        .into(),
     }
 }
 
