@@ -57,6 +57,7 @@ struct EscapedTextVisitor<'writer> {
 impl EscapedTextVisitor<'_> {
     /// Writes the message with `render`, or starts the next `name=` in `fields` and
     /// renders the value after it.
+    ///
     /// A value whose `Debug` fails fails the line, as in tracing's own formatter (the
     /// subscriber writes a notice in its place); the fields after it are not rendered.
     fn write(&mut self, field: &Field, render: impl FnOnce(&mut dyn fmt::Write) -> fmt::Result) {
