@@ -171,9 +171,7 @@ async fn live_memory(count: u32) {
 }
 
 fn main() {
-    // The agent's own subscriber at INFO (its text lines), so spans and fields are really
-    // built and formatted as an agent's are; the lines themselves go nowhere.
-    caravan_host::telemetry::init_with_writer("info", std::io::sink).unwrap();
+    common::log_as_the_agent();
     let rounds = arg_value("--rounds")
         .and_then(|r| r.parse().ok())
         .unwrap_or(2000);

@@ -123,9 +123,7 @@ fn wasmtime_cli() -> PathBuf {
 }
 
 fn main() {
-    // The agent's own subscriber at INFO (its text lines), so spans and fields are really
-    // built and formatted as an agent's are; the lines themselves go nowhere.
-    caravan_host::telemetry::init_with_writer("info", std::io::sink).unwrap();
+    common::log_as_the_agent();
     let allocs = count_arg("--allocs", 10_000);
     let processes = count_arg("--processes", 200);
     let rounds = count_arg("--rounds", 3);

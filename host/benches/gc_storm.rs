@@ -156,9 +156,7 @@ async fn round(factory: &AllocRunnerFactory, sizes: &Sizes, storm: bool) -> Roun
 }
 
 fn main() {
-    // The agent's own subscriber at INFO (its text lines), so spans and fields are really
-    // built and formatted as an agent's are; the lines themselves go nowhere.
-    caravan_host::telemetry::init_with_writer("info", std::io::sink).unwrap();
+    common::log_as_the_agent();
     let sizes = Sizes {
         terminal: count_arg("--terminal", 10_000),
         new: count_arg("--new", 500),

@@ -18,6 +18,12 @@ use std::time::{Duration, Instant};
 const CARAVAN: &str = env!("CARGO_BIN_EXE_caravan");
 use tokio::sync::Notify;
 
+/// Installs the agent's own subscriber at INFO (its text lines), so spans and fields are
+/// really built and formatted as an agent's are; the lines themselves go nowhere.
+pub fn log_as_the_agent() {
+    caravan_host::telemetry::init_with_writer("info", std::io::sink).unwrap();
+}
+
 /// Notifies once the guest reports a status (`running` for a start), and keeps when the
 /// host's state updater first saw it.
 pub struct StatusSignal {

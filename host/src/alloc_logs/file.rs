@@ -307,6 +307,7 @@ impl LogFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing::Level;
 
     #[test]
     fn file_names_name_their_alloc_and_other_names_none() {
@@ -323,7 +324,6 @@ mod tests {
             assert_eq!(alloc_of(other), None, "{other}");
         }
     }
-    use tracing::Level;
 
     #[test]
     fn queued_lines_come_back_as_queued_when_their_buffers_are_reused() {
