@@ -122,15 +122,22 @@ pub mod host {
     use crate::{AllocState, Event};
     use std::time::Duration;
 
-    /// Waits for the host's next instruction, at most `timeout` (`None`: as long as it takes).
+    /// Waits for the host's next instruction, at most `timeout` rounded up to whole
+    /// milliseconds (`None`: as long as it takes; zero: only looks at what is queued).
     ///
     /// Returns `None` when the timeout passed first. Once `kill` or `shutdown` was delivered,
     /// every later call returns it again at once.
     pub fn next_event(timeout: Option<Duration>) -> Option<Event> {
-        let millis = timeout.map_or(u64::MAX, |t| {
-            u64::try_from(t.as_millis()).unwrap_or(u64::MAX)
-        });
-        raw::next_event(millis)
+        raw::next_event(timeout_millis(timeout))
+    }
+
+    /// `timeout` as `next-event` takes it: rounded up to whole milliseconds, so a wake-up
+    /// never comes before it (a runner woken early would find nothing due and ask again at
+    /// once), and `u64::MAX` for `None` or a timeout too long to count.
+    pub(crate) fn timeout_millis(timeout: Option<Duration>) -> u64 {
+        timeout.map_or(u64::MAX, |t| {
+            u64::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        })
     }
 
     /// Reports the alloc's state; see `update-state` in `wit/runner.wit` for what is refused.
@@ -246,4 +253,20 @@ macro_rules! export_runner {
 
         $crate::bindings::export!(__CaravanRunnerExport with_types_in $crate::bindings);
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host::timeout_millis;
+    use std::time::Duration;
+
+    #[test]
+    fn a_timeout_is_rounded_up_to_whole_milliseconds() {
+        assert_eq!(timeout_millis(Some(Duration::ZERO)), 0);
+        assert_eq!(timeout_millis(Some(Duration::from_micros(1))), 1);
+        assert_eq!(timeout_millis(Some(Duration::from_micros(1500))), 2);
+        assert_eq!(timeout_millis(Some(Duration::from_millis(250))), 250);
+        assert_eq!(timeout_millis(Some(Duration::MAX)), u64::MAX);
+        assert_eq!(timeout_millis(None), u64::MAX);
+    }
 }

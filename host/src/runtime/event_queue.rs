@@ -63,22 +63,36 @@ impl Drop for EventSender {
     }
 }
 
+/// Why [`EventReceiver::try_recv`] has no event to give.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum TryRecvError {
+    /// Nothing is queued now.
+    Empty,
+    /// Nothing is queued and the sender is gone: nothing will be.
+    Disconnected,
+}
+
 impl EventReceiver {
+    /// The oldest queued event, without waiting.
+    pub(crate) fn try_recv(&mut self) -> Result<Event, TryRecvError> {
+        let mut queue = self.0.queue.lock_unpoisoned();
+        match queue.events.pop_front() {
+            Some(event) => Ok(event),
+            None if queue.sender_gone => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
+    }
+
     /// The oldest queued event, waiting for one if there is none; `None` once the queue is
     /// empty and its sender gone. Cancel-safe: an event is taken only when it is returned.
     pub(crate) async fn recv(&mut self) -> Option<Event> {
         loop {
-            {
-                let mut queue = self.0.queue.lock_unpoisoned();
-                if let Some(event) = queue.events.pop_front() {
-                    return Some(event);
-                }
-                if queue.sender_gone {
-                    return None;
-                }
+            match self.try_recv() {
+                Ok(event) => return Some(event),
+                Err(TryRecvError::Disconnected) => return None,
+                // A send between the look and this wait left its wake-up stored.
+                Err(TryRecvError::Empty) => self.0.ready.notified().await,
             }
-            // A send between the look above and this wait left its wake-up stored.
-            self.0.ready.notified().await;
         }
     }
 }
@@ -148,6 +162,16 @@ mod tests {
         assert!(matches!(receiver.recv().await, Some(Event::Kill)));
         let empty = tokio::time::timeout(Duration::from_secs(1), receiver.recv()).await;
         assert!(empty.is_err(), "one event is received once");
+    }
+
+    #[test]
+    fn try_recv_takes_what_is_queued_and_tells_empty_from_gone() {
+        let (sender, mut receiver) = event_queue();
+        assert_eq!(receiver.try_recv().err(), Some(TryRecvError::Empty));
+        sender.send(Event::Kill);
+        drop(sender);
+        assert!(matches!(receiver.try_recv(), Ok(Event::Kill)));
+        assert_eq!(receiver.try_recv().err(), Some(TryRecvError::Disconnected));
     }
 
     #[tokio::test]

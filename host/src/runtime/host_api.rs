@@ -11,7 +11,7 @@ use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::token_bucket::TokenBucket;
 use crate::allocrunner::{Latch, StateUpdater};
 use crate::locks::LockUnpoisoned;
-use crate::runtime::event_queue::EventReceiver;
+use crate::runtime::event_queue::{EventReceiver, TryRecvError};
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits, TaskLifecycle, TaskState};
 use crate::text::{cut, cut_in_place};
 use std::collections::HashSet;
@@ -377,12 +377,19 @@ impl HostImports for HostApi {
         }
         let events = &mut self.events;
         let waiting = async {
-            if timeout_ms == u64::MAX {
-                Some(events.recv().await)
-            } else {
-                tokio::time::timeout(Duration::from_millis(timeout_ms), events.recv())
+            match timeout_ms {
+                u64::MAX => Some(events.recv().await),
+                // No wait: what is queued now, else the timeout at once. A timer of zero
+                // milliseconds would wait for the timer wheel's next tick (a millisecond or
+                // more), holding the alloc's instance all the while.
+                0 => match events.try_recv() {
+                    Ok(event) => Some(Some(event)),
+                    Err(TryRecvError::Disconnected) => Some(None),
+                    Err(TryRecvError::Empty) => None,
+                },
+                _ => tokio::time::timeout(Duration::from_millis(timeout_ms), events.recv())
                     .await
-                    .ok()
+                    .ok(),
             }
         };
         let received = tokio::select! {

@@ -104,6 +104,19 @@ async fn a_fail_ratio_of_one_fails_every_task_and_the_alloc() {
     assert_eq!(took, Duration::from_millis(500));
 }
 
+/// A zero wait is an answer now, not a timer: a timer of zero milliseconds would wait for
+/// the timer wheel's next tick, a millisecond or more on the clock, holding the alloc's
+/// instance meanwhile (what bounded how fast short allocs came and went).
+#[tokio::test(start_paused = true)]
+async fn a_task_with_no_run_time_ends_without_waiting_on_the_clock() {
+    // Between two ticks of the timer wheel, where a real clock nearly always is: on a tick,
+    // a zero timer is due at once.
+    tokio::time::advance(Duration::from_micros(500)).await;
+    let (state, took, _) = run_to_end(seeded("1", &[("run_for", "0s")])).await;
+    assert_eq!(state.client_status, ClientStatus::Complete, "{state:?}");
+    assert_eq!(took, Duration::ZERO);
+}
+
 #[tokio::test(start_paused = true)]
 async fn bad_config_fails_the_alloc_naming_the_key() {
     for (alloc, named) in [
