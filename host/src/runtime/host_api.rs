@@ -380,8 +380,8 @@ impl HostImports for HostApi {
             match timeout_ms {
                 u64::MAX => Some(events.recv().await),
                 // No wait: what is queued now, else the timeout at once. A timer of zero
-                // milliseconds would wait for the timer wheel's next tick (a millisecond or
-                // more), holding the alloc's instance all the while.
+                // milliseconds would wait for the timer wheel's next millisecond tick and a
+                // worker to process it, holding the alloc's instance all the while.
                 0 => match events.try_recv() {
                     Ok(event) => Some(Some(event)),
                     Err(TryRecvError::Disconnected) => Some(None),

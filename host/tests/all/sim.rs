@@ -105,8 +105,8 @@ async fn a_fail_ratio_of_one_fails_every_task_and_the_alloc() {
 }
 
 /// A zero wait is an answer now, not a timer: a timer of zero milliseconds would wait for
-/// the timer wheel's next tick, a millisecond or more on the clock, holding the alloc's
-/// instance meanwhile (what bounded how fast short allocs came and went).
+/// the timer wheel's next millisecond tick, holding the alloc's instance meanwhile (what
+/// bounded how fast short allocs came and went).
 #[tokio::test(start_paused = true)]
 async fn a_task_with_no_run_time_ends_without_waiting_on_the_clock() {
     // Between two ticks of the timer wheel, where a real clock nearly always is: on a tick,
