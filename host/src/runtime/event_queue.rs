@@ -13,6 +13,7 @@ use super::bindings::Event;
 use crate::locks::LockUnpoisoned;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 #[derive(Default)]
@@ -65,7 +66,7 @@ impl Drop for EventSender {
 
 /// Why [`EventReceiver::try_recv`] has no event to give.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum TryRecvError {
+enum TryRecvError {
     /// Nothing is queued now.
     Empty,
     /// Nothing is queued and the sender is gone: nothing will be.
@@ -74,7 +75,7 @@ pub(crate) enum TryRecvError {
 
 impl EventReceiver {
     /// The oldest queued event, without waiting.
-    pub(crate) fn try_recv(&mut self) -> Result<Event, TryRecvError> {
+    fn try_recv(&mut self) -> Result<Event, TryRecvError> {
         let mut queue = self.0.queue.lock_unpoisoned();
         match queue.events.pop_front() {
             Some(event) => Ok(event),
@@ -95,7 +96,32 @@ impl EventReceiver {
             }
         }
     }
+
+    /// As [`recv`](Self::recv), waiting at most `within` (`None`: as long as it takes);
+    /// [`TimedOut`] when it passed first. A zero wait only looks at the queue: a tokio
+    /// timer of zero would wait for the timer wheel's next millisecond tick and a worker to
+    /// process it, holding the waiting alloc's instance all the while.
+    pub(crate) async fn recv_within(
+        &mut self,
+        within: Option<Duration>,
+    ) -> Result<Option<Event>, TimedOut> {
+        match within {
+            None => Ok(self.recv().await),
+            Some(within) if within.is_zero() => match self.try_recv() {
+                Ok(event) => Ok(Some(event)),
+                Err(TryRecvError::Disconnected) => Ok(None),
+                Err(TryRecvError::Empty) => Err(TimedOut),
+            },
+            Some(within) => tokio::time::timeout(within, self.recv())
+                .await
+                .map_err(|_| TimedOut),
+        }
+    }
 }
+
+/// What [`EventReceiver::recv_within`] gives when its time passed before an event came.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct TimedOut;
 
 impl Drop for EventReceiver {
     fn drop(&mut self) {
@@ -108,7 +134,6 @@ impl Drop for EventReceiver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn events_arrive_in_the_order_sent_then_none_once_the_sender_is_gone() {
@@ -172,6 +197,27 @@ mod tests {
         drop(sender);
         assert!(matches!(receiver.try_recv(), Ok(Event::Kill)));
         assert_eq!(receiver.try_recv().err(), Some(TryRecvError::Disconnected));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_wait_answers_from_the_queue_without_the_clock_moving() {
+        let (sender, mut receiver) = event_queue();
+        // Between two ticks of the timer wheel, where a zero timer would wait for the next.
+        tokio::time::advance(Duration::from_micros(500)).await;
+        let begun = tokio::time::Instant::now();
+        assert_eq!(
+            receiver.recv_within(Some(Duration::ZERO)).await.err(),
+            Some(TimedOut)
+        );
+        sender.send(Event::Kill);
+        let queued = receiver.recv_within(Some(Duration::ZERO)).await;
+        assert!(matches!(queued, Ok(Some(Event::Kill))));
+        drop(sender);
+        assert!(matches!(
+            receiver.recv_within(Some(Duration::ZERO)).await,
+            Ok(None)
+        ));
+        assert_eq!(begun.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::token_bucket::TokenBucket;
 use crate::allocrunner::{Latch, StateUpdater};
 use crate::locks::LockUnpoisoned;
-use crate::runtime::event_queue::{EventReceiver, TryRecvError};
+use crate::runtime::event_queue::EventReceiver;
 use crate::structs::{Alloc, AllocState, ClientStatus, Limits, TaskLifecycle, TaskState};
 use crate::text::{cut, cut_in_place};
 use std::collections::HashSet;
@@ -375,27 +375,11 @@ impl HostImports for HostApi {
             }
             return Some(bindings::event_to_wit(event));
         }
-        let events = &mut self.events;
-        let waiting = async {
-            match timeout_ms {
-                u64::MAX => Some(events.recv().await),
-                // No wait: what is queued now, else the timeout at once. A timer of zero
-                // milliseconds would wait for the timer wheel's next millisecond tick and a
-                // worker to process it, holding the alloc's instance all the while.
-                0 => match events.try_recv() {
-                    Ok(event) => Some(Some(event)),
-                    Err(TryRecvError::Disconnected) => Some(None),
-                    Err(TryRecvError::Empty) => None,
-                },
-                _ => tokio::time::timeout(Duration::from_millis(timeout_ms), events.recv())
-                    .await
-                    .ok(),
-            }
-        };
+        let within = (timeout_ms != u64::MAX).then(|| Duration::from_millis(timeout_ms));
         let received = tokio::select! {
             // Events queued before the upgrade was asked are handed over first.
             biased;
-            received = waiting => received,
+            received = self.events.recv_within(within) => received.ok(),
             () = self.ending.upgrade_asked.wait() => Some(Some(Event::Shutdown)),
         };
         let Some(received) = received else {
