@@ -26,7 +26,7 @@ mod common;
 #[path = "common/raw.rs"]
 mod raw;
 
-use common::{StatusSignal, alloc, arg_value, config, median, rss_bytes};
+use common::{StatusSignal, alloc, arg_value, build_of, config, median, rss_bytes};
 use raw::{Baseline, types as raw_types};
 
 async fn start_latency(rounds: usize) {
@@ -37,6 +37,7 @@ async fn start_latency(rounds: usize) {
     .unwrap();
     let factory = WasmAllocRunnerFactory::new(runtime.clone());
     let baseline = Baseline::new(runtime.engine(), caravan_test_artifacts::MINIMAL);
+    let build = build_of(caravan_test_artifacts::MINIMAL);
     let data_dir = tempfile::tempdir().unwrap();
     let raw_alloc = raw_types::Alloc {
         id: "bench".into(),
@@ -53,8 +54,10 @@ async fn start_latency(rounds: usize) {
         let raw = baseline.start_once(&raw_alloc).await;
 
         let signal = StatusSignal::running();
-        // The alloc arrives made, as the baseline's does; its span is the client's, and timed.
-        let alloc = alloc(caravan_test_artifacts::MINIMAL, round);
+        // The alloc arrives made, as the baseline's does, naming its build as the server's
+        // do; its span is the client's, and timed.
+        let mut alloc = alloc(caravan_test_artifacts::MINIMAL, round);
+        alloc.runner_sha256 = Some(build.clone());
         let begun = Instant::now();
         let runner = factory
             .build(config(alloc, data_dir.path(), signal.clone()))

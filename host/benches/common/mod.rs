@@ -70,6 +70,13 @@ pub fn alloc(runner: &str, n: usize) -> Alloc {
     )
 }
 
+/// The SHA-256 of the runner at `path`: what an alloc names as its build (`runner_sha256`)
+/// when the server places it, as the agent's server does with the build its job was
+/// submitted with.
+pub fn build_of(path: &str) -> String {
+    caravan_host::runtime::component_sha256(&std::fs::read(path).unwrap())
+}
+
 pub fn config(
     alloc: Alloc,
     data_dir: &std::path::Path,

@@ -32,14 +32,22 @@ impl StatsSource for NoDiskPressure {
     }
 }
 
-/// An alloc of job `job` running the sim runner with one task, `main`, of `config`.
+/// An alloc of job `job` running the sim runner with one task, `main`, of `config`, naming
+/// the sim runner's build as the agent's server does.
 pub fn sim_alloc(id: String, job: &str, config: &[(&str, &str)]) -> Alloc {
+    static SIM_BUILD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let mut task = Task::named("main");
     task.config = config
         .iter()
         .map(|(key, value)| (key.to_string(), value.to_string()))
         .collect();
-    Alloc::new(id, job, SIM, vec![task])
+    let mut alloc = Alloc::new(id, job, SIM, vec![task]);
+    alloc.runner_sha256 = Some(
+        SIM_BUILD
+            .get_or_init(|| crate::common::build_of(SIM))
+            .clone(),
+    );
+    alloc
 }
 
 /// The node's client on `server` and `db`, with alloc dirs under `data_dir`.

@@ -231,8 +231,9 @@ pub type AllocRunnerFactory =
 
 /// The span for one alloc's runner, carrying the fields every one of its log lines needs.
 /// The runner is named by its file name, not its path (the job has the path, and every line
-/// would repeat it); which build it is, `runner_sha256`, is recorded once its component is
-/// loaded (see [`record_runner_hash`]).
+/// would repeat it). Which build it is, `runner_sha256`, is the one the alloc names (the
+/// build its job was submitted with); a factory that loads another records that one instead
+/// (see [`record_loaded_build`]).
 pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
     let runner = std::path::Path::new(&alloc.runner)
         .file_name()
@@ -243,7 +244,10 @@ pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
         job = %alloc.job_id,
         group = %alloc.group,
         runner = %runner,
-        runner_sha256 = tracing::field::Empty,
+        runner_sha256 = alloc
+            .runner_sha256
+            .as_deref()
+            .map(|hash| tracing::field::display(short_hash(hash))),
     )
 }
 
@@ -254,6 +258,15 @@ pub const SHORT_HASH_DIGITS: usize = 12;
 /// The first [`SHORT_HASH_DIGITS`] of a SHA-256 in hex: how logs and statuses name a build.
 pub fn short_hash(sha256_hex: &str) -> &str {
     sha256_hex.get(..SHORT_HASH_DIGITS).unwrap_or(sha256_hex)
+}
+
+/// Records in the span [`alloc_span`] made for `alloc` the build of its runner that was
+/// loaded, unless it is the one the alloc names, which the span carries from the start:
+/// recording a field again costs a start as much as formatting the whole span.
+pub fn record_loaded_build(span: &tracing::Span, alloc: &Alloc, sha256_hex: &str) {
+    if alloc.runner_sha256.as_deref() != Some(sha256_hex) {
+        record_runner_hash(span, sha256_hex);
+    }
 }
 
 /// Records in an alloc's span which build of its runner runs (see [`short_hash`]).

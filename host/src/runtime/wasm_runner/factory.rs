@@ -47,7 +47,7 @@ impl WasmAllocRunnerFactory {
     /// Builds the runner for one alloc; fails when its component cannot be loaded.
     pub fn build(&self, config: AllocRunnerConfig) -> anyhow::Result<Arc<WasmAllocRunner>> {
         let component = self.runtime.load_file(Path::new(&config.alloc.runner))?;
-        crate::allocrunner::record_runner_hash(&config.span, &component.hash);
+        crate::allocrunner::record_loaded_build(&config.span, &config.alloc, &component.hash);
         Ok(Arc::new(WasmAllocRunner::new(
             self.runtime.clone(),
             component,
