@@ -35,14 +35,7 @@ fn round(engine: &Engine, module: &Module, hooked: bool) -> Duration {
     let meter = CpuMeter::new(Duration::from_secs(3600), 100);
     let mut store = Store::new(engine, meter);
     if hooked {
-        store.call_hook(|mut context, hook| {
-            let meter = context.data_mut();
-            if hook.entering_host() {
-                meter.entering_host()
-            } else {
-                meter.leaving_host()
-            }
-        });
+        store.call_hook(|mut context, hook| context.data_mut().on_call_hook(hook));
     }
     let mut linker = Linker::new(engine);
     linker.func_wrap("host", "f", || {}).unwrap();

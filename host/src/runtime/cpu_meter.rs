@@ -1,24 +1,25 @@
 //! One alloc's CPU budget: the time its guest computes, and the time the host works on its
 //! behalf, both charged against `cpu`.
 //!
-//! wasmtime's call hook marks every move between wasm and host code, and the meter times the
-//! stretches between them. A stretch of wasm is the guest computing: wasm cannot wait, only
-//! call the host, so all of it is charged. A stretch of host code is work done for the guest
-//! (lifting its arguments, checking its reports, formatting its log lines, the synchronous
-//! WASI calls) while the guest's thread runs it, and a wait while the thread is elsewhere:
-//! `next-event`, a WASI sleep or poll, the epoch yield, a checkpoint waiting for its commit,
-//! and the WASI calls wasmtime-wasi hands to tokio's blocking pool all suspend.
-//!
-//! Telling a wait from work: the future that drives the guest is wrapped ([`PollCounted`]),
-//! and the time inside each of its polls is measured. A host stretch is charged the time of
-//! the polls it spans (from its start to the end of the poll it began in, every poll after,
-//! and the current poll up to its end), never the time between polls: so a call that lifts a
-//! 4 MiB argument and then waits pays for the lifting, and a `next-event` that waits an hour
-//! pays for nothing but its own few microseconds. Work done off the guest's thread (the
+//! Everything the guest's thread does for it happens inside a poll of the future that drives
+//! the guest: wasm computing, and host code working for it (instantiating it, lowering its
+//! arguments, lifting its reports, formatting its log lines, the synchronous WASI calls).
+//! A wait happens between polls: `next-event`, a WASI sleep or poll, the epoch yield, a
+//! checkpoint waiting for its commit, and the WASI calls wasmtime-wasi hands to tokio's
+//! blocking pool all suspend. So that future is wrapped ([`PollCounted`]), the time inside
+//! each of its polls is measured, and their sum is what the alloc has used: a call that lifts
+//! a 4 MiB argument and then waits pays for the lifting, and a `next-event` that waits an
+//! hour pays for nothing but its own few microseconds. Work done off the guest's thread (the
 //! blocking pool's file reads and writes, the state store's commits, the alloc log writer) is
-//! not timed here: the disk quota, the checkpoint rate and the log rates bound it. The budget
-//! is checked at every move and at every epoch deadline, where a computing guest also yields
-//! to tokio.
+//! not timed here: the disk quota, the checkpoint rate and the log rates bound it.
+//!
+//! Which part was the host's is told apart for the failure message: wasmtime's call hook
+//! marks each call from wasm into the host's imports and its return, and the polls' time
+//! between the two is host work. The host's calls into wasm (an export, or `cabi_realloc`
+//! while a value is lowered into the guest's memory) are not timed: nine in ten moves
+//! between the two are those, and what they take is in the polls already. The budget is
+//! checked at every import call and return, and at every epoch deadline, where a computing
+//! guest also yields to tokio.
 //!
 //! A CPU share under 100% is kept at the epoch deadlines too: the time charged is taken from
 //! a credit that refills at the share (a second's worth at most, which is also where it
@@ -33,15 +34,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use wasmtime::UpdateDeadline;
+use wasmtime::{CallHook, UpdateDeadline};
 
 /// Counts the time one alloc spends computing, and the host's work for it, against its budget.
 pub struct CpuMeter {
     budget: Duration,
-    guest_time: Duration,
+    /// What the alloc's earlier runs used.
+    earlier: Duration,
+    /// The host's part of this run: the polls' time inside import calls.
     host_work: Duration,
     polls: Arc<PollClock>,
-    stretch: Option<Stretch>,
+    /// The import call running now: when it began, and where the polls stood then.
+    in_host: Option<(Instant, PollMark)>,
+    /// How many host calls are running, one inside another: a libcall (a memory grown, say)
+    /// made by the guest's `cabi_realloc` while the host lowers a value is part of the call
+    /// the host was making.
+    host_depth: u32,
     exhausted: bool,
     /// The share of a core the guest may use, when under a whole one.
     share: Option<ShareCredit>,
@@ -90,12 +98,6 @@ impl ShareCredit {
     }
 }
 
-/// The code running now, since when, and (for the host) where the polls stood then.
-enum Stretch {
-    Wasm { since: Instant },
-    Host { since: Instant, polls: PollMark },
-}
-
 /// The polls of the future that runs one guest: how many have begun, when the one running
 /// now began, and how long all the finished ones took (times in nanoseconds from `origin`).
 /// Written by [`PollCounted`] and read by the meter, both on the guest's own thread.
@@ -105,6 +107,9 @@ struct PollClock {
     current_start: AtomicU64,
     finished: AtomicU64,
 }
+
+/// `current_start` between polls: a time so late that no poll is counted as running.
+const NOT_POLLING: u64 = u64::MAX;
 
 /// Where a [`PollClock`] stood at one moment.
 #[derive(Clone, Copy)]
@@ -119,7 +124,7 @@ impl PollClock {
         PollClock {
             origin: Instant::now(),
             begun: AtomicU64::new(0),
-            current_start: AtomicU64::new(0),
+            current_start: AtomicU64::new(NOT_POLLING),
             finished: AtomicU64::new(0),
         }
     }
@@ -136,7 +141,7 @@ impl PollClock {
     fn poll_ends(&self, now: Instant) {
         let took = self
             .nanos(now)
-            .saturating_sub(self.current_start.load(Ordering::Relaxed));
+            .saturating_sub(self.current_start.swap(NOT_POLLING, Ordering::Relaxed));
         self.finished.fetch_add(took, Ordering::Relaxed);
     }
 
@@ -146,6 +151,23 @@ impl PollClock {
             current_start: self.current_start.load(Ordering::Relaxed),
             finished: self.finished.load(Ordering::Relaxed),
         }
+    }
+
+    /// The time of every poll so far, the one running now (at `now`), if one is, included.
+    fn busy_until(&self, now: Instant) -> Duration {
+        let current_so_far = self
+            .nanos(now)
+            .saturating_sub(self.current_start.load(Ordering::Relaxed));
+        Duration::from_nanos(
+            self.finished
+                .load(Ordering::Relaxed)
+                .saturating_add(current_so_far),
+        )
+    }
+
+    /// The time of the polls that have finished.
+    fn busy_finished(&self) -> Duration {
+        Duration::from_nanos(self.finished.load(Ordering::Relaxed))
     }
 
     /// The time the guest's thread spent in polls between `since` (inside the poll `entry`
@@ -184,10 +206,11 @@ impl CpuMeter {
         });
         CpuMeter {
             budget,
-            guest_time: Duration::ZERO,
+            earlier: Duration::ZERO,
             host_work: Duration::ZERO,
             polls: Arc::new(PollClock::new()),
-            stretch: None,
+            in_host: None,
+            host_depth: 0,
             exhausted: false,
             share,
             gauges: None,
@@ -199,7 +222,7 @@ impl CpuMeter {
     /// the guest's: a failure then names only this run's host work as the host's share,
     /// never more than it was.
     pub fn charged_already(mut self, earlier: Duration) -> Self {
-        self.guest_time = earlier;
+        self.earlier = earlier;
         if let Some(share) = &mut self.share {
             share.settled = earlier;
         }
@@ -215,84 +238,81 @@ impl CpuMeter {
     }
 
     /// What counts the polls of the future that runs the guest, for this meter: wrap that
-    /// future with [`PollCounter::count`], so that host stretches can tell work from waiting.
+    /// future with [`PollCounter::count`], so that the meter sees the time it works.
     pub fn poll_counter(&self) -> PollCounter {
         PollCounter(self.polls.clone())
     }
 
-    /// The thread enters host code: wasm called the host (an import, or a libcall such as
-    /// the epoch deadline), or a call the host made into wasm returned. Charges the wasm
-    /// stretch that ends here.
-    pub fn entering_host(&mut self) -> wasmtime::Result<()> {
-        self.entering_host_at(Instant::now())
-    }
-
-    fn entering_host_at(&mut self, now: Instant) -> wasmtime::Result<()> {
-        let polls = self.polls.mark();
-        match self.stretch.replace(Stretch::Host { since: now, polls }) {
-            Some(Stretch::Wasm { since }) => {
-                self.charge_guest(now.saturating_duration_since(since))
-            }
-            _ => Ok(()),
+    /// wasmtime's call hook, for every move between wasm and the host; called on the guest's
+    /// thread, inside a poll of its future. Times the calls to the host's imports and checks
+    /// the budget at each.
+    pub fn on_call_hook(&mut self, hook: CallHook) -> wasmtime::Result<()> {
+        match hook {
+            CallHook::CallingHost => self.import_called_at(Instant::now()),
+            CallHook::ReturningFromHost => self.import_returned_at(Instant::now()),
+            // The host calling an export or `cabi_realloc`: inside the polls, so charged.
+            CallHook::CallingWasm | CallHook::ReturningFromWasm => Ok(()),
         }
     }
 
-    /// The thread leaves host code for wasm. Charges the host stretch that ends here: the
-    /// time of the polls it spans, not the waits between them.
-    pub fn leaving_host(&mut self) -> wasmtime::Result<()> {
-        self.leaving_host_at(Instant::now())
-    }
-
-    fn leaving_host_at(&mut self, now: Instant) -> wasmtime::Result<()> {
-        match self.stretch.replace(Stretch::Wasm { since: now }) {
-            Some(Stretch::Host { since, polls }) => {
-                let work = self.polls.busy_between(since, polls, now);
-                self.charge_host(work)
-            }
-            _ => Ok(()),
+    fn import_called_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+        self.host_depth += 1;
+        if self.host_depth == 1 {
+            self.in_host = Some((now, self.polls.mark()));
         }
+        self.charge(self.used_at(now))
     }
 
-    fn charge_guest(&mut self, computed: Duration) -> wasmtime::Result<()> {
-        self.guest_time += computed;
-        self.publish();
-        self.check_budget()
-    }
-
-    fn charge_host(&mut self, work: Duration) -> wasmtime::Result<()> {
-        self.host_work += work;
-        self.publish();
-        self.check_budget()
-    }
-
-    fn publish(&self) {
-        if let Some(gauges) = &self.gauges {
-            gauges.set_cpu_used(self.guest_time + self.host_work);
+    fn import_returned_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+        self.host_depth = self.host_depth.saturating_sub(1);
+        if self.host_depth == 0
+            && let Some((since, entry)) = self.in_host.take()
+        {
+            self.host_work += self.polls.busy_between(since, entry, now);
         }
+        self.charge(self.used_at(now))
     }
 
-    /// The epoch deadline passed (the stretch of wasm before it is already charged): stop
-    /// the guest when the budget is spent, pause it when it is over its CPU share, or else
-    /// yield to tokio so other allocs run.
-    pub fn on_epoch_deadline(&mut self) -> wasmtime::Result<UpdateDeadline> {
-        self.check_budget()?;
-        let charged = self.guest_time + self.host_work;
-        let pause = self
-            .share
-            .as_mut()
-            .and_then(|share| share.settle(charged, tokio::time::Instant::now()));
-        Ok(match pause {
-            Some(pause) => UpdateDeadline::YieldCustom(1, Box::pin(tokio::time::sleep(pause))),
-            None => UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())),
-        })
+    /// All the alloc has used by `now`, inside a poll of the guest's future.
+    fn used_at(&self, now: Instant) -> Duration {
+        self.earlier + self.polls.busy_until(now)
     }
 
-    fn check_budget(&mut self) -> wasmtime::Result<()> {
-        if self.guest_time + self.host_work > self.budget {
+    /// The guest's run has ended (its future is no longer polled): publishes all it used,
+    /// which the alloc's next run starts from.
+    pub fn run_ended(&mut self) {
+        self.publish(self.earlier + self.polls.busy_finished());
+    }
+
+    fn charge(&mut self, used: Duration) -> wasmtime::Result<()> {
+        self.publish(used);
+        if used > self.budget {
             self.exhausted = true;
             return Err(wasmtime::Error::msg("CPU budget exhausted"));
         }
         Ok(())
+    }
+
+    fn publish(&self, used: Duration) {
+        if let Some(gauges) = &self.gauges {
+            gauges.set_cpu_used(used);
+        }
+    }
+
+    /// The epoch deadline passed: stop the guest when the budget is spent, pause it when it
+    /// is over its CPU share, or else yield to tokio so other allocs run.
+    pub fn on_epoch_deadline(&mut self) -> wasmtime::Result<UpdateDeadline> {
+        let now = Instant::now();
+        let used = self.used_at(now);
+        self.charge(used)?;
+        let pause = self
+            .share
+            .as_mut()
+            .and_then(|share| share.settle(used, tokio::time::Instant::now()));
+        Ok(match pause {
+            Some(pause) => UpdateDeadline::YieldCustom(1, Box::pin(tokio::time::sleep(pause))),
+            None => UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())),
+        })
     }
 
     /// The alloc's description when the guest ran out of budget, if it did, naming the host's
@@ -331,25 +351,31 @@ impl PollCounter {
     /// `future`, its polls counted and timed.
     pub fn count<F: Future>(self, future: F) -> PollCounted<F> {
         PollCounted {
-            inner: Box::pin(future),
+            inner: future,
             polls: self.0,
         }
     }
 }
 
-/// A future whose polls are counted and timed (see [`PollCounter::count`]).
-pub struct PollCounted<F> {
-    inner: Pin<Box<F>>,
-    polls: Arc<PollClock>,
+pin_project_lite::pin_project! {
+    /// A future whose polls are counted and timed (see [`PollCounter::count`]). It holds the
+    /// future it counts in place: boxing it would cost every alloc's start an allocation
+    /// and a copy of the future, twice.
+    pub struct PollCounted<F> {
+        #[pin]
+        inner: F,
+        polls: Arc<PollClock>,
+    }
 }
 
 impl<F: Future> Future for PollCounted<F> {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<F::Output> {
-        self.polls.poll_begins(Instant::now());
-        let polled = self.inner.as_mut().poll(context);
-        self.polls.poll_ends(Instant::now());
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        this.polls.poll_begins(Instant::now());
+        let polled = this.inner.poll(context);
+        this.polls.poll_ends(Instant::now());
         polled
     }
 }
@@ -358,28 +384,81 @@ impl<F: Future> Future for PollCounted<F> {
 mod tests {
     use super::*;
 
+    /// A meter on `budget`, its poll clock, and a time line from a moment of its own.
+    fn meter_at_zero(budget: Duration) -> (CpuMeter, Arc<PollClock>, impl Fn(u64) -> Instant) {
+        let meter = CpuMeter::new(budget, 100);
+        let clock = meter.polls.clone();
+        let t0 = Instant::now();
+        (meter, clock, move |ms| t0 + Duration::from_millis(ms))
+    }
+
     #[test]
     fn computing_and_host_work_share_the_budget_and_waiting_is_free() {
-        let mut meter = CpuMeter::new(Duration::from_millis(30), 100);
-        meter.charge_guest(Duration::from_millis(10)).unwrap();
-        meter.charge_host(Duration::from_millis(15)).unwrap();
-        assert!(matches!(
-            meter.on_epoch_deadline(),
-            Ok(UpdateDeadline::YieldCustom(1, _))
-        ));
-        assert!(meter.charge_guest(Duration::from_millis(6)).is_err());
-        assert!(meter.on_epoch_deadline().is_err());
+        let ms = Duration::from_millis;
+        let (mut meter, clock, at) = meter_at_zero(ms(30));
+        // 10 ms of computing, then an import that works 15 ms.
+        clock.poll_begins(at(0));
+        meter.import_called_at(at(10)).unwrap();
+        meter.import_returned_at(at(25)).unwrap();
+        assert_eq!(meter.used_at(at(25)), ms(25));
+        // Waiting between polls is free; 5 ms more in the next poll, 3 of them the host's,
+        // is over the budget.
+        clock.poll_ends(at(26));
+        clock.poll_begins(at(1_000));
+        meter.import_called_at(at(1_002)).unwrap();
+        assert!(meter.import_returned_at(at(1_005)).is_err());
         assert_eq!(
             meter.failure().unwrap(),
             "CPU budget exhausted: used 30ms of computing time \
-             (15ms of it host work on the runner's behalf)"
+             (18ms of it host work on the runner's behalf)"
         );
-        let mut computing = CpuMeter::new(Duration::from_millis(30), 100);
-        assert!(computing.charge_guest(Duration::from_millis(31)).is_err());
+
+        let (mut computing, clock, at) = meter_at_zero(ms(30));
+        clock.poll_begins(at(0));
+        assert!(computing.import_called_at(at(31)).is_err());
         assert_eq!(
             computing.failure().unwrap(),
             "CPU budget exhausted: used 30ms of computing time"
         );
+    }
+
+    #[test]
+    fn an_epoch_deadline_counts_the_poll_running_now() {
+        let mut meter = CpuMeter::new(Duration::from_millis(10), 100);
+        meter.polls.poll_begins(Instant::now());
+        assert!(matches!(
+            meter.on_epoch_deadline(),
+            Ok(UpdateDeadline::YieldCustom(1, _))
+        ));
+        // A guest that computed 20 ms without calling the host is stopped at the next one.
+        let later = Instant::now() + Duration::from_millis(20);
+        meter.polls.poll_ends(later);
+        meter.polls.poll_begins(later);
+        assert!(meter.on_epoch_deadline().is_err());
+        assert!(meter.failure().is_some());
+    }
+
+    #[test]
+    fn what_a_run_used_is_published_when_it_ends_and_counted_by_the_next() {
+        let ms = Duration::from_millis;
+        let gauges = Arc::new(UsageGauges::default());
+        let mut first = CpuMeter::new(ms(100), 100).reporting_to(gauges.clone());
+        let clock = first.polls.clone();
+        let t0 = Instant::now();
+        // Computing between the last import call and the end of the run counts too.
+        clock.poll_begins(t0);
+        first.import_called_at(t0 + ms(1)).unwrap();
+        first.import_returned_at(t0 + ms(2)).unwrap();
+        clock.poll_ends(t0 + ms(40));
+        first.run_ended();
+        assert_eq!(gauges.snapshot().cpu_used, ms(40));
+
+        let mut second = CpuMeter::new(ms(100), 100)
+            .charged_already(gauges.snapshot().cpu_used)
+            .reporting_to(gauges.clone());
+        second.polls.poll_begins(t0 + ms(50));
+        assert!(second.import_called_at(t0 + ms(111)).is_err(), "40 + 61 ms");
+        assert_eq!(gauges.snapshot().cpu_used, ms(101));
     }
 
     #[tokio::test]
@@ -388,40 +467,54 @@ mod tests {
         // A yield is polled twice.
         meter.poll_counter().count(tokio::task::yield_now()).await;
         assert_eq!(meter.polls.mark().begun, 2);
+        assert_eq!(meter.polls.mark().current_start, NOT_POLLING);
     }
 
     #[test]
     fn host_code_is_charged_for_the_polls_it_spans_and_not_the_waits_between() {
-        let mut meter = CpuMeter::new(Duration::from_secs(60), 100);
-        let clock = meter.polls.clone();
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        // Poll 1: the host calls into wasm, which computes 1 ms and calls the host.
+        let ms = Duration::from_millis;
+        let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
+        // Poll 1: the guest computes 1 ms and calls an import, which returns within its
+        // poll: 2 ms of work.
         clock.poll_begins(at(0));
-        meter.leaving_host_at(at(0)).unwrap();
-        meter.entering_host_at(at(1)).unwrap();
-        assert_eq!(meter.guest_time, Duration::from_millis(1));
-        // Host code that returns within its poll: 2 ms of work.
-        meter.leaving_host_at(at(3)).unwrap();
-        assert_eq!(meter.host_work, Duration::from_millis(2));
+        meter.import_called_at(at(1)).unwrap();
+        meter.import_returned_at(at(3)).unwrap();
+        assert_eq!(meter.host_work, ms(2));
         // A call that works 4 ms (lifting its argument), then waits 1,000 ms, then works 1 ms
         // in a later poll before returning to wasm: 5 ms of work, the wait free.
-        meter.entering_host_at(at(3)).unwrap();
+        meter.import_called_at(at(3)).unwrap();
         clock.poll_ends(at(7));
         clock.poll_begins(at(1_007));
-        meter.leaving_host_at(at(1_008)).unwrap();
-        assert_eq!(meter.host_work, Duration::from_millis(7));
+        meter.import_returned_at(at(1_008)).unwrap();
+        assert_eq!(meter.host_work, ms(7));
         // The same, across a poll that only checked and went back to waiting (0.5 ms).
-        meter.entering_host_at(at(1_010)).unwrap();
+        meter.import_called_at(at(1_010)).unwrap();
         clock.poll_ends(at(1_011));
         clock.poll_begins(at(2_000));
         clock.poll_ends(at(2_000) + Duration::from_micros(500));
         clock.poll_begins(at(3_000));
-        meter.leaving_host_at(at(3_002)).unwrap();
+        meter.import_returned_at(at(3_002)).unwrap();
+        assert_eq!(meter.host_work, ms(7 + 1 + 2) + Duration::from_micros(500));
+        // All it used is the polls' time, the computing between the calls included.
         assert_eq!(
-            meter.host_work,
-            Duration::from_millis(7 + 1 + 2) + Duration::from_micros(500)
+            meter.used_at(at(3_002)),
+            ms(7 + 4 + 2) + Duration::from_micros(500)
         );
+    }
+
+    #[test]
+    fn the_hosts_calls_into_wasm_are_not_timed_apart() {
+        let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
+        clock.poll_begins(at(0));
+        meter.import_called_at(at(1)).unwrap();
+        // The host lowering a result calls the guest's `cabi_realloc`, which grows its memory
+        // (a libcall, a host call of its own): all of it is the import's.
+        meter.on_call_hook(CallHook::CallingWasm).unwrap();
+        meter.import_called_at(at(2)).unwrap();
+        meter.import_returned_at(at(3)).unwrap();
+        meter.on_call_hook(CallHook::ReturningFromWasm).unwrap();
+        meter.import_returned_at(at(4)).unwrap();
+        assert_eq!(meter.host_work, Duration::from_millis(3));
     }
 
     #[tokio::test(start_paused = true)]

@@ -62,6 +62,7 @@ impl Shared {
         let outcome = self
             .run_in_store(&mut store, run, disk, over_quota, first_look_due)
             .await;
+        store.data_mut().cpu.run_ended();
         (outcome, Some(store.into_data().host_api.into_events()))
     }
 

@@ -94,15 +94,8 @@ impl Shared {
         store.set_max_component_handles(self.limits.open_files as usize);
         store.limiter(|data| &mut data.memory);
         store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());
-        // Every move between wasm and the host is timed for the CPU budget.
-        store.call_hook(|mut context, hook| {
-            let cpu = &mut context.data_mut().cpu;
-            if hook.entering_host() {
-                cpu.entering_host()
-            } else {
-                cpu.leaving_host()
-            }
-        });
+        // Calls to the host's imports are timed for the CPU budget (see `cpu_meter`).
+        store.call_hook(|mut context, hook| context.data_mut().cpu.on_call_hook(hook));
         store.set_epoch_deadline(1);
         Ok((store, first_look_due))
     }
