@@ -231,9 +231,10 @@ pub type AllocRunnerFactory =
 
 /// The span for one alloc's runner, carrying the fields every one of its log lines needs.
 /// The runner is named by its file name, not its path (the job has the path, and every line
-/// would repeat it). Which build it is, `runner_sha256`, is the one the alloc names (the
-/// build its job was submitted with); a factory that loads another records that one instead
-/// (see [`record_loaded_build`]).
+/// would repeat it). Which build, `runner_sha256`, is the one the alloc names (the build its
+/// job was submitted with) until its runner is loaded, and a factory that loads another
+/// records that one instead (see [`record_loaded_build`]): the lines of an alloc whose runner
+/// could not be loaded name the build that was asked for.
 pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
     let runner = std::path::Path::new(&alloc.runner)
         .file_name()

@@ -14,12 +14,12 @@
 //! not timed here: the disk quota, the checkpoint rate and the log rates bound it.
 //!
 //! Which part was the host's is told apart for the failure message: wasmtime's call hook
-//! marks each call from wasm into the host's imports and its return, and the polls' time
-//! between the two is host work. The host's calls into wasm (an export, or `cabi_realloc`
-//! while a value is lowered into the guest's memory) are not timed: nine in ten moves
-//! between the two are those, and what they take is in the polls already. The budget is
-//! checked at every import call and return, and at every epoch deadline, where a computing
-//! guest also yields to tokio.
+//! marks each call from wasm into the host (its imports, and libcalls such as a memory grown
+//! or the epoch check) and its return, and the polls' time between the two is host work.
+//! The host's calls into wasm (an export, or `cabi_realloc` while a value is lowered into
+//! the guest's memory) are not timed: three in four moves of a start are those, and what
+//! they take is in the polls already. The budget is checked at every host call and return,
+//! and at every epoch deadline, where a computing guest also yields to tokio.
 //!
 //! A CPU share under 100% is kept at the epoch deadlines too: the time charged is taken from
 //! a credit that refills at the share (a second's worth at most, which is also where it
@@ -98,12 +98,11 @@ impl ShareCredit {
     }
 }
 
-/// The polls of the future that runs one guest: how many have begun, when the one running
-/// now began, and how long all the finished ones took (times in nanoseconds from `origin`).
+/// The polls of the future that runs one guest: when the one running now began, and how long
+/// all the finished ones took (times in nanoseconds from `origin`).
 /// Written by [`PollCounted`] and read by the meter, both on the guest's own thread.
 struct PollClock {
     origin: Instant,
-    begun: AtomicU64,
     current_start: AtomicU64,
     finished: AtomicU64,
 }
@@ -114,7 +113,6 @@ const NOT_POLLING: u64 = u64::MAX;
 /// Where a [`PollClock`] stood at one moment.
 #[derive(Clone, Copy)]
 struct PollMark {
-    begun: u64,
     current_start: u64,
     finished: u64,
 }
@@ -123,7 +121,6 @@ impl PollClock {
     fn new() -> Self {
         PollClock {
             origin: Instant::now(),
-            begun: AtomicU64::new(0),
             current_start: AtomicU64::new(NOT_POLLING),
             finished: AtomicU64::new(0),
         }
@@ -134,7 +131,6 @@ impl PollClock {
     }
 
     fn poll_begins(&self, now: Instant) {
-        self.begun.fetch_add(1, Ordering::Relaxed);
         self.current_start.store(self.nanos(now), Ordering::Relaxed);
     }
 
@@ -147,7 +143,6 @@ impl PollClock {
 
     fn mark(&self) -> PollMark {
         PollMark {
-            begun: self.begun.load(Ordering::Relaxed),
             current_start: self.current_start.load(Ordering::Relaxed),
             finished: self.finished.load(Ordering::Relaxed),
         }
@@ -172,20 +167,19 @@ impl PollClock {
 
     /// The time the guest's thread spent in polls between `since` (inside the poll `entry`
     /// was taken in) and `now` (inside the poll running now).
+    /// When no poll runs at `now` (a run dropped midway), the polls up to the last one.
     fn busy_between(&self, since: Instant, entry: PollMark, now: Instant) -> Duration {
         let current = self.mark();
-        if current.begun == entry.begun {
-            return now.saturating_duration_since(since);
-        }
-        // Every poll that finished since, the one `since` fell in whole...
+        // Every poll that finished since, the one `since` fell in whole, and the one running
+        // now so far (one and the same when `since` fell in it)...
         let finished = current.finished.saturating_sub(entry.finished);
-        // ...less its part before `since`, plus the current poll so far.
-        let before_since = self.nanos(since).saturating_sub(entry.current_start);
         let current_so_far = self.nanos(now).saturating_sub(current.current_start);
+        // ...less the part of the first before `since`.
+        let before_since = self.nanos(since).saturating_sub(entry.current_start);
         Duration::from_nanos(
             finished
-                .saturating_sub(before_since)
-                .saturating_add(current_so_far),
+                .saturating_add(current_so_far)
+                .saturating_sub(before_since),
         )
     }
 }
@@ -243,9 +237,9 @@ impl CpuMeter {
         PollCounter(self.polls.clone())
     }
 
-    /// wasmtime's call hook, for every move between wasm and the host; called on the guest's
-    /// thread, inside a poll of its future. Times the calls to the host's imports and checks
-    /// the budget at each.
+    /// wasmtime's call hook, for every move between wasm and the host, on the guest's thread:
+    /// inside a poll of its future, but for the unwinding of a run dropped midway, which
+    /// adds nothing. Times the calls into the host and checks the budget at each.
     pub fn on_call_hook(&mut self, hook: CallHook) -> wasmtime::Result<()> {
         match hook {
             CallHook::CallingHost => self.import_called_at(Instant::now()),
@@ -256,11 +250,13 @@ impl CpuMeter {
     }
 
     fn import_called_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+        // Refused first: wasmtime makes no call, and so no return, when this fails.
+        self.charge(self.used_at(now))?;
         self.host_depth += 1;
         if self.host_depth == 1 {
             self.in_host = Some((now, self.polls.mark()));
         }
-        self.charge(self.used_at(now))
+        Ok(())
     }
 
     fn import_returned_at(&mut self, now: Instant) -> wasmtime::Result<()> {
@@ -302,7 +298,10 @@ impl CpuMeter {
     /// The epoch deadline passed: stop the guest when the budget is spent, pause it when it
     /// is over its CPU share, or else yield to tokio so other allocs run.
     pub fn on_epoch_deadline(&mut self) -> wasmtime::Result<UpdateDeadline> {
-        let now = Instant::now();
+        self.on_epoch_deadline_at(Instant::now())
+    }
+
+    fn on_epoch_deadline_at(&mut self, now: Instant) -> wasmtime::Result<UpdateDeadline> {
         let used = self.used_at(now);
         self.charge(used)?;
         let pause = self
@@ -424,18 +423,43 @@ mod tests {
 
     #[test]
     fn an_epoch_deadline_counts_the_poll_running_now() {
-        let mut meter = CpuMeter::new(Duration::from_millis(10), 100);
-        meter.polls.poll_begins(Instant::now());
+        let (mut meter, clock, at) = meter_at_zero(Duration::from_millis(10));
+        clock.poll_begins(at(0));
         assert!(matches!(
-            meter.on_epoch_deadline(),
+            meter.on_epoch_deadline_at(at(5)),
             Ok(UpdateDeadline::YieldCustom(1, _))
         ));
-        // A guest that computed 20 ms without calling the host is stopped at the next one.
-        let later = Instant::now() + Duration::from_millis(20);
-        meter.polls.poll_ends(later);
-        meter.polls.poll_begins(later);
-        assert!(meter.on_epoch_deadline().is_err());
-        assert!(meter.failure().is_some());
+        // Computing for 20 ms in one poll, never calling the host, is stopped at the next.
+        assert!(meter.on_epoch_deadline_at(at(20)).is_err());
+        assert_eq!(
+            meter.failure().unwrap(),
+            "CPU budget exhausted: used 10ms of computing time"
+        );
+    }
+
+    #[test]
+    fn a_host_call_refused_for_the_budget_leaves_no_call_open() {
+        let ms = Duration::from_millis;
+        let (mut meter, clock, at) = meter_at_zero(ms(10));
+        clock.poll_begins(at(0));
+        meter.import_called_at(at(1)).unwrap();
+        // Lowering its result, `cabi_realloc` grows memory: that libcall is refused, and
+        // wasmtime makes no call and so no return for it. The import's return still counts.
+        assert!(meter.import_called_at(at(11)).is_err());
+        assert!(meter.import_returned_at(at(12)).is_err());
+        assert_eq!(meter.host_work, ms(11));
+        assert_eq!(meter.host_depth, 0);
+    }
+
+    #[test]
+    fn host_work_stops_at_the_last_poll_when_none_runs() {
+        let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
+        clock.poll_begins(at(0));
+        meter.import_called_at(at(1)).unwrap();
+        clock.poll_ends(at(4));
+        // A run dropped while its import waited unwinds outside any poll, much later.
+        meter.import_returned_at(at(5_000)).unwrap();
+        assert_eq!(meter.host_work, Duration::from_millis(3));
     }
 
     #[test]
@@ -464,9 +488,22 @@ mod tests {
     #[tokio::test]
     async fn the_counter_times_the_polls_of_what_it_wraps() {
         let meter = CpuMeter::new(Duration::from_secs(60), 100);
-        // A yield is polled twice.
-        meter.poll_counter().count(tokio::task::yield_now()).await;
-        assert_eq!(meter.polls.mark().begun, 2);
+        // Two polls that each work a millisecond.
+        let mut polls = 0;
+        let working = std::future::poll_fn(|context| {
+            let begun = Instant::now();
+            while begun.elapsed() < Duration::from_millis(1) {
+                std::hint::spin_loop();
+            }
+            polls += 1;
+            if polls == 2 {
+                return Poll::Ready(());
+            }
+            context.waker().wake_by_ref();
+            Poll::Pending
+        });
+        meter.poll_counter().count(working).await;
+        assert!(meter.polls.busy_finished() >= Duration::from_millis(2));
         assert_eq!(meter.polls.mark().current_start, NOT_POLLING);
     }
 
