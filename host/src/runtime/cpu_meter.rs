@@ -37,15 +37,20 @@ use std::time::{Duration, Instant};
 use wasmtime::{CallHook, UpdateDeadline};
 
 /// Counts the time one alloc spends computing, and the host's work for it, against its budget.
+///
+/// Times are kept in nanoseconds: a call hook runs at every host call, and a `Duration` made
+/// from nanoseconds costs a division.
 pub struct CpuMeter {
     budget: Duration,
-    /// What the alloc's earlier runs used.
-    earlier: Duration,
-    /// The host's part of this run: the polls' time inside import calls.
-    host_work: Duration,
+    budget_nanos: u64,
+    /// What the alloc's earlier runs used, in nanoseconds.
+    earlier: u64,
+    /// The host's part of this run, in nanoseconds: the polls' time inside host calls.
+    host_work: u64,
     polls: Arc<PollClock>,
-    /// The import call running now: when it began, and where the polls stood then.
-    in_host: Option<(Instant, PollMark)>,
+    /// The host call running now: when it began (on the poll clock), and where the polls
+    /// stood then.
+    in_host: Option<(u64, PollMark)>,
     /// How many host calls are running, one inside another: a libcall (a memory grown, say)
     /// made by the guest's `cabi_realloc` while the host lowers a value is part of the call
     /// the host was making.
@@ -54,6 +59,11 @@ pub struct CpuMeter {
     /// The share of a core the guest may use, when under a whole one.
     share: Option<ShareCredit>,
     gauges: Option<Arc<UsageGauges>>,
+}
+
+/// `duration` in nanoseconds, as far as a `u64` goes (584 years).
+fn nanos_of(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The longest one pause for a CPU share lasts.
@@ -126,6 +136,8 @@ impl PollClock {
         }
     }
 
+    /// `at` on this clock: nanoseconds from `origin`. Taken once per call hook, and used for
+    /// everything that hook works out.
     fn nanos(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
@@ -149,38 +161,32 @@ impl PollClock {
     }
 
     /// The time of every poll so far, the one running now (at `now`), if one is, included.
-    fn busy_until(&self, now: Instant) -> Duration {
-        let current_so_far = self
-            .nanos(now)
-            .saturating_sub(self.current_start.load(Ordering::Relaxed));
-        Duration::from_nanos(
-            self.finished
-                .load(Ordering::Relaxed)
-                .saturating_add(current_so_far),
-        )
+    fn busy_until(&self, now: u64) -> u64 {
+        let current_so_far = now.saturating_sub(self.current_start.load(Ordering::Relaxed));
+        self.finished
+            .load(Ordering::Relaxed)
+            .saturating_add(current_so_far)
     }
 
     /// The time of the polls that have finished.
-    fn busy_finished(&self) -> Duration {
-        Duration::from_nanos(self.finished.load(Ordering::Relaxed))
+    fn busy_finished(&self) -> u64 {
+        self.finished.load(Ordering::Relaxed)
     }
 
     /// The time the guest's thread spent in polls between `since` (inside the poll `entry`
     /// was taken in) and `now` (inside the poll running now).
     /// When no poll runs at `now` (a run dropped midway), the polls up to the last one.
-    fn busy_between(&self, since: Instant, entry: PollMark, now: Instant) -> Duration {
+    fn busy_between(&self, since: u64, entry: PollMark, now: u64) -> u64 {
         let current = self.mark();
         // Every poll that finished since, the one `since` fell in whole, and the one running
         // now so far (one and the same when `since` fell in it)...
         let finished = current.finished.saturating_sub(entry.finished);
-        let current_so_far = self.nanos(now).saturating_sub(current.current_start);
+        let current_so_far = now.saturating_sub(current.current_start);
         // ...less the part of the first before `since`.
-        let before_since = self.nanos(since).saturating_sub(entry.current_start);
-        Duration::from_nanos(
-            finished
-                .saturating_add(current_so_far)
-                .saturating_sub(before_since),
-        )
+        let before_since = since.saturating_sub(entry.current_start);
+        finished
+            .saturating_add(current_so_far)
+            .saturating_sub(before_since)
     }
 }
 
@@ -200,8 +206,9 @@ impl CpuMeter {
         });
         CpuMeter {
             budget,
-            earlier: Duration::ZERO,
-            host_work: Duration::ZERO,
+            budget_nanos: nanos_of(budget),
+            earlier: 0,
+            host_work: 0,
             polls: Arc::new(PollClock::new()),
             in_host: None,
             host_depth: 0,
@@ -216,7 +223,7 @@ impl CpuMeter {
     /// the guest's: a failure then names only this run's host work as the host's share,
     /// never more than it was.
     pub fn charged_already(mut self, earlier: Duration) -> Self {
-        self.earlier = earlier;
+        self.earlier = nanos_of(earlier);
         if let Some(share) = &mut self.share {
             share.settled = earlier;
         }
@@ -250,6 +257,7 @@ impl CpuMeter {
     }
 
     fn import_called_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+        let now = self.polls.nanos(now);
         // Refused first: wasmtime makes no call, and so no return, when this fails.
         self.charge(self.used_at(now))?;
         self.host_depth += 1;
@@ -260,39 +268,48 @@ impl CpuMeter {
     }
 
     fn import_returned_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+        let now = self.polls.nanos(now);
         self.host_depth = self.host_depth.saturating_sub(1);
         if self.host_depth == 0
             && let Some((since, entry)) = self.in_host.take()
         {
-            self.host_work += self.polls.busy_between(since, entry, now);
+            self.host_work = self
+                .host_work
+                .saturating_add(self.polls.busy_between(since, entry, now));
         }
         self.charge(self.used_at(now))
     }
 
-    /// All the alloc has used by `now`, inside a poll of the guest's future.
-    fn used_at(&self, now: Instant) -> Duration {
-        self.earlier + self.polls.busy_until(now)
+    /// All the alloc has used by `now` (on the poll clock), inside a poll of the guest's
+    /// future, in nanoseconds.
+    fn used_at(&self, now: u64) -> u64 {
+        self.earlier.saturating_add(self.polls.busy_until(now))
     }
 
     /// The guest's run has ended (its future is no longer polled): publishes all it used,
     /// which the alloc's next run starts from.
     pub fn run_ended(&mut self) {
-        self.publish(self.earlier + self.polls.busy_finished());
+        self.publish(self.earlier.saturating_add(self.polls.busy_finished()));
     }
 
-    fn charge(&mut self, used: Duration) -> wasmtime::Result<()> {
+    fn charge(&mut self, used: u64) -> wasmtime::Result<()> {
         self.publish(used);
-        if used > self.budget {
+        if used > self.budget_nanos {
             self.exhausted = true;
             return Err(wasmtime::Error::msg("CPU budget exhausted"));
         }
         Ok(())
     }
 
-    fn publish(&self, used: Duration) {
+    fn publish(&self, used: u64) {
         if let Some(gauges) = &self.gauges {
-            gauges.set_cpu_used(used);
+            gauges.set_cpu_used_nanos(used);
         }
+    }
+
+    /// The host's part of this run.
+    fn host_work(&self) -> Duration {
+        Duration::from_nanos(self.host_work)
     }
 
     /// The epoch deadline passed: stop the guest when the budget is spent, pause it when it
@@ -302,12 +319,11 @@ impl CpuMeter {
     }
 
     fn on_epoch_deadline_at(&mut self, now: Instant) -> wasmtime::Result<UpdateDeadline> {
-        let used = self.used_at(now);
+        let used = self.used_at(self.polls.nanos(now));
         self.charge(used)?;
-        let pause = self
-            .share
-            .as_mut()
-            .and_then(|share| share.settle(used, tokio::time::Instant::now()));
+        let pause = self.share.as_mut().and_then(|share| {
+            share.settle(Duration::from_nanos(used), tokio::time::Instant::now())
+        });
         Ok(match pause {
             Some(pause) => UpdateDeadline::YieldCustom(1, Box::pin(tokio::time::sleep(pause))),
             None => UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())),
@@ -324,10 +340,11 @@ impl CpuMeter {
             );
             // Named when it is a real part of the budget: a runner spending its budget by
             // making the host work should be told so.
-            if self.host_work >= self.budget / 10 {
+            let host_work = self.host_work();
+            if host_work >= self.budget / 10 {
                 description.push_str(&format!(
                     " ({} of it host work on the runner's behalf)",
-                    format_duration(self.host_work.min(self.budget))
+                    format_duration(host_work.min(self.budget))
                 ));
             }
             if let Some(share) = self.share.as_ref().filter(|s| !s.paused.is_zero()) {
@@ -399,7 +416,10 @@ mod tests {
         clock.poll_begins(at(0));
         meter.import_called_at(at(10)).unwrap();
         meter.import_returned_at(at(25)).unwrap();
-        assert_eq!(meter.used_at(at(25)), ms(25));
+        assert_eq!(
+            Duration::from_nanos(meter.used_at(clock.nanos(at(25)))),
+            ms(25)
+        );
         // Waiting between polls is free; 5 ms more in the next poll, 3 of them the host's,
         // is over the budget.
         clock.poll_ends(at(26));
@@ -447,7 +467,7 @@ mod tests {
         // wasmtime makes no call and so no return for it. The import's return still counts.
         assert!(meter.import_called_at(at(11)).is_err());
         assert!(meter.import_returned_at(at(12)).is_err());
-        assert_eq!(meter.host_work, ms(11));
+        assert_eq!(meter.host_work(), ms(11));
         assert_eq!(meter.host_depth, 0);
     }
 
@@ -459,7 +479,7 @@ mod tests {
         clock.poll_ends(at(4));
         // A run dropped while its import waited unwinds outside any poll, much later.
         meter.import_returned_at(at(5_000)).unwrap();
-        assert_eq!(meter.host_work, Duration::from_millis(3));
+        assert_eq!(meter.host_work(), Duration::from_millis(3));
     }
 
     #[test]
@@ -503,7 +523,7 @@ mod tests {
             Poll::Pending
         });
         meter.poll_counter().count(working).await;
-        assert!(meter.polls.busy_finished() >= Duration::from_millis(2));
+        assert!(Duration::from_nanos(meter.polls.busy_finished()) >= Duration::from_millis(2));
         assert_eq!(meter.polls.mark().current_start, NOT_POLLING);
     }
 
@@ -516,14 +536,14 @@ mod tests {
         clock.poll_begins(at(0));
         meter.import_called_at(at(1)).unwrap();
         meter.import_returned_at(at(3)).unwrap();
-        assert_eq!(meter.host_work, ms(2));
+        assert_eq!(meter.host_work(), ms(2));
         // A call that works 4 ms (lifting its argument), then waits 1,000 ms, then works 1 ms
         // in a later poll before returning to wasm: 5 ms of work, the wait free.
         meter.import_called_at(at(3)).unwrap();
         clock.poll_ends(at(7));
         clock.poll_begins(at(1_007));
         meter.import_returned_at(at(1_008)).unwrap();
-        assert_eq!(meter.host_work, ms(7));
+        assert_eq!(meter.host_work(), ms(7));
         // The same, across a poll that only checked and went back to waiting (0.5 ms).
         meter.import_called_at(at(1_010)).unwrap();
         clock.poll_ends(at(1_011));
@@ -531,10 +551,13 @@ mod tests {
         clock.poll_ends(at(2_000) + Duration::from_micros(500));
         clock.poll_begins(at(3_000));
         meter.import_returned_at(at(3_002)).unwrap();
-        assert_eq!(meter.host_work, ms(7 + 1 + 2) + Duration::from_micros(500));
+        assert_eq!(
+            meter.host_work(),
+            ms(7 + 1 + 2) + Duration::from_micros(500)
+        );
         // All it used is the polls' time, the computing between the calls included.
         assert_eq!(
-            meter.used_at(at(3_002)),
+            Duration::from_nanos(meter.used_at(clock.nanos(at(3_002)))),
             ms(7 + 4 + 2) + Duration::from_micros(500)
         );
     }
@@ -551,7 +574,7 @@ mod tests {
         meter.import_returned_at(at(3)).unwrap();
         meter.on_call_hook(CallHook::ReturningFromWasm).unwrap();
         meter.import_returned_at(at(4)).unwrap();
-        assert_eq!(meter.host_work, Duration::from_millis(3));
+        assert_eq!(meter.host_work(), Duration::from_millis(3));
     }
 
     #[tokio::test(start_paused = true)]

@@ -29,9 +29,8 @@ impl UsageGauges {
         }
     }
 
-    /// The CPU time charged in all, guest and host together.
-    pub fn set_cpu_used(&self, used: Duration) {
-        let nanos = u64::try_from(used.as_nanos()).unwrap_or(u64::MAX);
+    /// The CPU time charged in all, guest and host together, in nanoseconds.
+    pub fn set_cpu_used_nanos(&self, nanos: u64) {
         self.cpu_nanos.store(nanos, Ordering::Relaxed);
     }
 
