@@ -249,14 +249,14 @@ impl CpuMeter {
     /// adds nothing. Times the calls into the host and checks the budget at each.
     pub fn on_call_hook(&mut self, hook: CallHook) -> wasmtime::Result<()> {
         match hook {
-            CallHook::CallingHost => self.import_called_at(Instant::now()),
-            CallHook::ReturningFromHost => self.import_returned_at(Instant::now()),
+            CallHook::CallingHost => self.host_called_at(Instant::now()),
+            CallHook::ReturningFromHost => self.host_returned_at(Instant::now()),
             // The host calling an export or `cabi_realloc`: inside the polls, so charged.
             CallHook::CallingWasm | CallHook::ReturningFromWasm => Ok(()),
         }
     }
 
-    fn import_called_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+    fn host_called_at(&mut self, now: Instant) -> wasmtime::Result<()> {
         let now = self.polls.nanos(now);
         // Refused first: wasmtime makes no call, and so no return, when this fails.
         self.charge(self.used_at(now))?;
@@ -267,7 +267,7 @@ impl CpuMeter {
         Ok(())
     }
 
-    fn import_returned_at(&mut self, now: Instant) -> wasmtime::Result<()> {
+    fn host_returned_at(&mut self, now: Instant) -> wasmtime::Result<()> {
         let now = self.polls.nanos(now);
         self.host_depth = self.host_depth.saturating_sub(1);
         if self.host_depth == 0
@@ -414,8 +414,8 @@ mod tests {
         let (mut meter, clock, at) = meter_at_zero(ms(30));
         // 10 ms of computing, then an import that works 15 ms.
         clock.poll_begins(at(0));
-        meter.import_called_at(at(10)).unwrap();
-        meter.import_returned_at(at(25)).unwrap();
+        meter.host_called_at(at(10)).unwrap();
+        meter.host_returned_at(at(25)).unwrap();
         assert_eq!(
             Duration::from_nanos(meter.used_at(clock.nanos(at(25)))),
             ms(25)
@@ -424,8 +424,8 @@ mod tests {
         // is over the budget.
         clock.poll_ends(at(26));
         clock.poll_begins(at(1_000));
-        meter.import_called_at(at(1_002)).unwrap();
-        assert!(meter.import_returned_at(at(1_005)).is_err());
+        meter.host_called_at(at(1_002)).unwrap();
+        assert!(meter.host_returned_at(at(1_005)).is_err());
         assert_eq!(
             meter.failure().unwrap(),
             "CPU budget exhausted: used 30ms of computing time \
@@ -434,7 +434,7 @@ mod tests {
 
         let (mut computing, clock, at) = meter_at_zero(ms(30));
         clock.poll_begins(at(0));
-        assert!(computing.import_called_at(at(31)).is_err());
+        assert!(computing.host_called_at(at(31)).is_err());
         assert_eq!(
             computing.failure().unwrap(),
             "CPU budget exhausted: used 30ms of computing time"
@@ -462,11 +462,11 @@ mod tests {
         let ms = Duration::from_millis;
         let (mut meter, clock, at) = meter_at_zero(ms(10));
         clock.poll_begins(at(0));
-        meter.import_called_at(at(1)).unwrap();
+        meter.host_called_at(at(1)).unwrap();
         // Lowering its result, `cabi_realloc` grows memory: that libcall is refused, and
         // wasmtime makes no call and so no return for it. The import's return still counts.
-        assert!(meter.import_called_at(at(11)).is_err());
-        assert!(meter.import_returned_at(at(12)).is_err());
+        assert!(meter.host_called_at(at(11)).is_err());
+        assert!(meter.host_returned_at(at(12)).is_err());
         assert_eq!(meter.host_work(), ms(11));
         assert_eq!(meter.host_depth, 0);
     }
@@ -475,10 +475,10 @@ mod tests {
     fn host_work_stops_at_the_last_poll_when_none_runs() {
         let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
         clock.poll_begins(at(0));
-        meter.import_called_at(at(1)).unwrap();
+        meter.host_called_at(at(1)).unwrap();
         clock.poll_ends(at(4));
         // A run dropped while its import waited unwinds outside any poll, much later.
-        meter.import_returned_at(at(5_000)).unwrap();
+        meter.host_returned_at(at(5_000)).unwrap();
         assert_eq!(meter.host_work(), Duration::from_millis(3));
     }
 
@@ -491,8 +491,8 @@ mod tests {
         let t0 = Instant::now();
         // Computing between the last import call and the end of the run counts too.
         clock.poll_begins(t0);
-        first.import_called_at(t0 + ms(1)).unwrap();
-        first.import_returned_at(t0 + ms(2)).unwrap();
+        first.host_called_at(t0 + ms(1)).unwrap();
+        first.host_returned_at(t0 + ms(2)).unwrap();
         clock.poll_ends(t0 + ms(40));
         first.run_ended();
         assert_eq!(gauges.snapshot().cpu_used, ms(40));
@@ -501,7 +501,7 @@ mod tests {
             .charged_already(gauges.snapshot().cpu_used)
             .reporting_to(gauges.clone());
         second.polls.poll_begins(t0 + ms(50));
-        assert!(second.import_called_at(t0 + ms(111)).is_err(), "40 + 61 ms");
+        assert!(second.host_called_at(t0 + ms(111)).is_err(), "40 + 61 ms");
         assert_eq!(gauges.snapshot().cpu_used, ms(101));
     }
 
@@ -534,23 +534,23 @@ mod tests {
         // Poll 1: the guest computes 1 ms and calls an import, which returns within its
         // poll: 2 ms of work.
         clock.poll_begins(at(0));
-        meter.import_called_at(at(1)).unwrap();
-        meter.import_returned_at(at(3)).unwrap();
+        meter.host_called_at(at(1)).unwrap();
+        meter.host_returned_at(at(3)).unwrap();
         assert_eq!(meter.host_work(), ms(2));
         // A call that works 4 ms (lifting its argument), then waits 1,000 ms, then works 1 ms
         // in a later poll before returning to wasm: 5 ms of work, the wait free.
-        meter.import_called_at(at(3)).unwrap();
+        meter.host_called_at(at(3)).unwrap();
         clock.poll_ends(at(7));
         clock.poll_begins(at(1_007));
-        meter.import_returned_at(at(1_008)).unwrap();
+        meter.host_returned_at(at(1_008)).unwrap();
         assert_eq!(meter.host_work(), ms(7));
         // The same, across a poll that only checked and went back to waiting (0.5 ms).
-        meter.import_called_at(at(1_010)).unwrap();
+        meter.host_called_at(at(1_010)).unwrap();
         clock.poll_ends(at(1_011));
         clock.poll_begins(at(2_000));
         clock.poll_ends(at(2_000) + Duration::from_micros(500));
         clock.poll_begins(at(3_000));
-        meter.import_returned_at(at(3_002)).unwrap();
+        meter.host_returned_at(at(3_002)).unwrap();
         assert_eq!(
             meter.host_work(),
             ms(7 + 1 + 2) + Duration::from_micros(500)
@@ -566,14 +566,14 @@ mod tests {
     fn the_hosts_calls_into_wasm_are_not_timed_apart() {
         let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
         clock.poll_begins(at(0));
-        meter.import_called_at(at(1)).unwrap();
+        meter.host_called_at(at(1)).unwrap();
         // The host lowering a result calls the guest's `cabi_realloc`, which grows its memory
         // (a libcall, a host call of its own): all of it is the import's.
         meter.on_call_hook(CallHook::CallingWasm).unwrap();
-        meter.import_called_at(at(2)).unwrap();
-        meter.import_returned_at(at(3)).unwrap();
+        meter.host_called_at(at(2)).unwrap();
+        meter.host_returned_at(at(3)).unwrap();
         meter.on_call_hook(CallHook::ReturningFromWasm).unwrap();
-        meter.import_returned_at(at(4)).unwrap();
+        meter.host_returned_at(at(4)).unwrap();
         assert_eq!(meter.host_work(), Duration::from_millis(3));
     }
 

@@ -111,3 +111,39 @@ async fn bad_task_config_fails_the_alloc_naming_the_task_and_the_key() {
         "invalid config: task \"web\": run_for: \"soon\" is not a duration such as 500ms, 5s or 2m"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn log_lines_name_the_build_that_runs_whichever_build_the_alloc_names() {
+    let logs = LogCapture::start();
+    let loaded = caravan_host::runtime::component_sha256(&std::fs::read(SLEEPER).unwrap());
+    let asked_for = |sha256: Option<String>| {
+        let mut alloc = alloc(SLEEPER, &["web"], &[("run_for", "1s")]);
+        alloc.runner_sha256 = sha256;
+        alloc
+    };
+    // Named from the start (the span is made with it), recorded when loaded (none named),
+    // and recorded over another that was named.
+    for (case, sha256) in [
+        ("named", Some(loaded.clone())),
+        ("unnamed", None),
+        ("another", Some("ab".repeat(32))),
+    ] {
+        let started = start(asked_for(sha256), None);
+        let state = started.stopped().await;
+        assert_eq!(
+            state.client_status,
+            ClientStatus::Complete,
+            "{case}: {state:?}"
+        );
+        let lines = logs.with_message("task web started; runs for 1000ms");
+        let line = lines
+            .iter()
+            .find(|line| line["span"]["alloc_id"] == started.alloc.id.as_str())
+            .unwrap_or_else(|| panic!("{case}: no line of the alloc in {lines:?}"));
+        assert_eq!(
+            line["span"]["runner_sha256"],
+            loaded[..12],
+            "{case}: {line}"
+        );
+    }
+}
