@@ -42,7 +42,6 @@ use wasmtime::{CallHook, UpdateDeadline};
 /// from nanoseconds costs a division.
 pub struct CpuMeter {
     budget: Duration,
-    budget_nanos: u64,
     /// What the alloc's earlier runs used, in nanoseconds.
     earlier: u64,
     /// The host's part of this run, in nanoseconds: the polls' time inside host calls.
@@ -206,7 +205,6 @@ impl CpuMeter {
         });
         CpuMeter {
             budget,
-            budget_nanos: nanos_of(budget),
             earlier: 0,
             host_work: 0,
             polls: Arc::new(PollClock::new()),
@@ -294,7 +292,7 @@ impl CpuMeter {
 
     fn charge(&mut self, used: u64) -> wasmtime::Result<()> {
         self.publish(used);
-        if used > self.budget_nanos {
+        if used > nanos_of(self.budget) {
             self.exhausted = true;
             return Err(wasmtime::Error::msg("CPU budget exhausted"));
         }
@@ -400,20 +398,24 @@ impl<F: Future> Future for PollCounted<F> {
 mod tests {
     use super::*;
 
-    /// A meter on `budget`, its poll clock, and a time line from a moment of its own.
-    fn meter_at_zero(budget: Duration) -> (CpuMeter, Arc<PollClock>, impl Fn(u64) -> Instant) {
+    /// A meter on `budget`, its poll clock, and a time line in milliseconds from a moment of
+    /// its own, at which the guest's first poll began.
+    fn meter_in_first_poll(
+        budget: Duration,
+    ) -> (CpuMeter, Arc<PollClock>, impl Fn(u64) -> Instant) {
         let meter = CpuMeter::new(budget, 100);
         let clock = meter.polls.clone();
         let t0 = Instant::now();
-        (meter, clock, move |ms| t0 + Duration::from_millis(ms))
+        let at = move |ms| t0 + Duration::from_millis(ms);
+        clock.poll_begins(at(0));
+        (meter, clock, at)
     }
 
     #[test]
     fn computing_and_host_work_share_the_budget_and_waiting_is_free() {
         let ms = Duration::from_millis;
-        let (mut meter, clock, at) = meter_at_zero(ms(30));
+        let (mut meter, clock, at) = meter_in_first_poll(ms(30));
         // 10 ms of computing, then an import that works 15 ms.
-        clock.poll_begins(at(0));
         meter.host_called_at(at(10)).unwrap();
         meter.host_returned_at(at(25)).unwrap();
         assert_eq!(
@@ -432,8 +434,7 @@ mod tests {
              (18ms of it host work on the runner's behalf)"
         );
 
-        let (mut computing, clock, at) = meter_at_zero(ms(30));
-        clock.poll_begins(at(0));
+        let (mut computing, _, at) = meter_in_first_poll(ms(30));
         assert!(computing.host_called_at(at(31)).is_err());
         assert_eq!(
             computing.failure().unwrap(),
@@ -443,8 +444,7 @@ mod tests {
 
     #[test]
     fn an_epoch_deadline_counts_the_poll_running_now() {
-        let (mut meter, clock, at) = meter_at_zero(Duration::from_millis(10));
-        clock.poll_begins(at(0));
+        let (mut meter, _, at) = meter_in_first_poll(Duration::from_millis(10));
         assert!(matches!(
             meter.on_epoch_deadline_at(at(5)),
             Ok(UpdateDeadline::YieldCustom(1, _))
@@ -460,8 +460,7 @@ mod tests {
     #[test]
     fn a_host_call_refused_for_the_budget_leaves_no_call_open() {
         let ms = Duration::from_millis;
-        let (mut meter, clock, at) = meter_at_zero(ms(10));
-        clock.poll_begins(at(0));
+        let (mut meter, _, at) = meter_in_first_poll(ms(10));
         meter.host_called_at(at(1)).unwrap();
         // Lowering its result, `cabi_realloc` grows memory: that libcall is refused, and
         // wasmtime makes no call and so no return for it. The import's return still counts.
@@ -473,8 +472,7 @@ mod tests {
 
     #[test]
     fn host_work_stops_at_the_last_poll_when_none_runs() {
-        let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
-        clock.poll_begins(at(0));
+        let (mut meter, clock, at) = meter_in_first_poll(Duration::from_secs(60));
         meter.host_called_at(at(1)).unwrap();
         clock.poll_ends(at(4));
         // A run dropped while its import waited unwinds outside any poll, much later.
@@ -530,10 +528,9 @@ mod tests {
     #[test]
     fn host_code_is_charged_for_the_polls_it_spans_and_not_the_waits_between() {
         let ms = Duration::from_millis;
-        let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
+        let (mut meter, clock, at) = meter_in_first_poll(Duration::from_secs(60));
         // Poll 1: the guest computes 1 ms and calls an import, which returns within its
         // poll: 2 ms of work.
-        clock.poll_begins(at(0));
         meter.host_called_at(at(1)).unwrap();
         meter.host_returned_at(at(3)).unwrap();
         assert_eq!(meter.host_work(), ms(2));
@@ -564,8 +561,7 @@ mod tests {
 
     #[test]
     fn the_hosts_calls_into_wasm_are_not_timed_apart() {
-        let (mut meter, clock, at) = meter_at_zero(Duration::from_secs(60));
-        clock.poll_begins(at(0));
+        let (mut meter, _, at) = meter_in_first_poll(Duration::from_secs(60));
         meter.host_called_at(at(1)).unwrap();
         // The host lowering a result calls the guest's `cabi_realloc`, which grows its memory
         // (a libcall, a host call of its own): all of it is the import's.
