@@ -6,6 +6,7 @@
 //! the key or flag that is at fault and a flag can fix a bad file value. It starts nothing.
 
 use super::config::ConfigError;
+use crate::cluster::DEFAULT_COMPACT_INTERVAL;
 use crate::cluster::keys::valid_node_name;
 use crate::units::parse_duration;
 use serde::Deserialize;
@@ -16,6 +17,10 @@ pub const DEFAULT_NODE_TTL: Duration = Duration::from_secs(10);
 
 /// etcd's floor for a lease TTL.
 pub const MIN_NODE_TTL: Duration = Duration::from_secs(2);
+
+/// The shortest time between two compactions of etcd's history: each keeps one interval of
+/// history, and a watch resuming after a member's death (well under a second) must find it.
+pub const MIN_COMPACT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Cluster mode, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +33,9 @@ pub struct ClusterConfig {
     pub node_ttl: Duration,
     /// The URL other agents reach this one's API at, when it is not the bind address.
     pub advertise: Option<String>,
+    /// How often the leader compacts etcd's history (`None`: never, `compact_interval =
+    /// "0s"`, for an etcd run with its own `--auto-compaction-retention`).
+    pub compact_interval: Option<Duration>,
 }
 
 /// `[cluster]` as written in the file.
@@ -39,6 +47,7 @@ pub(super) struct ClusterSection {
     node_name: Option<String>,
     node_ttl: Option<String>,
     advertise: Option<String>,
+    compact_interval: Option<String>,
 }
 
 /// The cluster settings as given, each value with the key or flag it came from.
@@ -49,6 +58,7 @@ pub struct ClusterSettings {
     pub(super) node_name: Option<(String, String)>,
     pub(super) node_ttl: Option<Duration>,
     pub(super) advertise: Option<(String, String)>,
+    pub(super) compact_interval: Option<Duration>,
 }
 
 impl ClusterSettings {
@@ -82,6 +92,20 @@ impl ClusterSettings {
                 )));
             }
             self.node_ttl = Some(ttl);
+        }
+        if let Some(interval) = section.compact_interval {
+            let interval = parse_duration(&interval).map_err(|problem| {
+                ConfigError::Cluster(format!("{}: {problem}", at("compact_interval")))
+            })?;
+            if !interval.is_zero() && interval < MIN_COMPACT_INTERVAL {
+                return Err(ConfigError::Cluster(format!(
+                    "{}: at least {}s (a resuming watch needs that much history), or \"0s\" \
+                     to leave compaction to etcd, not {interval:?}",
+                    at("compact_interval"),
+                    MIN_COMPACT_INTERVAL.as_secs()
+                )));
+            }
+            self.compact_interval = Some(interval);
         }
         Ok(())
     }
@@ -149,6 +173,11 @@ impl ClusterSettings {
             node_name,
             node_ttl: self.node_ttl.unwrap_or(DEFAULT_NODE_TTL),
             advertise: self.advertise.as_ref().map(|(url, _)| url.clone()),
+            compact_interval: match self.compact_interval {
+                Some(interval) if interval.is_zero() => None,
+                Some(interval) => Some(interval),
+                None => Some(DEFAULT_COMPACT_INTERVAL),
+            },
         }))
     }
 }

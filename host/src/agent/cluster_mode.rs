@@ -7,7 +7,8 @@
 use super::cluster_config::ClusterConfig;
 use super::http::forward::Forwarding;
 use crate::cluster::{
-    EtcdServerApi, EtcdStore, Member, MemberRecord, MemberView, SchedulerConfig, ServerSlot,
+    EtcdHealth, EtcdServerApi, EtcdStore, HistoryStats, Member, MemberRecord, MemberView,
+    SPACE_PROBE_INTERVAL, SchedulerConfig, ServerSlot, watch_space,
 };
 use crate::rpc::ServerApi;
 use crate::server::{EmbeddedServer, ServerConfig};
@@ -29,6 +30,7 @@ pub(super) struct ClusterMode {
     node: String,
     slot: ServerSlot,
     scheduling: tokio::task::JoinHandle<()>,
+    etcd_health: EtcdHealth,
 }
 
 impl ClusterMode {
@@ -58,10 +60,17 @@ impl ClusterMode {
         refuse_a_live_namesake(&store, &record, config.node_ttl).await?;
         let member = Member::join(store.clone(), record, config.node_ttl);
         let slot: ServerSlot = watch::channel(None).0;
+        let history = Arc::new(HistoryStats::default());
         let scheduler = SchedulerConfig {
             server: server.clone(),
             node_ttl: config.node_ttl,
             gc_interval: SERVER_GC_INTERVAL,
+            compact_interval: config.compact_interval,
+            history: history.clone(),
+        };
+        let etcd_health = EtcdHealth {
+            space: watch_space(store.clone(), SPACE_PROBE_INTERVAL),
+            history,
         };
         let scheduling = tokio::spawn(schedule_while_leading(
             store.clone(),
@@ -73,6 +82,7 @@ impl ClusterMode {
             etcd = %store.endpoints(),
             node = %config.node_name,
             node_ttl = ?config.node_ttl,
+            compact_interval = ?config.compact_interval,
             "joined the cluster"
         );
         Ok(ClusterMode {
@@ -82,7 +92,13 @@ impl ClusterMode {
             node: config.node_name.clone(),
             slot,
             scheduling,
+            etcd_health,
         })
+    }
+
+    /// What the HTTP API shows of etcd's space, alarms and compactions.
+    pub(super) fn etcd_health(&self) -> EtcdHealth {
+        self.etcd_health.clone()
     }
 
     /// The server answering here while this agent leads.

@@ -19,7 +19,7 @@ use crate::histogram::write_instantiation_latency;
 use crate::server::{AllocRecord, EmbeddedServer, RequestError};
 use crate::timestamp::unix_ms_now;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 mod alloc_actions;
 mod alloc_fs;
+mod auth;
 pub mod forward;
 mod jobs;
 mod node_rpc;
@@ -47,6 +48,8 @@ pub struct ApiState {
     pub servers: tokio::sync::watch::Receiver<Option<Arc<EmbeddedServer>>>,
     /// In cluster mode, who leads, for forwarding.
     pub forwarding: Option<Arc<forward::Forwarding>>,
+    /// In cluster mode, etcd's space, alarms and this agent's compactions.
+    pub etcd: Option<crate::cluster::EtcdHealth>,
     /// This node's client.
     pub client: Client,
     /// The token writes need, if any.
@@ -101,8 +104,14 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/agent/health", get(health))
         .route("/v1/status/leader", get(leader))
+        .route("/v1/status/etcd", get(etcd_status))
         .route("/v1/metrics", get(metrics))
         .merge(ui::routes())
+        // Over every route above, so that no route can forget it (see `auth`).
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -191,26 +200,6 @@ impl From<RequestError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-fn authorize(state: &ApiState, headers: &HeaderMap) -> ApiResult<()> {
-    let Some(expected) = &state.acl_token else {
-        return Ok(());
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    match given.and_then(|v| v.strip_prefix("Bearer ")) {
-        None => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "this agent needs a token: send Authorization: Bearer <token>",
-        )),
-        Some(token) if token == expected => Ok(()),
-        Some(_) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "the token is not valid for this agent",
-        )),
-    }
-}
-
 async fn list_jobs(State(state): State<ApiState>) -> ApiResult<Json<Vec<JobView>>> {
     let server = state.server()?;
     Ok(Json(
@@ -254,11 +243,9 @@ fn flag(query: &HashMap<String, String>, name: &str) -> ApiResult<bool> {
 
 async fn stop_job(
     State(state): State<ApiState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&state, &headers)?;
     let purge = flag(&query, "purge")?;
     let server = state.server()?;
     let stopped = server.stop_job(&id, purge)?;
@@ -276,11 +263,9 @@ struct ScaleRequest {
 
 async fn scale_job(
     State(state): State<ApiState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: String,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&state, &headers)?;
     let bad = |message: String| ApiError::bad_request("count", message);
     let request: ScaleRequest = serde_json::from_str(&body)
         .map_err(|e| bad(format!("count: expected {{\"count\": N}}: {e}")))?;
@@ -366,8 +351,9 @@ fn local_view(state: &ApiState, alloc_id: &str) -> Option<LocalAllocView> {
     let runner = state.client.runner(alloc_id)?;
     let limits = state.default_limits.with_overrides(&runner.alloc().limits);
     let usage = runner.usage();
+    let alloc_dir = state.client.alloc_dir(alloc_id);
     Some(LocalAllocView {
-        alloc_dir: state.client.alloc_dir(alloc_id).display().to_string(),
+        alloc_dir: alloc_dir.is_dir().then(|| alloc_dir.display().to_string()),
         limits: limits
             .shown()
             .into_iter()
@@ -382,10 +368,8 @@ fn local_view(state: &ApiState, alloc_id: &str) -> Option<LocalAllocView> {
 
 async fn stop_allocation(
     State(state): State<ApiState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&state, &headers)?;
     let record = find_alloc(&state, &id)?;
     state.server()?.stop_alloc(&record.alloc.id)?;
     Ok(Json(serde_json::json!({ "alloc_id": record.alloc.id })))
@@ -393,10 +377,8 @@ async fn stop_allocation(
 
 async fn collect_allocation(
     State(state): State<ApiState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&state, &headers)?;
     let (alloc_id, _) = local_alloc_id(&state, id)?;
     match state.client.collect(&alloc_id).await {
         Ok(()) => Ok(Json(
@@ -475,20 +457,12 @@ async fn gc_status(State(state): State<ApiState>) -> TimedJson<crate::client::gc
     TimedJson(state.client.gc().status())
 }
 
-async fn collect_all(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&state, &headers)?;
+async fn collect_all(State(state): State<ApiState>) -> ApiResult<Json<serde_json::Value>> {
     state.client.collect_all().await;
     Ok(Json(serde_json::json!({ "collected": true })))
 }
 
-async fn system_gc(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&state, &headers)?;
+async fn system_gc(State(state): State<ApiState>) -> ApiResult<Json<serde_json::Value>> {
     let removed = state.server()?.collect_garbage(true)?;
     Ok(Json(serde_json::json!({ "removed": removed })))
 }
@@ -577,8 +551,51 @@ async fn leader(State(state): State<ApiState>) -> Json<serde_json::Value> {
     }
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "ok": true }))
+/// The agent's health: in cluster mode, unhealthy (503) while etcd has an alarm raised or
+/// did not answer the last probe, since then no write of the cluster can land.
+async fn health(State(state): State<ApiState>) -> Response {
+    let Some(etcd) = &state.etcd else {
+        return Json(serde_json::json!({ "ok": true })).into_response();
+    };
+    let problem = match &*etcd.space.borrow() {
+        crate::cluster::SpaceProbe::NotYet => None,
+        crate::cluster::SpaceProbe::Answered(space) => space.alarm_line(),
+        crate::cluster::SpaceProbe::Failed(reason) => Some(reason.clone()),
+    };
+    match problem {
+        None => Json(serde_json::json!({ "ok": true })).into_response(),
+        Some(problem) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "ok": false, "problems": [problem] })),
+        )
+            .into_response(),
+    }
+}
+
+/// What etcd said of its space and alarms at this agent's last probe (answered here, never
+/// forwarded), and the compactions this agent made while it led.
+async fn etcd_status(State(state): State<ApiState>) -> ApiResult<Json<serde_json::Value>> {
+    let Some(etcd) = &state.etcd else {
+        return Ok(Json(serde_json::json!({ "mode": "embedded" })));
+    };
+    let mut answer = serde_json::json!({
+        "mode": "etcd",
+        "compactions": etcd.history.compactions(),
+        "compacted_revision": etcd.history.compacted_revision(),
+    });
+    match &*etcd.space.borrow() {
+        crate::cluster::SpaceProbe::NotYet => answer["probe"] = "pending".into(),
+        crate::cluster::SpaceProbe::Failed(reason) => {
+            answer["probe"] = "failed".into();
+            answer["error"] = reason.clone().into();
+        }
+        crate::cluster::SpaceProbe::Answered(space) => {
+            answer["probe"] = "answered".into();
+            answer["space"] = serde_json::to_value(space).unwrap_or_default();
+            answer["problem"] = space.alarm_line().into();
+        }
+    }
+    Ok(Json(answer))
 }
 
 async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
@@ -589,6 +606,9 @@ async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         server.write_prometheus(&mut text);
     }
     write_instantiation_latency(state.runtime.instantiation_latency(), &mut text);
+    if let Some(etcd) = &state.etcd {
+        etcd.write_prometheus(&mut text);
+    }
     state.alloc_logs.write_prometheus(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

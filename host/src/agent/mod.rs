@@ -182,6 +182,7 @@ impl Agent {
         let api = http::router(http::ApiState {
             servers: servers.clone(),
             forwarding: cluster.as_ref().map(|c| c.forwarding()),
+            etcd: cluster.as_ref().map(|c| c.etcd_health()),
             client: client.clone(),
             acl_token: config.acl_token.clone(),
             runtime,

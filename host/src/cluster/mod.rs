@@ -8,6 +8,8 @@
 //! - [`PrefixWatch`] (`watch`): a watch of one prefix that survives a member's death and a
 //!   compaction without missing or repeating a change.
 //! - [`keys`]: every key, in one place.
+//! - `history`: the leader's compaction of etcd's history ([`Compactor`]), and what etcd
+//!   says of its space and alarms ([`EtcdSpace`]).
 //! - [`Member`] (`member`): an agent's lease, its node's live key, and its campaign for the
 //!   leader key.
 //! - [`EtcdServerApi`] (`node_api`): the client-server seam on etcd, for a node's client.
@@ -17,6 +19,7 @@
 //! It knows the embedded server's records and the seam; it must not know the client core,
 //! runners or HTTP (the agent wires those to it).
 
+mod history;
 pub mod keys;
 mod lease;
 mod member;
@@ -26,6 +29,10 @@ mod scheduler_db;
 mod store;
 mod watch;
 
+pub use history::{
+    Compactor, DEFAULT_COMPACT_INTERVAL, EtcdAlarm, EtcdHealth, EtcdSpace, HistoryStats,
+    SPACE_PROBE_INTERVAL, SpaceProbe, compact_every, watch_space,
+};
 pub use keys::{alloc_key, node_key, status_key};
 pub use lease::{Fence, FencedOp, LeaseState};
 pub use member::{LiveMember, Member, MemberRecord, MemberView, live_members, live_records};

@@ -13,6 +13,8 @@
 //! - `status/`: each client state a node wrote is fed to the server as that node's update,
 //!   so failures are replaced as in a single agent.
 //! - A timer collects terminal allocs of stopped or finished jobs past `job_gc_threshold`.
+//! - A task of its own compacts etcd's history (`history`), so that etcd's database stays
+//!   bounded under churn.
 //!
 //! At takeover it gives every running job the allocs it lacks, so a deploy its predecessor
 //! died in the middle of is completed (the predecessor's transactions were fenced one by
@@ -22,6 +24,7 @@
 //! It ends, and unpublishes the server, when its caller says leadership is gone or when a
 //! save fails (the fence lost, or etcd unreachable): the next leader starts from etcd.
 
+use super::history::{HistoryStats, compact_every};
 use super::keys;
 use super::lease::Fence;
 use super::scheduler_db::EtcdSchedulerDb;
@@ -49,6 +52,11 @@ pub struct SchedulerConfig {
     pub node_ttl: Duration,
     /// How often terminal allocs past `job_gc_threshold` are looked for.
     pub gc_interval: Duration,
+    /// How often etcd's history is compacted while this agent leads (`None`: never, for an
+    /// etcd that compacts itself with `--auto-compaction-retention`).
+    pub compact_interval: Option<Duration>,
+    /// What the compactions did, for the agent's metrics.
+    pub history: Arc<HistoryStats>,
 }
 
 /// A prefix's changes, followed by a task of their own so that waiting for several at once
@@ -125,6 +133,14 @@ pub async fn lead(
         live_nodes = snapshot.live.len(),
         "this agent now schedules the cluster"
     );
+    let compacting = config.compact_interval.map(|interval| {
+        AbortOnDrop(tokio::spawn(compact_every(
+            store.clone(),
+            interval,
+            snapshot.revision,
+            config.history.clone(),
+        )))
+    });
     let mut live = Followed::start(&store, keys::live_prefix(), snapshot.revision + 1);
     let mut statuses = Followed::start(&store, keys::status_prefix(), snapshot.revision + 1);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -164,8 +180,18 @@ pub async fn lead(
             }
         }
     }
+    drop(compacting);
     slot.send_replace(None);
     tracing::info!("this agent no longer schedules the cluster");
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn wait_deposed(deposed: &mut watch::Receiver<bool>) {

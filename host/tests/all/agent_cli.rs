@@ -11,12 +11,13 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// Runs `caravan args` until its output contains `wanted`, for up to 4 s (what it shows is
-/// the server's view, which a client's report reaches a moment after the agent logs it);
-/// returns the last output either way.
+/// Runs `caravan args` until its output contains `wanted`, for up to a minute (what it shows
+/// is the server's view, which a client's report reaches a moment after the agent logs it);
+/// returns the last output either way. Only for text that stays once it is there: a test
+/// must not race a window of wall-clock time.
 fn stdout_once_it_says(agent: &AgentProcess, args: &[&str], wanted: &str) -> String {
     let mut said = String::new();
-    for _ in 0..40 {
+    for _ in 0..600 {
         said = stdout(&agent.caravan(args));
         if said.contains(wanted) {
             break;
@@ -158,10 +159,8 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
             && description.ends_with(": task web crashed on purpose (crash_after 50ms)"),
         "{status}"
     );
-    assert!(
-        std::path::Path::new(&field("Alloc Dir")).ends_with(format!("allocs/{alloc_id}")),
-        "{status}"
-    );
+    // The sleeper reaches no files: it is given no alloc dir, and none is shown.
+    assert!(!status.contains("Alloc Dir"), "{status}");
     assert!(field("Limits").contains("memory=64 MiB"), "{status}");
     assert!(field("CPU Used").ends_with('s'), "{status}");
     assert!(
@@ -615,6 +614,27 @@ fn runner_check_run_and_the_agent_share_one_compile_cache() {
 }
 
 #[test]
+fn a_crashed_runner_waiting_to_restart_says_what_is_next_and_why() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    // A wait far longer than the test: what `job status` says of it cannot pass meanwhile.
+    let job_file = sleeper_job(
+        dir.path(),
+        "waiting",
+        1,
+        r#"crash_after = "50ms""#,
+        "[job.restart]\nattempts = 1\ndelay = \"1h\"\ninterval = \"2h\"\n",
+    );
+    agent.caravan(&["job", "run", "--detach", job_file.to_str().unwrap()]);
+    let expected = " restarting in 60m (restart 1, at most 1 in 120m) after: wasm trap";
+    let waiting = stdout_once_it_says(&agent, &["job", "status", "waiting"], expected);
+    assert!(
+        waiting.contains("Restarts: alloc ") && waiting.contains(expected),
+        "{waiting}"
+    );
+}
+
+#[test]
 fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fail() {
     let agent = AgentProcess::start();
     let dir = tempfile::tempdir().unwrap();
@@ -626,17 +646,6 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
         "[job.restart]\nattempts = 1\ndelay = \"5s\"\n",
     );
     agent.caravan(&["job", "run", "--detach", job_file.to_str().unwrap()]);
-    // While it waits (5 s), `job status` says what is next and why, once the client's
-    // report has reached the server.
-    agent.wait_for("the restart's wait", |line| {
-        line["fields"]["message"] == "runner crashed; restarting it in place"
-    });
-    let expected = " restarting in 5s (restart 1, at most 1 in 30m) after: wasm trap";
-    let waiting = stdout_once_it_says(&agent, &["job", "status", "restarty"], expected);
-    assert!(
-        waiting.contains("Restarts: alloc ") && waiting.contains(expected),
-        "{waiting}"
-    );
     let (failed, _) = agent.wait_for("the restarted runner's final failure", |line| {
         line["fields"]["message"] == "runner stopped" && line["fields"]["client_status"] == "failed"
     });

@@ -255,12 +255,9 @@ async fn a_job_spreads_over_the_nodes_and_a_killed_node_is_replaced_then_stops_i
         );
         let (status, local) = cluster.get(via, &path).await;
         assert_eq!(status, 200, "{local}");
-        assert!(
-            local["alloc_dir"]
-                .as_str()
-                .is_some_and(|d| d.ends_with(elsewhere["id"].as_str().unwrap())),
-            "{local}"
-        );
+        assert!(local["runner_sha256"].is_string(), "{local}");
+        // The sleeper reaches no files, so it is given no alloc dir, and none is shown.
+        assert!(local["alloc_dir"].is_null(), "{local}");
     }
 
     // A node that does not lead dies: its allocs are lost and replaced on the other two.

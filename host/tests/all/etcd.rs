@@ -36,10 +36,12 @@ struct Member {
     process: Option<Child>,
 }
 
-/// A three-member etcd cluster on loopback.
+/// A three-member etcd cluster on loopback (or as many as [`EtcdCluster::start_with`] asks).
 pub struct EtcdCluster {
     members: Vec<Member>,
     initial_cluster: String,
+    /// Flags every member is started with, beyond its name, ports and data dir.
+    extra_flags: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -60,12 +62,18 @@ fn free_port() -> u16 {
 impl EtcdCluster {
     /// Starts three members and waits until the cluster answers.
     pub async fn start() -> EtcdCluster {
+        EtcdCluster::start_with(3, &[]).await
+    }
+
+    /// Starts `count` members, each with `extra_flags` (`--quota-backend-bytes=N`, say), and
+    /// waits until the cluster answers.
+    pub async fn start_with(count: usize, extra_flags: &[&str]) -> EtcdCluster {
         assert!(
             std::path::Path::new(ETCD).exists(),
             "{ETCD} is missing: run scripts/setup (it installs Debian's etcd-server)"
         );
         let dir = tempfile::tempdir().unwrap();
-        let members: Vec<Member> = (1..=3)
+        let members: Vec<Member> = (1..=count)
             .map(|n| Member {
                 name: format!("m{n}"),
                 client_url: format!("http://127.0.0.1:{}", free_port()),
@@ -83,9 +91,10 @@ impl EtcdCluster {
         let mut cluster = EtcdCluster {
             members,
             initial_cluster,
+            extra_flags: extra_flags.iter().map(|f| f.to_string()).collect(),
             _dir: dir,
         };
-        for i in 0..3 {
+        for i in 0..count {
             cluster.launch(i);
         }
         cluster.wait_until_serving().await;
@@ -157,6 +166,7 @@ impl EtcdCluster {
             .args(["--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", "caravan-test"])
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args(&self.extra_flags)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

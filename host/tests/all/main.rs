@@ -17,6 +17,7 @@ mod cluster_store;
 mod conformance;
 mod embedded_server;
 mod empty_runner;
+mod etcd_history;
 mod fixture_hostile;
 mod fixture_log_flood;
 mod fixture_memory_hog;

@@ -288,9 +288,13 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
     browser.click("main a.id").await;
     browser
         .wait_for_text("the alloc page", "main dl", |t| {
-            t.contains("Client statusrunning") && t.contains("Alloc dir")
+            t.contains("Client statusrunning") && t.contains("CPU used")
         })
         .await;
+    // The sleeper reaches no files: it has no alloc dir, and the page shows none.
+    if browser.text("main dl").await.contains("Alloc dir") {
+        return Err("the alloc page shows an alloc dir for a runner that has none".into());
+    }
 
     // Lines written after the page opened arrive in it.
     let log_lines = || async { browser.text("#alloc-log").await.lines().count() };

@@ -71,8 +71,11 @@ pub struct AllocView {
 /// What the agent whose client runs an alloc adds to its view.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct LocalAllocView {
-    /// The alloc's directory on this machine (`/alloc` to its runner).
-    pub alloc_dir: String,
+    /// The alloc's directory on this machine (`/alloc` to its runner), while it exists:
+    /// absent for a runner that reaches no files (no `wasi:filesystem` import), which is
+    /// given none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_dir: Option<String>,
     /// The limits it runs under, the job's overrides over this agent's defaults: key (as a
     /// job file writes it) and value.
     pub limits: Vec<(String, String)>,

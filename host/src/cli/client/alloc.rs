@@ -151,7 +151,10 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         ));
     }
     if local.is_object() {
-        rows.push(("Alloc Dir", text(&local["alloc_dir"])));
+        // A runner that reaches no files has no dir (and `alloc fs` says so).
+        if local["alloc_dir"].is_string() {
+            rows.push(("Alloc Dir", text(&local["alloc_dir"])));
+        }
         let limits: Vec<String> = local["limits"]
             .as_array()
             .into_iter()

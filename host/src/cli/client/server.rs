@@ -19,12 +19,14 @@ impl ServerCommand {
     }
 }
 
-/// `server members`: every node's agent, whether it is alive, and the leader.
+/// `server members`: every node's agent, whether it is alive, and the leader; in cluster
+/// mode, then, etcd's space and alarms.
 async fn members(remote: &Remote) -> anyhow::Result<()> {
     let leader = remote.api.call("GET", "/v1/status/leader", None).await?;
     let nodes = remote.api.call("GET", "/v1/nodes", None).await?;
+    let etcd = remote.api.call("GET", "/v1/status/etcd", None).await?;
     let leading = leader["leader"]["node"].as_str().unwrap_or("").to_string();
-    let answer = serde_json::json!({ "leader": leader, "nodes": nodes });
+    let answer = serde_json::json!({ "leader": leader, "nodes": nodes, "etcd": etcd });
     remote.print(&answer, |_| {
         let rows: Vec<Vec<String>> = nodes
             .as_array()
@@ -42,6 +44,41 @@ async fn members(remote: &Remote) -> anyhow::Result<()> {
             })
             .collect();
         print_table(&["Name", "Status", "Address", "Leader"], &rows);
+        if let Some(line) = etcd_line(&etcd) {
+            println!("\n{line}");
+        }
     });
     Ok(())
+}
+
+/// etcd's space and alarms in one line, as the agent last probed them (`None` in the
+/// embedded mode).
+fn etcd_line(etcd: &serde_json::Value) -> Option<String> {
+    if etcd["mode"] != "etcd" {
+        return None;
+    }
+    let space = &etcd["space"];
+    Some(match etcd["probe"].as_str() {
+        Some("answered") => {
+            let size =
+                |field: &str| crate::units::format_bytes_approx(space[field].as_u64().unwrap_or(0));
+            let health = match etcd["problem"].as_str() {
+                Some(problem) => format!("ALARM: {problem}"),
+                None => "no alarms".to_string(),
+            };
+            format!(
+                "etcd: database {} ({} in use) as member {} (etcd {}) reports, revision {}; {health}",
+                size("db_size"),
+                size("db_size_in_use"),
+                space["member"].as_str().unwrap_or("?"),
+                space["version"].as_str().unwrap_or("?"),
+                space["revision"],
+            )
+        }
+        Some("failed") => format!(
+            "etcd: did not answer the agent's last probe: {}",
+            etcd["error"].as_str().unwrap_or("")
+        ),
+        _ => "etcd: not probed yet; ask again in a few seconds".to_string(),
+    })
 }

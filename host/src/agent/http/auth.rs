@@ -1,0 +1,127 @@
+//! Who may call what: the one place the API's token is checked.
+//!
+//! [`require_token`] is a route layer over every route, so a route added later is covered
+//! without its handler doing anything; handlers never look at the token. The rule
+//! ([`needs_token`]) is by method and path: every write (any method but GET and HEAD) needs
+//! the token, and so do two reads that hand out more than the cluster's state: an alloc's
+//! files (`/v1/client/fs/...`) and node RPC (`/v1/node/...`, which streams every alloc of a
+//! node). Everything else is readable without one, as in Nomad without ACLs.
+//!
+//! The token is compared in constant time (both sides hashed, the digests compared without
+//! an early exit), so its bytes cannot be guessed one at a time from response times.
+//!
+//! A request forwarded to the leader is checked by the leader, where it is answered: this
+//! layer runs only on routes this agent answers itself.
+
+use super::{ApiError, ApiState};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+/// Reads that need the token like writes do, by path prefix.
+const GUARDED_READS: [&str; 2] = ["/v1/client/fs/", "/v1/node/"];
+
+/// Whether a request of `method` on `path` needs the token (when one is configured).
+pub(super) fn needs_token(method: &Method, path: &str) -> bool {
+    let read = *method == Method::GET || *method == Method::HEAD;
+    !read || GUARDED_READS.iter().any(|prefix| path.starts_with(prefix))
+}
+
+/// The route layer: refuses a request that needs the token and lacks it (401) or carries
+/// another (403), before any extractor reads its body.
+pub(super) async fn require_token(
+    State(state): State<ApiState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(expected) = &state.acl_token
+        && needs_token(request.method(), request.uri().path())
+    {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            None => {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "this agent needs a token: send Authorization: Bearer <token>",
+                )
+                .into_response();
+            }
+            Some(token) if !tokens_match(token, expected) => {
+                return ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "the token is not valid for this agent",
+                )
+                .into_response();
+            }
+            Some(_) => {}
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether `given` is `expected`, in time that depends on neither: both are hashed to a fixed
+/// length first (so neither length shows), and the digests are compared byte by byte to
+/// the end.
+fn tokens_match(given: &str, expected: &str) -> bool {
+    let given = Sha256::digest(given.as_bytes());
+    let expected = Sha256::digest(expected.as_bytes());
+    let difference = given
+        .iter()
+        .zip(expected.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(difference) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_write_needs_the_token() {
+        for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH] {
+            for path in [
+                "/v1/jobs",
+                "/v1/job/web",
+                "/v1/system/gc",
+                "/v1/anything-new",
+            ] {
+                assert!(needs_token(&method, path), "{method} {path}");
+            }
+        }
+    }
+
+    #[test]
+    fn reads_are_open_but_for_an_allocs_files_and_node_rpc() {
+        for path in [
+            "/v1/jobs",
+            "/v1/allocations",
+            "/v1/client/allocation/abc/logs",
+            "/v1/metrics",
+            "/ui/",
+        ] {
+            assert!(!needs_token(&Method::GET, path), "{path}");
+        }
+        for path in [
+            "/v1/client/fs/ls/abc",
+            "/v1/client/fs/cat/abc",
+            "/v1/node/n1/allocations",
+        ] {
+            assert!(needs_token(&Method::GET, path), "{path}");
+            assert!(needs_token(&Method::HEAD, path), "{path}");
+        }
+    }
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(tokens_match("s3cret", "s3cret"));
+        assert!(!tokens_match("s3cres", "s3cret"));
+        assert!(!tokens_match("s3cret-longer", "s3cret"));
+        assert!(!tokens_match("", "s3cret"));
+    }
+}
