@@ -1,0 +1,216 @@
+//! Cluster mode end to end: real `caravan agent` processes in cluster mode on a real
+//! three-member etcd, all on loopback, started, killed, paused and restarted by the tests.
+//! A failing test prints what every agent logged. This module holds the harness; the tests
+//! are in its submodules.
+
+mod bad_input;
+mod etcd_failure;
+mod failover;
+
+use crate::etcd::EtcdCluster;
+use crate::support::{AgentProcess, eventually_async, http};
+use caravan_test_artifacts::SLEEPER;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+/// Nodes' lease TTL in these tests: short, so deaths are seen fast, but twice etcd's floor,
+/// so that a node starved of CPU by the tests around it does not miss its renewals.
+const NODE_TTL: &str = "4s";
+
+/// One agent of the cluster: its process (when running), its name and its data dir, which
+/// outlives the process so that a restart restores from it.
+struct Node {
+    name: String,
+    data_dir: PathBuf,
+    process: Option<AgentProcess>,
+    /// Every line logged by the earlier runs of this node, for the failure report.
+    earlier_logs: Vec<String>,
+}
+
+impl Node {
+    fn addr(&self) -> std::net::SocketAddr {
+        self.process.as_ref().expect("the node runs").socket_addr()
+    }
+
+    fn start(&mut self, etcd: &EtcdCluster) {
+        // Continues the harness's [client] block: a small sandbox pool per agent.
+        let config = format!("max_live_allocs = 64\n[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
+        let endpoints = etcd.endpoints().join(",");
+        let data_dir = self.data_dir.to_str().unwrap().to_string();
+        self.process = Some(AgentProcess::start_configured(
+            &[
+                "--cluster",
+                "etcd",
+                "--etcd-endpoints",
+                &endpoints,
+                "--node-name",
+                &self.name,
+                "--data-dir",
+                &data_dir,
+            ],
+            &config,
+        ));
+    }
+
+    fn kill9(&mut self) {
+        if let Some(process) = self.process.take() {
+            self.earlier_logs.extend(process.kill9());
+        }
+    }
+}
+
+/// Three etcd members and three agents, `node-1` to `node-3`.
+struct Cluster {
+    etcd: EtcdCluster,
+    nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        Cluster::on(EtcdCluster::start().await).await
+    }
+
+    /// Three agents on `etcd`, as it is.
+    async fn on(etcd: EtcdCluster) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let mut nodes: Vec<Node> = (1..=3)
+            .map(|n| Node {
+                name: format!("node-{n}"),
+                data_dir: dir.path().join(format!("node-{n}")),
+                process: None,
+                earlier_logs: Vec::new(),
+            })
+            .collect();
+        for node in &mut nodes {
+            node.start(&etcd);
+        }
+        let cluster = Cluster {
+            etcd,
+            nodes,
+            _dir: dir,
+        };
+        cluster
+            .until("three nodes ready", |c| async move {
+                c.ready_nodes().await.len() == 3
+            })
+            .await;
+        cluster
+    }
+
+    /// `GET path` on node `i`.
+    async fn get(&self, i: usize, path: &str) -> (u16, Value) {
+        http(self.nodes[i].addr(), "GET", path, None, None).await
+    }
+
+    /// The node names the cluster places on, as node `i` answers.
+    async fn ready_nodes_via(&self, i: usize) -> BTreeSet<String> {
+        let (status, nodes) = self.get(i, "/v1/nodes").await;
+        if status != 200 {
+            return BTreeSet::new();
+        }
+        nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"] == "ready")
+            .filter_map(|n| n["id"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    async fn ready_nodes(&self) -> BTreeSet<String> {
+        self.ready_nodes_via(0).await
+    }
+
+    /// The index of the node whose agent leads, as node `via` sees it.
+    async fn leader_via(&self, via: usize) -> Option<usize> {
+        let (_, answer) = self.get(via, "/v1/status/leader").await;
+        let name = answer["leader"]["node"].as_str()?;
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// Job `id`'s allocs, as node `i` answers (empty while it cannot).
+    async fn allocs(&self, i: usize, job: &str) -> Vec<Value> {
+        let (status, allocs) = self.get(i, &format!("/v1/job/{job}/allocations")).await;
+        if status != 200 {
+            return Vec::new();
+        }
+        allocs.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits (for at most two minutes) until `condition` holds of the cluster.
+    async fn until<'a, F, Fut>(&'a self, what: &str, condition: F)
+    where
+        F: Fn(&'a Cluster) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        eventually_async(what, || condition(self)).await;
+    }
+
+    /// Submits a service job of `count` sleepers through node `via`.
+    async fn run_job(&self, via: usize, id: &str, count: u32) -> (u16, Value) {
+        let body = serde_json::json!({ "job": {
+            "id": id, "type": "service", "count": count, "runner": SLEEPER,
+        }})
+        .to_string();
+        http(
+            self.nodes[via].addr(),
+            "POST",
+            "/v1/jobs",
+            Some(&body),
+            None,
+        )
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for node in &self.nodes {
+            let mut lines = node.earlier_logs.clone();
+            if let Some(process) = &node.process {
+                lines.extend(process.unread_lines());
+            }
+            let tail = lines.len().saturating_sub(80);
+            eprintln!(
+                "--- {} logged (last {} lines):",
+                node.name,
+                lines.len() - tail
+            );
+            for line in &lines[tail..] {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// Allocs not yet terminal, by node.
+fn live_by_node(allocs: &[Value]) -> BTreeMap<String, usize> {
+    let mut by_node = BTreeMap::new();
+    for alloc in allocs {
+        let terminal =
+            ["complete", "failed", "lost"].contains(&alloc["client_status"].as_str().unwrap_or(""));
+        if !terminal && alloc["desired_status"] == "run" {
+            *by_node
+                .entry(alloc["node_id"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+    }
+    by_node
+}
+
+fn running(allocs: &[Value]) -> usize {
+    allocs
+        .iter()
+        .filter(|a| a["client_status"] == "running" && a["desired_status"] == "run")
+        .count()
+}
+
+fn unique_ids(allocs: &[Value]) -> bool {
+    let ids: BTreeSet<&str> = allocs.iter().filter_map(|a| a["id"].as_str()).collect();
+    ids.len() == allocs.len()
+}
