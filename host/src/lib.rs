@@ -7,6 +7,7 @@
 //!   reading, following and deletion.
 //! - [`structs`]: plain data shared by every layer (allocs, alloc state).
 //! - [`limits`]: every per-alloc limit, its key, default and cap, and their one parser.
+//! - [`backoff`]: the one backoff (doubling, capped, jittered) every retry waits by.
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
 //! - [`check`]: the contract checker behind `caravan runner check`, for runner authors.
@@ -44,6 +45,7 @@ pub mod agent;
 pub mod alloc_fs;
 pub mod alloc_logs;
 pub mod allocrunner;
+pub mod backoff;
 pub mod capabilities;
 pub mod check;
 pub mod cli;

@@ -6,6 +6,7 @@
 
 use super::cluster_config::ClusterConfig;
 use super::http::forward::Forwarding;
+use crate::backoff::Backoff;
 use crate::cluster::{
     EtcdHealth, EtcdServerApi, EtcdStore, HistoryStats, Member, MemberRecord, MemberView,
     SPACE_PROBE_INTERVAL, SchedulerConfig, ServerSlot, watch_space,
@@ -205,14 +206,16 @@ async fn schedule_while_leading(
         let resign = [crate::cluster::FencedOp::Delete {
             key: fence.key.clone(),
         }];
-        let mut pause = Duration::from_millis(100);
+        const RESIGN_BACKOFF: Backoff =
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut failures = 0;
         while view.borrow().leading.as_ref() == Some(&fence) {
             match store.write_fenced(&fence, &resign).await {
                 Ok(_) => break,
                 Err(error) => {
                     tracing::warn!(%error, "cannot hand the leadership over yet; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
+                    failures += 1;
+                    tokio::time::sleep(RESIGN_BACKOFF.wait(failures)).await;
                 }
             }
         }

@@ -14,11 +14,11 @@
 //! This module knows the server seam and the plain state types only.
 
 use super::metrics::Metrics;
+use crate::backoff::Backoff;
 use crate::locks::LockUnpoisoned;
 use crate::rpc::{AllocUpdate, ServerApi};
 use crate::structs::AllocState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -227,14 +227,12 @@ impl AllocSync {
     }
 }
 
-/// 200 ms doubled per failure up to [`MAX_BACKOFF`], plus up to a quarter more at random so
-/// many clients do not retry in step.
+/// The client's wait before retrying a call to the server after `failures` failures in a
+/// row: 200 ms doubled per failure up to [`MAX_BACKOFF`], jittered (the agent's one
+/// [`Backoff`]), so that many clients do not retry in step.
 pub fn backoff(failures: u32) -> Duration {
-    let base = SYNC_TICK
-        .saturating_mul(1 << failures.saturating_sub(1).min(16))
-        .min(MAX_BACKOFF);
-    let jitter = RandomState::new().hash_one(failures) % (base.as_millis() as u64 / 4 + 1);
-    base + Duration::from_millis(jitter)
+    const BACKOFF: Backoff = Backoff::new(SYNC_TICK, MAX_BACKOFF);
+    BACKOFF.wait(failures)
 }
 
 #[cfg(test)]

@@ -305,7 +305,7 @@ impl EtcdStore {
     }
 
     /// What etcd says of its space now: one member's status, the raised alarms, and the
-    /// members' names. Each call is tried once, within [`CALL_TIMEOUT`]: this is a probe,
+    /// members' names. Each call is tried once, within the store's call timeout: this is a probe,
     /// and the next one is soon.
     pub async fn space(&self) -> Result<EtcdSpace, StoreError> {
         let probe = async {

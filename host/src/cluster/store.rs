@@ -1,8 +1,12 @@
 //! The connection to etcd and the few operations cluster mode needs: a consistent read of a
 //! prefix, a create-if-absent, and the schema check. Every call is retried while etcd is
 //! between leaders or one member is gone, and only when a retry cannot apply it twice.
+//! What etcd refused (a request too large, out of space, a permission, a compacted
+//! revision: [`is_refusal`]) is not retried: asking again gets the same answer, and the
+//! caller must hear it at once rather than after the whole retry window.
 
 use super::{SCHEMA_KEY, SCHEMA_VERSION};
+use crate::backoff::Backoff;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, WatchClient,
 };
@@ -12,6 +16,9 @@ use std::time::Duration;
 /// operation may take: an etcd leader election takes about 2 s, a member's death 0.4 s.
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_FOR: Duration = Duration::from_secs(15);
+
+/// The waits between retries of one call: from 50 ms, doubling to 1 s, jittered.
+const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
 /// The largest response decoded: a watch catching up sends up to a thousand revisions in one
 /// response, far past the crate's default of 4 MiB, and a response over the limit would fail
@@ -43,6 +50,16 @@ pub enum StoreError {
     /// This process could not do its part (a thread or a runtime would not start).
     #[error("{0}")]
     Local(String),
+    /// etcd answered, and refused: asking again would get the same answer.
+    #[error("etcd at {endpoints} refused {what}: {reason}")]
+    Refused {
+        /// Every endpoint, comma-separated.
+        endpoints: String,
+        /// What was asked.
+        what: String,
+        /// etcd's answer.
+        reason: String,
+    },
     /// etcd canceled a watch for a reason other than compaction, again and again.
     #[error("etcd at {endpoints} keeps canceling the watch of {prefix}: {reason}")]
     WatchCanceled {
@@ -176,18 +193,27 @@ impl EtcdStore {
             .max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
-    /// Runs `call` until it succeeds, retrying every error for [`RETRY_FOR`]: callers pass
-    /// only calls that a retry cannot apply twice (reads, and writes guarded by a compare).
+    /// Runs `call` until it succeeds, retrying what may be retried (a lost answer, a member
+    /// gone, no leader) for [`RETRY_FOR`], and returning etcd's refusals at once. Callers
+    /// pass only calls that a retry cannot apply twice (reads, and writes guarded by a
+    /// compare).
     pub(super) async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, StoreError>
     where
         F: FnMut(KvClient) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
         let started = tokio::time::Instant::now();
-        let mut pause = Duration::from_millis(50);
+        let mut failures = 0;
         loop {
             let error = match tokio::time::timeout(CALL_TIMEOUT, call(self.kv())).await {
                 Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) if is_refusal(&error) => {
+                    return Err(StoreError::Refused {
+                        endpoints: self.endpoints(),
+                        what: what.to_string(),
+                        reason: error.to_string(),
+                    });
+                }
                 Ok(Err(error)) => error.to_string(),
                 Err(_) => format!("{what} took longer than {CALL_TIMEOUT:?}"),
             };
@@ -198,8 +224,8 @@ impl EtcdStore {
                 });
             }
             tracing::debug!(what, error, "etcd call failed; retrying");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
+            failures += 1;
+            tokio::time::sleep(RETRY_BACKOFF.wait(failures)).await;
         }
     }
 
@@ -337,6 +363,72 @@ impl EtcdStore {
                 endpoints: self.endpoints(),
                 found: crate::text::cut(&found, 64).into_owned(),
             }),
+        }
+    }
+}
+
+/// Whether etcd answered `error` and refused the request, so that asking again gets the same
+/// answer: an argument it rejects (a request too large, too many operations), a permission
+/// or authentication it denies, a revision compacted or in the future, a lease it does not
+/// know, a quota it is out of (`NOSPACE`; "too many requests" is load, and retried). Every
+/// error of the transport, a timeout, no leader or an unavailable member is not a refusal.
+pub(super) fn is_refusal(error: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return false;
+    };
+    match status.code() {
+        Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::Unauthenticated
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unimplemented => true,
+        Code::ResourceExhausted => !status.message().contains("too many requests"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    #[test]
+    fn what_etcd_refused_is_not_retried_and_what_was_lost_is() {
+        use tonic::Code;
+        for refused in [
+            status(Code::InvalidArgument, "etcdserver: request is too large"),
+            status(
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+            status(
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+            status(Code::PermissionDenied, "etcdserver: permission denied"),
+            status(Code::NotFound, "etcdserver: requested lease not found"),
+        ] {
+            assert!(is_refusal(&refused), "{refused}");
+        }
+        for lost in [
+            status(Code::Unavailable, "etcdserver: no leader"),
+            status(
+                Code::Unavailable,
+                "error trying to connect: Connection refused",
+            ),
+            status(Code::DeadlineExceeded, "etcdserver: request timed out"),
+            status(Code::ResourceExhausted, "etcdserver: too many requests"),
+            status(Code::Unknown, "etcdserver: leader changed"),
+            etcd_client::Error::WatchError("channel closed".into()),
+        ] {
+            assert!(!is_refusal(&lost), "{lost}");
         }
     }
 }

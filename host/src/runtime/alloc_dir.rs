@@ -39,7 +39,12 @@ pub(super) async fn remove_alloc_files(
     mut log: Option<AllocLogWriter>,
     span: &tracing::Span,
 ) {
-    let mut pause = std::time::Duration::from_secs(1);
+    // Doubling from a second, jittered: many allocs destroyed at once on a sick disk do
+    // not all come back to it together.
+    const REMOVAL_BACKOFF: crate::backoff::Backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(60),
+    );
     for attempt in 1..=ALLOC_DIR_REMOVAL_ATTEMPTS {
         let path = alloc_dir.to_path_buf();
         let log = log.take();
@@ -65,6 +70,7 @@ pub(super) async fn remove_alloc_files(
             );
             return;
         }
+        let pause = REMOVAL_BACKOFF.wait(attempt);
         tracing::warn!(
             parent: span,
             path = %alloc_dir.display(),
@@ -74,6 +80,5 @@ pub(super) async fn remove_alloc_files(
             "cannot remove what the alloc left; will try again"
         );
         tokio::time::sleep(pause).await;
-        pause *= 2;
     }
 }

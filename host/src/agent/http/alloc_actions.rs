@@ -6,6 +6,7 @@
 //! Like every handler these only translate: the checks and the delivery are the client's and
 //! the runner's ([`crate::allocrunner::AllocRunner::signal`]). They never change the server.
 
+use super::body::{JsonBody, RequestBody};
 use super::{ApiError, ApiResult, ApiState};
 use crate::allocrunner::{NotRunningReason, TaskActionError};
 use axum::Json;
@@ -15,31 +16,37 @@ use serde::Deserialize;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SignalRequest {
+pub(super) struct SignalRequest {
     signal: String,
     #[serde(default)]
     task: Option<String>,
 }
 
+impl RequestBody for SignalRequest {
+    const EXAMPLE: &'static str = r#"{"signal": "SIGUSR1", "task": "web"}"#;
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct RestartRequest {
+pub(super) struct RestartRequest {
     #[serde(default)]
     task: Option<String>,
+}
+
+impl RequestBody for RestartRequest {
+    const EXAMPLE: &'static str = r#"{"task": "web"} (or no body: every task)"#;
+
+    fn when_empty() -> Option<Self> {
+        Some(RestartRequest::default())
+    }
 }
 
 pub(super) async fn signal_allocation(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-    body: String,
+    JsonBody(request): JsonBody<SignalRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let request: SignalRequest = serde_json::from_str(&body).map_err(|e| {
-        ApiError::bad_request(
-            "signal",
-            format!("expected {{\"signal\": \"SIGUSR1\", \"task\": \"web\"}}: {e}"),
-        )
-    })?;
-    let (alloc_id, known_to_server) = super::local_alloc_id(&state, id)?;
+    let (alloc_id, known_to_server) = super::allocs::local_alloc_id(&state, id)?;
     let task = request.task.as_deref();
     state
         .client
@@ -55,19 +62,9 @@ pub(super) async fn signal_allocation(
 pub(super) async fn restart_allocation(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-    body: String,
+    JsonBody(request): JsonBody<RestartRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let request: RestartRequest = if body.trim().is_empty() {
-        RestartRequest::default()
-    } else {
-        serde_json::from_str(&body).map_err(|e| {
-            ApiError::bad_request(
-                "task",
-                format!("expected {{\"task\": \"web\"}} or no body: {e}"),
-            )
-        })?
-    };
-    let (alloc_id, known_to_server) = super::local_alloc_id(&state, id)?;
+    let (alloc_id, known_to_server) = super::allocs::local_alloc_id(&state, id)?;
     let task = request.task.as_deref();
     state
         .client

@@ -7,7 +7,8 @@
 //! Like every handler these only translate: confinement to the alloc dir and the bounds
 //! are [`crate::alloc_fs`]'s; the reads run on the blocking pool.
 
-use super::{ApiError, ApiResult, ApiState, local_alloc_id};
+use super::allocs::local_alloc_id;
+use super::{ApiError, ApiResult, ApiState};
 use crate::alloc_fs::{self, FsError};
 use crate::server::RequestError;
 use axum::extract::{Path, Query, State};

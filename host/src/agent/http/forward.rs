@@ -148,7 +148,7 @@ async fn alloc_node(
 ) -> Result<Option<String>, ApiError> {
     let leading = state.servers.borrow().is_some();
     let node = if leading {
-        super::find_alloc(state, alloc)
+        super::allocs::find_alloc(state, alloc)
             .ok()
             .and_then(|record| record.node_id)
     } else {

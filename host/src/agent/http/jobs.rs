@@ -1,7 +1,8 @@
-//! Submitting a job, and asking what a submission would do: `POST /v1/jobs` registers,
-//! `POST /v1/validate/job` checks, `POST /v1/job/{id}/plan` shows the plan. All three run the
-//! same checks ([`check_job`]) first, so a job that validates is one that registers, and a
-//! refused one changes nothing.
+//! Jobs: listing and reading them (`GET /v1/jobs`, `/v1/job/{id}`, its allocations),
+//! stopping and scaling them, and submitting one or asking what a submission would do:
+//! `POST /v1/jobs` registers, `POST /v1/validate/job` checks, `POST /v1/job/{id}/plan` shows
+//! the plan. All three run the same checks ([`check_job`]) first, so a job that validates is
+//! one that registers, and a refused one changes nothing.
 //!
 //! The runner is checked here, on the agent that takes the job: its path must be absolute and
 //! lead to a runner component this agent can load. Loading compiles it (once per build of
@@ -9,14 +10,20 @@
 //! not wait for a compile and a broken runner never registers. In a cluster every node loads
 //! the runner from its own disk again when an alloc is placed there.
 
-use super::{ApiError, ApiResult, ApiState};
+use super::body::{JsonBody, RequestBody};
+use super::views::{alloc_view, job_view};
+use super::{AllocView, ApiError, ApiResult, ApiState, JobView, TimedJson, flag};
 use crate::jobspec::{self, JobSpec};
 use crate::server::reconcile::JobChange;
+use crate::timestamp::unix_ms_now;
 use axum::Json;
+use axum::extract::Query;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 /// Every check a job gets before anything changes: the document, its limits against the
 /// caps and the defaults, its capabilities against the offer, and its runner. Returns the
@@ -138,4 +145,90 @@ pub(super) async fn plan_job(
         "upgrade": plan.plan.upgrade,
         "runner_sha256": runner_sha256,
     })))
+}
+
+pub(super) async fn list_jobs(State(state): State<ApiState>) -> ApiResult<Json<Vec<JobView>>> {
+    let server = state.server()?;
+    Ok(Json(
+        server
+            .jobs()
+            .iter()
+            .map(|job| {
+                let allocs = server.job_allocs(&job.spec.id);
+                job_view(job, &allocs, server.restart_limit(), unix_ms_now())
+            })
+            .collect(),
+    ))
+}
+
+pub(super) async fn get_job(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobView>> {
+    let server = state.server()?;
+    let job = server.job(&id)?;
+    let allocs = server.job_allocs(&id);
+    Ok(Json(job_view(
+        &job,
+        &allocs,
+        server.restart_limit(),
+        unix_ms_now(),
+    )))
+}
+
+pub(super) async fn stop_job(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let purge = flag(&query, "purge")?;
+    let server = state.server()?;
+    let stopped = server.stop_job(&id, purge)?;
+    // A purged job goes with its last alloc: at once when it has none left.
+    let removed = purge && server.job_allocs(&id).is_empty();
+    Ok(Json(serde_json::json!({
+        "job_id": id, "stopped": stopped, "purged": purge, "removed": removed,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScaleRequest {
+    count: i64,
+}
+
+impl RequestBody for ScaleRequest {
+    const EXAMPLE: &'static str = r#"{"count": 3}"#;
+}
+
+pub(super) async fn scale_job(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<ScaleRequest>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let bad = |message: String| ApiError::bad_request("count", message);
+    let count = u32::try_from(request.count)
+        .ok()
+        .filter(|c| *c <= 100_000)
+        .ok_or_else(|| {
+            bad(format!(
+                "count: {} is out of range; expected 0 to 100000",
+                request.count
+            ))
+        })?;
+    let registration = state.server()?.scale_job(&id, count)?;
+    Ok(Json(
+        serde_json::json!({ "job_id": id, "placed": registration.placed, "stopped": registration.stopped }),
+    ))
+}
+
+pub(super) async fn job_allocations(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<TimedJson<Vec<AllocView>>> {
+    let server = state.server()?;
+    server.job(&id)?;
+    Ok(TimedJson(
+        server.job_allocs(&id).iter().map(alloc_view).collect(),
+    ))
 }

@@ -10,6 +10,7 @@
 //! way in. The agent's own node name (`local`) is refused too: two clients acting on one
 //! node's allocs would kill each other's.
 
+use super::body::{RequestBody, decode};
 use super::{ApiError, ApiResult, ApiState};
 use crate::agent::LOCAL_NODE;
 use crate::rpc::http::{FetchRequest, MAX_ITEMS_PER_CALL, MAX_WAIT, UpdateRequest, UpdateResponse};
@@ -135,9 +136,12 @@ fn server_error(error: ServerError) -> ApiError {
     ApiError::new(status, error.to_string())
 }
 
-fn decode<T: serde::de::DeserializeOwned>(body: &str) -> ApiResult<T> {
-    serde_json::from_str(body)
-        .map_err(|e| ApiError::bad_request("body", format!("the request body is not valid: {e}")))
+impl RequestBody for FetchRequest {
+    const EXAMPLE: &'static str = r#"{"ids": ["<alloc id>", ...]}"#;
+}
+
+impl RequestBody for UpdateRequest {
+    const EXAMPLE: &'static str = r#"{"updates": [{"alloc_id": "...", "state": {...}}, ...]}"#;
 }
 
 fn check_count(field: &str, count: usize) -> ApiResult<()> {
