@@ -101,6 +101,12 @@ async fn start_latency(rounds: usize) {
         "  ratio caravan / raw: {:.2}",
         caravan.as_secs_f64() / raw.as_secs_f64()
     );
+    common::scoreboard(
+        "alloc_start",
+        &format!("{:.1} us", caravan.as_secs_f64() * 1e6),
+        &format!("raw wasmtime {:.1} us", raw.as_secs_f64() * 1e6),
+        &format!("{:.2}x", caravan.as_secs_f64() / raw.as_secs_f64()),
+    );
     println!(
         "  (caravan until the task waiting for running resumed:   {:.1} us)",
         median(resumed_samples).as_secs_f64() * 1e6
@@ -164,6 +170,15 @@ async fn live_memory(count: u32) {
         (after - before) as f64 / count as f64 / 1024.0,
         (after - before) >> 20,
         elapsed.as_secs_f64()
+    );
+    common::scoreboard(
+        "density",
+        &format!(
+            "{:.1} KiB at {count} live allocs",
+            (after - before) as f64 / count as f64 / 1024.0
+        ),
+        "none",
+        "-",
     );
     for runner in &runners {
         runner.destroy();

@@ -175,6 +175,12 @@ fn main() {
         on_disk.display(),
         caravan_rate / process_rate
     );
+    common::scoreboard(
+        "churn",
+        &format!("{caravan_rate:.0} allocs/s"),
+        &format!("{process_rate:.0} processes/s"),
+        &format!("{:.1}x", caravan_rate / process_rate),
+    );
     if !caravan_tmpfs.is_empty() {
         let tmpfs_rate = allocs as f64 / median(caravan_tmpfs).as_secs_f64();
         println!(

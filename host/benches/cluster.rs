@@ -23,7 +23,7 @@ mod common;
 
 use caravan_host::cluster::{Change, EtcdStore, PrefixWatch};
 use caravan_test_artifacts::MINIMAL;
-use common::{Agent, spawn_agent};
+use common::{Agent, spawn_agent, wait_for};
 use std::time::{Duration, Instant};
 
 fn main() {
@@ -78,15 +78,6 @@ fn embedded(allocs: u64) -> f64 {
     rate
 }
 
-/// Polls `condition` until it holds; gives up after five minutes, naming `what`.
-fn wait_until(what: &str, condition: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !condition() {
-        assert!(Instant::now() < deadline, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn total_instantiations(agents: &[Option<Agent>]) -> u64 {
     agents.iter().flatten().map(Agent::instantiations).sum()
 }
@@ -114,7 +105,7 @@ async fn cluster(allocs: u64, baseline: f64) {
         .collect();
     let first = agents[0].as_ref().unwrap();
     // Every node live before the job, so that the job spreads.
-    wait_until("three nodes ready", || {
+    wait_for("three nodes ready", || {
         first
             .request("GET", "/v1/nodes", "")
             .matches("\"ready\"")
@@ -124,7 +115,7 @@ async fn cluster(allocs: u64, baseline: f64) {
     let store = etcd.store().await;
     let before = store.list("/caravan/v1/").await.unwrap().1;
     let started = submit(first, allocs);
-    wait_until("every alloc running", || {
+    wait_for("every alloc running", || {
         total_instantiations(&agents) >= allocs
     });
     let elapsed = started.elapsed();
@@ -144,6 +135,15 @@ async fn cluster(allocs: u64, baseline: f64) {
         after - before,
         writes as f64 / allocs as f64
     );
+    common::scoreboard(
+        "cluster",
+        &format!(
+            "{rate:.0} allocs/s; {:.2} etcd keys per alloc",
+            writes as f64 / allocs as f64
+        ),
+        &format!("{baseline:.0} allocs/s"),
+        &format!("{:.2}x", rate / baseline),
+    );
 
     // A node that does not lead dies.
     let leader = first.request("GET", "/v1/status/leader", "");
@@ -157,13 +157,19 @@ async fn cluster(allocs: u64, baseline: f64) {
     let killed = Instant::now();
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();
-    wait_until("the dead node's allocs replaced", || {
+    wait_for("the dead node's allocs replaced", || {
         total_instantiations(&agents) >= before_kill + held
     });
     println!(
         "cluster: node-{} killed (SIGKILL) holding {held} allocs; all running elsewhere {:.2} s later (node TTL 10 s)",
         victim + 1,
         killed.elapsed().as_secs_f64()
+    );
+    common::scoreboard(
+        "node_death",
+        &format!("{:.1} s for {held} allocs", killed.elapsed().as_secs_f64()),
+        "none",
+        "-",
     );
     for agent in agents.into_iter().flatten() {
         agent.stop();

@@ -207,6 +207,20 @@ fn main() {
         ms(storm_p99),
         storm_p99.as_secs_f64() / base_p99.as_secs_f64()
     );
+    let peak = stormy
+        .iter()
+        .filter_map(|round| round.storm.as_ref().map(|s| s.peak_in_flight))
+        .max()
+        .unwrap_or(0);
+    common::scoreboard(
+        "gc_storm",
+        &format!(
+            "p99 {:.1} ms; at most {peak} destroys in flight (limit {PARALLEL_DESTROYS})",
+            ms(storm_p99)
+        ),
+        &format!("p99 {:.1} ms", ms(base_p99)),
+        &format!("{:.2}x", storm_p99.as_secs_f64() / base_p99.as_secs_f64()),
+    );
     for (n, round) in stormy.iter().enumerate() {
         let storm = round
             .storm

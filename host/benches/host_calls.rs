@@ -66,4 +66,10 @@ fn main() {
         "  call hook charging host work   {hooked:.1} ns per call  ({:.2}x)",
         hooked / plain
     );
+    common::scoreboard(
+        "host_calls",
+        &format!("{hooked:.1} ns"),
+        &format!("{plain:.1} ns"),
+        &format!("{:.2}x", hooked / plain),
+    );
 }

@@ -163,5 +163,28 @@ fn main() {
             f.rss_per_alloc / 1024.0,
             ratio(f.rss_per_alloc, rust.rss_per_alloc),
         );
+        let row = match f.language {
+            "python" => "languages_python",
+            "javascript" => "languages_js",
+            _ => continue,
+        };
+        common::scoreboard(
+            row,
+            &format!(
+                "{:.0} KiB, start {:.0} us",
+                f.rss_per_alloc / 1024.0,
+                f.start.as_secs_f64() * 1e6
+            ),
+            &format!(
+                "Rust: {:.0} KiB, {:.0} us",
+                rust.rss_per_alloc / 1024.0,
+                rust.start.as_secs_f64() * 1e6
+            ),
+            &format!(
+                "{:.0}x, {:.0}x",
+                f.rss_per_alloc / rust.rss_per_alloc,
+                f.start.as_secs_f64() / rust.start.as_secs_f64()
+            ),
+        );
     }
 }

@@ -152,6 +152,12 @@ async fn flood_rounds(lines: usize, rounds: usize) {
         "  caravan: agent JSON log + alloc log file     {caravan:>12.0} records/s  ({:.1}% of the no-op rate)",
         caravan / no_op * 100.0
     );
+    common::scoreboard(
+        "logs",
+        &format!("{caravan:.0} records/s"),
+        &format!("{no_op:.0} records/s"),
+        &format!("{:.1}%", caravan / no_op * 100.0),
+    );
     println!(
         "  alloc log files: {} of {into_files} records written, {dropped} dropped by a full queue",
         into_files - dropped.min(into_files)

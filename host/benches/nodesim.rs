@@ -127,6 +127,12 @@ fn main() {
                 "{nodes:>6} wasm/native placement rate: {:.2}x",
                 wasm / native
             );
+            common::scoreboard(
+                "nodesim",
+                &format!("{nodes} nodes: {wasm:.0} allocs/s"),
+                &format!("native: {native:.0} allocs/s"),
+                &format!("{:.2}x", wasm / native),
+            );
         }
     }
 }

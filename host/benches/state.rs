@@ -95,6 +95,12 @@ fn restore(allocs: u32, rounds: usize) {
         restore.as_secs_f64() / baseline.as_secs_f64(),
         state_bytes as f64 / (1024.0 * 1024.0)
     );
+    common::scoreboard(
+        "restore",
+        &format!("{:.2} s for {allocs} allocs", restore.as_secs_f64()),
+        &format!("empty start {:.0} ms", baseline.as_secs_f64() * 1e3),
+        &format!("{:.0}x", restore.as_secs_f64() / baseline.as_secs_f64()),
+    );
 }
 
 fn churn(window: Duration) {
@@ -154,5 +160,11 @@ fn churn(window: Duration) {
     println!(
         "churn: {rate:.0} state reports persisted per second across {ALLOCS} allocs; one commit per report: {naive_rate:.0}/s; ratio {:.0}",
         rate / naive_rate
+    );
+    common::scoreboard(
+        "state_writes",
+        &format!("{rate:.0}/s"),
+        &format!("{naive_rate:.0}/s"),
+        &format!("{:.0}x", rate / naive_rate),
     );
 }

@@ -109,6 +109,22 @@ pub fn count_arg(name: &str, default: usize) -> usize {
         .max(1)
 }
 
+/// Polls `condition` (a spawned agent's answer, say) until it holds; gives up after five
+/// minutes, naming `what`.
+pub fn wait_for(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !condition() {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Prints the bench's line for BENCHMARKS.md's scoreboard (`scripts/bench --summary` reads
+/// it): today's figure, the baseline of the same run and their ratio, by the row's name.
+pub fn scoreboard(name: &str, today: &str, baseline: &str, ratio: &str) {
+    println!("scoreboard: {name} | {today} | {baseline} | {ratio}");
+}
+
 pub fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]

@@ -34,7 +34,7 @@
 //! same write; and a short alloc collected before its lines were due never makes a file at
 //! all (nor, knowing that, tries to delete one: `on_disk`), where a churn of them would
 //! otherwise create, write and delete one file per alloc (about a tenth of a churn's CPU,
-//! measured in BENCHMARKS.md). A line written where there
+//! measured in docs/bench/history.md). A line written where there
 //! is no tokio runtime is written at once, by the writing thread. What it costs: a process
 //! killed outright loses up to [`WRITE_BEHIND`] of lines from the files, not from the
 //! agent's log, which has every line its level filter lets through (docs/decisions.md).

@@ -5,7 +5,7 @@
 //!
 //! One [`DiskWatcher`] thread per runtime looks at every watched directory in turn. A timer
 //! and a blocking-pool task per alloc cost an agent with 1,000 idle allocs 0.85 s of CPU per
-//! 10 s (0.05 s without any check); this thread costs 0.13 s (see `BENCHMARKS.md`).
+//! 10 s (0.05 s without any check); this thread costs 0.13 s (see `docs/bench/history.md`).
 //!
 //! The look is what corrects the ledger (deletions, overwrites) and what catches depth; the
 //! write that would cross the line is refused by the WASI layer (`runtime/wasi_quota.rs`)
