@@ -28,8 +28,8 @@ mod raw;
 
 use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::AllocRunner;
+use caravan_host::model::structs::{ClientStatus, Limits};
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
-use caravan_host::structs::{ClientStatus, Limits};
 use caravan_test_artifacts::FIXTURE_LOG_FLOOD;
 use common::{StatusSignal, alloc, arg_value, config, count_arg, median};
 use raw::{Baseline, types as raw_types};

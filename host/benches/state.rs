@@ -15,8 +15,8 @@
 
 use caravan_host::client::metrics::Metrics;
 use caravan_host::client::persist::Persister;
+use caravan_host::model::structs::{AllocState, ClientStatus};
 use caravan_host::state::{RedbStateDb, StateDb, Write};
-use caravan_host::structs::{AllocState, ClientStatus};
 use caravan_test_artifacts::MINIMAL;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

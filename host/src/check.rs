@@ -21,10 +21,10 @@
 //! results and never prints, exits or handles signals: `cli::check` does that.
 
 use crate::allocrunner::AllocRunner;
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, ClientStatus, Limits, Task};
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
-use crate::structs::{Alloc, ClientStatus, Limits, Task};
-use crate::units::format_duration;
+use crate::util::locks::LockUnpoisoned;
+use crate::util::units::format_duration;
 use harness::{Harness, Run};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -315,7 +315,7 @@ pub async fn check(path: &Path, options: &CheckOptions) -> anyhow::Result<Vec<Ch
     if !instantiates.passed {
         return Ok(vec![instantiates]);
     }
-    let data_dir = crate::fs_tree::TempTree::new("caravan-check-")?;
+    let data_dir = crate::util::fs_tree::TempTree::new("caravan-check-")?;
     let mut harness = Harness {
         factory: WasmAllocRunnerFactory::new(runtime),
         alloc_logs: crate::alloc_logs::AllocLogs::under_data_dir(data_dir.path()),

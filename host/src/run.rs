@@ -11,11 +11,11 @@
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, AllocState, ClientStatus, LimitOverrides, Limits, Task};
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunner, WasmAllocRunnerFactory};
 use crate::shutdown::ShutdownListener;
-use crate::structs::{Alloc, AllocState, ClientStatus, LimitOverrides, Limits, Task};
-use crate::units::format_duration;
+use crate::util::locks::LockUnpoisoned;
+use crate::util::units::format_duration;
 use anyhow::{Context, bail};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -148,7 +148,7 @@ pub async fn run(
     let temporary = match &options.data_dir {
         Some(_) => None,
         None => Some(
-            crate::fs_tree::TempTree::new("caravan-run-")
+            crate::util::fs_tree::TempTree::new("caravan-run-")
                 .context("cannot create a temporary data dir")?,
         ),
     };

@@ -9,7 +9,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use caravan_host::allocrunner::{AllocRunnerConfig, StateUpdater, alloc_span};
-use caravan_host::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
+use caravan_host::model::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use std::io::{BufRead, Read, Write as _};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

@@ -6,9 +6,9 @@
 use caravan_host::allocrunner::AllocRunnerFactory;
 use caravan_host::client::gc::{DiskStats, GcConfig, StatsSource};
 use caravan_host::client::{Client, ClientConfig};
+use caravan_host::model::structs::{Alloc, Task};
 use caravan_host::rpc::ServerApi;
 use caravan_host::state::StateDb;
-use caravan_host::structs::{Alloc, Task};
 use caravan_test_artifacts::SIM;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

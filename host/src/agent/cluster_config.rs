@@ -8,7 +8,7 @@
 use super::config::ConfigError;
 use crate::cluster::DEFAULT_COMPACT_INTERVAL;
 use crate::cluster::keys::valid_node_name;
-use crate::units::parse_duration;
+use crate::util::units::parse_duration;
 use serde::Deserialize;
 use std::time::Duration;
 

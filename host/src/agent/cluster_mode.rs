@@ -6,13 +6,13 @@
 
 use super::cluster_config::ClusterConfig;
 use super::http::forward::Forwarding;
-use crate::backoff::Backoff;
 use crate::cluster::{
     EtcdHealth, EtcdServerApi, EtcdStore, HistoryStats, Member, MemberRecord, MemberView,
     SPACE_PROBE_INTERVAL, SchedulerConfig, ServerSlot, watch_space,
 };
 use crate::rpc::ServerApi;
 use crate::server::{EmbeddedServer, ServerConfig};
+use crate::util::backoff::Backoff;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -156,7 +156,7 @@ async fn refuse_a_live_namesake(
         anyhow::bail!(
             "node name {} is live in the cluster already, its agent at {}: give this agent              another --node-name, or stop that one and wait {}s for its lease to expire",
             record.node,
-            crate::text::cut(&other.api, 64),
+            crate::util::text::cut(&other.api, 64),
             ttl.as_secs()
         );
     }

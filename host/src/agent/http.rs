@@ -63,11 +63,11 @@ pub struct ApiState {
     pub alloc_logs: AllocLogs,
     /// The limits a job's unset keys take: a job whose limits contradict each other once
     /// merged with them is refused with 400.
-    pub default_limits: crate::structs::Limits,
+    pub default_limits: crate::model::structs::Limits,
     /// The most a job may ask for; a job over a cap is refused with 400.
-    pub limit_caps: crate::structs::LimitCaps,
+    pub limit_caps: crate::model::structs::LimitCaps,
     /// What jobs may ask to reach; a job asking for more is refused with 400.
-    pub capabilities: Arc<crate::capabilities::CapabilityPolicy>,
+    pub capabilities: Arc<crate::model::capabilities::CapabilityPolicy>,
 }
 
 /// The API's routes, by resource: each handler lives in the file of its resource.

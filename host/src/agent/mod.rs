@@ -51,7 +51,7 @@ pub struct Agent {
     dev: bool,
     alloc_logs: AllocLogs,
     /// Holds a dev agent's temporary data dir; dropping it removes the directory.
-    _dev_data_dir: Option<crate::fs_tree::TempTree>,
+    _dev_data_dir: Option<crate::util::fs_tree::TempTree>,
     http: tokio::task::JoinHandle<()>,
     stop_http: tokio::sync::oneshot::Sender<()>,
 }
@@ -96,7 +96,7 @@ impl Agent {
             );
         }
         let dev_data_dir = if config.dev {
-            let dir = crate::fs_tree::TempTree::new("caravan-dev-")
+            let dir = crate::util::fs_tree::TempTree::new("caravan-dev-")
                 .context("cannot create the dev data dir")?;
             config.data_dir = dir.path().to_path_buf();
             Some(dir)

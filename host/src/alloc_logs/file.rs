@@ -128,8 +128,8 @@ fn write_line(
     source: &str,
     message: &str,
 ) {
-    use crate::text::escape_controls;
-    use crate::timestamp::{Fraction, write_utc};
+    use crate::util::text::escape_controls;
+    use crate::util::timestamp::{Fraction, write_utc};
     use std::fmt::Write;
     // Writing into a String cannot fail.
     let _ = write_utc(out, at, Fraction::Millis);

@@ -10,7 +10,7 @@
 use super::LOG_FILES_KEPT;
 use super::file;
 use super::log::AllocLog;
-use crate::locks::RwLockUnpoisoned;
+use crate::util::locks::RwLockUnpoisoned;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;

@@ -10,8 +10,8 @@
 use super::file::{self, LogFile, QueuedLines};
 use super::on_disk::FilesOnDisk;
 use super::{QUEUE_MAX_BYTES, QUEUE_MAX_LINES, WRITE_BEHIND};
-use crate::locks::LockUnpoisoned;
-use crate::locks::RwLockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
+use crate::util::locks::RwLockUnpoisoned;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

@@ -66,7 +66,7 @@ pub struct LogLine<'a> {
     pub message: &'a str,
 }
 
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use log::AllocLog;
 use on_disk::FilesOnDisk;
 use std::collections::HashMap;

@@ -9,7 +9,7 @@
 //! listed, every alloc may have files: every removal tries, as before.
 
 use super::file::alloc_of;
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Mutex;

@@ -4,8 +4,8 @@ use super::{
     AllocRunner, AllocRunnerConfig, Latch, LatchTrigger, NotRunningReason, StateUpdater,
     TaskActionError, signal_name, target_tasks,
 };
-use crate::locks::LockUnpoisoned;
-use crate::structs::{Alloc, AllocState, ClientStatus};
+use crate::model::structs::{Alloc, AllocState, ClientStatus};
+use crate::util::locks::LockUnpoisoned;
 use std::sync::{Arc, Mutex};
 
 /// Reports `running` when started and stays there until killed (`complete`) or shut down;

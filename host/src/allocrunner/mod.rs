@@ -5,7 +5,7 @@
 //! ([`crate::runtime::WasmAllocRunnerFactory`]); tests and simulators pass their own, such as
 //! [`EmptyAllocRunner`].
 //!
-//! This module is a leaf: it depends on the plain data in [`crate::structs`], the alloc log
+//! This module is a leaf: it depends on the plain data in [`crate::model::structs`], the alloc log
 //! writer of [`crate::alloc_logs`] and tokio's synchronisation primitives, never on the
 //! client, the garbage collector, storage or wasmtime.
 
@@ -20,7 +20,7 @@ pub use task_action::{
 };
 
 use crate::alloc_logs::AllocLogWriter;
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
+use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;

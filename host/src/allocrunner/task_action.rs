@@ -4,7 +4,7 @@
 //! Pure checks and the error they answer with; delivering is each runner's job. Nothing here
 //! holds or touches a runner's state.
 
-use crate::structs::{Alloc, ClientStatus};
+use crate::model::structs::{Alloc, ClientStatus};
 
 /// The signal names a request may carry: the POSIX signals Nomad's drivers accept. What a
 /// signal means is up to the runner; the host only refuses names that are no signal at all.
@@ -93,7 +93,7 @@ pub enum NotRunningReason {
     Stopping,
     /// It has finished, in this status.
     Finished(ClientStatus),
-    /// Its runner crashed and waits to be restarted in place (see [`crate::restart`]).
+    /// Its runner crashed and waits to be restarted in place (see [`crate::model::restart`]).
     Restarting,
 }
 
@@ -143,7 +143,7 @@ pub fn target_tasks(alloc: &Alloc, task: Option<&str>) -> Result<Vec<String>, Ta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::Task;
+    use crate::model::structs::Task;
 
     #[test]
     fn signal_names_are_matched_in_any_case_and_nothing_else_passes() {

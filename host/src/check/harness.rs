@@ -5,10 +5,10 @@ use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use crate::runtime::{WasmAllocRunner, WasmAllocRunnerFactory};
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
-use crate::units::format_duration;
+use crate::util::locks::LockUnpoisoned;
+use crate::util::units::format_duration;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
@@ -84,7 +84,7 @@ pub(super) struct Run {
 /// The runtime, data dir and factory the checks share.
 pub(super) struct Harness {
     pub(super) factory: WasmAllocRunnerFactory,
-    pub(super) data_dir: crate::fs_tree::TempTree,
+    pub(super) data_dir: crate::util::fs_tree::TempTree,
     pub(super) alloc_logs: AllocLogs,
     pub(super) runner_path: String,
     pub(super) tasks: Vec<Task>,

@@ -129,11 +129,11 @@ impl CheckCommand {
             _ = stop.stopping() => bail!("interrupted: the checks did not finish"),
         };
         for result in &results {
-            println!("{}", crate::text::escape_controls(&result.line()));
+            println!("{}", crate::util::text::escape_controls(&result.line()));
             if !result.log.is_empty() {
                 println!("      its last log lines:");
                 for line in &result.log {
-                    println!("      | {}", crate::text::escape_controls(line));
+                    println!("      | {}", crate::util::text::escape_controls(line));
                 }
             }
         }
@@ -153,12 +153,12 @@ impl CheckCommand {
 
 /// `--kill-timeout`: at most the agent's cap on a job's kill timeout (30 s).
 fn parse_kill_timeout(text: &str) -> Result<std::time::Duration, String> {
-    let timeout = crate::units::parse_duration(text).map_err(|e| e.to_string())?;
-    let cap = crate::structs::LimitCaps::default().kill_timeout;
+    let timeout = crate::util::units::parse_duration(text).map_err(|e| e.to_string())?;
+    let cap = crate::model::structs::LimitCaps::default().kill_timeout;
     if timeout > cap {
         return Err(format!(
             "{text} is longer than a job may ask for ({})",
-            crate::units::format_duration(cap)
+            crate::util::units::format_duration(cap)
         ));
     }
     Ok(timeout)
@@ -166,7 +166,7 @@ fn parse_kill_timeout(text: &str) -> Result<std::time::Duration, String> {
 
 /// `--duration`: from 100ms (time for the events) to 1h.
 fn parse_check_duration(text: &str) -> Result<std::time::Duration, String> {
-    let duration = crate::units::parse_duration(text).map_err(|e| e.to_string())?;
+    let duration = crate::util::units::parse_duration(text).map_err(|e| e.to_string())?;
     let (shortest, longest) = (
         std::time::Duration::from_millis(100),
         std::time::Duration::from_secs(3600),

@@ -10,7 +10,7 @@ use crate::nodesim::{NodeServers, NodeSim, NodeSimConfig, SimRunner, Summary, no
 use crate::rpc::ServerApi;
 use crate::rpc::http::HttpServer;
 use crate::shutdown::Shutdown;
-use crate::units::{format_duration, parse_duration};
+use crate::util::units::{format_duration, parse_duration};
 use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -253,12 +253,13 @@ async fn watch_lag_line(agent: &HttpServer) -> String {
             return "\n  watch lag     unknown: the agent's metrics did not come within 2s".into();
         }
     };
-    let bound = |q| match crate::histogram::quantile_bound(&text, HISTOGRAM, q) {
+    let bound = |q| match crate::util::histogram::quantile_bound(&text, HISTOGRAM, q) {
         // Debug shows 250µs, 2.5ms and 10s alike.
         Some(Some(bound)) => format!("under {bound:?}"),
         Some(None) => format!(
             "over {}s",
-            crate::histogram::BUCKETS_SECONDS[crate::histogram::BUCKETS_SECONDS.len() - 1]
+            crate::util::histogram::BUCKETS_SECONDS
+                [crate::util::histogram::BUCKETS_SECONDS.len() - 1]
         ),
         None => "-".into(),
     };

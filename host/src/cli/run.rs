@@ -4,9 +4,9 @@
 //! must not grow alloc logic of its own.
 
 use super::GlobalArgs;
+use crate::model::structs::ClientStatus;
 use crate::run::{LIMIT_NAMES, RunOptions};
 use crate::shutdown::Shutdown;
-use crate::structs::ClientStatus;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -80,7 +80,7 @@ impl RunCommand {
                 "alloc {} {}: {}",
                 alloc.id,
                 state.client_status,
-                crate::text::escape_controls(&state.description)
+                crate::util::text::escape_controls(&state.description)
             )
         };
         // The alloc has ended and been cleaned up; a reader that has gone away (`| head`)

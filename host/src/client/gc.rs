@@ -30,7 +30,7 @@
 
 use super::metrics::Metrics;
 use crate::allocrunner::AllocRunner;
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -366,7 +366,7 @@ impl GarbageCollector {
                 *self.last_skip.lock_unpoisoned() = Some(GcSkip {
                     reason: reason.to_string(),
                     level: if routine { "info" } else { "warn" }.to_string(),
-                    at_unix_ms: crate::timestamp::unix_ms_now(),
+                    at_unix_ms: crate::util::timestamp::unix_ms_now(),
                 });
                 break;
             };

@@ -7,7 +7,7 @@
 //! client runs, only when it was unowned at two sweeps in a row. That relies on one order,
 //! which the runtime keeps: an alloc's directory is made by its runner's start, after the
 //! client has put the runner in its map, so a directory listed belongs to an alloc already
-//! there. Removal goes through [`crate::fs_tree`], without
+//! there. Removal goes through [`crate::util::fs_tree`], without
 //! recursion. Each removal and each failure is logged with its path, and the count still left
 //! is the `caravan_client_leftover_dirs` gauge. This module removes directories under
 //! `<data_dir>/allocs` and touches nothing else.
@@ -24,7 +24,7 @@ pub(super) fn remove_leftovers(allocs_dir: &Path, names: &[OsString]) -> (usize,
     let (mut removed, mut failed) = (0, 0);
     for name in names {
         let path = allocs_dir.join(name);
-        match crate::fs_tree::remove_tree(&path) {
+        match crate::util::fs_tree::remove_tree(&path) {
             Ok(()) => {
                 removed += 1;
                 tracing::info!(path = %path.display(), "removed an alloc directory no alloc owns");

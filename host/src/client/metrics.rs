@@ -4,7 +4,7 @@
 //! itself in Prometheus' text format for the agent's `/v1/metrics`. Counting only: it never
 //! reads the alloc map or decides anything.
 
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

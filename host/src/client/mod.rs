@@ -40,10 +40,10 @@ use runners::{alloc_dir_in, check_alloc_id};
 
 use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{AllocRunner, AllocRunnerFactory, NotRunningReason, TaskActionError};
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::rpc::ServerApi;
 use crate::state::{MemoryStateDb, StateDb};
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits};
+use crate::util::locks::LockUnpoisoned;
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
 use persist::Persister;

@@ -24,9 +24,9 @@
 //! them back through `on_saved` only.
 
 use super::metrics::Metrics;
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, AllocState};
 use crate::state::{StateDb, StateError, Write, call_store};
-use crate::structs::{Alloc, AllocState};
+use crate::util::locks::LockUnpoisoned;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, oneshot};

@@ -21,8 +21,8 @@ use super::leftovers::{list_alloc_dirs, owned_by, remove_leftovers};
 use super::runners::{Built, Restoring};
 use super::{Client, ClientInner, check_alloc_id};
 use crate::allocrunner::alloc_span;
+use crate::model::structs::{AllocState, ClientStatus};
 use crate::state::{SavedAlloc, StateError};
-use crate::structs::{AllocState, ClientStatus};
 use std::collections::HashSet;
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use super::ClientInner;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span,
 };
-use crate::structs::{Alloc, AllocState};
+use crate::model::structs::{Alloc, AllocState};
 use std::sync::{Arc, Weak};
 
 /// What the runner of an alloc restored after a restart starts from.
@@ -244,7 +244,7 @@ fn reschedule_wait(alloc: &Alloc) -> Option<std::time::Duration> {
     let delay = reschedule.start_after_unix_ms.saturating_sub(decided_at);
     let left = reschedule
         .start_after_unix_ms
-        .checked_sub(crate::timestamp::unix_ms_now())?;
+        .checked_sub(crate::util::timestamp::unix_ms_now())?;
     let wait = left.min(delay);
     (wait > 0).then(|| std::time::Duration::from_millis(wait))
 }

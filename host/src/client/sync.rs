@@ -14,10 +14,10 @@
 //! This module knows the server seam and the plain state types only.
 
 use super::metrics::Metrics;
-use crate::backoff::Backoff;
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::AllocState;
 use crate::rpc::{AllocUpdate, ServerApi};
-use crate::structs::AllocState;
+use crate::util::backoff::Backoff;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -238,7 +238,7 @@ pub fn backoff(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::{Alloc, ClientStatus};
+    use crate::model::structs::{Alloc, ClientStatus};
     use crate::testing::InMemoryServer;
 
     fn state(status: ClientStatus, description: &str) -> AllocState {

@@ -331,13 +331,13 @@ impl EtcdStore {
                 .members()
                 .iter()
                 .find(|m| m.id() == id && !m.name().is_empty())
-                .map(|m| crate::text::cut(m.name(), 64).into_owned())
+                .map(|m| crate::util::text::cut(m.name(), 64).into_owned())
                 .unwrap_or_else(|| format!("{id:x}"))
         };
         let header = status.header();
         Ok(EtcdSpace {
             member: name_of(header.map_or(0, |h| h.member_id())),
-            version: crate::text::cut(status.version(), 32).into_owned(),
+            version: crate::util::text::cut(status.version(), 32).into_owned(),
             db_size: u64::try_from(status.db_size()).unwrap_or(0),
             db_size_in_use: u64::try_from(status.raft_used_db_size()).unwrap_or(0),
             revision: header.map_or(0, |h| h.revision()),

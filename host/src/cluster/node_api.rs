@@ -15,9 +15,9 @@
 use super::keys::{self, alloc_key, node_key, status_key};
 use super::store::{EtcdStore, GuardedPut, StoreError};
 use super::{PrefixWatch, watch::Change};
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::Alloc;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
-use crate::structs::Alloc;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -31,10 +31,10 @@
 use super::keys;
 use super::lease::{Fence, FencedOp, MAX_FENCED_OPS};
 use super::store::{EtcdStore, KeyValue, StoreError};
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{AllocState, ClientStatus};
 use crate::server::records::{META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode};
 use crate::state::{SavedAlloc, ServerTable, StateDb, StateError, Write};
-use crate::structs::{AllocState, ClientStatus};
+use crate::util::locks::LockUnpoisoned;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use tokio::sync::watch;

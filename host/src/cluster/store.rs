@@ -6,7 +6,7 @@
 //! caller must hear it at once rather than after the whole retry window.
 
 use super::{SCHEMA_KEY, SCHEMA_VERSION};
-use crate::backoff::Backoff;
+use crate::util::backoff::Backoff;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, WatchClient,
 };
@@ -361,7 +361,7 @@ impl EtcdStore {
             Ok(version) if version <= SCHEMA_VERSION => Ok(()),
             _ => Err(StoreError::NewerSchema {
                 endpoints: self.endpoints(),
-                found: crate::text::cut(&found, 64).into_owned(),
+                found: crate::util::text::cut(&found, 64).into_owned(),
             }),
         }
     }

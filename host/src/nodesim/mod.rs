@@ -21,10 +21,10 @@ pub use observe::{Observed, SimStats};
 use crate::allocrunner::{AllocRunner, AllocRunnerFactory, EmptyAllocRunner};
 use crate::client::gc::GcConfig;
 use crate::client::{Client, ClientConfig};
-use crate::locks::LockUnpoisoned;
 use crate::rpc::ServerApi;
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use crate::state::{MemoryStateDb, RedbStateDb, StateDb};
+use crate::util::locks::LockUnpoisoned;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -83,7 +83,7 @@ pub struct NodeSim {
     restarts: AtomicU64,
     started: Instant,
     /// The alloc dirs of an ephemeral run; removed when dropped.
-    _temp: Option<crate::fs_tree::TempTree>,
+    _temp: Option<crate::util::fs_tree::TempTree>,
 }
 
 /// The simulation at one moment.
@@ -135,7 +135,7 @@ impl NodeSim {
         let (root, temp) = match &config.data_dir {
             Some(dir) => (dir.clone(), None),
             None => {
-                let temp = crate::fs_tree::TempTree::new("caravan-nodesim-")
+                let temp = crate::util::fs_tree::TempTree::new("caravan-nodesim-")
                     .context("cannot create a temporary directory for the nodes' alloc dirs")?;
                 (temp.path().to_path_buf(), Some(temp))
             }

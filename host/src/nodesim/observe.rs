@@ -3,9 +3,9 @@
 //! took from reaching its node to being reported running. It passes every call through
 //! unchanged and decides nothing.
 
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, ClientStatus, DesiredStatus};
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
-use crate::structs::{Alloc, ClientStatus, DesiredStatus};
+use crate::util::locks::LockUnpoisoned;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

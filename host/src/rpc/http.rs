@@ -18,7 +18,7 @@
 //! other refusal [`ServerError::Refused`]; the client retries both.
 
 use super::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
-use crate::structs::Alloc;
+use crate::model::structs::Alloc;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client as HttpClient;

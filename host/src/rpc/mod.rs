@@ -5,7 +5,7 @@
 //! `testing::InMemoryServer` in tests). [`http`] carries it over HTTP: its wire format, and
 //! [`http::HttpServerApi`], through which a client in another process (`caravan nodesim`)
 //! talks to an agent's embedded server. This module is a leaf: it knows the plain data in
-//! [`crate::structs`] and nothing of runners, the garbage collector, the state store or any
+//! [`crate::model::structs`] and nothing of runners, the garbage collector, the state store or any
 //! server's internals.
 //!
 //! # What every implementation promises
@@ -41,7 +41,7 @@
 
 pub mod http;
 
-use crate::structs::{Alloc, AllocState};
+use crate::model::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,11 +2,11 @@
 //! files (imports `wasi:filesystem`), removed when it is destroyed (with the alloc's log
 //! files, in the same trip to the blocking pool; a runner with neither makes no trip).
 //! Removal must survive whatever a guest left (any depth, odd names, links), so it goes
-//! through [`crate::fs_tree`], never recursion, and a failure is never fatal to the agent.
+//! through [`crate::util::fs_tree`], never recursion, and a failure is never fatal to the agent.
 //! This module touches that one directory, and the log files only through their writer.
 
 use crate::alloc_logs::AllocLogWriter;
-use crate::units::format_duration;
+use crate::util::units::format_duration;
 use std::path::Path;
 
 /// Makes `alloc_dir`: one `mkdir` in the common case, its parents only on the first alloc of
@@ -30,7 +30,7 @@ const ALLOC_DIR_REMOVAL_ATTEMPTS: u32 = 5;
 
 /// Removes what an alloc left on disk, its log files (first, and once) and its directory, on
 /// the blocking pool and without recursion (a guest may have nested its directories 20,000
-/// deep; see [`crate::fs_tree`]). A failure is reported and retried with a growing pause; it
+/// deep; see [`crate::util::fs_tree`]). A failure is reported and retried with a growing pause; it
 /// is never fatal to the agent, and after the last attempt what is left is named in the log,
 /// and left to the client, which sweeps directories no alloc owns at every GC interval and
 /// at start.
@@ -41,7 +41,7 @@ pub(super) async fn remove_alloc_files(
 ) {
     // Doubling from a second, jittered: many allocs destroyed at once on a sick disk do
     // not all come back to it together.
-    const REMOVAL_BACKOFF: crate::backoff::Backoff = crate::backoff::Backoff::new(
+    const REMOVAL_BACKOFF: crate::util::backoff::Backoff = crate::util::backoff::Backoff::new(
         std::time::Duration::from_secs(1),
         std::time::Duration::from_secs(60),
     );
@@ -53,7 +53,7 @@ pub(super) async fn remove_alloc_files(
             if let Some(log) = log {
                 log.remove_blocking();
             }
-            crate::fs_tree::remove_tree(&path)
+            crate::util::fs_tree::remove_tree(&path)
         })
         .await
         .unwrap_or_else(|join_error| Err(std::io::Error::other(join_error.to_string())));

@@ -1,6 +1,6 @@
-//! Host bindings generated from `wit/`, and conversions between them and [`crate::structs`].
+//! Host bindings generated from `wit/`, and conversions between them and [`crate::model::structs`].
 //!
-//! Kept private to the runtime: the rest of the host speaks [`crate::structs`] only.
+//! Kept private to the runtime: the rest of the host speaks [`crate::model::structs`] only.
 
 wasmtime::component::bindgen!({
     path: "../wit",
@@ -19,7 +19,7 @@ wasmtime::component::bindgen!({
     },
 });
 
-use crate::structs;
+use crate::model::structs;
 use caravan::runner::types as wit;
 
 pub use caravan::runner::host::{Host as HostImports, add_to_linker as add_host_to_linker};

@@ -6,7 +6,7 @@
 //! Plain maps and mutexes: it knows nothing of wasmtime.
 
 use super::LoadError;
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -27,7 +27,7 @@
 //! This module acts on one store only and never reaches past it.
 
 use super::store_limits::UsageGauges;
-use crate::units::format_duration;
+use crate::util::units::format_duration;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -22,8 +22,8 @@
 //! with the alloc described as over its quota. The ledger only reads the directory.
 
 use super::disk_watch::check;
-use crate::locks::LockUnpoisoned;
-use crate::units::format_bytes;
+use crate::util::locks::LockUnpoisoned;
+use crate::util::units::format_bytes;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ pub struct DiskQuota {
 
 impl DiskQuota {
     /// The quota `limits` give an alloc directory (its depth limit is fixed).
-    pub fn of(limits: &crate::structs::Limits) -> Self {
+    pub fn of(limits: &crate::model::structs::Limits) -> Self {
         DiskQuota {
             bytes: limits.disk_bytes,
             entries: u64::from(limits.disk_entries),
@@ -61,7 +61,7 @@ impl DiskQuota {
     pub fn of_bytes(bytes: u64) -> Self {
         DiskQuota {
             bytes,
-            ..DiskQuota::of(&crate::structs::Limits::default())
+            ..DiskQuota::of(&crate::model::structs::Limits::default())
         }
     }
 
@@ -365,7 +365,7 @@ mod tests {
         assert_eq!(exceeded.description().await, "disk quota of 8 KiB exceeded");
         let entries = DiskUse {
             bytes: 0,
-            entries: u64::from(crate::structs::Limits::default().disk_entries) + 1,
+            entries: u64::from(crate::model::structs::Limits::default().disk_entries) + 1,
         };
         assert_eq!(ledger.reserve(entries).err(), Some(QuotaFull));
     }

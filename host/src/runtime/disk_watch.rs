@@ -17,7 +17,7 @@
 //! It only reads the alloc directory; it never changes it.
 
 use super::disk_ledger::{DiskLedger, DiskQuota, DiskUse};
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use std::collections::HashMap;

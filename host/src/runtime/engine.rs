@@ -34,7 +34,7 @@ pub(super) fn engine_config(max_live_allocs: u32, instances: Instances) -> Confi
                 Some(reservation) => {
                     tracing::info!(
                         max_live_allocs,
-                        reservation = %crate::units::format_bytes(reservation),
+                        reservation = %crate::util::units::format_bytes(reservation),
                         "each linear memory reserves less than 4 GiB of address space so that \
                          max_live_allocs fit in it; guest code checks memory bounds explicitly"
                     );

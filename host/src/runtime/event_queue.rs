@@ -10,7 +10,7 @@
 //! the event type.
 
 use super::bindings::Event;
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -10,10 +10,10 @@
 use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
 use super::token_bucket::TokenBucket;
 use crate::allocrunner::{Latch, StateUpdater};
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits, TaskLifecycle, TaskState};
 use crate::runtime::event_queue::EventReceiver;
-use crate::structs::{Alloc, AllocState, ClientStatus, Limits, TaskLifecycle, TaskState};
-use crate::text::{cut, cut_in_place};
+use crate::util::locks::LockUnpoisoned;
+use crate::util::text::{cut, cut_in_place};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -426,7 +426,7 @@ impl HostImports for HostApi {
             let reason = format!(
                 "checkpoint refused: more than {} of checkpoints per second (checkpoint_rate); \
                  the previous checkpoint is kept",
-                crate::units::format_bytes(self.checkpoint_rate)
+                crate::util::units::format_bytes(self.checkpoint_rate)
             );
             self.refuse("checkpoint", &reason);
             return Err(reason);
@@ -442,7 +442,7 @@ impl HostImports for HostApi {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::{ClientStatus, Task, TaskLifecycle, TaskState};
+    use crate::model::structs::{ClientStatus, Task, TaskLifecycle, TaskState};
 
     #[derive(Default)]
     struct Recorder(Mutex<Vec<AllocState>>);
@@ -512,7 +512,7 @@ mod tests {
         let mut long = state(ClientStatus::Running, &["web"]);
         long.description = "x".repeat(5000);
         long.task_states[0].events = (0..15)
-            .map(|i| crate::structs::TaskEvent {
+            .map(|i| crate::model::structs::TaskEvent {
                 kind: "Tick".into(),
                 message: i.to_string(),
                 time_unix_ms: 0,

@@ -48,7 +48,7 @@ impl LastWords {
             String::new()
         };
         slot.clear();
-        slot.push_str(&crate::text::cut(line.trim_end(), LINE_BYTES));
+        slot.push_str(&crate::util::text::cut(line.trim_end(), LINE_BYTES));
         self.lines.push_back((now, slot));
     }
 

@@ -13,8 +13,8 @@ use super::bindings::{Level, LoggingImports};
 use super::last_words::LastWords;
 use super::token_bucket::TokenBucket;
 use crate::alloc_logs::AllocLogWriter;
-use crate::locks::LockUnpoisoned;
-use crate::structs::Limits;
+use crate::model::structs::Limits;
+use crate::util::locks::LockUnpoisoned;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -42,8 +42,8 @@ impl LogLimits {
         LogLimits {
             lines_per_second: limits.log_lines_per_second,
             bytes_per_second: limits.log_bytes_per_second,
-            line_bytes: crate::limits::as_len(limits.log_line_bytes),
-            context_bytes: crate::limits::as_len(limits.log_field_bytes),
+            line_bytes: crate::model::limits::as_len(limits.log_line_bytes),
+            context_bytes: crate::model::limits::as_len(limits.log_field_bytes),
         }
     }
 }
@@ -86,11 +86,11 @@ impl GuestLogSink {
     /// Emits one guest line at `level`, message and context cut to their limits, unless the
     /// rate limit (lines and bytes per second) drops it.
     pub fn emit(&self, level: tracing::Level, origin: Origin<'_>, message: &str) {
-        let message = crate::text::cut(message, self.limits.line_bytes);
+        let message = crate::util::text::cut(message, self.limits.line_bytes);
         let context;
         let origin = match origin {
             Origin::Logging(full) => {
-                context = crate::text::cut(full, self.limits.context_bytes);
+                context = crate::util::text::cut(full, self.limits.context_bytes);
                 Origin::Logging(&context)
             }
             stream => stream,

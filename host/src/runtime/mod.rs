@@ -7,7 +7,7 @@
 //! [`WasmAllocRunner`]).
 //!
 //! Layout:
-//! - `bindings`: `bindgen!` output and conversions to [`crate::structs`] (private).
+//! - `bindings`: `bindgen!` output and conversions to [`crate::model::structs`] (private).
 //! - `host_api`: the `caravan:runner/host` import; `event_queue`, the events the host sends
 //!   each alloc's runner, waiting there for its `next-event`.
 //! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing; `last_words`,
@@ -59,7 +59,7 @@ pub use wasm_runner::{
     MAX_QUEUED_TASK_ACTIONS, RunEnding, WasmAllocRunner, WasmAllocRunnerFactory,
 };
 
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use bindings::{AllocRunnerPre, RUNNER_EXPORT};
 use component_checks::{check_component_header, check_runner_export, imports_filesystem};
 use cpu_meter::CpuMeter;
@@ -191,7 +191,7 @@ struct RuntimeInner {
     pooling: bool,
     components: Mutex<HashMap<String, Arc<LoadedComponent>>>,
     disk_cache: Option<disk_cache::DiskCache>,
-    instantiations: crate::histogram::Histogram,
+    instantiations: crate::util::histogram::Histogram,
     /// Which component a file held when last read, so starting the ten-thousandth alloc of a
     /// runner costs at most a `stat` (once per [`PATH_RECHECK`]), not a read and a hash.
     by_path: Mutex<HashMap<PathBuf, PathEntry>>,
@@ -292,7 +292,7 @@ impl Runtime {
                 reading: Default::default(),
                 compiling: Default::default(),
                 failed: Default::default(),
-                instantiations: crate::histogram::Histogram::default(),
+                instantiations: crate::util::histogram::Histogram::default(),
                 ticker_stop,
                 disk_watcher,
             }),
@@ -300,7 +300,7 @@ impl Runtime {
     }
 
     /// How long instantiating a runner took, per alloc.
-    pub fn instantiation_latency(&self) -> &crate::histogram::Histogram {
+    pub fn instantiation_latency(&self) -> &crate::util::histogram::Histogram {
         &self.inner.instantiations
     }
 
@@ -440,7 +440,7 @@ impl Runtime {
                     runner = %name,
                     runner_sha256 = %crate::allocrunner::short_hash(&hash),
                     "compiling runner {name} ({})",
-                    crate::units::format_bytes_approx(bytes.len() as u64)
+                    crate::util::units::format_bytes_approx(bytes.len() as u64)
                 );
                 let component = Component::new(&self.inner.engine, bytes).map_err(|error| {
                     LoadError::Uncompilable {
@@ -507,7 +507,7 @@ pub(crate) struct StoreData {
     memory: MemoryLimiter,
     cpu: CpuMeter,
     /// The limits the alloc runs under, for naming the one it hit (shared with its runner).
-    limits: Arc<crate::structs::Limits>,
+    limits: Arc<crate::model::structs::Limits>,
     /// The alloc directory's account, which the WASI layer reserves writes in.
     disk: Arc<disk_ledger::DiskLedger>,
 }

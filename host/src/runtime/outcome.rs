@@ -5,10 +5,12 @@
 use super::StoreData;
 use super::bindings::{self, RunnerError};
 use super::host_api::MAX_EVENTS_PER_TASK;
-use crate::limits::as_len;
-use crate::structs::{AllocState, ClientStatus, Limits, TaskEvent, TaskLifecycle, TaskState};
-use crate::text::cut;
-use crate::units::{format_bytes, format_duration};
+use crate::model::limits::as_len;
+use crate::model::structs::{
+    AllocState, ClientStatus, Limits, TaskEvent, TaskLifecycle, TaskState,
+};
+use crate::util::text::cut;
+use crate::util::units::{format_bytes, format_duration};
 
 /// How a run ended, before it is turned into a final state.
 #[derive(Debug)]
@@ -23,7 +25,7 @@ pub(super) enum RunOutcome {
     ShutdownTimedOut,
     /// Killed or shut down before `run` was ever called.
     NeverStarted,
-    /// Killed or shut down while waiting to restart after a crash (see [`crate::restart`]).
+    /// Killed or shut down while waiting to restart after a crash (see [`crate::model::restart`]).
     StoppedWhileRestarting,
 }
 
@@ -225,7 +227,7 @@ pub(super) fn restarting_state(
         client_status: ClientStatus::Pending,
         description: format!(
             "{}{wait} (restart {attempt}, at most {limit}) after: {why}",
-            crate::restart::RESTARTING_DESCRIPTION_PREFIX
+            crate::model::restart::RESTARTING_DESCRIPTION_PREFIX
         ),
         task_states,
     }

@@ -7,7 +7,7 @@
 //! past it.
 
 use crate::allocrunner::AllocUsage;
-use crate::units::format_bytes;
+use crate::util::units::format_bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -4,11 +4,11 @@
 //! agent's log, tokio's clock, and nothing else: no environment, no other directory, no
 //! sockets. A runner that imports no `wasi:filesystem` interface is opened no directory at
 //! all, as it could not reach one. The alloc's [`Grants`] add network destinations, read-only
-//! volumes and environment variables (see [`crate::capabilities`]). This module builds the
+//! volumes and environment variables (see [`crate::model::capabilities`]). This module builds the
 //! context only; it decides nothing about what is granted.
 
 use super::logging::{GuestLogSink, GuestOutput};
-use crate::capabilities::Grants;
+use crate::model::capabilities::Grants;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;

@@ -19,11 +19,11 @@ use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
     TaskActionError, UpgradeReport, signal_name, target_tasks,
 };
-use crate::capabilities::CapabilityPolicy;
-use crate::locks::LockUnpoisoned;
+use crate::model::capabilities::CapabilityPolicy;
+use crate::model::structs::{Alloc, AllocState, ClientStatus, LimitCaps, Limits};
 use crate::runtime::event_queue::{EventReceiver, EventSender, event_queue};
-use crate::structs::{Alloc, AllocState, ClientStatus, LimitCaps, Limits};
-use crate::units::format_duration;
+use crate::util::locks::LockUnpoisoned;
+use crate::util::units::format_duration;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tracing::Instrument;
@@ -125,7 +125,7 @@ impl WasmAllocRunner {
         let restarts = Restarts::new(config.alloc.restart, config.restored.take());
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
-            crate::limits::as_len(limits.description_bytes),
+            crate::model::limits::as_len(limits.description_bytes),
             restarts.keeping_checkpoints(config.state_updater.clone()),
             initial,
         ));
@@ -233,7 +233,7 @@ impl Shared {
                         &mut task_states,
                         false,
                         description,
-                        crate::timestamp::unix_ms_now(),
+                        crate::util::timestamp::unix_ms_now(),
                     );
                     AllocState {
                         client_status: ClientStatus::Complete,
@@ -368,7 +368,7 @@ impl Shared {
             outcome,
             shut_down_only,
             &self.limits,
-            crate::timestamp::unix_ms_now(),
+            crate::util::timestamp::unix_ms_now(),
         );
         tracing::info!(
             parent: span,

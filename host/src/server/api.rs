@@ -9,8 +9,8 @@
 //!   an update does).
 
 use super::{EmbeddedServer, MAX_NODES};
+use crate::model::structs::Alloc;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
-use crate::structs::Alloc;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -7,9 +7,9 @@
 use super::reconcile::{self, JobPlan, Plan, Replacement};
 use super::records::{AllocRecord, JobRecord};
 use super::{Registration, State, gc, placement};
-use crate::jobspec::JobSpec;
+use crate::model::jobspec::JobSpec;
+use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, Reschedule};
 use crate::rpc::AllocUpdate;
-use crate::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, Reschedule};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -227,7 +227,7 @@ impl State {
                     job = %record.alloc.job_id,
                     alloc_id,
                     attempts,
-                    interval = %crate::units::format_duration(interval),
+                    interval = %crate::util::units::format_duration(interval),
                     "not replacing failed allocation: restart limit reached"
                 );
             }

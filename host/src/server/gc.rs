@@ -15,8 +15,8 @@
 //! - A purged job goes when its last alloc does, never before: its allocs still name it.
 
 use super::records::{AllocRecord, JobRecord};
-use crate::jobspec::JobType;
-use crate::structs::DesiredStatus;
+use crate::model::jobspec::JobType;
+use crate::model::structs::DesiredStatus;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -82,8 +82,8 @@ pub fn empty_purged_jobs<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::structs::ClientStatus;
     use crate::server::testkit::{alloc_on, job, reported, spec, stopping};
-    use crate::structs::ClientStatus;
 
     const THRESHOLD: Duration = Duration::from_secs(60);
 

@@ -26,8 +26,8 @@
 //! This module only groups; what an update does to an alloc is `apply`'s `take_updates`.
 
 use super::{EmbeddedServer, MAX_NODES, State};
-use crate::locks::LockUnpoisoned;
 use crate::rpc::{AllocUpdate, ServerError};
+use crate::util::locks::LockUnpoisoned;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use tokio::sync::oneshot;
@@ -142,7 +142,7 @@ impl EmbeddedServer {
     /// One change and one save for every request in `group`; each caller hears its own part.
     fn take_group(&self, group: Vec<Request>) {
         let restart_limit = self.config.restart_limit;
-        let now_unix_ms = crate::timestamp::unix_ms_now();
+        let now_unix_ms = crate::util::timestamp::unix_ms_now();
         let mut reporting_nodes = BTreeSet::new();
         let (replies, saved) = self.change(|state, index| {
             let mut joined = false;

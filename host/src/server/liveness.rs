@@ -8,7 +8,7 @@
 //! on a save. A server opened on saved state gives every node it knows one TTL from then.
 //! In cluster mode the scheduler learns liveness from etcd's leases instead and never asks.
 
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -93,11 +93,11 @@ impl Liveness {
 
 #[cfg(test)]
 mod tests {
-    use crate::jobspec::JobType;
+    use crate::model::jobspec::JobType;
+    use crate::model::structs::ClientStatus;
     use crate::rpc::ServerApi;
     use crate::server::testkit::spec;
     use crate::server::{EmbeddedServer, ServerConfig};
-    use crate::structs::ClientStatus;
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]

@@ -2,7 +2,7 @@
 //! updates taken, blocking queries open, and the watch lag (from a change to a node's allocs
 //! to its watch answering with it). Counting only; it decides nothing.
 
-use crate::histogram::Histogram;
+use crate::util::histogram::Histogram;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

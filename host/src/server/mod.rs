@@ -42,9 +42,9 @@ mod testkit;
 pub use placement::place;
 pub use records::{AllocRecord, JobRecord};
 
-use crate::jobspec::JobSpec;
-use crate::locks::LockUnpoisoned;
+use crate::model::jobspec::JobSpec;
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking, call_store};
+use crate::util::locks::LockUnpoisoned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -61,7 +61,7 @@ pub struct ServerConfig {
     /// default 4h).
     pub job_gc_threshold: Duration,
     /// The `attempts` of a service job without a `[job.reschedule]` block: replacements of a
-    /// failed alloc within an hour, per chain (default 3; see [`crate::reschedule`]).
+    /// failed alloc within an hour, per chain (default 3; see [`crate::model::reschedule`]).
     pub restart_limit: u32,
     /// How long a node may go without a watch open before it is down (`node_ttl`, default
     /// 30s); see [`EmbeddedServer::down_silent_nodes`].
@@ -423,7 +423,7 @@ impl EmbeddedServer {
                     tracing::warn!(
                         node,
                         lost = lost.len(),
-                        node_ttl = %crate::units::format_duration(ttl),
+                        node_ttl = %crate::util::units::format_duration(ttl),
                         "node silent for longer than node_ttl: down, its allocs lost"
                     );
                     downed.push(node.clone());

@@ -131,11 +131,11 @@ impl NodeAllocIndex {
 
 #[cfg(test)]
 mod tests {
-    use crate::jobspec::JobType;
+    use crate::model::jobspec::JobType;
+    use crate::model::structs::{AllocState, ClientStatus};
     use crate::rpc::{AllocUpdate, ServerApi};
     use crate::server::testkit::spec;
     use crate::server::{EmbeddedServer, ServerConfig};
-    use crate::structs::{AllocState, ClientStatus};
     use std::time::Duration;
     use tokio::time::Instant;
 

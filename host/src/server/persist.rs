@@ -238,7 +238,7 @@ mod tests {
         server
             .register_job(crate::server::testkit::spec(
                 "web",
-                crate::jobspec::JobType::Service,
+                crate::model::jobspec::JobType::Service,
                 1,
             ))
             .unwrap();

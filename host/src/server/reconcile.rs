@@ -33,9 +33,9 @@
 
 use super::placement::{node_load, place};
 use super::records::{AllocRecord, JobRecord};
-use crate::jobspec::{JobSpec, JobType};
-use crate::reschedule::{Decision, ReschedulePolicy};
-use crate::structs::{ClientStatus, DesiredStatus, Reschedule, Task};
+use crate::model::jobspec::{JobSpec, JobType};
+use crate::model::reschedule::{Decision, ReschedulePolicy};
+use crate::model::structs::{ClientStatus, DesiredStatus, Reschedule, Task};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What to do to a job's allocs. Applied in field order: stops, then replacements, then

@@ -10,8 +10,8 @@
 //!   an [`Instant`] of the same age, since an `Instant` means nothing to the next process
 //!   and the job GC threshold must keep counting across a restart.
 
-use crate::jobspec::JobSpec;
-use crate::structs::{Alloc, AllocState, DesiredStatus};
+use crate::model::jobspec::JobSpec;
+use crate::model::structs::{Alloc, AllocState, DesiredStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -107,7 +107,7 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 
 impl SavedAllocRecord {
     pub(super) fn from_record(record: &AllocRecord) -> Self {
-        let (now, unix_now) = (Instant::now(), crate::timestamp::unix_ms_now());
+        let (now, unix_now) = (Instant::now(), crate::util::timestamp::unix_ms_now());
         SavedAllocRecord {
             alloc: Alloc::clone(&record.alloc),
             node_id: record.node_id.clone(),
@@ -122,7 +122,7 @@ impl SavedAllocRecord {
     }
 
     pub(super) fn into_record(self) -> AllocRecord {
-        let (now, unix_now) = (Instant::now(), crate::timestamp::unix_ms_now());
+        let (now, unix_now) = (Instant::now(), crate::util::timestamp::unix_ms_now());
         AllocRecord {
             alloc: Arc::new(self.alloc),
             node_id: self.node_id,

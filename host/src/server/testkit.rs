@@ -2,9 +2,9 @@
 //! Test-only; production code must not use it.
 
 use super::records::{AllocRecord, JobRecord};
-use crate::capabilities::Capabilities;
-use crate::jobspec::{JobSpec, JobType};
-use crate::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Task};
+use crate::model::capabilities::Capabilities;
+use crate::model::jobspec::{JobSpec, JobType};
+use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, LimitOverrides, Task};
 use std::sync::Arc;
 use tokio::time::Instant;
 

@@ -1,9 +1,9 @@
 //! The embedded server's unit tests: registration, replacement, stop, GC, purge.
 
 use super::*;
-use crate::jobspec::JobType;
+use crate::model::jobspec::JobType;
+use crate::model::structs::{AllocState, ClientStatus, DesiredStatus};
 use crate::rpc::{AllocUpdate, ServerApi};
-use crate::structs::{AllocState, ClientStatus, DesiredStatus};
 use testkit::spec;
 
 fn wanted(server: &EmbeddedServer, job: &str) -> usize {
@@ -100,7 +100,7 @@ async fn a_changed_runner_upgrades_every_alloc_in_place_and_other_changes_replac
     let changed = server
         .register_job(JobSpec {
             runner: "other.wasm".into(),
-            tasks: vec![crate::structs::Task {
+            tasks: vec![crate::model::structs::Task {
                 name: "main".into(),
                 config: vec![("run_for".into(), "1s".into())],
             }],

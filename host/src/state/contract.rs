@@ -2,7 +2,7 @@
 //! store through the trait alone, so an implementation cannot pass by its internals.
 
 use super::*;
-use crate::structs::ClientStatus;
+use crate::model::structs::ClientStatus;
 
 fn alloc(id: &str) -> Arc<Alloc> {
     Arc::new(Alloc::new(id, "job", "r.wasm", vec![]))

@@ -2,7 +2,7 @@
 //! its own map.
 
 use super::{RowValue, SavedAlloc, ServerTable, StateDb, StateError, Table, Write};
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 

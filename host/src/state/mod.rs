@@ -15,7 +15,7 @@
 //! written) and rows are read back by a third (`assemble_client_allocs`), so the stores
 //! cannot drift apart in what they keep.
 //!
-//! This module knows the plain data in [`crate::structs`] and nothing of the client, the server
+//! This module knows the plain data in [`crate::model::structs`] and nothing of the client, the server
 //! or wasmtime; it may touch only its own file. The server's records are opaque bytes here;
 //! the server encodes them.
 
@@ -29,7 +29,7 @@ pub use faulty::FaultyStateDb;
 pub use memory::MemoryStateDb;
 pub use redb_db::{RedbStateDb, STATE_FILE};
 
-use crate::structs::{Alloc, AllocState};
+use crate::model::structs::{Alloc, AllocState};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

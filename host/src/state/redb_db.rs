@@ -380,7 +380,7 @@ impl StateDb for RedbStateDb {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::AllocState;
+    use crate::model::structs::AllocState;
 
     fn state_write(id: &str) -> Write {
         Write::PutAllocState {

@@ -5,11 +5,11 @@
 //! Why not that formatter: every guest record passes here, on the guest's thread, and that
 //! one re-parses the span's fields from JSON for each event, goes through serde for each
 //! string and formats the clock from scratch; this writes the span's stored JSON as it is,
-//! escapes in place and formats the date once a second ([`crate::timestamp`]). It only formats: escaping of what
+//! escapes in place and formats the date once a second ([`crate::util::timestamp`]). It only formats: escaping of what
 //! JSON leaves raw (DEL, C1, bidirectional controls) is the writer's, and filtering is the
 //! subscriber's.
 
-use crate::timestamp::Fraction;
+use crate::util::timestamp::Fraction;
 use std::cell::RefCell;
 use std::fmt::{self, Write};
 use std::time::SystemTime;
@@ -79,7 +79,7 @@ where
     let normalized = event.normalized_metadata();
     let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
     line.push_str("{\"timestamp\":\"");
-    crate::timestamp::write_utc(line, SystemTime::now(), Fraction::Micros)?;
+    crate::util::timestamp::write_utc(line, SystemTime::now(), Fraction::Micros)?;
     line.push_str("\",\"level\":\"");
     line.push_str(meta.level().as_str());
     line.push_str("\",\"fields\":{");

@@ -17,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::{MakeVisitor, VisitFmt, VisitOutput};
 use tracing_subscriber::fmt::format::Writer;
 
-/// Text-log fields with control characters escaped (see [`crate::text::escape_controls`]):
+/// Text-log fields with control characters escaped (see [`crate::util::text::escape_controls`]):
 /// a guest's newline cannot start a line that looks like the host's, nor its ESC reach the
 /// operator's terminal, whichever field (message, context, description) carries it.
 fn escaped_text_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFields<'writer> {
@@ -98,13 +98,13 @@ impl Visit for EscapedTextVisitor<'_> {
 }
 
 /// A writer that passes text on with its control characters escaped, as
-/// [`crate::text::escape_controls`] escapes them. Escaping goes character by character, so
+/// [`crate::util::text::escape_controls`] escapes them. Escaping goes character by character, so
 /// escaping each piece a value is written in is the same as escaping the whole.
 struct ControlsEscaped<'a, W: fmt::Write>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for ControlsEscaped<'_, W> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
-        self.0.write_str(&crate::text::escape_controls(text))
+        self.0.write_str(&crate::util::text::escape_controls(text))
     }
 }
 

@@ -7,7 +7,7 @@
 //! a full pipe, rather than a line being lost. Only [`flush`] waits for stderr itself; the
 //! process calls it before it exits, so the last lines are written.
 
-use crate::locks::LockUnpoisoned;
+use crate::util::locks::LockUnpoisoned;
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ pub enum Escaping {
     /// Text lines: the formatter has escaped them already.
     None,
     /// JSON lines: DEL, C1 and bidirectional controls are written as `\uXXXX` (see
-    /// [`crate::text::escape_json_controls`]), which JSON's own escaping leaves raw.
+    /// [`crate::util::text::escape_json_controls`]), which JSON's own escaping leaves raw.
     JsonControls,
 }
 
@@ -179,7 +179,7 @@ fn write_batch(out: &mut impl Write, batch: &[u8], escaping: Escaping) -> std::i
         return out.flush();
     }
     match std::str::from_utf8(batch) {
-        Ok(text) => out.write_all(crate::text::escape_json_controls(text).as_bytes())?,
+        Ok(text) => out.write_all(crate::util::text::escape_json_controls(text).as_bytes())?,
         // The formatter writes text, so whole lines are UTF-8; if not, pass the bytes on.
         Err(_) => out.write_all(batch)?,
     }

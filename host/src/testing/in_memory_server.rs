@@ -2,9 +2,9 @@
 //! directly: allocs placed by hand, client states recorded, failures injectable. It touches
 //! nothing but its own state.
 
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::{Alloc, AllocState};
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
-use crate::structs::{Alloc, AllocState};
+use crate::util::locks::LockUnpoisoned;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

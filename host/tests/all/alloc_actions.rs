@@ -12,8 +12,8 @@ use caravan_host::allocrunner::{
 };
 use caravan_host::client::gc::StatvfsStats;
 use caravan_host::client::{Client, ClientConfig};
+use caravan_host::model::structs::{Alloc, ClientStatus, Limits};
 use caravan_host::runtime::MAX_QUEUED_TASK_ACTIONS;
-use caravan_host::structs::{Alloc, ClientStatus, Limits};
 use caravan_host::testing::InMemoryServer;
 use caravan_test_artifacts::{FIXTURE_SPIN_LOOP, SLEEPER};
 use serde_json::Value;

@@ -7,9 +7,9 @@
 use crate::support::*;
 use caravan_host::agent::Agent;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::capabilities::{Capabilities, CapabilityPolicy, VolumeMount};
+use caravan_host::model::capabilities::{Capabilities, CapabilityPolicy, VolumeMount};
+use caravan_host::model::structs::{Alloc, ClientStatus, LimitCaps, LimitOverrides};
 use caravan_host::runtime::WasmAllocRunnerFactory;
-use caravan_host::structs::{Alloc, ClientStatus, LimitCaps, LimitOverrides};
 use caravan_test_artifacts::FIXTURE_HOSTILE;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

@@ -3,9 +3,9 @@
 //! without signals.
 
 use crate::support::{LogCapture, eventually, run_caravan, stderr_lines, wait_for_line, within};
+use caravan_host::model::structs::ClientStatus;
 use caravan_host::run::{RunOptions, run};
 use caravan_host::shutdown::{Shutdown, Stage};
-use caravan_host::structs::ClientStatus;
 use caravan_test_artifacts::{FIXTURE_WRONG_WORLD, MINIMAL, SLEEPER, STATEFUL};
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};

@@ -170,8 +170,8 @@ async fn unreachable_endpoints_are_named_in_one_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states() {
     use caravan_host::cluster::{EtcdServerApi, alloc_key, status_key};
+    use caravan_host::model::structs::{AllocState, ClientStatus};
     use caravan_host::state::MemoryStateDb;
-    use caravan_host::structs::{AllocState, ClientStatus};
     use caravan_test_artifacts::MINIMAL;
     use std::sync::Arc;
 
@@ -184,7 +184,7 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
         crate::support::wasm_client(data_dir.path(), api.clone(), Arc::new(MemoryStateDb::new()));
     client.restore().await.unwrap();
     client.start();
-    let place = |alloc: &caravan_host::structs::Alloc| {
+    let place = |alloc: &caravan_host::model::structs::Alloc| {
         let store = store.clone();
         let (key, value) = (
             alloc_key("node-1", &alloc.id),

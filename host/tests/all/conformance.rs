@@ -6,8 +6,8 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
+use caravan_host::model::structs::{Alloc, AllocState, ClientStatus, Task};
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
-use caravan_host::structs::{Alloc, AllocState, ClientStatus, Task};
 use caravan_test_artifacts::{
     BATCH, OTHER_LANGUAGES, SLEEPER, TEST_CACHE_DIR, other_language_runner,
 };

@@ -3,11 +3,11 @@
 //! client; a crashing service alloc is replaced after growing delays, then no more.
 
 use crate::support::*;
-use caravan_host::jobspec::{JobSpec, JobType};
-use caravan_host::reschedule::ReschedulePolicy;
+use caravan_host::model::jobspec::{JobSpec, JobType};
+use caravan_host::model::reschedule::ReschedulePolicy;
+use caravan_host::model::structs::{ClientStatus, LimitOverrides, Task};
 use caravan_host::server::{EmbeddedServer, ServerConfig};
 use caravan_host::state::{RedbStateDb, ServerTable, StateDb};
-use caravan_host::structs::{ClientStatus, LimitOverrides, Task};
 use caravan_test_artifacts::SLEEPER;
 use std::sync::Arc;
 use std::time::Duration;

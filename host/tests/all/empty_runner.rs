@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::{AllocRunner, AllocRunnerConfig, EmptyAllocRunner, alloc_span};
-use caravan_host::structs::{Alloc, ClientStatus, DesiredStatus, Limits};
+use caravan_host::model::structs::{Alloc, ClientStatus, DesiredStatus, Limits};
 use std::sync::Arc;
 
 fn empty_runner() -> (EmptyAllocRunner, Arc<Recorder>, Arc<Alloc>) {

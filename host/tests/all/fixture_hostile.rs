@@ -3,7 +3,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::structs::{Alloc, ClientStatus, LimitOverrides};
+use caravan_host::model::structs::{Alloc, ClientStatus, LimitOverrides};
 use caravan_test_artifacts::FIXTURE_HOSTILE;
 use std::time::{Duration, Instant};
 
@@ -311,7 +311,7 @@ fn the_json_log_keeps_a_forging_guest_lossless_and_inert() {
 
 #[test]
 fn caravan_run_leaves_no_temporary_tree_behind_however_deep() {
-    let tmp = caravan_host::fs_tree::TempTree::new("caravan-test-").unwrap();
+    let tmp = caravan_host::util::fs_tree::TempTree::new("caravan-test-").unwrap();
     let output = crate::support::caravan_command()
         .args([
             "run",

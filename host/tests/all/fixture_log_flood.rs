@@ -1,7 +1,7 @@
 //! A guest that floods the log: the excess is dropped and counted, long lines are cut.
 
 use crate::support::*;
-use caravan_host::structs::{ClientStatus, Limits};
+use caravan_host::model::structs::{ClientStatus, Limits};
 use caravan_test_artifacts::FIXTURE_LOG_FLOOD;
 
 #[tokio::test(start_paused = true)]

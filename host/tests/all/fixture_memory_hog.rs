@@ -1,7 +1,7 @@
 //! A guest that allocates without end fails with the memory limit named.
 
 use crate::support::*;
-use caravan_host::structs::ClientStatus;
+use caravan_host::model::structs::ClientStatus;
 use caravan_test_artifacts::FIXTURE_MEMORY_HOG;
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::structs::ClientStatus;
+use caravan_host::model::structs::ClientStatus;
 use caravan_test_artifacts::{FIXTURE_SPIN_LOOP, MINIMAL};
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! and its task ends dead and failed.
 
 use crate::support::*;
-use caravan_host::structs::{ClientStatus, TaskLifecycle};
+use caravan_host::model::structs::{ClientStatus, TaskLifecycle};
 use caravan_test_artifacts::FIXTURE_TRAP;
 
 #[tokio::test]

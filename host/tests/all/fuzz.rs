@@ -9,11 +9,11 @@
 //! `target/fuzz-failures/` and named in the failure. Figures are in `docs/security.md`.
 
 use crate::support::*;
-use caravan_host::jobspec;
+use caravan_host::model::jobspec;
+use caravan_host::model::structs::{Alloc, AllocState, ClientStatus};
 use caravan_host::rpc::ServerApi;
 use caravan_host::server::{EmbeddedServer, ServerConfig};
 use caravan_host::state::{MemoryStateDb, ServerTable, StateDb, Write};
-use caravan_host::structs::{Alloc, AllocState, ClientStatus};
 use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::{AllocRunner, UpgradeOutcome, UpgradeReport};
-use caravan_host::structs::{Alloc, ClientStatus};
+use caravan_host::model::structs::{Alloc, ClientStatus};
 use caravan_test_artifacts::{FIXTURE_TRAP, SLEEPER, STATEFUL};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -2,8 +2,8 @@
 //! and a component is compiled once however many allocs use it.
 
 use crate::support::*;
+use caravan_host::model::structs::ClientStatus;
 use caravan_host::runtime::{Origin, Pooling, Runtime, RuntimeConfig};
-use caravan_host::structs::ClientStatus;
 use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use std::path::Path;
 use std::sync::Arc;

@@ -31,6 +31,7 @@ mod live_upgrade;
 mod loading;
 mod many_memories;
 mod minimal;
+mod module_map;
 mod nodesim;
 mod other_languages;
 mod restart_in_place;

@@ -8,7 +8,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::structs::ClientStatus;
+use caravan_host::model::structs::ClientStatus;
 use caravan_test_artifacts::MINIMAL;
 
 /// `minimal` plus `extra` core instances, each with one memory of `pages` 64 KiB pages.

@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::structs::{Alloc, ClientStatus, DesiredStatus};
+use caravan_host::model::structs::{Alloc, ClientStatus, DesiredStatus};
 use caravan_test_artifacts::MINIMAL;
 use std::sync::Arc;
 

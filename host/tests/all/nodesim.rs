@@ -409,7 +409,7 @@ fn nodesim_refuses_bad_flags_with_one_line() {
 fn the_nodesim_examples_are_a_valid_job_and_agent_config() {
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let job = std::fs::read_to_string(examples.join("sim.toml")).unwrap();
-    let job = caravan_host::jobspec::parse_toml(&job).unwrap();
+    let job = caravan_host::model::jobspec::parse_toml(&job).unwrap();
     assert!(job.runner.ends_with("sim.wasm"), "{}", job.runner);
     let agent = std::fs::read_to_string(examples.join("scheduler-only.toml")).unwrap();
     let mut config = caravan_host::agent::config::AgentConfig::default();

@@ -4,9 +4,9 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::reschedule::DelayFunction;
-use caravan_host::restart::{RestartMode, RestartPolicy};
-use caravan_host::structs::{AllocState, ClientStatus, TaskLifecycle};
+use caravan_host::model::reschedule::DelayFunction;
+use caravan_host::model::restart::{RestartMode, RestartPolicy};
+use caravan_host::model::structs::{AllocState, ClientStatus, TaskLifecycle};
 use caravan_test_artifacts::{SLEEPER, STATEFUL};
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ fn restarting(state: &AllocState) -> bool {
 #[tokio::test(start_paused = true)]
 async fn a_crashing_runner_is_restarted_after_its_delay_until_its_attempts_are_used() {
     let logs = LogCapture::start();
-    let alloc = caravan_host::structs::Alloc {
+    let alloc = caravan_host::model::structs::Alloc {
         restart: Some(policy(2, 5)),
         ..alloc(SLEEPER, &["web"], &[("crash_after", "50ms")])
     };
@@ -97,7 +97,7 @@ async fn a_crashing_runner_is_restarted_after_its_delay_until_its_attempts_are_u
 #[tokio::test(start_paused = true)]
 async fn a_restarted_runner_resumes_from_its_last_checkpoint() {
     let logs = LogCapture::start();
-    let alloc = caravan_host::structs::Alloc {
+    let alloc = caravan_host::model::structs::Alloc {
         restart: Some(policy(1, 2)),
         ..alloc(
             STATEFUL,
@@ -130,7 +130,7 @@ async fn a_restarted_runner_resumes_from_its_last_checkpoint() {
 #[tokio::test(start_paused = true)]
 async fn a_kill_during_the_wait_stops_the_alloc_without_another_run() {
     let logs = LogCapture::start();
-    let alloc = caravan_host::structs::Alloc {
+    let alloc = caravan_host::model::structs::Alloc {
         restart: Some(policy(3, 30)),
         ..alloc(SLEEPER, &["web"], &[("crash_after", "50ms")])
     };
@@ -180,7 +180,7 @@ async fn without_a_policy_a_crash_fails_the_alloc_at_once() {
 #[tokio::test]
 async fn a_spent_cpu_budget_is_final_whatever_the_policy() {
     let _logs = LogCapture::start();
-    let mut spinning = caravan_host::structs::Alloc {
+    let mut spinning = caravan_host::model::structs::Alloc {
         restart: Some(RestartPolicy {
             mode: RestartMode::Delay,
             ..policy(5, 1)

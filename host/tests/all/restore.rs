@@ -4,12 +4,12 @@
 
 use crate::support::*;
 use caravan_host::client::Client;
-use caravan_host::jobspec::{JobSpec, JobType};
+use caravan_host::model::jobspec::{JobSpec, JobType};
+use caravan_host::model::structs::AllocState;
+use caravan_host::model::structs::{ClientStatus, LimitOverrides, Task};
 use caravan_host::rpc::{AllocUpdate, ServerApi};
 use caravan_host::server::{EmbeddedServer, ServerConfig};
 use caravan_host::state::{MemoryStateDb, StateDb, Write};
-use caravan_host::structs::AllocState;
-use caravan_host::structs::{ClientStatus, LimitOverrides, Task};
 use caravan_host::testing::FaultyStateDb;
 use caravan_test_artifacts::{SLEEPER, STATEFUL};
 use serde_json::Value;

@@ -4,7 +4,7 @@
 
 use crate::support::*;
 use caravan_host::check::{CheckOptions, CheckResult, check};
-use caravan_host::structs::Task;
+use caravan_host::model::structs::Task;
 use caravan_test_artifacts::{
     FIXTURE_SPIN_LOOP, FIXTURE_TRAP, FIXTURE_WRONG_WORLD, MINIMAL, SLEEPER, STATEFUL,
 };

@@ -3,7 +3,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::structs::{Alloc, AllocState, ClientStatus};
+use caravan_host::model::structs::{Alloc, AllocState, ClientStatus};
 use caravan_test_artifacts::SIM;
 use std::time::Duration;
 

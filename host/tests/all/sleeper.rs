@@ -1,10 +1,10 @@
 //! The sleeper runner: task lifecycles, events, kill, and log routing into the agent's logger.
 
 use crate::support::*;
-use caravan_host::structs::{ClientStatus, TaskLifecycle};
+use caravan_host::model::structs::{ClientStatus, TaskLifecycle};
 use caravan_test_artifacts::SLEEPER;
 
-fn event_kinds(state: &caravan_host::structs::AllocState, task: usize) -> Vec<String> {
+fn event_kinds(state: &caravan_host::model::structs::AllocState, task: usize) -> Vec<String> {
     state.task_states[task]
         .events
         .iter()

@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use caravan_host::allocrunner::AllocRunner;
-use caravan_host::structs::ClientStatus;
+use caravan_host::model::structs::ClientStatus;
 use caravan_test_artifacts::STATEFUL;
 use std::time::Duration;
 

@@ -17,7 +17,7 @@
 //! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
 //!
 //! [client.limits]                 # every alloc's limits unless its job sets them: the keys
-//! memory = "64MiB"                # of [job.limits] (crate::limits has them all)
+//! memory = "64MiB"                # of [job.limits] (crate::model::limits has them all)
 //! cpu = "60s"
 //! kill_timeout = "5s"
 //! disk = "1GiB"                   # what an alloc directory may hold
@@ -52,11 +52,11 @@
 //! file's value, and the file's value wins over the default. This module only turns text into
 //! an [`AgentConfig`]; it starts nothing and knows nothing of clap.
 
-use crate::capabilities::{CapabilityError, CapabilityPolicy};
 use crate::client::gc::GcConfig;
-use crate::limits::{LimitCaps, LimitError, LimitOverrides, Limits, RawLimits};
+use crate::model::capabilities::{CapabilityError, CapabilityPolicy};
+use crate::model::limits::{LimitCaps, LimitError, LimitOverrides, Limits, RawLimits};
 use crate::server::ServerConfig;
-use crate::units::{UnitError, parse_duration};
+use crate::util::units::{UnitError, parse_duration};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use std::collections::BTreeMap;

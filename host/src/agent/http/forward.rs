@@ -207,7 +207,7 @@ async fn proxy(forwarding: &Forwarding, request: Request, api: &str) -> Response
         Err(_) => {
             return unavailable(format!(
                 "the agent address {:?} is not usable",
-                crate::text::cut(api, 64)
+                crate::util::text::cut(api, 64)
             ))
             .into_response();
         }

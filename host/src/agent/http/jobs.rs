@@ -13,9 +13,9 @@
 use super::body::{JsonBody, RequestBody};
 use super::views::{alloc_view, job_view};
 use super::{AllocView, ApiError, ApiResult, ApiState, JobView, TimedJson, flag};
-use crate::jobspec::{self, JobSpec};
+use crate::model::jobspec::{self, JobSpec};
 use crate::server::reconcile::JobChange;
-use crate::timestamp::unix_ms_now;
+use crate::util::timestamp::unix_ms_now;
 use axum::Json;
 use axum::extract::Query;
 use axum::extract::{Path, State};

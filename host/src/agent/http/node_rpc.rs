@@ -13,9 +13,9 @@
 use super::body::{RequestBody, decode};
 use super::{ApiError, ApiResult, ApiState};
 use crate::agent::LOCAL_NODE;
+use crate::model::structs::Alloc;
 use crate::rpc::http::{FetchRequest, MAX_ITEMS_PER_CALL, MAX_WAIT, UpdateRequest, UpdateResponse};
 use crate::rpc::{ServerApi, ServerError};
-use crate::structs::Alloc;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -53,7 +53,7 @@ pub async fn watch_allocs(
     };
     let wait = match query.get("wait") {
         None => Duration::ZERO,
-        Some(text) => crate::units::parse_duration(text)
+        Some(text) => crate::util::units::parse_duration(text)
             .map_err(|e| ApiError::bad_request("wait", format!("wait: {e}")))?,
     };
     let answer = server

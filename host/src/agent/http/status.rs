@@ -2,7 +2,7 @@
 //! forwarded: who leads, its health, etcd's space (cluster mode), and its metrics.
 
 use super::{ApiResult, ApiState};
-use crate::histogram::write_instantiation_latency;
+use crate::util::histogram::write_instantiation_latency;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};

@@ -2,11 +2,11 @@
 //! [`TimedJson`], which gives every time in an answer an RFC 3339 twin.
 
 use crate::allocrunner::{UpgradeOutcome, UpgradeReport};
-use crate::jobspec::JobType;
+use crate::model::jobspec::JobType;
+use crate::model::structs::{ClientStatus, DesiredStatus, Reschedule, TaskState};
 use crate::server::reconcile;
 use crate::server::{AllocRecord, JobRecord};
-use crate::structs::{ClientStatus, DesiredStatus, Reschedule, TaskState};
-use crate::units::format_duration;
+use crate::util::units::format_duration;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -199,7 +199,7 @@ fn restarts_line(
             && state.client_status == ClientStatus::Pending
             && state
                 .description
-                .starts_with(crate::restart::RESTARTING_DESCRIPTION_PREFIX))
+                .starts_with(crate::model::restart::RESTARTING_DESCRIPTION_PREFIX))
         .then(|| {
             let short: String = a.alloc.id.chars().take(8).collect();
             format!("alloc {short} {}", state.description)
@@ -277,7 +277,7 @@ impl<T: Serialize> axum::response::IntoResponse for TimedJson<T> {
 }
 
 fn add_rfc3339_twins(value: &mut serde_json::Value) {
-    use crate::timestamp::rfc3339_from_unix_ms;
+    use crate::util::timestamp::rfc3339_from_unix_ms;
     use serde_json::Value;
     match value {
         Value::Array(items) => items.iter_mut().for_each(add_rfc3339_twins),

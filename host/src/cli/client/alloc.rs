@@ -169,7 +169,10 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         ) {
             let cpu = std::time::Duration::from_micros(cpu_us);
             rows.push(("CPU Used", format!("{cpu:.1?}")));
-            rows.push(("Memory Peak", crate::units::format_bytes_approx(memory)));
+            rows.push((
+                "Memory Peak",
+                crate::util::units::format_bytes_approx(memory),
+            ));
         }
         let upgrade = &local["upgrade"];
         if upgrade.is_object() {
@@ -185,7 +188,7 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         let lines: Vec<&str> = log.lines().collect();
         println!("\nRecent Log Lines:");
         for line in &lines[lines.len().saturating_sub(RECENT_LOG_LINES)..] {
-            println!("{}", crate::text::escape_controls(line));
+            println!("{}", crate::util::text::escape_controls(line));
         }
     }
     for task in alloc["task_states"].as_array().into_iter().flatten() {
@@ -371,7 +374,7 @@ fn print_file(bytes: &[u8]) -> anyhow::Result<()> {
             write!(
                 stdout,
                 "{}",
-                crate::text::escape_controls(body.unwrap_or(line))
+                crate::util::text::escape_controls(body.unwrap_or(line))
             )?;
             if body.is_some() {
                 writeln!(stdout)?;
@@ -416,7 +419,7 @@ fn upgrade_line(upgrade: &serde_json::Value) -> String {
         local_time(&upgrade["asked_unix_ms"])
     );
     if let Some(reason) = upgrade["reason"].as_str() {
-        line.push_str(&format!(": {}", crate::text::escape_controls(reason)));
+        line.push_str(&format!(": {}", crate::util::text::escape_controls(reason)));
     }
     line
 }
@@ -427,6 +430,6 @@ fn local_time(unix_ms: &serde_json::Value) -> String {
     };
     let mut text = String::new();
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    let _ = crate::timestamp::write_local(&mut text, at);
+    let _ = crate::util::timestamp::write_local(&mut text, at);
     text
 }

@@ -2,7 +2,7 @@
 
 use super::Remote;
 use super::table::{print_allocs, print_jobs, short, text};
-use crate::jobspec;
+use crate::model::jobspec;
 use anyhow::{Context, bail};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -97,7 +97,7 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
     } else {
         print_jobs(&Value::Array(vec![job.clone()]));
         if let Some(restarts) = job["restarts"].as_str() {
-            println!("Restarts: {}", crate::text::escape_controls(restarts));
+            println!("Restarts: {}", crate::util::text::escape_controls(restarts));
         }
         println!();
         print_allocs(&allocs);
@@ -214,7 +214,7 @@ async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
             .as_object()
             .into_iter()
             .flatten()
-            .map(|(node, n)| format!("{n} on {}", crate::text::escape_controls(node)))
+            .map(|(node, n)| format!("{n} on {}", crate::util::text::escape_controls(node)))
             .collect();
         if !nodes.is_empty() {
             println!(

@@ -123,7 +123,10 @@ impl Remote {
     /// Prints `value` as JSON with `--json`, else through `human`.
     pub fn print(&self, value: &Value, human: impl FnOnce(&Value)) {
         if self.json {
-            println!("{}", crate::text::escape_json_controls(&value.to_string()));
+            println!(
+                "{}",
+                crate::util::text::escape_json_controls(&value.to_string())
+            );
         } else {
             human(value);
         }

@@ -60,8 +60,9 @@ fn etcd_line(etcd: &serde_json::Value) -> Option<String> {
     let space = &etcd["space"];
     Some(match etcd["probe"].as_str() {
         Some("answered") => {
-            let size =
-                |field: &str| crate::units::format_bytes_approx(space[field].as_u64().unwrap_or(0));
+            let size = |field: &str| {
+                crate::util::units::format_bytes_approx(space[field].as_u64().unwrap_or(0))
+            };
             let health = match etcd["problem"].as_str() {
                 Some(problem) => format!("ALARM: {problem}"),
                 None => "no alarms".to_string(),

@@ -11,7 +11,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
         .iter()
         .map(|row| {
             row.iter()
-                .map(|cell| crate::text::escape_controls(cell).into_owned())
+                .map(|cell| crate::util::text::escape_controls(cell).into_owned())
                 .collect()
         })
         .collect();
@@ -39,7 +39,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 /// line of inert text whatever a runner reported), `null` as `-`.
 pub fn text(value: &Value) -> String {
     match value {
-        Value::String(s) => crate::text::escape_controls(s).into_owned(),
+        Value::String(s) => crate::util::text::escape_controls(s).into_owned(),
         Value::Null => "-".into(),
         other => other.to_string(),
     }

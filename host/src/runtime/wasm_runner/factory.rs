@@ -3,9 +3,9 @@
 
 use super::{Admission, WasmAllocRunner};
 use crate::allocrunner::{AllocRunner, AllocRunnerConfig, AllocRunnerFactory};
-use crate::capabilities::CapabilityPolicy;
+use crate::model::capabilities::CapabilityPolicy;
+use crate::model::structs::LimitCaps;
 use crate::runtime::Runtime;
-use crate::structs::LimitCaps;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -6,13 +6,13 @@ use super::Shared;
 use super::restarts::Checkpoint;
 use super::upgrade::Build;
 use crate::allocrunner::Latch;
+use crate::model::structs::Alloc;
 use crate::runtime::bindings;
 use crate::runtime::disk_ledger::{DiskLedger, DiskQuota, QuotaExceeded};
 use crate::runtime::event_queue::EventReceiver;
 use crate::runtime::outcome::{RunOutcome, describe_failure};
 use crate::runtime::{LoadedComponent, StoreData};
-use crate::structs::Alloc;
-use crate::units::format_duration;
+use crate::util::units::format_duration;
 use std::sync::Arc;
 use wasmtime::Store;
 

@@ -1,5 +1,5 @@
 //! The alloc's runs: the loop that starts the runner again after a crash its restart policy
-//! allows (see [`crate::restart`]) or for an upgrade in place (see `upgrade`), the tracker,
+//! allows (see [`crate::model::restart`]) or for an upgrade in place (see `upgrade`), the tracker,
 //! and the last checkpoint the next run starts from (a copy of what the client kept, in
 //! memory: at most the alloc's `checkpoint_size`).
 //!
@@ -10,12 +10,12 @@
 use super::Shared;
 use super::upgrade::{Build, Upgrading};
 use crate::allocrunner::{CheckpointSaved, StateUpdater};
-use crate::locks::LockUnpoisoned;
-use crate::restart::{RestartDecision, RestartPolicy, RestartTracker};
+use crate::model::restart::{RestartDecision, RestartPolicy, RestartTracker};
+use crate::model::structs::AllocState;
 use crate::runtime::event_queue::EventReceiver;
 use crate::runtime::outcome::RunOutcome;
-use crate::structs::AllocState;
-use crate::units::format_duration;
+use crate::util::locks::LockUnpoisoned;
+use crate::util::units::format_duration;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -204,7 +204,7 @@ impl Shared {
                 delay,
                 attempt,
                 &limit,
-                crate::timestamp::unix_ms_now(),
+                crate::util::timestamp::unix_ms_now(),
             );
             tracing::warn!(
                 parent: &self.config.span,

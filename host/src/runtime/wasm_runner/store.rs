@@ -3,6 +3,7 @@
 
 use super::Shared;
 use crate::allocrunner::Latch;
+use crate::model::structs::Alloc;
 use crate::runtime::alloc_dir::create_alloc_dir;
 use crate::runtime::cpu_meter::CpuMeter;
 use crate::runtime::disk_ledger::DiskLedger;
@@ -12,7 +13,6 @@ use crate::runtime::logging::{GuestLogSink, GuestLogging, LogLimits};
 use crate::runtime::store_limits::MemoryLimiter;
 use crate::runtime::wasi_ctx::{Directories, sandbox_wasi};
 use crate::runtime::{LoadedComponent, StoreData};
-use crate::structs::Alloc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use wasmtime::Store;
@@ -90,7 +90,7 @@ impl Shared {
             disk,
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
-        store.set_hostcall_fuel(crate::limits::as_len(self.limits.hostcall_bytes));
+        store.set_hostcall_fuel(crate::model::limits::as_len(self.limits.hostcall_bytes));
         store.set_max_component_handles(self.limits.open_files as usize);
         store.limiter(|data| &mut data.memory);
         store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());

@@ -15,10 +15,10 @@
 use super::Shared;
 use super::restarts::Checkpoint;
 use crate::allocrunner::{Latch, LatchTrigger, UpgradeOutcome, UpgradeReport, short_hash};
-use crate::locks::LockUnpoisoned;
+use crate::model::structs::Alloc;
 use crate::runtime::LoadedComponent;
 use crate::runtime::lifecycle::Phase;
-use crate::structs::Alloc;
+use crate::util::locks::LockUnpoisoned;
 use std::sync::{Arc, Mutex};
 
 /// What runs the alloc: a component, and the version of the alloc its `run` is given.
@@ -203,7 +203,7 @@ impl Shared {
                 from_sha256: self.upgrades.current().component.hash.clone(),
                 to,
                 outcome: UpgradeOutcome::InProgress,
-                asked_unix_ms: crate::timestamp::unix_ms_now(),
+                asked_unix_ms: crate::util::timestamp::unix_ms_now(),
             },
             version,
         );
@@ -346,7 +346,7 @@ impl Shared {
             self.state.get(),
             kind,
             message,
-            crate::timestamp::unix_ms_now(),
+            crate::util::timestamp::unix_ms_now(),
         );
         self.state.restart(noted);
     }

@@ -1,9 +1,9 @@
 use super::super::{EmbeddedServer, ServerConfig};
-use crate::jobspec::JobType;
+use crate::model::jobspec::JobType;
+use crate::model::structs::{AllocState, ClientStatus};
 use crate::rpc::{AllocUpdate, ServerApi, ServerError};
 use crate::server::testkit::spec;
 use crate::state::{MemoryStateDb, SavedAlloc, ServerTable, StateDb, StateError, Write};
-use crate::structs::{AllocState, ClientStatus};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 

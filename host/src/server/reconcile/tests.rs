@@ -1,9 +1,9 @@
 //! Reconciliation's unit tests: plans from plain records, no store, lock or clock.
 
 use super::*;
-use crate::jobspec::UpdatePolicy;
+use crate::model::jobspec::UpdatePolicy;
+use crate::model::structs::Alloc;
 use crate::server::testkit::{alloc_on, failed, job, spec, stopping, terminal};
-use crate::structs::Alloc;
 use std::sync::Arc;
 
 fn ids(allocs: &[AllocRecord], sequences: &[u64]) -> Vec<String> {
@@ -176,7 +176,7 @@ fn carry_checkpoint_lets_a_config_or_meta_change_go_in_place_but_not_a_new_task(
         "which tasks there are is fixed"
     );
     let new_limits = JobSpec {
-        limits: crate::structs::LimitOverrides {
+        limits: crate::model::structs::LimitOverrides {
             wall_time: Some(std::time::Duration::from_secs(60)),
             ..Default::default()
         },
@@ -194,7 +194,7 @@ fn a_change_of_policies_alone_changes_no_alloc() {
         update: UpdatePolicy {
             carry_checkpoint: true,
         },
-        reschedule: crate::reschedule::ReschedulePolicy::default_for(true, 3),
+        reschedule: crate::model::reschedule::ReschedulePolicy::default_for(true, 3),
         ..spec("web", JobType::Service, 1)
     };
     let plan = reconcile_job(Some(&current), &policies_only, &one_node(), &allocs);

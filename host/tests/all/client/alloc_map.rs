@@ -3,9 +3,9 @@
 
 use super::*;
 use caravan_host::allocrunner::AllocRunnerConfig;
+use caravan_host::model::structs::DesiredStatus;
 use caravan_host::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use caravan_host::runtime::WasmAllocRunnerFactory;
-use caravan_host::structs::DesiredStatus;
 use std::time::Duration;
 
 #[tokio::test(start_paused = true)]

@@ -5,7 +5,7 @@ use super::*;
 use caravan_host::allocrunner::{
     AllocRunnerConfig, Latch, LatchTrigger, NotRunningReason, StateUpdater, TaskActionError,
 };
-use caravan_host::structs::{AllocState, DesiredStatus};
+use caravan_host::model::structs::{AllocState, DesiredStatus};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::watch;
 

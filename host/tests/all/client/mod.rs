@@ -9,7 +9,7 @@ use crate::support::*;
 use caravan_host::allocrunner::{AllocRunner, AllocRunnerFactory, EmptyAllocRunner};
 use caravan_host::client::gc::{DiskStats, GcConfig, StatsSource};
 use caravan_host::client::{Client, ClientConfig};
-use caravan_host::structs::{Alloc, ClientStatus};
+use caravan_host::model::structs::{Alloc, ClientStatus};
 use caravan_host::testing::InMemoryServer;
 use std::sync::{Arc, Mutex};
 

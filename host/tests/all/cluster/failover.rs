@@ -330,7 +330,7 @@ async fn a_new_leader_completes_a_deploy_its_predecessor_left_undone() {
         "id": "web", "type": "service", "count": 3, "runner": SLEEPER,
     }})
     .to_string();
-    let spec = caravan_host::jobspec::parse_json(&body).unwrap();
+    let spec = caravan_host::model::jobspec::parse_json(&body).unwrap();
     let record = caravan_host::server::JobRecord {
         spec,
         version: 1,

@@ -6,8 +6,8 @@ use caravan_host::alloc_logs::AllocLogs;
 use caravan_host::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span, checkpoint_kept,
 };
+use caravan_host::model::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use caravan_host::runtime::{Runtime, WasmAllocRunner, WasmAllocRunnerFactory};
-use caravan_host::structs::{Alloc, AllocState, ClientStatus, Limits, Task};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
@@ -119,7 +119,7 @@ pub struct Started {
     pub recorder: Arc<Recorder>,
     pub alloc: Arc<Alloc>,
     /// Removed without recursion: a hostile runner may leave a tree deeper than any stack.
-    pub data_dir: caravan_host::fs_tree::TempTree,
+    pub data_dir: caravan_host::util::fs_tree::TempTree,
     /// The logs the runner's log writer belongs to.
     pub alloc_logs: AllocLogs,
 }
@@ -164,7 +164,7 @@ pub fn start_with(
     restored: Option<Vec<u8>>,
 ) -> Started {
     let recorder = Recorder::new();
-    let data_dir = caravan_host::fs_tree::TempTree::new("caravan-test-").unwrap();
+    let data_dir = caravan_host::util::fs_tree::TempTree::new("caravan-test-").unwrap();
     let alloc = Arc::new(alloc);
     let alloc_logs = AllocLogs::under_data_dir(data_dir.path());
     let config = AllocRunnerConfig {

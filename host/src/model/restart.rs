@@ -11,7 +11,7 @@
 //! A leaf: the policy as a job states it, and a tracker that decides one crash at a time. It
 //! reads no clock (callers pass the time) and knows nothing of runners.
 
-use crate::units::{format_duration, parse_duration};
+use crate::util::units::{format_duration, parse_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -27,7 +27,7 @@ pub struct RestartPolicy {
     /// The wait before a restart.
     pub delay: Duration,
     /// How the wait grows from one restart of a window to the next.
-    pub delay_function: crate::reschedule::DelayFunction,
+    pub delay_function: crate::model::reschedule::DelayFunction,
     /// The longest wait (with `exponential`).
     pub max_delay: Duration,
     /// What happens once `attempts` are used within `interval`.
@@ -52,7 +52,7 @@ pub const RESTARTING_DESCRIPTION_PREFIX: &str = "restarting in ";
 pub const MAX_ATTEMPTS: u32 = 64;
 
 /// The shortest `delay` a job may ask for: less would spin a crashing runner.
-pub use crate::reschedule::MIN_DELAY;
+pub use crate::model::reschedule::MIN_DELAY;
 
 /// The longest wait of an `exponential` policy that does not set `max_delay`.
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(300);
@@ -65,7 +65,7 @@ impl RestartPolicy {
             attempts: 2,
             interval: Duration::from_secs(30 * 60),
             delay: Duration::from_secs(15),
-            delay_function: crate::reschedule::DelayFunction::Constant,
+            delay_function: crate::model::reschedule::DelayFunction::Constant,
             max_delay: Duration::from_secs(15),
             mode: RestartMode::Fail,
         }
@@ -185,7 +185,7 @@ pub(crate) struct RestartError {
 impl RawRestart {
     /// The policy this block states.
     pub(crate) fn parse(&self) -> Result<RestartPolicy, RestartError> {
-        use crate::reschedule::DelayFunction;
+        use crate::model::reschedule::DelayFunction;
         let base = RestartPolicy::block_default();
         let bad = |key: &'static str, message: String| RestartError { key, message };
         let duration = |key: &'static str, text: &Option<String>, default: Duration| match text {
@@ -236,7 +236,7 @@ impl RawRestart {
             )?,
             mode,
         };
-        crate::reschedule::check_delays(policy.delay, policy.max_delay)
+        crate::model::reschedule::check_delays(policy.delay, policy.max_delay)
             .map_err(|(key, message)| bad(key, message))?;
         if policy.interval < policy.delay {
             return Err(bad(
@@ -306,7 +306,7 @@ mod tests {
     fn exponential_waits_double_up_to_their_ceiling() {
         let mut tracker = RestartTracker::new(RestartPolicy {
             attempts: 4,
-            delay_function: crate::reschedule::DelayFunction::Exponential,
+            delay_function: crate::model::reschedule::DelayFunction::Exponential,
             max_delay: Duration::from_secs(30),
             ..policy(RestartMode::Fail)
         });

@@ -1,14 +1,14 @@
 //! The plain data the host passes around: allocs and their state (per-alloc limits live in
-//! [`crate::limits`] and are re-exported here).
+//! [`crate::model::limits`] and are re-exported here).
 //!
 //! These types know nothing of wasmtime, the client or storage, so every layer can use them.
 //! An [`Alloc`] is immutable once built and shared as `Arc<Alloc>`: an update replaces it whole.
 
-use crate::capabilities::Capabilities;
+use crate::model::capabilities::Capabilities;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-pub use crate::limits::{LimitCaps, LimitOverrides, Limits, OverCap};
+pub use crate::model::limits::{LimitCaps, LimitOverrides, Limits, OverCap};
 
 /// What the scheduler wants for an alloc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,13 +71,13 @@ pub struct Alloc {
     #[serde(default, skip_serializing_if = "Capabilities::is_empty")]
     pub capabilities: Capabilities,
     /// Set on an alloc made to replace a failed one: when it may start, and its place in
-    /// the chain of replacements (see [`crate::reschedule`]).
+    /// the chain of replacements (see [`crate::model::reschedule`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reschedule: Option<Reschedule>,
     /// How its runner is restarted in place after a crash; `None`: it is not (see
-    /// [`crate::restart`]).
+    /// [`crate::model::restart`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restart: Option<crate::restart::RestartPolicy>,
+    pub restart: Option<crate::model::restart::RestartPolicy>,
 }
 
 /// What an alloc made to replace a failed one carries (Nomad's reschedule tracker).

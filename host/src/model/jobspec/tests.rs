@@ -76,7 +76,7 @@ fn a_restart_block_parses_into_the_job_and_a_bad_key_is_named_under_it() {
         .unwrap();
     assert_eq!(
         (policy.attempts, policy.mode),
-        (3, crate::restart::RestartMode::Delay)
+        (3, crate::model::restart::RestartMode::Delay)
     );
     let refused = with_block("mode = \"never\"").unwrap_err();
     assert_eq!(refused.field, "job.restart.mode");

@@ -10,7 +10,7 @@
 //!
 //! This module is plain data: it enforces nothing (the runtime does) and reads no file.
 
-use crate::units::{format_bytes, format_duration, parse_bytes, parse_duration};
+use crate::util::units::{format_bytes, format_duration, parse_bytes, parse_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! A leaf: the policy as a job states it, and the arithmetic of one decision. It reads no
 //! clock (callers pass the time) and knows nothing of servers or runners.
 
-use crate::units::{format_duration, parse_duration};
+use crate::util::units::{format_duration, parse_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

@@ -12,21 +12,21 @@
 //! runner = "path/to/runner.wasm"
 //! ```
 //!
-//! Optional: `[job.limits]` (any key of [`LimitOverrides::KEYS`]: see [`crate::limits`]),
+//! Optional: `[job.limits]` (any key of [`LimitOverrides::KEYS`]: see [`crate::model::limits`]),
 //! `[[job.tasks]]` (`name`, `config` table), `[job.meta]` (string values),
-//! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::capabilities`]),
+//! `[job.capabilities]` (`network`, `volumes`, `env`: see [`crate::model::capabilities`]),
 //! `[job.reschedule]` (`attempts`, `interval`, `delay`, `delay_function`, `max_delay`,
-//! `unlimited`: see [`crate::reschedule`]), `[job.restart]` (`attempts`, `interval`, `delay`,
-//! `delay_function`, `max_delay`, `mode`: see [`crate::restart`]), `[job.update]`
+//! `unlimited`: see [`crate::model::reschedule`]), `[job.restart]` (`attempts`, `interval`, `delay`,
+//! `delay_function`, `max_delay`, `mode`: see [`crate::model::restart`]), `[job.update]`
 //! (`carry_checkpoint`: see [`UpdatePolicy`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
-use crate::capabilities::{self, Capabilities};
-use crate::limits::{LimitOverrides, RawLimits};
-use crate::reschedule::{RawReschedule, ReschedulePolicy};
-use crate::restart::{RawRestart, RestartPolicy};
-use crate::structs::Task;
+use crate::model::capabilities::{self, Capabilities};
+use crate::model::limits::{LimitOverrides, RawLimits};
+use crate::model::reschedule::{RawReschedule, ReschedulePolicy};
+use crate::model::restart::{RawRestart, RestartPolicy};
+use crate::model::structs::Task;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

@@ -1,0 +1,19 @@
+//! Leaf utilities any room may use: each knows nothing of jobs, runners, clients or servers,
+//! and none uses another room of the crate.
+//!
+//! # Layout
+//! - [`backoff`]: the one backoff (doubling, capped, jittered) every retry waits by.
+//! - [`fs_tree`]: guest-made directory trees removed iteratively, whatever their depth.
+//! - [`histogram`]: a fixed-bucket latency histogram that renders itself for Prometheus.
+//! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
+//! - [`text`]: a guest's strings cut to a limit and escaped wherever they are shown.
+//! - [`timestamp`]: the clock as Unix milliseconds, RFC 3339 UTC timestamps for log lines.
+//! - [`units`]: sizes and durations as operators type them.
+
+pub mod backoff;
+pub mod fs_tree;
+pub mod histogram;
+pub mod locks;
+pub mod text;
+pub mod timestamp;
+pub mod units;
