@@ -64,10 +64,9 @@ pub struct ApiState {
     /// The limits a job's unset keys take: a job whose limits contradict each other once
     /// merged with them is refused with 400.
     pub default_limits: crate::model::structs::Limits,
-    /// The most a job may ask for; a job over a cap is refused with 400.
-    pub limit_caps: crate::model::structs::LimitCaps,
-    /// What jobs may ask to reach; a job asking for more is refused with 400.
-    pub capabilities: Arc<crate::model::capabilities::CapabilityPolicy>,
+    /// What this agent admits (its caps, its offer); a job it does not is refused with 400,
+    /// naming the key at fault.
+    pub admission: crate::model::admission::Admission,
 }
 
 /// The API's routes, by resource: each handler lives in the file of its resource.

@@ -20,6 +20,7 @@ mod listener;
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::{Client, ClientConfig};
+use crate::model::admission::Admission;
 use crate::rpc::ServerApi;
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use crate::server::EmbeddedServer;
@@ -111,16 +112,11 @@ impl Agent {
         let db: Arc<dyn StateDb> = Arc::new(crate::state::blocking(|| {
             RedbStateDb::open(&config.data_dir)
         })?);
-        let runtime = Runtime::new(&RuntimeConfig {
-            max_live_allocs: config.max_live_allocs,
-            cache_dir: Some(
-                config
-                    .cache_dir
-                    .clone()
-                    .unwrap_or_else(|| config.data_dir.join("cache")),
-            ),
-            ..RuntimeConfig::default()
-        })?;
+        let runtime = Runtime::new(&RuntimeConfig::for_node(
+            config.max_live_allocs,
+            config.cache_dir.as_deref(),
+            &config.data_dir,
+        ))?;
         let listener = listener::listen(config.bind)
             .with_context(|| format!("cannot listen on {}", config.bind))?;
         let addr = listener.local_addr()?;
@@ -163,10 +159,12 @@ impl Agent {
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
         // The agent decides what runs allocs: WebAssembly components, on the shared runtime.
-        let capabilities = Arc::new(config.capabilities.clone());
+        let admission = Admission {
+            caps: Some(config.limit_caps),
+            offered: Arc::new(config.capabilities.clone()),
+        };
         let factory = WasmAllocRunnerFactory::new(runtime.clone())
-            .offering(capabilities.clone())
-            .capped(config.limit_caps)
+            .admitting(admission.clone())
             .into_factory();
         let client = Client::with_disk_stats(client_config, server_api, factory, db);
         // A client that never starts never registers its node: nothing is placed here.
@@ -188,8 +186,7 @@ impl Agent {
             runtime,
             alloc_logs: alloc_logs.clone(),
             default_limits: config.limits,
-            limit_caps: config.limit_caps,
-            capabilities,
+            admission,
         });
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {

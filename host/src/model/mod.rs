@@ -3,6 +3,8 @@
 //! may use it; it uses only [`crate::util`].
 //!
 //! # Layout
+//! - [`admission`]: the rules a job's allocs must meet on this agent (limits within its
+//!   caps and free of contradictions, capabilities offered), applied at submit and at start.
 //! - [`structs`]: allocs and their state, jobs' plain parts (an [`structs::Alloc`] is
 //!   immutable once built and shared as `Arc<Alloc>`).
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
@@ -11,6 +13,7 @@
 //! - [`restart`]: the restart policy: a crashed runner restarted in place.
 //! - [`reschedule`]: the reschedule policy: a failed alloc replaced after a growing delay.
 
+pub mod admission;
 pub mod capabilities;
 pub mod jobspec;
 pub mod limits;

@@ -145,16 +145,11 @@ impl NodeSim {
         let factory = match config.runner {
             SimRunner::Native => native_factory(),
             SimRunner::Wasm => {
-                let runtime = Runtime::new(&RuntimeConfig {
-                    max_live_allocs: config.max_live_allocs,
-                    cache_dir: Some(
-                        config
-                            .cache_dir
-                            .clone()
-                            .unwrap_or_else(|| root.join("cache")),
-                    ),
-                    ..RuntimeConfig::default()
-                })?;
+                let runtime = Runtime::new(&RuntimeConfig::for_node(
+                    config.max_live_allocs,
+                    config.cache_dir.as_deref(),
+                    &root,
+                ))?;
                 WasmAllocRunnerFactory::new(runtime).into_factory()
             }
         };

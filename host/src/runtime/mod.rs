@@ -94,6 +94,19 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
 }
 
+impl RuntimeConfig {
+    /// A node's runtime (the agent's, and each of nodesim's processes'): `max_live_allocs`
+    /// sized into the pool, and compiled components kept in `cache_dir`, or by default
+    /// under the node's data dir, so that a restart compiles nothing again.
+    pub fn for_node(max_live_allocs: u32, cache_dir: Option<&Path>, data_dir: &Path) -> Self {
+        RuntimeConfig {
+            max_live_allocs,
+            cache_dir: Some(cache_dir.map_or_else(|| data_dir.join("cache"), Path::to_path_buf)),
+            ..RuntimeConfig::default()
+        }
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {

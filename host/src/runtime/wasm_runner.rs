@@ -19,8 +19,8 @@ use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
     TaskActionError, UpgradeReport, signal_name, target_tasks,
 };
-use crate::model::capabilities::CapabilityPolicy;
-use crate::model::structs::{Alloc, AllocState, ClientStatus, LimitCaps, Limits};
+use crate::model::admission::Admission;
+use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::runtime::event_queue::{EventReceiver, EventSender, event_queue};
 use crate::util::locks::LockUnpoisoned;
 use crate::util::units::format_duration;
@@ -36,14 +36,6 @@ mod upgrade;
 pub use factory::WasmAllocRunnerFactory;
 use restarts::Restarts;
 use upgrade::Upgrades;
-
-/// What an alloc must meet to start: the capabilities it asks must be offered, and its
-/// limits must be within the caps (when there are any).
-#[derive(Clone)]
-pub(crate) struct Admission {
-    pub(super) offered: Arc<CapabilityPolicy>,
-    pub(super) caps: Option<LimitCaps>,
-}
 
 /// How many signals and task restarts may wait for one guest to take them: enough for any
 /// operator, few enough that a guest which never calls `next-event` holds little host memory

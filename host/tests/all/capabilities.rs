@@ -7,6 +7,7 @@
 use crate::support::*;
 use caravan_host::agent::Agent;
 use caravan_host::allocrunner::AllocRunner;
+use caravan_host::model::admission::Admission;
 use caravan_host::model::capabilities::{Capabilities, CapabilityPolicy, VolumeMount};
 use caravan_host::model::structs::{Alloc, ClientStatus, LimitCaps, LimitOverrides};
 use caravan_host::runtime::WasmAllocRunnerFactory;
@@ -160,7 +161,10 @@ async fn an_alloc_over_limits_lowered_since_its_job_was_submitted_fails_alone_na
         },
         ..hostile_attack("env-probe", &[])
     };
-    let factory = WasmAllocRunnerFactory::new(runtime()).capped(caps);
+    let factory = WasmAllocRunnerFactory::new(runtime()).admitting(Admission {
+        caps: Some(caps),
+        ..Admission::default()
+    });
     let state = start_with(factory, asking, None).stopped().await;
     assert_eq!(state.client_status, ClientStatus::Failed);
     assert_eq!(

@@ -32,20 +32,11 @@ use std::collections::HashMap;
 async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)> {
     let mut spec = jobspec::parse_json(body)
         .map_err(|e| ApiError::bad_request(e.field.clone(), e.to_string()))?;
+    let running_under = state.default_limits.with_overrides(&spec.limits);
     state
-        .limit_caps
-        .check(&spec.limits)
-        .map_err(|over| ApiError::bad_request(over.field(), over.to_string()))?;
-    if let Some(conflict) = state.default_limits.with_overrides(&spec.limits).conflict() {
-        return Err(ApiError::bad_request(
-            "job.limits",
-            format!("job.limits: {conflict}"),
-        ));
-    }
-    state
-        .capabilities
-        .check(&spec.capabilities)
-        .map_err(|refused| ApiError::bad_request(refused.key.clone(), refused.to_string()))?;
+        .admission
+        .admit(&spec.limits, &running_under, &spec.capabilities)
+        .map_err(|refused| ApiError::bad_request(refused.field, refused.message))?;
     let runner = std::path::PathBuf::from(&spec.runner);
     if !runner.is_absolute() {
         return Err(ApiError::bad_request(

@@ -1,10 +1,9 @@
 //! The factory the client is given: it loads each alloc's runner component through the
 //! shared [`Runtime`] and builds its [`WasmAllocRunner`], with what the agent offers and caps.
 
-use super::{Admission, WasmAllocRunner};
+use super::WasmAllocRunner;
 use crate::allocrunner::{AllocRunner, AllocRunnerConfig, AllocRunnerFactory};
-use crate::model::capabilities::CapabilityPolicy;
-use crate::model::structs::LimitCaps;
+use crate::model::admission::Admission;
 use crate::runtime::Runtime;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,8 +13,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct WasmAllocRunnerFactory {
     runtime: Runtime,
-    offered: Arc<CapabilityPolicy>,
-    caps: Option<LimitCaps>,
+    admission: Admission,
 }
 
 impl WasmAllocRunnerFactory {
@@ -23,25 +21,16 @@ impl WasmAllocRunnerFactory {
     pub fn new(runtime: Runtime) -> Self {
         WasmAllocRunnerFactory {
             runtime,
-            offered: Arc::default(),
-            caps: None,
+            admission: Admission::default(),
         }
     }
 
-    /// The same factory refusing to start an alloc whose limits are over `caps` (the agent's
-    /// `[client.limit_caps]`): a job is checked when it is submitted, but the caps may have
-    /// been lowered since, and an alloc placed again after a restart must meet today's.
-    pub fn capped(self, caps: LimitCaps) -> Self {
-        WasmAllocRunnerFactory {
-            caps: Some(caps),
-            ..self
-        }
-    }
-
-    /// The same factory granting allocs what they ask of `offered` (the agent's
-    /// `[client.capabilities]`). An alloc asking for more fails when it starts, naming what.
-    pub fn offering(self, offered: Arc<CapabilityPolicy>) -> Self {
-        WasmAllocRunnerFactory { offered, ..self }
+    /// The same factory admitting allocs as `admission` says (the agent's caps and offer):
+    /// a job is checked when it is submitted, but the caps and the offer may have changed
+    /// since, and an alloc placed again after a restart must meet today's. An alloc that
+    /// does not fails when it starts, naming the key at fault.
+    pub fn admitting(self, admission: Admission) -> Self {
+        WasmAllocRunnerFactory { admission, ..self }
     }
 
     /// Builds the runner for one alloc; fails when its component cannot be loaded.
@@ -52,10 +41,7 @@ impl WasmAllocRunnerFactory {
             self.runtime.clone(),
             component,
             config,
-            Admission {
-                offered: self.offered.clone(),
-                caps: self.caps,
-            },
+            self.admission.clone(),
         )))
     }
 

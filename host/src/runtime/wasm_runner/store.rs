@@ -34,19 +34,11 @@ impl Shared {
             upgrade_asked,
             kill_sent: self.kill_sent.latch(),
         };
-        // Checked again here: the agent's offer and caps may have changed since the job was
-        // submitted.
-        alloc
-            .limits
-            .check_values()
-            .map_err(|e| anyhow::anyhow!("job.limits.{e}"))?;
-        if let Some(caps) = &self.admission.caps {
-            caps.check(&alloc.limits)?;
-        }
-        if let Some(conflict) = self.limits.conflict() {
-            anyhow::bail!("job.limits: {conflict}");
-        }
-        let grants = self.admission.offered.grant(&alloc.capabilities)?;
+        // Admitted again here, by the rules the job was submitted under: the agent's offer and
+        // caps may have changed since.
+        let grants = self
+            .admission
+            .admit(&alloc.limits, &self.limits, &alloc.capabilities)?;
         let alloc_dir = &self.config.alloc_dir;
         let directories = if component.imports_filesystem {
             Directories::Open
