@@ -17,13 +17,11 @@
 //! (`{"error": ...}`): a 5xx, a 429 or no answer at all is [`ServerError::Unavailable`], any
 //! other refusal [`ServerError::Refused`]; the client retries both.
 
+use super::transport::{AgentApi, AgentPool, error_message};
 use super::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use crate::model::structs::Alloc;
-use http_body_util::{BodyExt, Full, Limited};
+use axum::body::Body;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,9 +87,7 @@ pub struct UpdateResponse {
 /// through [`HttpServer::node`]. Cheap to clone.
 #[derive(Clone)]
 pub struct HttpServer {
-    base: String,
-    token: Option<String>,
-    http: HttpClient<HttpConnector, Full<Bytes>>,
+    api: AgentApi,
 }
 
 /// One node's [`ServerApi`] over an [`HttpServer`]: fetches and updates name the node, so
@@ -104,22 +100,8 @@ pub struct HttpServerApi {
 impl HttpServer {
     /// A server at `addr` (`http://HOST:PORT`), sending `token` with every call if given.
     pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Self> {
-        let base = addr.trim_end_matches('/').to_string();
-        let uri: hyper::Uri = base
-            .parse()
-            .map_err(|e| anyhow::anyhow!("server address {addr:?} is not a URL: {e}"))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            anyhow::bail!("server address {addr:?} must look like http://HOST:PORT");
-        }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let http = HttpClient::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
         Ok(HttpServer {
-            base,
-            token: token.filter(|t| !t.is_empty()),
-            http,
+            api: AgentPool::new().agent(addr, token)?,
         })
     }
 
@@ -151,34 +133,11 @@ impl HttpServer {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<(hyper::StatusCode, Bytes), ServerError> {
-        let unavailable = |why: String| ServerError::Unavailable(format!("{}: {why}", self.base));
-        let mut request = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("Content-Type", "application/json");
-        if let Some(token) = &self.token {
-            request = request.header("Authorization", format!("Bearer {token}"));
-        }
-        let request = request
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| ServerError::Refused(format!("cannot build a request for {path}: {e}")))?;
-        let exchange = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|e| unavailable(root_cause(&e)))?;
-            let status = response.status();
-            let bytes = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| unavailable(format!("reading the answer: {e}")))?
-                .to_bytes();
-            Ok::<_, ServerError>((status, bytes))
-        };
-        tokio::time::timeout(timeout, exchange)
+        let body = body.map(Body::from).unwrap_or_default();
+        self.api
+            .exchange(method, path, body, timeout, MAX_ANSWER_BYTES)
             .await
-            .map_err(|_| unavailable(format!("no answer within {}s", timeout.as_secs())))?
+            .map_err(|unanswered| ServerError::Unavailable(unanswered.to_string()))
     }
 
     async fn call<T: serde::de::DeserializeOwned>(
@@ -188,17 +147,14 @@ impl HttpServer {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<T, ServerError> {
-        let unavailable = |why: String| ServerError::Unavailable(format!("{}: {why}", self.base));
+        let unavailable =
+            |why: String| ServerError::Unavailable(format!("{}: {why}", self.api.base()));
         let (status, bytes) = self.exchange(method, path, body, timeout).await?;
         if status.is_success() {
             return serde_json::from_slice(&bytes)
                 .map_err(|e| unavailable(format!("unreadable answer to {path}: {e}")));
         }
-        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_string))
-            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect());
-        let message = format!("{path}: {message} ({})", status.as_u16());
+        let message = format!("{path}: {} ({})", error_message(&bytes), status.as_u16());
         if status.is_server_error() || status == hyper::StatusCode::TOO_MANY_REQUESTS {
             Err(unavailable(message))
         } else {
@@ -216,16 +172,6 @@ impl HttpServer {
         self.call(hyper::Method::POST, path, Some(body), CALL_TIMEOUT)
             .await
     }
-}
-
-/// The innermost cause of an HTTP client's error ("Connection refused", not "client error
-/// (Connect)"): what both of Caravan's HTTP clients, this one and the CLI's, show.
-pub fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = error;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause.to_string()
 }
 
 #[async_trait::async_trait]

@@ -40,6 +40,7 @@
 //!   cancels it with no effect beyond what an error would have had.
 
 pub mod http;
+pub mod transport;
 
 use crate::model::structs::{Alloc, AllocState};
 use std::collections::HashMap;

@@ -11,14 +11,12 @@
 
 use super::{ApiError, ApiState};
 use crate::cluster::{EtcdStore, LiveMember, MemberView};
+use crate::rpc::transport::{AgentApi, AgentPool};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -32,7 +30,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 /// (each live agent's last heartbeat).
 pub struct Forwarding {
     members: watch::Receiver<MemberView>,
-    http: HttpClient<HttpConnector, Body>,
+    pool: AgentPool,
     store: EtcdStore,
     node: String,
 }
@@ -42,7 +40,7 @@ impl Forwarding {
     pub fn new(members: watch::Receiver<MemberView>, store: EtcdStore, node: String) -> Forwarding {
         Forwarding {
             members,
-            http: HttpClient::builder(TokioExecutor::new()).build_http(),
+            pool: AgentPool::new(),
             store,
             node,
         }
@@ -174,62 +172,59 @@ async fn node_from_leader(
     forwarding: &Forwarding,
     alloc: &str,
 ) -> Result<Option<String>, ApiError> {
-    let api = leader_api(forwarding)?;
-    let request = Request::get(format!("{api}/v1/allocation/{alloc}"))
+    let leader = agent_api(forwarding, &leader_api(forwarding)?)?;
+    let request = Request::get(format!("/v1/allocation/{alloc}"))
         .header(FORWARDED, "1")
         .body(Body::empty())
         .map_err(|e| unavailable(format!("cannot ask the leader: {e}")))?;
-    let asked = tokio::time::timeout(FORWARD_TIMEOUT, forwarding.http.request(request));
-    let answer = match asked.await {
-        Ok(Ok(answer)) if answer.status().is_success() => answer,
+    let answer = match leader.relay(request, FORWARD_TIMEOUT).await {
+        Ok(answer) if answer.status().is_success() => answer,
         _ => return Ok(None),
     };
-    let body = http_body_util::BodyExt::collect(answer.into_body())
+    let body = crate::rpc::transport::read_body(answer.into_body(), MAX_VIEW_BYTES)
         .await
-        .map(|body| body.to_bytes())
         .unwrap_or_default();
     Ok(serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|view| view["node_id"].as_str().map(str::to_string)))
 }
 
-/// Sends `request` to the agent at `api` once, marked forwarded, and relays its answer
-/// (streamed: a followed log stays followed).
-async fn proxy(forwarding: &Forwarding, request: Request, api: &str) -> Response {
-    let (mut parts, body) = request.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    parts.uri = match format!("{api}{path}").parse() {
-        Ok(uri) => uri,
-        Err(_) => {
-            return unavailable(format!(
-                "the agent address {:?} is not usable",
-                crate::util::text::cut(api, 64)
-            ))
-            .into_response();
-        }
+/// The most read of the leader's view of one alloc: far more than one alloc's view.
+const MAX_VIEW_BYTES: usize = 4 << 20;
+
+/// The API of the agent at `api`, as a member record gives it.
+fn agent_api(forwarding: &Forwarding, api: &str) -> Result<AgentApi, ApiError> {
+    forwarding.pool.agent(api, None).map_err(|_| {
+        unavailable(format!(
+            "the agent address {:?} is not usable",
+            crate::util::text::cut(api, 64)
+        ))
+    })
+}
+
+/// Sends `request` to the agent at `api` once, marked forwarded, its token untouched, and
+/// relays its answer (streamed: a followed log stays followed).
+async fn proxy(forwarding: &Forwarding, mut request: Request, api: &str) -> Response {
+    let agent = match agent_api(forwarding, api) {
+        Ok(agent) => agent,
+        Err(error) => return error.into_response(),
     };
-    parts.headers.remove(header::HOST);
-    parts
-        .headers
+    request
+        .headers_mut()
         .insert(FORWARDED, HeaderValue::from_static("1"));
-    let sent = forwarding.http.request(Request::from_parts(parts, body));
-    match tokio::time::timeout(FORWARD_TIMEOUT, sent).await {
-        Ok(Ok(response)) => response.map(Body::new),
-        Ok(Err(error)) => ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("cannot reach the agent at {api}: {error}"),
-        )
-        .into_response(),
-        Err(_) => ApiError::new(
+    match agent.relay(request, FORWARD_TIMEOUT).await {
+        Ok(response) => response.map(Body::new),
+        Err(unanswered) if unanswered.timed_out => ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
             format!(
                 "the agent at {api} did not answer within {}s",
                 FORWARD_TIMEOUT.as_secs()
             ),
+        )
+        .into_response(),
+        Err(unanswered) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("cannot reach the agent at {api}: {}", unanswered.reason),
         )
         .into_response(),
     }

@@ -1,59 +1,69 @@
-//! The HTTP client the client commands share: one request to the agent, its JSON answer or
-//! the API's error message, and a streamed body for followed logs.
+//! What the client commands send to the agent: one request, its JSON answer or the API's
+//! error message, a file's bytes, and a streamed body for followed logs, over the one HTTP
+//! client ([`crate::rpc::transport`]).
 //!
 //! It knows the API's error shape (`{"error": ...}`) and nothing of any endpoint.
 
-use crate::rpc::http::root_cause;
+use crate::rpc::transport::{AgentApi, AgentPool, Unanswered, error_message, read_body};
 use anyhow::{Context, bail};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use axum::body::Body;
+use http_body_util::BodyExt;
+use hyper::Method;
 use serde_json::Value;
+use std::time::Duration;
+
+/// How long one command's request may take: the API answers at once (a command that waits
+/// for allocs asks again and again).
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The most a command reads of one answer: an alloc's file or log, a long list of allocs.
+const MAX_ANSWER_BYTES: usize = 256 << 20;
 
 /// An HTTP client for the agent's API.
 pub struct Api {
-    addr: String,
-    token: Option<String>,
-    http: HttpClient<HttpConnector, Full<Bytes>>,
+    api: AgentApi,
 }
 
 impl Api {
-    /// A client of the agent at `addr` (`http://HOST:PORT`), sending `token` if given.
-    pub fn new(addr: &str, token: Option<String>) -> Self {
-        let http = HttpClient::builder(TokioExecutor::new()).build_http();
-        Api {
-            addr: addr.trim_end_matches('/').to_string(),
-            token: token.filter(|t| !t.is_empty()),
-            http,
-        }
+    /// A client of the agent at `addr` (`http://HOST:PORT`), sending `token` if given;
+    /// refuses an address of another form, naming it.
+    pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Self> {
+        Ok(Api {
+            api: AgentPool::new().agent(addr, token)?,
+        })
     }
 
-    async fn send(
+    /// How a command says the agent could not be reached, and what to do about it.
+    fn unreachable(&self, error: Unanswered) -> anyhow::Error {
+        anyhow::anyhow!(
+            "cannot reach the Caravan agent at {} ({}); start one with `caravan agent --dev`, or set CARAVAN_ADDR",
+            self.api.base(),
+            error.reason
+        )
+    }
+
+    fn method(method: &str) -> anyhow::Result<Method> {
+        Method::from_bytes(method.as_bytes()).with_context(|| format!("no HTTP method {method}"))
+    }
+
+    /// Sends one request and reads its whole answer.
+    async fn exchange(
         &self,
         method: &str,
         path: &str,
         body: Option<Value>,
-    ) -> anyhow::Result<hyper::Response<hyper::body::Incoming>> {
-        let mut request = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.addr));
-        if let Some(token) = &self.token {
-            request = request.header("Authorization", format!("Bearer {token}"));
-        }
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let request = request
-            .header("Content-Type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .with_context(|| format!("invalid agent address {:?}", self.addr))?;
-        self.http.request(request).await.map_err(|error| {
-            anyhow::anyhow!(
-                "cannot reach the Caravan agent at {} ({}); start one with `caravan agent --dev`, or set CARAVAN_ADDR",
-                self.addr,
-                root_cause(&error)
+    ) -> anyhow::Result<(hyper::StatusCode, bytes::Bytes)> {
+        let body = body.map(|b| Body::from(b.to_string())).unwrap_or_default();
+        self.api
+            .exchange(
+                Self::method(method)?,
+                path,
+                body,
+                CALL_TIMEOUT,
+                MAX_ANSWER_BYTES,
             )
-        })
+            .await
+            .map_err(|error| self.unreachable(error))
     }
 
     /// Sends one request; returns the JSON body of a 2xx answer, or the API's error message.
@@ -64,16 +74,11 @@ impl Api {
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
         let (status, bytes) = self.exchange(method, path, body).await?;
-        let value: Value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
         if !status.is_success() {
-            let message = value["error"]
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| value.to_string());
-            bail!("{message} ({})", status.as_u16());
+            bail!("{} ({})", error_message(&bytes), status.as_u16());
         }
-        Ok(value)
+        Ok(serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())))
     }
 
     /// Sends a GET and returns the body of a 2xx answer as it is (a file, say), or the
@@ -84,24 +89,6 @@ impl Api {
             bail!("{} ({})", error_message(&bytes), status.as_u16());
         }
         Ok(bytes.to_vec())
-    }
-
-    /// Sends one request and reads its whole answer.
-    async fn exchange(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<(hyper::StatusCode, bytes::Bytes)> {
-        let response = self.send(method, path, body).await?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .context("reading the agent's answer")?
-            .to_bytes();
-        Ok((status, bytes))
     }
 
     /// Sends a GET and copies the body to stdout as it arrives (for followed logs).
@@ -115,21 +102,24 @@ impl Api {
         .await
     }
 
-    /// GETs `path` and hands each chunk of the body to `sink` as it arrives.
+    /// GETs `path` and hands each chunk of the body to `sink` as it arrives, for as long as
+    /// the agent sends (only the answer's head is timed).
     pub async fn stream(
         &self,
         path: &str,
         mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
     ) -> anyhow::Result<()> {
-        let response = self.send("GET", path, None).await?;
+        let response = self
+            .api
+            .send(Method::GET, path, Body::empty(), CALL_TIMEOUT)
+            .await
+            .map_err(|error| self.unreachable(error))?;
         let status = response.status();
         let mut body = response.into_body();
         if !status.is_success() {
-            let bytes = body
-                .collect()
+            let bytes = read_body(body, MAX_ANSWER_BYTES)
                 .await
-                .context("reading the agent's answer")?
-                .to_bytes();
+                .map_err(anyhow::Error::msg)?;
             bail!("{} ({})", error_message(&bytes), status.as_u16());
         }
         while let Some(frame) = body.frame().await {
@@ -139,13 +129,4 @@ impl Api {
         }
         Ok(())
     }
-}
-
-/// The `error` of an API error body.
-fn error_message(body: &[u8]) -> String {
-    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    value["error"]
-        .as_str()
-        .unwrap_or("request failed")
-        .to_string()
 }

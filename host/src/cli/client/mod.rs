@@ -78,11 +78,11 @@ impl ClientCommand {
     /// caller to print: the API's message, or how to reach an agent.
     pub async fn execute(self) -> anyhow::Result<()> {
         match self {
-            ClientCommand::Job { command, remote } => command.execute(&remote.connect()).await,
-            ClientCommand::Alloc { command, remote } => command.execute(&remote.connect()).await,
-            ClientCommand::Node { command, remote } => command.execute(&remote.connect()).await,
-            ClientCommand::Server { command, remote } => command.execute(&remote.connect()).await,
-            ClientCommand::System { command, remote } => command.execute(&remote.connect()).await,
+            ClientCommand::Job { command, remote } => command.execute(&remote.connect()?).await,
+            ClientCommand::Alloc { command, remote } => command.execute(&remote.connect()?).await,
+            ClientCommand::Node { command, remote } => command.execute(&remote.connect()?).await,
+            ClientCommand::Server { command, remote } => command.execute(&remote.connect()?).await,
+            ClientCommand::System { command, remote } => command.execute(&remote.connect()?).await,
         }
     }
 }
@@ -102,12 +102,13 @@ pub struct RemoteArgs {
 }
 
 impl RemoteArgs {
-    /// The client of the agent these flags name. Sends nothing yet.
-    fn connect(self) -> Remote {
-        Remote {
-            api: Api::new(&self.address, self.token),
+    /// The client of the agent these flags name. Sends nothing yet; refuses an address
+    /// that is not `http://HOST:PORT`.
+    fn connect(self) -> anyhow::Result<Remote> {
+        Ok(Remote {
+            api: Api::new(&self.address, self.token)?,
             json: self.json,
-        }
+        })
     }
 }
 
