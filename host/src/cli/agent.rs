@@ -23,7 +23,7 @@ pub struct AgentCommand {
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// Where the HTTP API listens (default 127.0.0.1:4646).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, env = "CARAVAN_BIND", value_name = "HOST:PORT")]
     bind: Option<String>,
     /// Use a fresh temporary data dir and destroy everything on exit.
     #[arg(long)]

@@ -34,6 +34,7 @@ mod minimal;
 mod module_map;
 mod nodesim;
 mod other_languages;
+mod readme_tour;
 mod restart_in_place;
 mod restore;
 mod runner_check;
