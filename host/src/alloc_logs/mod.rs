@@ -220,13 +220,13 @@ impl AllocLogs {
 
     /// Writes the logs' counters in Prometheus' text format.
     pub fn write_prometheus(&self, out: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(
+        use crate::util::prometheus::{Kind, single};
+        single(
             out,
-            "# HELP {DROPPED_METRIC} Alloc log lines dropped because the log writer fell behind.\n\
-             # TYPE {DROPPED_METRIC} counter\n\
-             {DROPPED_METRIC} {}",
-            self.lines_dropped()
+            DROPPED_METRIC,
+            Kind::Counter,
+            "Alloc log lines dropped because the log writer fell behind.",
+            self.lines_dropped(),
         );
     }
 

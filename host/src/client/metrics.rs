@@ -5,6 +5,7 @@
 //! reads the alloc map or decides anything.
 
 use crate::util::locks::LockUnpoisoned;
+use crate::util::prometheus::{self, Kind};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,89 +137,97 @@ impl Metrics {
 impl MetricsSnapshot {
     /// Writes every counter in Prometheus' text format (0.0.4), one family after another.
     pub fn write_prometheus(&self, out: &mut String) {
-        let unlabelled = |value: u64| vec![(String::new(), value)];
+        let unlabelled = |value: u64| vec![(None, value)];
         family(
             out,
             "caravan_client_allocs",
-            "gauge",
+            Kind::Gauge,
             "Allocs on this client by client status.",
             labelled("status", &self.allocs_by_status),
         );
         family(
             out,
             "caravan_client_allocs_destroyed",
-            "gauge",
+            Kind::Gauge,
             "Allocs collected and still listed.",
             unlabelled(self.allocs_destroyed),
         );
         family(
             out,
             "caravan_gc_marked_total",
-            "counter",
+            Kind::Counter,
             "Allocs marked for garbage collection.",
             unlabelled(self.allocs_marked),
         );
         family(
             out,
             "caravan_gc_collected_total",
-            "counter",
+            Kind::Counter,
             "Allocs collected, by reason.",
             labelled("reason", &self.allocs_collected),
         );
         family(
             out,
             "caravan_gc_destroys_in_flight",
-            "gauge",
+            Kind::Gauge,
             "Destroys running now.",
             unlabelled(self.destroys_in_flight),
         );
         family(
             out,
             "caravan_gc_destroys_in_flight_peak",
-            "gauge",
+            Kind::Gauge,
             "The most destroys that ran at once since the client started.",
             unlabelled(self.destroys_in_flight_peak),
         );
         family(
             out,
             "caravan_sync_batches_total",
-            "counter",
+            Kind::Counter,
             "Alloc update batches sent to the server, by result.",
             vec![
-                ("{result=\"sent\"}".into(), self.sync_batches_sent),
-                ("{result=\"failed\"}".into(), self.sync_batches_failed),
+                (Some(("result", "sent".to_string())), self.sync_batches_sent),
+                (
+                    Some(("result", "failed".to_string())),
+                    self.sync_batches_failed,
+                ),
             ],
         );
         family(
             out,
             "caravan_runner_build_failures_total",
-            "counter",
+            Kind::Counter,
             "Allocs failed because their runner could not be built.",
             unlabelled(self.runner_build_failures),
         );
         family(
             out,
             "caravan_client_leftover_dirs",
-            "gauge",
+            Kind::Gauge,
             "Alloc directories no alloc owns that the last sweep could not remove.",
             unlabelled(self.leftover_dirs),
         );
     }
 }
 
-/// One metric family: its `HELP` and `TYPE` lines, then a sample per label set.
-fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>) {
-    use std::fmt::Write;
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, value) in samples {
-        let _ = writeln!(out, "{name}{labels} {value}");
+/// One sample's label (`None`: unlabelled) and value.
+type Sample = (Option<(&'static str, String)>, u64);
+
+/// One metric family: its `HELP` and `TYPE` lines, then a sample per label.
+fn family(out: &mut String, name: &str, kind: Kind, help: &str, samples: Vec<Sample>) {
+    prometheus::header(out, name, kind, help);
+    for (label, value) in samples {
+        match &label {
+            Some((label, key)) => prometheus::sample(out, name, &[(label, key.as_str())], value),
+            None => prometheus::sample(out, name, &[], value),
+        }
     }
 }
 
 /// One sample per key of `map`, labelled `label="key"`.
-fn labelled(label: &str, map: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
+fn labelled(label: &'static str, map: &BTreeMap<String, u64>) -> Vec<Sample> {
     map.iter()
-        .map(|(key, value)| (format!("{{{label}=\"{key}\"}}"), *value))
+        .map(|(key, value)| (Some((label, key.clone())), *value))
         .collect()
 }
 

@@ -21,6 +21,7 @@
 //! It knows etcd and nothing of what the keys mean.
 
 use super::store::{CALL_TIMEOUT, EtcdStore, StoreError};
+use crate::util::prometheus::{Kind, header, sample, single};
 use etcd_client::{AlarmAction, AlarmType};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
@@ -55,21 +56,26 @@ impl HistoryStats {
 
     /// Appends the compaction metric families to a Prometheus text exposition.
     pub fn write_prometheus(&self, out: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(
+        single(
             out,
-            "# HELP caravan_etcd_compactions_total Compactions of etcd's history this agent made while it led.\n\
-             # TYPE caravan_etcd_compactions_total counter\n\
-             caravan_etcd_compactions_total {}\n\
-             # HELP caravan_etcd_compaction_failures_total Compactions this agent tried that etcd refused or did not answer.\n\
-             # TYPE caravan_etcd_compaction_failures_total counter\n\
-             caravan_etcd_compaction_failures_total {}\n\
-             # HELP caravan_etcd_compacted_revision The revision this agent last compacted etcd's history up to.\n\
-             # TYPE caravan_etcd_compacted_revision gauge\n\
-             caravan_etcd_compacted_revision {}",
+            "caravan_etcd_compactions_total",
+            Kind::Counter,
+            "Compactions of etcd's history this agent made while it led.",
             self.compactions(),
+        );
+        single(
+            out,
+            "caravan_etcd_compaction_failures_total",
+            Kind::Counter,
+            "Compactions this agent tried that etcd refused or did not answer.",
             self.failures(),
-            self.compacted_revision()
+        );
+        single(
+            out,
+            "caravan_etcd_compacted_revision",
+            Kind::Gauge,
+            "The revision this agent last compacted etcd's history up to.",
+            self.compacted_revision(),
         );
     }
 }
@@ -220,34 +226,42 @@ pub struct EtcdHealth {
 impl EtcdHealth {
     /// Appends etcd's metric families: this agent's compactions and the last probe.
     pub fn write_prometheus(&self, out: &mut String) {
-        use std::fmt::Write;
         self.history.write_prometheus(out);
         let probe = self.space.borrow().clone();
-        let up = matches!(probe, SpaceProbe::Answered(_));
-        let _ = writeln!(
+        single(
             out,
-            "# HELP caravan_etcd_up Whether etcd answered this agent's last probe of its space.\n\
-             # TYPE caravan_etcd_up gauge\n\
-             caravan_etcd_up {}",
-            u8::from(up)
+            "caravan_etcd_up",
+            Kind::Gauge,
+            "Whether etcd answered this agent's last probe of its space.",
+            u8::from(matches!(probe, SpaceProbe::Answered(_))),
         );
-        if let SpaceProbe::Answered(space) = probe {
-            let nospace = space.alarms.iter().filter(|a| a.alarm == "NOSPACE").count();
-            let corrupt = space.alarms.iter().filter(|a| a.alarm == "CORRUPT").count();
-            let _ = writeln!(
-                out,
-                "# HELP caravan_etcd_db_size_bytes etcd's database size, what counts against its quota.\n\
-                 # TYPE caravan_etcd_db_size_bytes gauge\n\
-                 caravan_etcd_db_size_bytes {}\n\
-                 # HELP caravan_etcd_db_size_in_use_bytes The part of etcd's database in use; compaction frees the rest for reuse, defragmentation returns it.\n\
-                 # TYPE caravan_etcd_db_size_in_use_bytes gauge\n\
-                 caravan_etcd_db_size_in_use_bytes {}\n\
-                 # HELP caravan_etcd_alarms Alarms etcd's members raised, by kind (NOSPACE: every write fails).\n\
-                 # TYPE caravan_etcd_alarms gauge\n\
-                 caravan_etcd_alarms{{alarm=\"NOSPACE\"}} {nospace}\n\
-                 caravan_etcd_alarms{{alarm=\"CORRUPT\"}} {corrupt}",
-                space.db_size, space.db_size_in_use
-            );
+        let SpaceProbe::Answered(space) = probe else {
+            return;
+        };
+        single(
+            out,
+            "caravan_etcd_db_size_bytes",
+            Kind::Gauge,
+            "etcd's database size, what counts against its quota.",
+            space.db_size,
+        );
+        single(
+            out,
+            "caravan_etcd_db_size_in_use_bytes",
+            Kind::Gauge,
+            "The part of etcd's database in use; compaction frees the rest for reuse, defragmentation returns it.",
+            space.db_size_in_use,
+        );
+        let name = "caravan_etcd_alarms";
+        header(
+            out,
+            name,
+            Kind::Gauge,
+            "Alarms etcd's members raised, by kind (NOSPACE: every write fails).",
+        );
+        for kind in ["NOSPACE", "CORRUPT"] {
+            let raised = space.alarms.iter().filter(|a| a.alarm == kind).count();
+            sample(out, name, &[("alarm", kind)], raised);
         }
     }
 }

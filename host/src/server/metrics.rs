@@ -3,7 +3,7 @@
 //! to its watch answering with it). Counting only; it decides nothing.
 
 use crate::util::histogram::Histogram;
-use std::fmt::Write;
+use crate::util::prometheus::{self, Kind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -42,15 +42,14 @@ impl ServerMetrics {
             ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
+            prometheus::single(out, name, Kind::Counter, help, value);
         }
-        let name = "caravan_server_watches_open";
-        let _ = writeln!(
+        prometheus::single(
             out,
-            "# HELP {name} Blocking queries of nodes waiting on the server now.\n# TYPE {name} gauge\n{name} {watches_open}"
+            "caravan_server_watches_open",
+            Kind::Gauge,
+            "Blocking queries of nodes waiting on the server now.",
+            watches_open,
         );
         self.watch_lag.write_prometheus(
             "caravan_server_watch_lag_seconds",

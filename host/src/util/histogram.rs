@@ -36,21 +36,19 @@ impl Histogram {
 
     /// Writes the histogram as Prometheus text under `name`.
     pub fn write_prometheus(&self, name: &str, help: &str, out: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        use super::prometheus::{self, Kind};
+        prometheus::header(out, name, Kind::Histogram, help);
+        let bucket = format!("{name}_bucket");
         let mut cumulative = 0;
-        for (bound, bucket) in BUCKETS_SECONDS.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        for (bound, count) in BUCKETS_SECONDS.iter().zip(&self.buckets) {
+            cumulative += count.load(Ordering::Relaxed);
+            prometheus::sample(out, &bucket, &[("le", &bound.to_string())], cumulative);
         }
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(out, "{name}_count {count}");
+        prometheus::sample(out, &bucket, &[("le", "+Inf")], count);
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        prometheus::sample(out, &format!("{name}_sum"), &[], sum);
+        prometheus::sample(out, &format!("{name}_count"), &[], count);
     }
 }
 

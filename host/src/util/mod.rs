@@ -6,6 +6,7 @@
 //! - [`fs_tree`]: guest-made directory trees removed iteratively, whatever their depth.
 //! - [`histogram`]: a fixed-bucket latency histogram that renders itself for Prometheus.
 //! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
+//! - [`prometheus`]: the one writer of the metrics' text format, label values escaped.
 //! - [`text`]: a guest's strings cut to a limit and escaped wherever they are shown.
 //! - [`timestamp`]: the clock as Unix milliseconds, RFC 3339 UTC timestamps for log lines.
 //! - [`units`]: sizes and durations as operators type them.
@@ -14,6 +15,7 @@ pub mod backoff;
 pub mod fs_tree;
 pub mod histogram;
 pub mod locks;
+pub mod prometheus;
 pub mod text;
 pub mod timestamp;
 pub mod units;
