@@ -138,15 +138,14 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
 /// returns the last output either way. Only for text that stays once it is there: a test
 /// must not race a window of wall-clock time.
 fn stdout_once_it_says(agent: &AgentProcess, args: &[&str], wanted: &str) -> String {
-    let mut said = String::new();
-    for _ in 0..600 {
-        said = stdout(&agent.caravan(args));
-        if said.contains(wanted) {
-            break;
+    let deadline = std::time::Instant::now() + crate::support::DEADLINE;
+    loop {
+        let said = stdout(&agent.caravan(args));
+        if said.contains(wanted) || std::time::Instant::now() >= deadline {
+            return said;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    said
 }
 
 #[test]

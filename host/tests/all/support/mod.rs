@@ -98,9 +98,16 @@ pub fn message(line: &Value) -> &str {
     line["fields"]["message"].as_str().unwrap_or_default()
 }
 
-/// Awaits `future`, failing the test with `what` if it takes over a minute (of tokio time).
+/// How long any test waits for anything before it fails, saying what it waited for: one
+/// policy for every wait (`within`, `eventually`, a log line, a command's output), long
+/// enough for a loaded two-core machine, short enough that a hang is reported, not timed out
+/// by CI.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Awaits `future`, failing the test with `what` if it takes over [`DEADLINE`] (of tokio
+/// time).
 pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(60), future).await {
+    match tokio::time::timeout(DEADLINE, future).await {
         Ok(value) => value,
         Err(_) => panic!("timed out waiting for {what}"),
     }
@@ -155,7 +162,7 @@ pub fn wait_for_line(
     let mut seen = Vec::new();
     loop {
         let line = lines
-            .recv_timeout(Duration::from_secs(60))
+            .recv_timeout(DEADLINE)
             .unwrap_or_else(|_| panic!("no {what} line in {seen:#?}"));
         if found(&line) {
             return (line, seen);
