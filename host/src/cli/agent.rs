@@ -67,7 +67,7 @@ impl AgentCommand {
             advertise: self.advertise,
             cache_dir: self
                 .cache_dir
-                .or_else(crate::runtime::disk_cache::shared_dir),
+                .or_else(crate::runtime::component::disk_cache::shared_dir),
             log_level: global.log_level.clone(),
             log_json: global.log_json,
         }

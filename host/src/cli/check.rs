@@ -116,7 +116,7 @@ impl CheckCommand {
             kill_timeout: self.kill_timeout,
             cache_dir: self
                 .cache_dir
-                .or_else(crate::runtime::disk_cache::shared_dir),
+                .or_else(crate::runtime::component::disk_cache::shared_dir),
             tasks: crate::run::build_tasks(&self.tasks, &self.config)?,
             batch: self.batch,
             duration: self.duration,

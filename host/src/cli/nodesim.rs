@@ -100,7 +100,7 @@ impl NodesimCommand {
             cache_dir: self
                 .cache_dir
                 .clone()
-                .or_else(crate::runtime::disk_cache::shared_dir),
+                .or_else(crate::runtime::component::disk_cache::shared_dir),
             gc: crate::nodesim::sim_gc_config(),
         };
         // A bad server address or cluster setting is refused before anything is warned

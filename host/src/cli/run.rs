@@ -61,7 +61,7 @@ impl RunCommand {
             data_dir: self.data_dir,
             cache_dir: self
                 .cache_dir
-                .or_else(crate::runtime::disk_cache::shared_dir),
+                .or_else(crate::runtime::component::disk_cache::shared_dir),
             watch: self.watch,
         };
         let shutdown = Shutdown::new();

@@ -6,25 +6,33 @@
 //! a cache dir, their machine code on disk). Each alloc gets its own `Store` (see
 //! [`WasmAllocRunner`]).
 //!
-//! Layout:
-//! - `bindings`: `bindgen!` output and conversions to [`crate::model::structs`] (private).
-//! - `host_api`: the `caravan:runner/host` import; `event_queue`, the events the host sends
-//!   each alloc's runner, waiting there for its `next-event`.
-//! - `logging`: the `wasi:logging` import and guest stdout/stderr, into tracing; `last_words`,
-//!   what a runner last wrote to stderr or logged at ERROR, for the description of its trap.
-//! - `store_limits`: the memory limiter, instance counts and the epoch tick; `cpu_meter`: the CPU
-//!   budget, the guest's computing and the host's work for it.
-//! - [`disk_cache`]: compiled components on disk, checksummed; `component_checks`, what a
-//!   file must be to be loaded as a runner (a component, exporting the runner interface).
-//! - `disk_ledger`: the alloc directory's quota and account; `wasi_quota`, the WASI calls that
-//!   reserve in it before they write; `disk_watch`, the thread that looks at every alloc
-//!   directory about once a second to correct the account and catch depth.
-//! - `wasi_ctx`: what each sandbox's WASI context holds (its directory, its grants).
-//! - `token_bucket`: the rate limits' arithmetic (log lines and bytes, checkpoints).
-//! - `alloc_dir`: each alloc's directory made at start and removed at destroy, iteratively.
-//! - `wasm_runner`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm;
-//!   `lifecycle`, the one value that says where a runner is in its life; `outcome`, how a
-//!   run's end becomes the alloc's final state.
+//! Layout, four rooms by concern (each may use only the rooms listed after it; the module
+//! map test checks it, and no two files of the runtime use each other):
+//! - `runner/`: [`WasmAllocRunner`], the [`crate::allocrunner::AllocRunner`] on wasm, its run
+//!   loop with restarts and upgrades in place (`wasm_runner/`); `lifecycle`, the one value
+//!   that says where a runner is in its life; `outcome`, how a run's end becomes the alloc's
+//!   final state.
+//! - [`component`]: loading runners: the engine's configuration and the epoch ticker
+//!   (`engine`), one compile per build however many ask at once (`compile_once`), what a file
+//!   must be to be loaded as a runner (`component_checks`), compiled components on disk,
+//!   checksummed ([`component::disk_cache`]).
+//! - `imports/`: what the host implements for runners, one file per interface with its
+//!   state beside it: `bindings` (`bindgen!` output and conversions to
+//!   [`crate::model::structs`]); `host_api`, the `caravan:runner/host` import, and
+//!   `event_queue`, the events waiting for its `next-event`; `logging`, the `wasi:logging`
+//!   import and guest stdout/stderr into tracing, and `last_words`, what a runner last wrote
+//!   before it trapped; `wasi_ctx`, what each sandbox's WASI context holds (its directory,
+//!   its grants).
+//! - `sandbox/`: every limit and meter of one alloc: `store_limits` (memory, instances, the
+//!   epoch tick), `cpu_meter` (the CPU budget, the guest's computing and the host's work for
+//!   it), `disk_usage` (a directory measured against its quota), `disk_ledger` (each alloc
+//!   directory's account), `wasi_quota` (the WASI calls that reserve in it before they
+//!   write), `disk_watch` (the thread that looks at every alloc directory about once a
+//!   second), `token_bucket` (the rate limits' arithmetic), `alloc_dir` (each alloc's
+//!   directory made at start and removed at destroy).
+//!
+//! This facade keeps the [`Runtime`] (the engine, the linker, the cache of loaded builds)
+//! and the per-alloc store's data (`StoreData`), and wires the rooms together.
 //!
 //! This module may use [`crate::allocrunner`], [`crate::alloc_logs`] (a writer handle per
 //! alloc) and the leaves (`structs`, `units`, `locks`); it knows nothing of the client, the
@@ -32,44 +40,33 @@
 //! guest's WASI calls, and read to check its quota), the read-only volumes granted, and its
 //! own cache dir; alloc log files belong to [`crate::alloc_logs`].
 
-mod alloc_dir;
-mod bindings;
-mod compile_once;
-mod component_checks;
-pub(crate) mod cpu_meter;
-pub mod disk_cache;
-mod disk_ledger;
-mod disk_watch;
-mod engine;
-mod event_queue;
-mod host_api;
-mod last_words;
-mod lifecycle;
-mod logging;
-mod outcome;
-pub(crate) mod store_limits;
-mod token_bucket;
-mod wasi_ctx;
-mod wasi_quota;
-mod wasm_runner;
-
-pub use logging::GUEST_TARGET;
-pub use store_limits::EPOCH_TICK;
-pub use wasm_runner::{
+pub mod component;
+pub(crate) mod imports;
+pub(crate) mod runner;
+pub(crate) mod sandbox;
+// The rooms' files by their own names, as this facade used them before they had rooms.
+use component::{compile_once, disk_cache};
+pub use imports::logging::GUEST_TARGET;
+use imports::{bindings, host_api, logging};
+pub use runner::wasm_runner::{
     MAX_QUEUED_TASK_ACTIONS, RunEnding, WasmAllocRunner, WasmAllocRunnerFactory,
 };
+pub use sandbox::store_limits::EPOCH_TICK;
+use sandbox::{disk_ledger, disk_watch, wasi_quota};
 
 use crate::util::locks::LockUnpoisoned;
-use bindings::{AllocRunnerPre, RUNNER_EXPORT};
-use component_checks::{check_component_header, check_runner_export, imports_filesystem};
-use cpu_meter::CpuMeter;
-use engine::{Instances, engine_config, spawn_epoch_ticker, warn_if_map_count_too_low};
+use component::component_checks::{
+    check_component_header, check_runner_export, imports_filesystem,
+};
+use component::engine::{Instances, engine_config, spawn_epoch_ticker, warn_if_map_count_too_low};
+use imports::bindings::{AllocRunnerPre, RUNNER_EXPORT};
+use sandbox::cpu_meter::CpuMeter;
+use sandbox::store_limits::MemoryLimiter;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use store_limits::MemoryLimiter;
 use wasmtime::Engine;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};

@@ -7,6 +7,6 @@
 
 mod in_memory_server;
 
-pub use crate::runtime::cpu_meter::CpuMeter;
+pub use crate::runtime::sandbox::cpu_meter::CpuMeter;
 pub use crate::state::FaultyStateDb;
 pub use in_memory_server::InMemoryServer;

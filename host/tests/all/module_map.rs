@@ -151,3 +151,111 @@ fn the_reader_of_uses_sees_code_and_not_comments() {
     let used: Vec<String> = used_modules(text).into_iter().collect();
     assert_eq!(used, ["model", "rpc", "state", "util"]);
 }
+
+/// The runtime's rooms and their levels, as its module docs draw them.
+const RUNTIME_LEVELS: &[(&str, u32)] = &[
+    ("runner", 3),
+    ("component", 2),
+    ("imports", 1),
+    ("sandbox", 0),
+];
+
+/// Each file of `host/src/runtime` by its module path under it (`sandbox::disk_ledger`,
+/// `runner::wasm_runner::restarts`), and the runtime modules its code names: through
+/// `crate::runtime::...`, or a sibling through `super::`.
+fn runtime_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/runtime");
+    let module_of = |path: &Path| -> String {
+        let relative = path.strip_prefix(&root).unwrap().with_extension("");
+        let parts: Vec<String> = relative
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .filter(|p| p != "mod")
+            .collect();
+        parts.join("::")
+    };
+    let files: Vec<PathBuf> = sources(&root);
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    let mut graph = BTreeMap::new();
+    for file in &files {
+        let module = module_of(file);
+        let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut uses = BTreeSet::new();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            for (marker, base) in [
+                ("crate::runtime::", String::new()),
+                ("super::", parent.to_string()),
+            ] {
+                let mut rest = code;
+                while let Some(at) = rest.find(marker) {
+                    rest = &rest[at + marker.len()..];
+                    let path: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                        .collect();
+                    // The longest known module the path starts with.
+                    let mut named = base.clone();
+                    let mut found = None;
+                    for segment in path.split("::").filter(|s| !s.is_empty()) {
+                        named = if named.is_empty() {
+                            segment.to_string()
+                        } else {
+                            format!("{named}::{segment}")
+                        };
+                        if modules.contains(&named) {
+                            found = Some(named.clone());
+                        }
+                    }
+                    if let Some(found) = found.filter(|f| *f != module) {
+                        uses.insert(found);
+                    }
+                }
+            }
+        }
+        graph.insert(module, uses);
+    }
+    graph
+}
+
+#[test]
+fn the_runtimes_rooms_use_only_rooms_below_them_and_no_two_files_use_each_other() {
+    let graph = runtime_graph();
+    let levels: BTreeMap<&str, u32> = RUNTIME_LEVELS.iter().copied().collect();
+    let room = |module: &str| module.split("::").next().unwrap_or("").to_string();
+    let mut wrong = Vec::new();
+    for (module, uses) in &graph {
+        // The facade (`mod.rs` at the root) wires every room.
+        let Some(&level) = levels
+            .get(room(module).as_str())
+            .filter(|_| !module.is_empty())
+        else {
+            if !module.is_empty() {
+                wrong.push(format!("{module} is in no room of RUNTIME_LEVELS"));
+            }
+            continue;
+        };
+        for used in uses {
+            let used_room = room(used);
+            if used_room == room(module) {
+                continue;
+            }
+            let used_level = levels.get(used_room.as_str()).copied().unwrap_or(u32::MAX);
+            if used_level >= level {
+                wrong.push(format!(
+                    "{module} uses {used}: a door pointing up or sideways"
+                ));
+            }
+        }
+        for used in uses {
+            // A parent and its child may use each other (the child is the parent's room).
+            let related = used.starts_with(&format!("{module}::"))
+                || module.starts_with(&format!("{used}::"));
+            if !related && module < used && graph.get(used).is_some_and(|u| u.contains(module)) {
+                wrong.push(format!("{module} <-> {used}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

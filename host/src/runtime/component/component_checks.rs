@@ -4,13 +4,16 @@
 //! compiled runner can reach a directory at all, so that its sandbox opens none when it
 //! cannot. Reads only the bytes and the compiled component it is given.
 
-use super::LoadError;
-use super::bindings::RUNNER_EXPORT;
+use crate::runtime::LoadError;
+use crate::runtime::imports::bindings::RUNNER_EXPORT;
 use std::path::Path;
 use wasmtime::Engine;
 use wasmtime::component::{Component, types::ComponentItem};
 
-pub(super) fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+pub(in crate::runtime) fn check_component_header(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), LoadError> {
     let not_a_component = |reason: &str| LoadError::NotAComponent {
         path: path.to_path_buf(),
         reason: reason.into(),
@@ -34,14 +37,14 @@ pub(super) fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), Lo
 /// holds a host descriptor for the alloc's whole life (descriptors, not memory, would cap how
 /// many such allocs a node keeps live), and making and removing one was most of what a short
 /// alloc cost.
-pub(super) fn imports_filesystem(engine: &Engine, component: &Component) -> bool {
+pub(in crate::runtime) fn imports_filesystem(engine: &Engine, component: &Component) -> bool {
     component
         .component_type()
         .imports(engine)
         .any(|(name, _)| name.starts_with("wasi:filesystem/"))
 }
 
-pub(super) fn check_runner_export(
+pub(in crate::runtime) fn check_runner_export(
     path: &Path,
     engine: &Engine,
     component: &Component,

@@ -1,6 +1,6 @@
 //! Per-alloc limits enforced inside the store: memory (a [`wasmtime::ResourceLimiter`]), the
 //! counts of memories, tables and instances, and the epoch tick at which every
-//! computing guest yields and its CPU budget ([`super::cpu_meter`]) is checked.
+//! computing guest yields and its CPU budget ([`crate::runtime::sandbox::cpu_meter`]) is checked.
 //!
 //! The limiter records which limit was hit, so the runner can name it in the alloc's
 //! description instead of showing a bare trap. It acts on one store only and never reaches

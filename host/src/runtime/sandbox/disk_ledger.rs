@@ -1,9 +1,9 @@
 //! One alloc directory's disk use, as the host accounts it, against the alloc's quota.
 //!
 //! Two sources keep the ledger: looks at the directory (what is really there: the
-//! [`super::disk_watch`] thread about once a second, and a look of the ledger's own when a
+//! [`crate::runtime::sandbox::disk_watch`] thread about once a second, and a look of the ledger's own when a
 //! reservation would pass the quota), and the host's WASI filesystem layer
-//! (`runtime/wasi_quota.rs`), which reserves the blocks and entries a guest asks to add
+//! (`runtime/sandbox/wasi_quota.rs`), which reserves the blocks and entries a guest asks to add
 //! before the operation runs. The account is
 //!
 //! ```text
@@ -21,98 +21,17 @@
 //! The first limit passed is reported once through [`QuotaExceeded`], which ends the run
 //! with the alloc described as over its quota. The ledger only reads the directory.
 
-use super::disk_watch::check;
+use crate::runtime::sandbox::disk_usage::check;
+pub use crate::runtime::sandbox::disk_usage::{DiskQuota, DiskUse};
 use crate::util::locks::LockUnpoisoned;
-use crate::util::units::format_bytes;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// How deep directories may nest under the alloc directory.
-pub const MAX_DIR_DEPTH: usize = 64;
 /// The least time between two looks a refused reservation makes: a guest at its quota that
 /// keeps writing costs one bounded look per interval, charged to its CPU budget.
 pub const RECHECK_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The quota of one alloc directory.
-#[derive(Debug, Clone, Copy)]
-pub struct DiskQuota {
-    /// Bytes in use (as `du` counts them: whole blocks).
-    pub bytes: u64,
-    /// Entries of any kind.
-    pub entries: u64,
-    /// Nesting of directories.
-    pub depth: usize,
-}
-
-impl DiskQuota {
-    /// The quota `limits` give an alloc directory (its depth limit is fixed).
-    pub fn of(limits: &crate::model::structs::Limits) -> Self {
-        DiskQuota {
-            bytes: limits.disk_bytes,
-            entries: u64::from(limits.disk_entries),
-            depth: MAX_DIR_DEPTH,
-        }
-    }
-
-    /// The default quota but for `bytes`.
-    #[cfg(test)]
-    pub fn of_bytes(bytes: u64) -> Self {
-        DiskQuota {
-            bytes,
-            ..DiskQuota::of(&crate::model::structs::Limits::default())
-        }
-    }
-
-    /// The alloc's description when it holds more bytes than allowed.
-    pub fn bytes_exceeded(&self) -> String {
-        format!("disk quota of {} exceeded", format_bytes(self.bytes))
-    }
-
-    /// The alloc's description when it holds more entries than allowed.
-    pub fn entries_exceeded(&self) -> String {
-        format!(
-            "disk quota exceeded: the alloc directory holds more than {} entries",
-            self.entries
-        )
-    }
-
-    fn exceeded_by(&self, usage: DiskUse) -> Option<String> {
-        if usage.bytes > self.bytes {
-            Some(self.bytes_exceeded())
-        } else if usage.entries > self.entries {
-            Some(self.entries_exceeded())
-        } else {
-            None
-        }
-    }
-}
-
-/// Bytes and entries: what a look found, or what an operation reserves.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DiskUse {
-    /// Bytes, in whole blocks.
-    pub bytes: u64,
-    /// Entries of any kind.
-    pub entries: u64,
-}
-
-impl DiskUse {
-    fn plus(self, other: DiskUse) -> DiskUse {
-        DiskUse {
-            bytes: self.bytes.saturating_add(other.bytes),
-            entries: self.entries.saturating_add(other.entries),
-        }
-    }
-
-    fn minus(self, other: DiskUse) -> DiskUse {
-        DiskUse {
-            bytes: self.bytes.saturating_sub(other.bytes),
-            entries: self.entries.saturating_sub(other.entries),
-        }
-    }
-}
 
 /// A reservation refused: the directory would pass its quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

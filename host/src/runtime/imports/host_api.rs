@@ -7,11 +7,11 @@
 //! never another alloc, the client or the state store (checkpoints go through the
 //! runner's `StateUpdater`).
 
-use super::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
-use super::token_bucket::TokenBucket;
 use crate::allocrunner::{Latch, StateUpdater};
 use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits, TaskLifecycle, TaskState};
-use crate::runtime::event_queue::EventReceiver;
+use crate::runtime::imports::bindings::{self, Event, HostImports, WitAllocState, WitEvent};
+use crate::runtime::imports::event_queue::EventReceiver;
+use crate::runtime::sandbox::token_bucket::TokenBucket;
 use crate::util::locks::LockUnpoisoned;
 use crate::util::text::{cut, cut_in_place};
 use std::collections::HashSet;
@@ -438,6 +438,9 @@ impl HostImports for HostApi {
         saved
     }
 }
+
+/// The `types` interface has no functions: the host implements it by naming it.
+impl bindings::TypesHost for HostApi {}
 
 #[cfg(test)]
 mod tests {

@@ -26,7 +26,7 @@
 //! starts), and a guest in debt is paused, not failed, until the credit is back to zero.
 //! This module acts on one store only and never reaches past it.
 
-use super::store_limits::UsageGauges;
+use crate::runtime::sandbox::store_limits::UsageGauges;
 use crate::util::units::format_duration;
 use std::future::Future;
 use std::pin::Pin;

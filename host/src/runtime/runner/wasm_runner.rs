@@ -7,13 +7,6 @@
 //! The final state is decided in one place, [`final_state`], from the guest's last report and
 //! how the last run ended.
 
-use super::alloc_dir::remove_alloc_files;
-use super::bindings::Event;
-use super::host_api::StateCell;
-use super::lifecycle::{Lifecycle, Phase, StopStep};
-use super::outcome::{RunOutcome, end_unfinished_tasks, final_state};
-use super::store_limits::UsageGauges;
-use super::{LoadedComponent, Runtime};
 use crate::alloc_logs::AllocLogWriter;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocUsage, Latch, LatchTrigger, NotRunningReason,
@@ -21,7 +14,14 @@ use crate::allocrunner::{
 };
 use crate::model::admission::Admission;
 use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
-use crate::runtime::event_queue::{EventReceiver, EventSender, event_queue};
+use crate::runtime::imports::bindings::Event;
+use crate::runtime::imports::event_queue::{EventReceiver, EventSender, event_queue};
+use crate::runtime::imports::host_api::StateCell;
+use crate::runtime::runner::lifecycle::{Lifecycle, Phase, StopStep};
+use crate::runtime::runner::outcome::{RunOutcome, end_unfinished_tasks, final_state};
+use crate::runtime::sandbox::alloc_dir::remove_alloc_files;
+use crate::runtime::sandbox::store_limits::UsageGauges;
+use crate::runtime::{LoadedComponent, Runtime};
 use crate::util::locks::LockUnpoisoned;
 use crate::util::units::format_duration;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +36,10 @@ mod upgrade;
 pub use factory::WasmAllocRunnerFactory;
 use restarts::Restarts;
 use upgrade::Upgrades;
+
+/// A checkpoint's bytes, shared: what the run loop (`restarts`) starts each run from and an
+/// upgrade (`upgrade`) hands from the old build to the new one.
+type Checkpoint = Arc<[u8]>;
 
 /// How many signals and task restarts may wait for one guest to take them: enough for any
 /// operator, few enough that a guest which never calls `next-event` holds little host memory

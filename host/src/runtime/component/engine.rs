@@ -4,14 +4,14 @@
 //! share), the check of the kernel's map count against that size, and the thread that ticks
 //! the epoch. It decides nothing about components, stores or allocs.
 
-use super::store_limits::{self, EPOCH_TICK};
+use crate::runtime::sandbox::store_limits::{self, EPOCH_TICK};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// Where the engine takes each instance's memories, tables and stack from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Instances {
+pub(in crate::runtime) enum Instances {
     /// A pool reserved up front, one slot per live alloc.
     Pooled,
     /// Mapped when an alloc starts and unmapped when it ends.
@@ -20,7 +20,7 @@ pub(super) enum Instances {
 
 /// The engine's configuration for `max_live_allocs` live allocs whose instances come from
 /// `instances`.
-pub(super) fn engine_config(max_live_allocs: u32, instances: Instances) -> Config {
+pub(in crate::runtime) fn engine_config(max_live_allocs: u32, instances: Instances) -> Config {
     let mut config = Config::new();
     // Every running guest reaches an epoch check at each tick, where it yields to tokio (so
     // no guest pins a worker thread) and is charged CPU time.
@@ -150,7 +150,7 @@ const MAPS_PER_LIVE_ALLOC: u64 = 7;
 
 /// The kernel's map count, not memory, is what caps live allocs (Elasticsearch and other
 /// servers check it at start the same way): say so before it bites.
-pub(super) fn warn_if_map_count_too_low(max_live_allocs: u32) {
+pub(in crate::runtime) fn warn_if_map_count_too_low(max_live_allocs: u32) {
     let path = "/proc/sys/vm/max_map_count";
     let Some(limit) = std::fs::read_to_string(path)
         .ok()
@@ -170,7 +170,10 @@ pub(super) fn warn_if_map_count_too_low(max_live_allocs: u32) {
     }
 }
 
-pub(super) fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+pub(in crate::runtime) fn spawn_epoch_ticker(
+    engine: Engine,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("caravan-epoch".into())
         .spawn(move || {

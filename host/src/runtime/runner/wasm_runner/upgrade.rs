@@ -12,12 +12,12 @@
 //! This module holds what runs the alloc ([`Build`]), the build waiting to take over, and
 //! how the last upgrade went; the run loop (`restarts`) decides when a build starts.
 
+use super::Checkpoint;
 use super::Shared;
-use super::restarts::Checkpoint;
 use crate::allocrunner::{Latch, LatchTrigger, UpgradeOutcome, UpgradeReport, short_hash};
 use crate::model::structs::Alloc;
 use crate::runtime::LoadedComponent;
-use crate::runtime::lifecycle::Phase;
+use crate::runtime::runner::lifecycle::Phase;
 use crate::util::locks::LockUnpoisoned;
 use std::sync::{Arc, Mutex};
 
@@ -342,7 +342,7 @@ impl Shared {
     /// Adds an event to every task of the alloc's state, which the next guest's reports
     /// then carry on from.
     fn note_on_tasks(&self, kind: &str, message: &str) {
-        let noted = crate::runtime::outcome::with_event_on_every_task(
+        let noted = crate::runtime::runner::outcome::with_event_on_every_task(
             self.state.get(),
             kind,
             message,

@@ -15,8 +15,8 @@
 //! Only the accounting is ours: paths, permissions and the writes themselves stay
 //! wasmtime-wasi's. This module touches nothing but the store's WASI state and its ledger.
 
-use super::StoreData;
-use super::disk_ledger::{DiskLedger, DiskUse, Reservation};
+use crate::runtime::StoreData;
+use crate::runtime::sandbox::disk_ledger::{DiskLedger, DiskUse, Reservation};
 use bytes::Bytes;
 use std::sync::Arc;
 use wasmtime::component::{Linker, Resource};
@@ -39,7 +39,7 @@ type WitResult<T> = wasmtime::Result<(Result<T, ErrorCode>,)>;
 /// Shadows the calls that add to an alloc directory; call after wasmtime-wasi's
 /// `add_to_linker_async`. Fails when wasmtime-wasi does not define the interface at
 /// [`FILESYSTEM_TYPES`]: a guest would then reach wasmtime-wasi's own calls, unmetered.
-pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
+pub(in crate::runtime) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
     if types
         .func_wrap("[method]descriptor.write", |_, (): ()| Ok(()))
@@ -47,7 +47,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmtime::Result<
     {
         wasmtime::bail!(
             "{FILESYSTEM_TYPES} is not wasmtime-wasi's: update FILESYSTEM_TYPES in \
-             runtime/wasi_quota.rs to the version it defines"
+             runtime/sandbox/wasi_quota.rs to the version it defines"
         );
     }
     linker.allow_shadowing(true);
@@ -383,7 +383,7 @@ impl OutputStream for MeteredStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::disk_ledger::DiskQuota;
+    use crate::runtime::sandbox::disk_ledger::DiskQuota;
 
     #[tokio::test]
     async fn a_stream_write_past_the_quota_fails_with_no_space() {

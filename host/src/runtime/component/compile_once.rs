@@ -5,7 +5,7 @@
 //! with the gates but no kept errors, a bad runner was compiled 10,000 times in a row.
 //! Plain maps and mutexes: it knows nothing of wasmtime.
 
-use super::LoadError;
+use crate::runtime::LoadError;
 use crate::util::locks::LockUnpoisoned;
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,7 +17,7 @@ const MAX_FAILED: usize = 1024;
 
 /// A mutex per key, made on first use: work on one key is done by one thread at a time. An
 /// entry is as small, and as many, as the runtime's per-path cache entries.
-pub(super) struct Gates<K> {
+pub(in crate::runtime) struct Gates<K> {
     gates: Mutex<HashMap<K, Arc<Mutex<()>>>>,
 }
 
@@ -31,7 +31,7 @@ impl<K> Default for Gates<K> {
 
 impl<K: std::hash::Hash + Eq + Clone> Gates<K> {
     /// The gate of `key`; lock it for a turn.
-    pub(super) fn gate<Q>(&self, key: &Q) -> Arc<Mutex<()>>
+    pub(in crate::runtime) fn gate<Q>(&self, key: &Q) -> Arc<Mutex<()>>
     where
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -49,19 +49,19 @@ impl<K: std::hash::Hash + Eq + Clone> Gates<K> {
 /// Why each component hash failed to load, kept whole but for the path, which is the asking
 /// alloc's own.
 #[derive(Default)]
-pub(super) struct FailedLoads {
+pub(in crate::runtime) struct FailedLoads {
     failed: Mutex<HashMap<String, LoadError>>,
 }
 
 impl FailedLoads {
     /// The error `hash` failed with, worded for `path`.
-    pub(super) fn get(&self, hash: &str, path: &Path) -> Option<LoadError> {
+    pub(in crate::runtime) fn get(&self, hash: &str, path: &Path) -> Option<LoadError> {
         let failed = self.failed.lock_unpoisoned();
         failed.get(hash).map(|error| error.for_path(path))
     }
 
     /// Remembers that `hash` failed with `error`.
-    pub(super) fn insert(&self, hash: &str, error: &LoadError) {
+    pub(in crate::runtime) fn insert(&self, hash: &str, error: &LoadError) {
         let mut failed = self.failed.lock_unpoisoned();
         if failed.len() >= MAX_FAILED {
             failed.clear();

@@ -7,13 +7,13 @@
 //! each run's (the store's meter starts from what earlier runs used, and the wall-time
 //! deadline is set once), and a crash because either ran out is final.
 
-use super::Shared;
 use super::upgrade::{Build, Upgrading};
+use super::{Checkpoint, Shared};
 use crate::allocrunner::{CheckpointSaved, StateUpdater};
 use crate::model::restart::{RestartDecision, RestartPolicy, RestartTracker};
 use crate::model::structs::AllocState;
-use crate::runtime::event_queue::EventReceiver;
-use crate::runtime::outcome::RunOutcome;
+use crate::runtime::imports::event_queue::EventReceiver;
+use crate::runtime::runner::outcome::RunOutcome;
 use crate::util::locks::LockUnpoisoned;
 use crate::util::units::format_duration;
 use std::sync::atomic::Ordering;
@@ -28,9 +28,6 @@ pub(super) struct Restarts {
     /// shared with the run that starts from it rather than copied.
     last_checkpoint: Arc<Mutex<Option<Checkpoint>>>,
 }
-
-/// A checkpoint's bytes, shared.
-pub(super) type Checkpoint = Arc<[u8]>;
 
 /// What to do after a crash.
 pub(super) enum CrashPlan {
@@ -198,7 +195,7 @@ impl Shared {
                     _ => outcome,
                 };
             };
-            let restarting = crate::runtime::outcome::restarting_state(
+            let restarting = crate::runtime::runner::outcome::restarting_state(
                 last,
                 &why,
                 delay,

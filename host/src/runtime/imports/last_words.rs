@@ -10,7 +10,7 @@
 //! frames (indented lines) and the toolchains' boilerplate are not words: they would push the
 //! message out and mean nothing to an operator without the guest's sources.
 //!
-//! This module only keeps text; [`super::logging`] feeds it and [`super::outcome`] reads it.
+//! This module only keeps text; [`crate::runtime::imports::logging`] feeds it and [`crate::runtime::runner::outcome`] reads it.
 
 use std::collections::VecDeque;
 use std::time::Duration;

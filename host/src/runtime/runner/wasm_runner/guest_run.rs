@@ -2,15 +2,15 @@
 //! for the disk quota, the wall time and (after an upgrade asked it to end) the kill
 //! timeout. The run loop (`restarts`) decides which build runs and what follows.
 
+use super::Checkpoint;
 use super::Shared;
-use super::restarts::Checkpoint;
 use super::upgrade::Build;
 use crate::allocrunner::Latch;
 use crate::model::structs::Alloc;
-use crate::runtime::bindings;
-use crate::runtime::disk_ledger::{DiskLedger, DiskQuota, QuotaExceeded};
-use crate::runtime::event_queue::EventReceiver;
-use crate::runtime::outcome::{RunOutcome, describe_failure};
+use crate::runtime::imports::bindings;
+use crate::runtime::imports::event_queue::EventReceiver;
+use crate::runtime::runner::outcome::{RunOutcome, describe_failure};
+use crate::runtime::sandbox::disk_ledger::{DiskLedger, DiskQuota, QuotaExceeded};
 use crate::runtime::{LoadedComponent, StoreData};
 use crate::util::units::format_duration;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //! counts queued signals and restarts against `MAX_QUEUED_TASK_ACTIONS`). Knows nothing but
 //! the event type.
 
-use super::bindings::Event;
+use crate::runtime::imports::bindings::Event;
 use crate::util::locks::LockUnpoisoned;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -27,7 +27,7 @@ pub use exports::caravan::runner::runner::RunnerError;
 pub use wasi::logging::logging::{
     Host as LoggingImports, Level, add_to_linker as add_logging_to_linker,
 };
-pub use wit::{AllocState as WitAllocState, Event as WitEvent};
+pub use wit::{AllocState as WitAllocState, Event as WitEvent, Host as TypesHost};
 
 /// The WIT name of the interface every runner must export.
 pub const RUNNER_EXPORT: &str = "caravan:runner/runner@0.1.0";
@@ -129,8 +129,6 @@ pub fn state_from_wit(state: WitAllocState) -> structs::AllocState {
             .collect(),
     }
 }
-
-impl wit::Host for crate::runtime::host_api::HostApi {}
 
 /// The alloc description for a runner's `err`. (bindgen's own `Display` is its `Debug`.)
 pub fn describe_runner_error(error: &RunnerError) -> String {

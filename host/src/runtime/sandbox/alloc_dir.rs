@@ -14,7 +14,7 @@ use std::path::Path;
 /// a runner's start, never when it is built: the client's leftover sweep relies on an alloc
 /// being in its map before its directory exists. Returns whether it was made now, and so is
 /// empty: what was there before is for the disk quota's first look to count.
-pub(super) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<bool> {
+pub(in crate::runtime) fn create_alloc_dir(alloc_dir: &Path) -> anyhow::Result<bool> {
     std::fs::create_dir(alloc_dir)
         .map(|()| true)
         .or_else(|e| match e.kind() {
@@ -34,7 +34,7 @@ const ALLOC_DIR_REMOVAL_ATTEMPTS: u32 = 5;
 /// is never fatal to the agent, and after the last attempt what is left is named in the log,
 /// and left to the client, which sweeps directories no alloc owns at every GC interval and
 /// at start.
-pub(super) async fn remove_alloc_files(
+pub(in crate::runtime) async fn remove_alloc_files(
     alloc_dir: &Path,
     mut log: Option<AllocLogWriter>,
     span: &tracing::Span,

@@ -2,19 +2,19 @@
 //! (see the contract in `wit/runner.wit`), and that names a trap or a limit for operators.
 //! Pure functions over what the run left behind; it touches no runner state.
 
-use super::StoreData;
-use super::bindings::{self, RunnerError};
-use super::host_api::MAX_EVENTS_PER_TASK;
 use crate::model::limits::as_len;
 use crate::model::structs::{
     AllocState, ClientStatus, Limits, TaskEvent, TaskLifecycle, TaskState,
 };
+use crate::runtime::StoreData;
+use crate::runtime::imports::bindings::{self, RunnerError};
+use crate::runtime::imports::host_api::MAX_EVENTS_PER_TASK;
 use crate::util::text::cut;
 use crate::util::units::{format_bytes, format_duration};
 
 /// How a run ended, before it is turned into a final state.
 #[derive(Debug)]
-pub(super) enum RunOutcome {
+pub(in crate::runtime) enum RunOutcome {
     /// `run` returned.
     Returned(Result<(), RunnerError>),
     /// The guest trapped or hit a limit; the description names which.
@@ -32,7 +32,7 @@ pub(super) enum RunOutcome {
 impl RunOutcome {
     /// What a crash says of itself: the description of a trap, a limit or an error `run`
     /// returned; `None` for a run that ended without crashing.
-    pub(super) fn crash_description(&self, limits: &Limits) -> Option<String> {
+    pub(in crate::runtime) fn crash_description(&self, limits: &Limits) -> Option<String> {
         match self {
             RunOutcome::Failed(description) => Some(description.clone()),
             RunOutcome::Returned(Err(error)) => Some(
@@ -50,7 +50,11 @@ impl RunOutcome {
 /// Names what ended a run that did not return: a limit first (the trap it caused is only a
 /// symptom), then the trap with the guest function it happened in and the guest's last words
 /// (what it wrote to stderr or logged at ERROR just before: a panic message, an exception).
-pub(super) fn describe_failure(error: &wasmtime::Error, data: &StoreData, context: &str) -> String {
+pub(in crate::runtime) fn describe_failure(
+    error: &wasmtime::Error,
+    data: &StoreData,
+    context: &str,
+) -> String {
     if let Some(limit) = data.memory.failure().or_else(|| data.cpu.failure()) {
         return limit;
     }
@@ -135,7 +139,7 @@ fn is_runtime_frame(name: &str) -> bool {
 /// run ended decides (see the contract in `wit/runner.wit`), and every task the guest left
 /// unfinished ends `dead` (failed, if the alloc failed) with a `Terminated` event at
 /// `now_unix_ms` giving the reason, as Nomad's tasks do when their alloc ends.
-pub(super) fn final_state(
+pub(in crate::runtime) fn final_state(
     last: AllocState,
     outcome: RunOutcome,
     shut_down: bool,
@@ -199,7 +203,7 @@ pub(super) fn final_state(
 /// `attempt`-th restart of `limit` (`2 in 30m`): pending, every task pending again with a
 /// restart counted and the events Nomad gives one (`Terminated` for a task that was still
 /// running, then `Restarting`).
-pub(super) fn restarting_state(
+pub(in crate::runtime) fn restarting_state(
     last: AllocState,
     why: &str,
     delay: std::time::Duration,
@@ -235,7 +239,7 @@ pub(super) fn restarting_state(
 
 /// Adds `event`, the task's oldest events making room within the per-task limit.
 /// `state` with an event of `kind` saying `message` at `now_unix_ms` added to every task.
-pub(super) fn with_event_on_every_task(
+pub(in crate::runtime) fn with_event_on_every_task(
     mut state: AllocState,
     kind: &str,
     message: &str,
@@ -262,7 +266,7 @@ fn push_event(task: &mut TaskState, event: TaskEvent) {
 
 /// Every task not dead yet ends `dead` (`failed` as given) with a `Terminated` event at
 /// `now_unix_ms` saying `why`, its oldest events making room within the per-task limit.
-pub(super) fn end_unfinished_tasks(
+pub(in crate::runtime) fn end_unfinished_tasks(
     tasks: &mut [TaskState],
     failed: bool,
     why: &str,

@@ -4,7 +4,7 @@
 use tokio::time::Instant;
 
 /// Up to `capacity` tokens, refilled at `per_second`, starting full.
-pub(super) struct TokenBucket {
+pub(in crate::runtime) struct TokenBucket {
     capacity: f64,
     per_second: f64,
     tokens: f64,
@@ -12,7 +12,7 @@ pub(super) struct TokenBucket {
 }
 
 impl TokenBucket {
-    pub(super) fn new(per_second: f64, capacity: f64) -> Self {
+    pub(in crate::runtime) fn new(per_second: f64, capacity: f64) -> Self {
         TokenBucket {
             capacity,
             per_second,
@@ -22,7 +22,7 @@ impl TokenBucket {
     }
 
     /// Adds what accrued since the last refill, up to the capacity.
-    pub(super) fn refill(&mut self, now: Instant) {
+    pub(in crate::runtime) fn refill(&mut self, now: Instant) {
         if let Some(refilled_at) = self.refilled_at {
             let elapsed = now.saturating_duration_since(refilled_at).as_secs_f64();
             self.tokens = (self.tokens + elapsed * self.per_second).min(self.capacity);
@@ -31,17 +31,17 @@ impl TokenBucket {
     }
 
     /// Whether `tokens` are there to take (after a [`TokenBucket::refill`]).
-    pub(super) fn holds(&self, tokens: f64) -> bool {
+    pub(in crate::runtime) fn holds(&self, tokens: f64) -> bool {
         self.tokens >= tokens
     }
 
     /// Takes `tokens`, which [`TokenBucket::holds`] said are there.
-    pub(super) fn spend(&mut self, tokens: f64) {
+    pub(in crate::runtime) fn spend(&mut self, tokens: f64) {
         self.tokens -= tokens;
     }
 
     /// Refills, then takes `tokens` if they are all there; takes nothing otherwise.
-    pub(super) fn take(&mut self, now: Instant, tokens: f64) -> bool {
+    pub(in crate::runtime) fn take(&mut self, now: Instant, tokens: f64) -> bool {
         self.refill(now);
         let held = self.holds(tokens);
         if held {

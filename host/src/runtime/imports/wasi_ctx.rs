@@ -7,8 +7,8 @@
 //! volumes and environment variables (see [`crate::model::capabilities`]). This module builds the
 //! context only; it decides nothing about what is granted.
 
-use super::logging::{GuestLogSink, GuestOutput};
 use crate::model::capabilities::Grants;
+use crate::runtime::imports::logging::{GuestLogSink, GuestOutput};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -35,7 +35,7 @@ impl wasmtime_wasi::HostMonotonicClock for TokioClock {
 /// Whether the sandbox opens its directories (the alloc dir and the granted volumes) for the
 /// guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Directories {
+pub(in crate::runtime) enum Directories {
     /// Opened, each held as a host descriptor while the sandbox lives.
     Open,
     /// Not opened: the runner imports no `wasi:filesystem` interface, so no call could reach
@@ -68,7 +68,7 @@ impl rand::TryRng for ThreadSecureRandom {
 
 /// The context for an alloc whose directory is `alloc_dir`, given `grants`, with its output
 /// going to `sink`. An error names the directory that could not be opened.
-pub(super) fn sandbox_wasi(
+pub(in crate::runtime) fn sandbox_wasi(
     alloc_dir: &Path,
     directories: Directories,
     grants: &Grants,

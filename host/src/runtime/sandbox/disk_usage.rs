@@ -1,125 +1,97 @@
-//! The alloc directory's quota, looked at the way Nomad checks `ephemeral_disk`: the host
-//! looks at what the directory holds every [`CHECK_INTERVAL`] while the runner runs, keeps
-//! the alloc's [`DiskLedger`] up to date with what it found, and fails the alloc, naming the
-//! limit, once it holds more bytes, more entries or deeper directories than allowed.
+//! What an alloc directory holds, and what it may: its [`DiskQuota`], a [`DiskUse`] of bytes
+//! and entries, and [`check`], the bounded walk that measures a directory against its quota.
+//! The ledger (`disk_ledger`) keeps each alloc's account with it, and the watcher thread
+//! (`disk_watch`) looks with it; it only reads.
 //!
-//! One [`DiskWatcher`] thread per runtime looks at every watched directory in turn. A timer
-//! and a blocking-pool task per alloc cost an agent with 1,000 idle allocs 0.85 s of CPU per
-//! 10 s (0.05 s without any check); this thread costs 0.13 s (see `docs/bench/history.md`).
-//!
-//! The look is what corrects the ledger (deletions, overwrites) and what catches depth; the
-//! write that would cross the line is refused by the WASI layer (`runtime/wasi_quota.rs`)
-//! from the ledger's account. Each look is bounded too: it stops as soon as a limit is
-//! passed, so a guest's million files cost it one failed check, not a million `stat`s per
-//! second. It holds one descriptor per level it is in, and never goes deeper than the depth
-//! limit.
-//!
-//! It only reads the alloc directory; it never changes it.
+//! Each look is bounded: it stops as soon as a limit is passed, so a guest's million files
+//! cost it one failed check, not a million `stat`s. It holds one descriptor per level it is
+//! in, and never goes deeper than the depth limit.
 
-use super::disk_ledger::{DiskLedger, DiskQuota, DiskUse};
-use crate::util::locks::LockUnpoisoned;
+use crate::util::units::format_bytes;
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::Path;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-/// How often a running alloc's directory is looked at.
-pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How deep directories may nest under the alloc directory.
+pub const MAX_DIR_DEPTH: usize = 64;
 
-/// Watches alloc directories from one thread of its own. Cheap to clone.
-#[derive(Clone)]
-pub struct DiskWatcher {
-    inner: Arc<WatcherInner>,
+/// The quota of one alloc directory.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskQuota {
+    /// Bytes in use (as `du` counts them: whole blocks).
+    pub bytes: u64,
+    /// Entries of any kind.
+    pub entries: u64,
+    /// Nesting of directories.
+    pub depth: usize,
 }
 
-struct WatcherInner {
-    watched: Mutex<HashMap<u64, Watched>>,
-    next_id: AtomicU64,
-    stop: Arc<AtomicBool>,
-}
-
-struct Watched {
-    ledger: Arc<DiskLedger>,
-}
-
-/// One directory being watched; dropping it stops the watch.
-pub struct Watch {
-    id: u64,
-    watcher: DiskWatcher,
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.watcher
-            .inner
-            .watched
-            .lock_unpoisoned()
-            .remove(&self.id);
-    }
-}
-
-impl DiskWatcher {
-    /// Starts the watching thread; it ends when `stop` is set.
-    pub fn start(stop: Arc<AtomicBool>) -> std::io::Result<DiskWatcher> {
-        let watcher = DiskWatcher {
-            inner: Arc::new(WatcherInner {
-                watched: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(0),
-                stop,
-            }),
-        };
-        let looking = watcher.inner.clone();
-        std::thread::Builder::new()
-            .name("caravan-disk-watch".into())
-            .spawn(move || looking.run())?;
-        Ok(watcher)
+impl DiskQuota {
+    /// The quota `limits` give an alloc directory (its depth limit is fixed).
+    pub fn of(limits: &crate::model::structs::Limits) -> Self {
+        DiskQuota {
+            bytes: limits.disk_bytes,
+            entries: u64::from(limits.disk_entries),
+            depth: MAX_DIR_DEPTH,
+        }
     }
 
-    /// Looks at `ledger`'s directory (against its quota) until the returned [`Watch`] is
-    /// dropped; a limit passed is reported through the ledger.
-    pub fn watch(&self, ledger: Arc<DiskLedger>) -> Watch {
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let watched = Watched { ledger };
-        self.inner.watched.lock_unpoisoned().insert(id, watched);
-        Watch {
-            id,
-            watcher: self.clone(),
+    /// The default quota but for `bytes`.
+    #[cfg(test)]
+    pub fn of_bytes(bytes: u64) -> Self {
+        DiskQuota {
+            bytes,
+            ..DiskQuota::of(&crate::model::structs::Limits::default())
+        }
+    }
+
+    /// The alloc's description when it holds more bytes than allowed.
+    pub fn bytes_exceeded(&self) -> String {
+        format!("disk quota of {} exceeded", format_bytes(self.bytes))
+    }
+
+    /// The alloc's description when it holds more entries than allowed.
+    pub fn entries_exceeded(&self) -> String {
+        format!(
+            "disk quota exceeded: the alloc directory holds more than {} entries",
+            self.entries
+        )
+    }
+
+    pub(in crate::runtime) fn exceeded_by(&self, usage: DiskUse) -> Option<String> {
+        if usage.bytes > self.bytes {
+            Some(self.bytes_exceeded())
+        } else if usage.entries > self.entries {
+            Some(self.entries_exceeded())
+        } else {
+            None
         }
     }
 }
 
-impl WatcherInner {
-    fn run(&self) {
-        let mut round_started = std::time::Instant::now();
-        while !self.stop.load(Ordering::Relaxed) {
-            // A round slower than the interval starts the next one at once, and says so: the
-            // quota is then looked at less often than promised.
-            let took = round_started.elapsed();
-            if took > CHECK_INTERVAL {
-                tracing::warn!(
-                    took_ms = took.as_millis() as u64,
-                    watched = self.watched.lock_unpoisoned().len(),
-                    "looking at every alloc dir took longer than the quota check interval"
-                );
-            } else {
-                std::thread::sleep(CHECK_INTERVAL - took);
-            }
-            round_started = std::time::Instant::now();
-            let ledgers: Vec<Arc<DiskLedger>> = self
-                .watched
-                .lock_unpoisoned()
-                .values()
-                .filter(|watched| !watched.ledger.is_reported())
-                .map(|watched| watched.ledger.clone())
-                .collect();
-            for ledger in ledgers {
-                ledger.look_now();
-            }
+/// Bytes and entries: what a look found, or what an operation reserves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskUse {
+    /// Bytes, in whole blocks.
+    pub bytes: u64,
+    /// Entries of any kind.
+    pub entries: u64,
+}
+
+impl DiskUse {
+    pub(in crate::runtime) fn plus(self, other: DiskUse) -> DiskUse {
+        DiskUse {
+            bytes: self.bytes.saturating_add(other.bytes),
+            entries: self.entries.saturating_add(other.entries),
+        }
+    }
+
+    pub(in crate::runtime) fn minus(self, other: DiskUse) -> DiskUse {
+        DiskUse {
+            bytes: self.bytes.saturating_sub(other.bytes),
+            entries: self.entries.saturating_sub(other.entries),
         }
     }
 }

@@ -9,11 +9,11 @@
 //! [`crate::alloc_logs`]'s business, never this module's. Lines on stderr or at ERROR are also
 //! heard as the runner's [`LastWords`], admitted or not.
 
-use super::bindings::{Level, LoggingImports};
-use super::last_words::LastWords;
-use super::token_bucket::TokenBucket;
 use crate::alloc_logs::AllocLogWriter;
 use crate::model::structs::Limits;
+use crate::runtime::imports::bindings::{Level, LoggingImports};
+use crate::runtime::imports::last_words::LastWords;
+use crate::runtime::sandbox::token_bucket::TokenBucket;
 use crate::util::locks::LockUnpoisoned;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
