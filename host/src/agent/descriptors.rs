@@ -23,8 +23,44 @@ pub fn raise_open_files_limit() -> Option<u64> {
     raise_to(soft, hard)
 }
 
-/// Descriptors kept for the agent itself: the API's connections, log files, the state DB.
+/// Descriptors kept for the agent itself: the API's connections, the state DB, etcd's
+/// connections; each live alloc's log file comes on top.
 const AGENT_RESERVE: u64 = 1024;
+
+/// The descriptors runners may hold together on an agent whose limit is `limit`: what the
+/// limit leaves after the agent's reserve and a log file per live alloc (`None`: no limit,
+/// no budget). Warns only when the configuration can really run out: when the log files
+/// alone could take the agent's descriptors, or when the budget would not let one alloc
+/// open as many files as it may (`one_alloc_may_hold`). Runners are held to this budget
+/// (`runtime::sandbox::descriptors`), so they cannot take the agent's own descriptors
+/// however many run.
+pub fn runner_budget(
+    limit: Option<u64>,
+    max_live_allocs: u32,
+    one_alloc_may_hold: u64,
+) -> Option<u64> {
+    let limit = limit?;
+    let agent_needs = AGENT_RESERVE.saturating_add(u64::from(max_live_allocs));
+    let budget = limit.saturating_sub(agent_needs);
+    if budget < one_alloc_may_hold {
+        tracing::warn!(
+            limit,
+            max_live_allocs,
+            runners_may_hold = budget,
+            one_alloc_may_hold,
+            "this agent may open too few file descriptors: its live allocs' log files and \
+             one alloc's open files may not all fit; raise the hard limit (ulimit -Hn), or \
+             lower client.max_live_allocs or client.limit_caps.open_files"
+        );
+    } else {
+        tracing::debug!(
+            limit,
+            runners_may_hold = budget,
+            "runners share a descriptor budget"
+        );
+    }
+    Some(budget)
+}
 
 /// Warns when `max_live_allocs`, each holding up to `handles_per_alloc` descriptors, could
 /// take more than `limit` leaves after the agent's own reserve: a node configured so can run
@@ -81,6 +117,13 @@ fn raise_to(soft: u64, target: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runners_get_what_the_agent_and_its_log_files_leave() {
+        assert_eq!(runner_budget(Some(20_000), 1_000, 1_024), Some(17_976));
+        assert_eq!(runner_budget(Some(1_024), 1_000, 1_024), Some(0));
+        assert_eq!(runner_budget(None, 1_000, 1_024), None);
+    }
 
     #[test]
     fn a_node_whose_allocs_could_take_every_descriptor_is_warned_about() {

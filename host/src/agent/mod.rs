@@ -87,15 +87,16 @@ impl Agent {
             );
         }
         let descriptor_limit = descriptors::raise_open_files_limit();
-        // An agent without a client runs no allocs.
-        if config.client_enabled {
-            descriptors::warn_if_allocs_can_exhaust(
+        // An agent without a client runs no allocs, and needs no budget for them.
+        let runner_descriptors = if config.client_enabled {
+            descriptors::runner_budget(
                 descriptor_limit,
                 config.max_live_allocs,
-                // The worst case: every alloc at the most open files a job may ask for.
                 u64::from(config.limit_caps.open_files),
-            );
-        }
+            )
+        } else {
+            None
+        };
         let dev_data_dir = if config.dev {
             let dir = crate::util::fs_tree::TempTree::new("caravan-dev-")
                 .context("cannot create the dev data dir")?;
@@ -112,11 +113,14 @@ impl Agent {
         let db: Arc<dyn StateDb> = Arc::new(crate::state::blocking(|| {
             RedbStateDb::open(&config.data_dir)
         })?);
-        let runtime = Runtime::new(&RuntimeConfig::for_node(
-            config.max_live_allocs,
-            config.cache_dir.as_deref(),
-            &config.data_dir,
-        ))?;
+        let runtime = Runtime::new(&RuntimeConfig {
+            guest_descriptors: runner_descriptors,
+            ..RuntimeConfig::for_node(
+                config.max_live_allocs,
+                config.cache_dir.as_deref(),
+                &config.data_dir,
+            )
+        })?;
         let listener = listener::listen(config.bind)
             .with_context(|| format!("cannot listen on {}", config.bind))?;
         let addr = listener.local_addr()?;

@@ -61,6 +61,7 @@ use component::component_checks::{
 use component::engine::{Instances, engine_config, spawn_epoch_ticker, warn_if_map_count_too_low};
 use imports::bindings::{AllocRunnerPre, RUNNER_EXPORT};
 use sandbox::cpu_meter::CpuMeter;
+use sandbox::descriptors::{DescriptorBudget, HeldDescriptors};
 use sandbox::store_limits::MemoryLimiter;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -89,6 +90,9 @@ pub struct RuntimeConfig {
     pub pooling: Pooling,
     /// Where compiled components are kept across restarts; `None` keeps them in memory only.
     pub cache_dir: Option<PathBuf>,
+    /// How many host descriptors runners may hold together (`None`: no budget); an open past
+    /// it fails in the guest, so the agent keeps descriptors of its own whatever runners do.
+    pub guest_descriptors: Option<u64>,
 }
 
 impl RuntimeConfig {
@@ -110,6 +114,7 @@ impl Default for RuntimeConfig {
             max_live_allocs: 1_000,
             pooling: Pooling::Auto,
             cache_dir: None,
+            guest_descriptors: None,
         }
     }
 }
@@ -216,6 +221,8 @@ struct RuntimeInner {
     failed: compile_once::FailedLoads,
     ticker_stop: Arc<AtomicBool>,
     disk_watcher: disk_watch::DiskWatcher,
+    /// The host descriptors every runner together may hold.
+    descriptors: Arc<DescriptorBudget>,
 }
 
 /// The SHA-256 (hex) of a component's bytes: the [`LoadedComponent::hash`] it loads as.
@@ -305,8 +312,14 @@ impl Runtime {
                 instantiations: crate::util::histogram::Histogram::default(),
                 ticker_stop,
                 disk_watcher,
+                descriptors: DescriptorBudget::new(config.guest_descriptors),
             }),
         })
+    }
+
+    /// How many host descriptors runners hold now, all together.
+    pub fn descriptors_held(&self) -> u64 {
+        self.inner.descriptors.held()
     }
 
     /// How long instantiating a runner took, per alloc.
@@ -520,6 +533,8 @@ pub(crate) struct StoreData {
     limits: Arc<crate::model::structs::Limits>,
     /// The alloc directory's account, which the WASI layer reserves writes in.
     disk: Arc<disk_ledger::DiskLedger>,
+    /// The host descriptors this store's guest holds, of the runtime's budget.
+    descriptors: HeldDescriptors,
 }
 
 impl WasiView for StoreData {

@@ -86,6 +86,61 @@ async fn a_descriptor_bomb_fails_its_alloc_at_the_handle_limit() {
 }
 
 #[tokio::test]
+async fn runners_together_hold_no_more_descriptors_than_the_agents_budget_and_give_them_back() {
+    let _logs = LogCapture::start();
+    // A budget of 100 for every runner: the first bomb gets 100 files, not its 1,024.
+    let runtime = caravan_host::runtime::Runtime::new(&caravan_host::runtime::RuntimeConfig {
+        max_live_allocs: 8,
+        guest_descriptors: Some(100),
+        ..caravan_host::runtime::RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let greedy = start_on(
+        runtime.clone(),
+        hostile_attack("fd-bomb", &[("count", "500")]),
+        None,
+    );
+    let state = greedy.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    assert!(
+        state.description.starts_with("opened 100 files, then: "),
+        "{}",
+        state.description
+    );
+    // Its store is gone, and with it what it held: a neighbour gets its files.
+    within("the greedy runner's destroy", async {
+        greedy.runner.destroy();
+        greedy.runner.destroyed().wait().await
+    })
+    .await;
+    assert_eq!(runtime.descriptors_held(), 0);
+    // A file closed goes back at once: 300 made and closed one by one within a budget of 100.
+    let closing = start_on(
+        runtime.clone(),
+        hostile_attack("file-flood", &[("count", "300")]),
+        None,
+    );
+    let state = closing
+        .recorder
+        .wait_for_status(ClientStatus::Running)
+        .await;
+    assert_eq!(state.description, "created 300 files");
+    assert_eq!(runtime.descriptors_held(), 0);
+    closing.runner.kill();
+    closing.stopped().await;
+    let modest = start_on(
+        runtime.clone(),
+        hostile_attack("fd-bomb", &[("count", "60")]),
+        None,
+    );
+    let state = modest.recorder.wait_for_status(ClientStatus::Running).await;
+    assert_eq!(state.description, "holding 60 files");
+    assert_eq!(runtime.descriptors_held(), 60);
+    modest.runner.kill();
+    modest.stopped().await;
+}
+
+#[tokio::test]
 async fn a_report_flood_spends_its_own_cpu_budget_on_the_host_work_it_causes() {
     let logs = LogCapture::start();
     // Each report of 20,000 task states is refused; lifting and checking it is the host's

@@ -33,7 +33,7 @@ async fn on_a_node_sized_for_very_many_allocs_memories_grow_past_their_smaller_r
     let crowded = caravan_host::runtime::Runtime::new(&caravan_host::runtime::RuntimeConfig {
         max_live_allocs: 690_000,
         pooling: caravan_host::runtime::Pooling::Off,
-        cache_dir: None,
+        ..caravan_host::runtime::RuntimeConfig::default()
     })
     .expect("runtime");
     let said = logs.lines();

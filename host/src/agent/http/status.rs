@@ -82,6 +82,13 @@ pub(super) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse 
         server.write_prometheus(&mut text);
     }
     write_instantiation_latency(state.runtime.instantiation_latency(), &mut text);
+    crate::util::prometheus::single(
+        &mut text,
+        "caravan_runner_descriptors_held",
+        crate::util::prometheus::Kind::Gauge,
+        "Host file descriptors runners hold now, all together (files they opened).",
+        state.runtime.descriptors_held(),
+    );
     if let Some(etcd) = &state.etcd {
         etcd.write_prometheus(&mut text);
     }

@@ -12,6 +12,10 @@
 //! run with the alloc described as over its quota; a call that fails gives its reservation
 //! back.
 //!
+//! Each `open-at` also takes a descriptor from the budget all runners share, and each
+//! descriptor dropped gives it back (`descriptors`): an open past the budget fails in the
+//! guest with `quota`.
+//!
 //! Only the accounting is ours: paths, permissions and the writes themselves stay
 //! wasmtime-wasi's. This module touches nothing but the store's WASI state and its ledger.
 
@@ -52,6 +56,17 @@ pub(in crate::runtime) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmt
     }
     linker.allow_shadowing(true);
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
+    // A descriptor the guest drops goes back to the budget every runner shares (see
+    // `descriptors`); then wasmtime-wasi closes it, as its own destructor does.
+    types.resource(
+        "descriptor",
+        wasmtime::component::ResourceType::host::<Descriptor>(),
+        |mut store, handle| {
+            let data = store.data_mut();
+            data.descriptors.dropped(handle);
+            HostDescriptor::drop(&mut filesystem(data), Resource::new_own(handle))
+        },
+    )?;
     types.func_wrap_async(
         "[method]descriptor.write",
         |mut store, (fd, buffer, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
@@ -135,15 +150,26 @@ pub(in crate::runtime) fn add_to_linker(linker: &mut Linker<StoreData>) -> wasmt
         )| {
             Box::new(async move {
                 let data = store.data_mut();
+                // A descriptor of the agent's, from the budget every runner shares.
+                if !data.descriptors.reserve() {
+                    return Ok((Err(ErrorCode::Quota),));
+                }
                 let creates = open_flags.contains(OpenFlags::CREATE);
                 let amount = if creates { ENTRY } else { DiskUse::default() };
                 let Some((reservation, mut view)) = reserve(data, amount) else {
+                    data.descriptors.not_opened();
                     return no_space();
                 };
                 let opened =
                     HostDescriptor::open_at(&mut view, fd, path_flags, path, open_flags, flags)
                         .await;
-                finish(&mut view, reservation, opened)
+                let handle = opened.as_ref().ok().map(Resource::rep);
+                let answer = finish(&mut view, reservation, opened);
+                match handle {
+                    Some(handle) => data.descriptors.opened(handle),
+                    None => data.descriptors.not_opened(),
+                }
+                answer
             })
         },
     )?;

@@ -10,6 +10,7 @@ use crate::runtime::imports::logging::{GuestLogSink, GuestLogging, LogLimits};
 use crate::runtime::imports::wasi_ctx::{Directories, sandbox_wasi};
 use crate::runtime::sandbox::alloc_dir::create_alloc_dir;
 use crate::runtime::sandbox::cpu_meter::CpuMeter;
+use crate::runtime::sandbox::descriptors::HeldDescriptors;
 use crate::runtime::sandbox::disk_ledger::DiskLedger;
 use crate::runtime::sandbox::store_limits::MemoryLimiter;
 use crate::runtime::{LoadedComponent, StoreData};
@@ -80,6 +81,7 @@ impl Shared {
                 .reporting_to(self.usage.clone()),
             limits: self.limits.clone(),
             disk,
+            descriptors: HeldDescriptors::of(self.runtime.inner.descriptors.clone()),
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
         store.set_hostcall_fuel(crate::model::limits::as_len(self.limits.hostcall_bytes));
