@@ -47,12 +47,12 @@ pub(crate) mod sandbox;
 // The rooms' files by their own names, as this facade used them before they had rooms.
 use component::{compile_once, disk_cache};
 pub use imports::logging::GUEST_TARGET;
-use imports::{bindings, host_api, logging};
+use imports::{host_api, logging};
 pub use runner::wasm_runner::{
     MAX_QUEUED_TASK_ACTIONS, RunEnding, WasmAllocRunner, WasmAllocRunnerFactory,
 };
 pub use sandbox::store_limits::EPOCH_TICK;
-use sandbox::{disk_ledger, disk_watch, wasi_quota};
+use sandbox::{disk_ledger, disk_watch};
 
 use crate::util::locks::LockUnpoisoned;
 use component::component_checks::{
@@ -282,12 +282,8 @@ impl Runtime {
         };
 
         let mut linker = Linker::<StoreData>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
-        wasi_quota::add_to_linker(&mut linker).map_err(anyhow::Error::from)?;
-        bindings::add_host_to_linker::<_, HostApiData>(&mut linker, |data| &mut data.host_api)
-            .map_err(anyhow::Error::from)?;
-        bindings::add_logging_to_linker::<_, LoggingData>(&mut linker, |data| &mut data.logging)
-            .map_err(anyhow::Error::from)?;
+        imports::add_to_linker(&mut linker)?;
+        sandbox::add_to_linker(&mut linker)?;
 
         warn_if_map_count_too_low(config.max_live_allocs);
         let ticker_stop = Arc::new(AtomicBool::new(false));
@@ -544,16 +540,4 @@ impl WasiView for StoreData {
             table: &mut self.table,
         }
     }
-}
-
-/// Projects the store to the `caravan:runner/host` import.
-struct HostApiData;
-impl wasmtime::component::HasData for HostApiData {
-    type Data<'a> = &'a mut host_api::HostApi;
-}
-
-/// Projects the store to the `wasi:logging` import.
-struct LoggingData;
-impl wasmtime::component::HasData for LoggingData {
-    type Data<'a> = &'a mut logging::GuestLogging;
 }

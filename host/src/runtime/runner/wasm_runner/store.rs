@@ -84,13 +84,7 @@ impl Shared {
             descriptors: HeldDescriptors::of(self.runtime.inner.descriptors.clone()),
         };
         let mut store = Store::new(&self.runtime.inner.engine, data);
-        store.set_hostcall_fuel(crate::model::limits::as_len(self.limits.hostcall_bytes));
-        store.set_max_component_handles(self.limits.open_files as usize);
-        store.limiter(|data| &mut data.memory);
-        store.epoch_deadline_callback(|mut context| context.data_mut().cpu.on_epoch_deadline());
-        // Calls to the host's imports are timed for the CPU budget (see `cpu_meter`).
-        store.call_hook(|mut context, hook| context.data_mut().cpu.on_call_hook(hook));
-        store.set_epoch_deadline(1);
+        crate::runtime::sandbox::install(&mut store, &self.limits);
         Ok((store, first_look_due))
     }
 }
