@@ -7,3 +7,4 @@ pub(in crate::runtime) mod compile_once;
 pub(in crate::runtime) mod component_checks;
 pub mod disk_cache;
 pub(in crate::runtime) mod engine;
+pub(in crate::runtime) mod load;
