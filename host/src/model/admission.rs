@@ -4,12 +4,25 @@
 //! changed since, and an alloc read back after a restart or sent by another agent's server
 //! must meet today's. Both give the same refusal, naming the job file key at fault.
 //!
-//! What is not here: the runner's identity (that its component loads, and its SHA-256),
-//! which needs the runtime; the agent checks it beside these rules when a job is submitted.
+//! A job's runner is admitted here too ([`Admission::admit_job`]): its path must be absolute
+//! and lead to a component that loads as a runner, and the job then names that build by its
+//! SHA-256. Loading needs the runtime, which this module must not see: it asks through
+//! [`RunnerIdentity`], which the runtime implements.
 
 use super::capabilities::{Capabilities, CapabilityPolicy, Grants};
+use super::jobspec::JobSpec;
 use super::limits::{LimitCaps, LimitOverrides, Limits};
+use std::path::Path;
 use std::sync::Arc;
+
+/// Where a job's runner is identified: loaded as a runner (compiled, for a build not seen
+/// before) and named by the SHA-256 of its bytes. Blocking: a compile takes up to seconds,
+/// so call it off the async workers.
+pub trait RunnerIdentity: Send + Sync {
+    /// The SHA-256 (hex) of the runner at `path`, an absolute path, once it loaded; or why
+    /// it did not, naming the file.
+    fn identify(&self, path: &Path) -> Result<String, String>;
+}
 
 /// What this agent admits: the most a job may ask for, and what it offers beyond an alloc's
 /// own directory.
@@ -64,6 +77,35 @@ impl Admission {
     }
 }
 
+impl Admission {
+    /// Every rule a submitted job must meet on this agent: [`Admission::admit`] for what its
+    /// allocs ask (against the agent's `defaults`), then its runner, identified through
+    /// `runners`. Returns the runner's SHA-256, which the job records: a new build is a change
+    /// of the job. Blocking (see [`RunnerIdentity`]).
+    pub fn admit_job(
+        &self,
+        job: &JobSpec,
+        defaults: &Limits,
+        runners: &dyn RunnerIdentity,
+    ) -> Result<String, Refusal> {
+        let running_under = defaults.with_overrides(&job.limits);
+        self.admit(&job.limits, &running_under, &job.capabilities)?;
+        let refuse = |message: String| Refusal {
+            field: "job.runner".into(),
+            message: format!("job.runner: {message}"),
+        };
+        let runner = Path::new(&job.runner);
+        if !runner.is_absolute() {
+            return Err(refuse(format!(
+                "{:?} is relative; the API needs an absolute path (`caravan job run` resolves \
+                 a job file's relative path against the file's directory)",
+                job.runner
+            )));
+        }
+        runners.identify(runner).map_err(refuse)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +114,48 @@ mod tests {
         let mut asked = LimitOverrides::default();
         asked.set(key, value).unwrap();
         asked
+    }
+
+    /// Runners as a test sees them: every path is a runner of build `sha256:<path>`.
+    struct AnyFile;
+
+    impl RunnerIdentity for AnyFile {
+        fn identify(&self, path: &Path) -> Result<String, String> {
+            match path.to_str() {
+                Some("/missing.wasm") => {
+                    Err("runner component /missing.wasm does not exist".into())
+                }
+                other => Ok(format!("sha256:{}", other.unwrap_or(""))),
+            }
+        }
+    }
+
+    fn job(runner: &str) -> JobSpec {
+        crate::model::jobspec::parse_json(&format!(
+            r#"{{"job": {{"id": "web", "type": "service", "count": 1, "runner": {runner:?}}}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_job_names_its_runners_build_and_a_relative_or_missing_runner_is_refused() {
+        let admission = Admission::default();
+        let defaults = Limits::default();
+        assert_eq!(
+            admission.admit_job(&job("/runners/web.wasm"), &defaults, &AnyFile),
+            Ok("sha256:/runners/web.wasm".to_string())
+        );
+        for (runner, says) in [
+            ("web.wasm", "is relative"),
+            ("/missing.wasm", "does not exist"),
+        ] {
+            let refusal = admission
+                .admit_job(&job(runner), &defaults, &AnyFile)
+                .unwrap_err();
+            assert_eq!(refusal.field, "job.runner");
+            assert!(refusal.message.starts_with("job.runner: "), "{refusal}");
+            assert!(refusal.message.contains(says), "{refusal}");
+        }
     }
 
     #[test]

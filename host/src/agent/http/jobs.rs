@@ -25,41 +25,35 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 
-/// Every check a job gets before anything changes: the document, its limits against the
-/// caps and the defaults, its capabilities against the offer, and its runner. Returns the
-/// job with its runner's SHA-256 set (which build it runs: a new build is a change of the
-/// job), and the first digits of that SHA-256 to show.
+/// Every check a job gets before anything changes: the document, then the agent's admission
+/// (its limits against the caps and the defaults, its capabilities against the offer, and
+/// its runner, loaded and named by its SHA-256: a new build is a change of the job). Returns
+/// the job with its build set, and the first digits of its SHA-256 to show.
 async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)> {
     let mut spec = jobspec::parse_json(body)
         .map_err(|e| ApiError::bad_request(e.field.clone(), e.to_string()))?;
-    let running_under = state.default_limits.with_overrides(&spec.limits);
-    state
-        .admission
-        .admit(&spec.limits, &running_under, &spec.capabilities)
-        .map_err(|refused| ApiError::bad_request(refused.field, refused.message))?;
-    let runner = std::path::PathBuf::from(&spec.runner);
-    if !runner.is_absolute() {
-        return Err(ApiError::bad_request(
-            "job.runner",
-            format!(
-                "job.runner: {:?} is relative; the API needs an absolute path (`caravan job \
-                 run` resolves a job file's relative path against the file's directory)",
-                spec.runner
-            ),
-        ));
-    }
-    let runtime = state.runtime.clone();
-    let loaded = tokio::task::spawn_blocking(move || runtime.load_file_now(&runner))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("loading the runner failed: {e}"),
-            )
-        })?
-        .map_err(|e| ApiError::bad_request("job.runner", format!("job.runner: {e}")))?;
-    let short_hash = crate::allocrunner::short_hash(&loaded.hash).to_string();
-    spec.runner_sha256 = Some(loaded.hash.clone());
+    // Off the async workers: identifying a runner may compile it.
+    let (admission, defaults, runtime) = (
+        state.admission.clone(),
+        state.default_limits,
+        state.runtime.clone(),
+    );
+    let (admitted, spec_back) = tokio::task::spawn_blocking(move || {
+        let admitted = admission.admit_job(&spec, &defaults, &runtime);
+        (admitted, spec)
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the job failed: {e}"),
+        )
+    })?;
+    spec = spec_back;
+    let sha256 =
+        admitted.map_err(|refused| ApiError::bad_request(refused.field, refused.message))?;
+    let short_hash = crate::allocrunner::short_hash(&sha256).to_string();
+    spec.runner_sha256 = Some(sha256);
     Ok((spec, short_hash))
 }
 

@@ -296,3 +296,13 @@ impl Runtime {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The runtime is where a job's runner is identified (see [`crate::model::admission`]): it
+/// loads the file as it is now, compiling a build not seen before.
+impl crate::model::admission::RunnerIdentity for Runtime {
+    fn identify(&self, path: &Path) -> Result<String, String> {
+        self.load_file_now(path)
+            .map(|loaded| loaded.hash.clone())
+            .map_err(|error| error.to_string())
+    }
+}
