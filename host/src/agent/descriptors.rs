@@ -28,8 +28,9 @@ pub fn raise_open_files_limit() -> Option<u64> {
 const AGENT_RESERVE: u64 = 1024;
 
 /// The descriptors runners may hold together on an agent whose limit is `limit`: what the
-/// limit leaves after the agent's reserve and a log file per live alloc (`None`: no limit,
-/// no budget). Warns only when the configuration can really run out: when the log files
+/// limit leaves after the agent's reserve and two per live alloc (its log file, and its
+/// directory held open for its sandbox), and never less than half the limit (`None`: no
+/// limit, no budget). Warns only when the configuration can really run out: when the log files
 /// alone could take the agent's descriptors, or when the budget would not let one alloc
 /// open as many files as it may (`one_alloc_may_hold`). Runners are held to this budget
 /// (`runtime::sandbox::descriptors`), so they cannot take the agent's own descriptors
@@ -40,9 +41,9 @@ pub fn runner_budget(
     one_alloc_may_hold: u64,
 ) -> Option<u64> {
     let limit = limit?;
-    let agent_needs = AGENT_RESERVE.saturating_add(u64::from(max_live_allocs));
-    let budget = limit.saturating_sub(agent_needs);
-    if budget < one_alloc_may_hold {
+    let agent_needs = AGENT_RESERVE.saturating_add(2 * u64::from(max_live_allocs));
+    let budget = limit.saturating_sub(agent_needs).max(limit / 2);
+    if budget < one_alloc_may_hold || agent_needs > limit - budget {
         tracing::warn!(
             limit,
             max_live_allocs,
@@ -120,8 +121,9 @@ mod tests {
 
     #[test]
     fn runners_get_what_the_agent_and_its_log_files_leave() {
-        assert_eq!(runner_budget(Some(20_000), 1_000, 1_024), Some(17_976));
-        assert_eq!(runner_budget(Some(1_024), 1_000, 1_024), Some(0));
+        assert_eq!(runner_budget(Some(20_000), 1_000, 1_024), Some(16_976));
+        // Never less than half: a small limit is shared, and warned about.
+        assert_eq!(runner_budget(Some(1_024), 1_000, 1_024), Some(512));
         assert_eq!(runner_budget(None, 1_000, 1_024), None);
     }
 

@@ -266,19 +266,27 @@ impl EtcdHealth {
     }
 }
 
-/// Probes etcd's space and alarms every `every`, from now on, publishing each answer; logs
-/// an alarm when it is first seen and when it is cleared. Ends when nobody reads the
-/// answers any more.
+/// Probes in a row that must fail before etcd counts as not answering: an election, or one
+/// slow member, fails a probe or two, and every agent's health turning 503 at once for that
+/// would have supervisors restart a cluster that is fine.
+const FAILED_PROBES_BEFORE_DOWN: u32 = 3;
+
+/// Probes etcd's space and alarms every `every`, from now on, publishing each answer (a
+/// failure only after three in a row, `FAILED_PROBES_BEFORE_DOWN`; till then the last answer
+/// stands); logs an alarm when it is first seen and when it is cleared. Ends when nobody
+/// reads the answers any more.
 pub fn watch_space(store: EtcdStore, every: Duration) -> tokio::sync::watch::Receiver<SpaceProbe> {
     let (publish, answers) = tokio::sync::watch::channel(SpaceProbe::NotYet);
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut alarmed = false;
+        let mut failed_in_a_row = 0;
         loop {
             ticks.tick().await;
             let probe = match store.space().await {
                 Ok(space) => {
+                    failed_in_a_row = 0;
                     match (space.alarm_line(), alarmed) {
                         (Some(line), false) => {
                             tracing::error!(alarms = %line, "etcd raised an alarm")
@@ -289,7 +297,15 @@ pub fn watch_space(store: EtcdStore, every: Duration) -> tokio::sync::watch::Rec
                     alarmed = !space.alarms.is_empty();
                     SpaceProbe::Answered(space)
                 }
-                Err(error) => SpaceProbe::Failed(error.to_string()),
+                Err(error) => {
+                    failed_in_a_row += 1;
+                    let answered = matches!(*publish.borrow(), SpaceProbe::Answered(_));
+                    if answered && failed_in_a_row < FAILED_PROBES_BEFORE_DOWN {
+                        tracing::debug!(%error, "etcd did not answer a probe of its space");
+                        continue;
+                    }
+                    SpaceProbe::Failed(error.to_string())
+                }
             };
             if publish.send(probe).is_err() {
                 return;
@@ -309,6 +325,13 @@ impl EtcdStore {
         let reason = match outcome {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(error)) if already_compacted(&error) => return Ok(()),
+            Ok(Err(error)) if super::store::is_refusal(&error) => {
+                return Err(StoreError::Refused {
+                    endpoints: self.endpoints(),
+                    what: format!("compacting to revision {revision}"),
+                    reason: error.to_string(),
+                });
+            }
             Ok(Err(error)) => error.to_string(),
             Err(_) => format!("compacting took longer than {CALL_TIMEOUT:?}"),
         };

@@ -184,7 +184,10 @@ async fn keep_membership(
             .put_leased(&keys::live_key(&record.node), &value, lease)
             .await
         {
+            // Paced: a refusal now comes back at once (it is not retried in the store), and
+            // each turn grants a lease that lingers until its TTL.
             tracing::warn!(%error, "cannot say this node is live; retrying");
+            tokio::time::sleep(renew_every).await;
             continue;
         }
         view.send_modify(|v| v.lease = Some(lease));

@@ -371,7 +371,9 @@ impl EtcdStore {
 /// answer: an argument it rejects (a request too large, too many operations), a permission
 /// or authentication it denies, a revision compacted or in the future, a lease it does not
 /// know, a quota it is out of (`NOSPACE`; "too many requests" is load, and retried). Every
-/// error of the transport, a timeout, no leader or an unavailable member is not a refusal.
+/// error of the transport, a timeout, no leader or an unavailable member is not a refusal,
+/// nor is `FailedPrecondition`: etcd 3.4 says "not leader" and "rpc not supported for
+/// learner" with it, and another member answers the retry.
 pub(super) fn is_refusal(error: &etcd_client::Error) -> bool {
     use tonic::Code;
     let etcd_client::Error::GRpcStatus(status) = error else {
@@ -383,7 +385,6 @@ pub(super) fn is_refusal(error: &etcd_client::Error) -> bool {
         | Code::AlreadyExists
         | Code::PermissionDenied
         | Code::Unauthenticated
-        | Code::FailedPrecondition
         | Code::OutOfRange
         | Code::Unimplemented => true,
         Code::ResourceExhausted => !status.message().contains("too many requests"),
@@ -424,6 +425,11 @@ mod tests {
                 "error trying to connect: Connection refused",
             ),
             status(Code::DeadlineExceeded, "etcdserver: request timed out"),
+            status(
+                Code::FailedPrecondition,
+                "etcdserver: rpc not supported for learner",
+            ),
+            status(Code::FailedPrecondition, "etcdserver: not leader"),
             status(Code::ResourceExhausted, "etcdserver: too many requests"),
             status(Code::Unknown, "etcdserver: leader changed"),
             etcd_client::Error::WatchError("channel closed".into()),

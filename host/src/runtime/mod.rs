@@ -27,7 +27,8 @@
 //!   its grants).
 //! - `sandbox/`: every limit and meter of one alloc: `store_limits` (memory, instances, the
 //!   epoch tick), `cpu_meter` (the CPU budget, the guest's computing and the host's work for
-//!   it), `disk_usage` (a directory measured against its quota), `disk_ledger` (each alloc
+//!   it), `descriptors` (the host descriptors all runners hold, against one budget),
+//!   `disk_usage` (a directory measured against its quota), `disk_ledger` (each alloc
 //!   directory's account), `wasi_quota` (the WASI calls that reserve in it before they
 //!   write), `disk_watch` (the thread that looks at every alloc directory about once a
 //!   second), `token_bucket` (the rate limits' arithmetic), `alloc_dir` (each alloc's
@@ -38,7 +39,7 @@
 //! (`imports::add_to_linker`, `sandbox::add_to_linker`, `sandbox::install`).
 //!
 //! This module may use [`crate::allocrunner`], [`crate::alloc_logs`] (a writer handle per
-//! alloc) and the leaves (`structs`, `units`, `locks`); it knows nothing of the client, the
+//! alloc), [`crate::model`] and [`crate::util`]; it knows nothing of the client, the
 //! server or the state store. On disk it touches only each alloc's directory (through the
 //! guest's WASI calls, and read to check its quota), the read-only volumes granted, and its
 //! own cache dir; alloc log files belong to [`crate::alloc_logs`].

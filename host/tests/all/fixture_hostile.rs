@@ -136,8 +136,28 @@ async fn runners_together_hold_no_more_descriptors_than_the_agents_budget_and_gi
     let state = modest.recorder.wait_for_status(ClientStatus::Running).await;
     assert_eq!(state.description, "holding 60 files");
     assert_eq!(runtime.descriptors_held(), 60);
+    // Beside it, a neighbour gets what is left of the budget, and no more.
+    let neighbour = start_on(
+        runtime.clone(),
+        hostile_attack("fd-bomb", &[("count", "60")]),
+        None,
+    );
+    let state = neighbour.stopped().await;
+    assert!(
+        state.description.starts_with("opened 40 files, then: "),
+        "{}",
+        state.description
+    );
     modest.runner.kill();
     modest.stopped().await;
+    within("the runners' stores gone", async {
+        modest.runner.destroy();
+        neighbour.runner.destroy();
+        modest.runner.destroyed().wait().await;
+        neighbour.runner.destroyed().wait().await;
+    })
+    .await;
+    assert_eq!(runtime.descriptors_held(), 0);
 }
 
 #[tokio::test]

@@ -177,7 +177,6 @@ pub(super) async fn stop_job(
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct ScaleRequest {
     count: i64,
 }

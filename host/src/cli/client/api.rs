@@ -33,8 +33,13 @@ impl Api {
         })
     }
 
-    /// How a command says the agent could not be reached, and what to do about it.
+    /// How a command says it got no answer: an agent that could not be reached gets a hint
+    /// on how to start or find one; one that was reached and did not answer in time, or
+    /// whose answer could not be read, is named with what went wrong.
     fn unreachable(&self, error: Unanswered) -> anyhow::Error {
+        if error.timed_out || error.reason.starts_with("reading the answer") {
+            return anyhow::anyhow!("the Caravan agent at {}: {}", self.api.base(), error.reason);
+        }
         anyhow::anyhow!(
             "cannot reach the Caravan agent at {} ({}); start one with `caravan agent --dev`, or set CARAVAN_ADDR",
             self.api.base(),

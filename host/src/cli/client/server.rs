@@ -24,7 +24,12 @@ impl ServerCommand {
 async fn members(remote: &Remote) -> anyhow::Result<()> {
     let leader = remote.api.call("GET", "/v1/status/leader", None).await?;
     let nodes = remote.api.call("GET", "/v1/nodes", None).await?;
-    let etcd = remote.api.call("GET", "/v1/status/etcd", None).await?;
+    // An agent older than this command has no such route: its members are shown without it.
+    let etcd = remote
+        .api
+        .call("GET", "/v1/status/etcd", None)
+        .await
+        .unwrap_or(serde_json::Value::Null);
     let leading = leader["leader"]["node"].as_str().unwrap_or("").to_string();
     let answer = serde_json::json!({ "leader": leader, "nodes": nodes, "etcd": etcd });
     remote.print(&answer, |_| {

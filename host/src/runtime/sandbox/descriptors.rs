@@ -63,6 +63,9 @@ impl DescriptorBudget {
 pub struct HeldDescriptors {
     budget: Arc<DescriptorBudget>,
     held: HashSet<u32>,
+    /// Taken for opens under way: a run stopped in the middle of one (a kill, a timeout)
+    /// never says how it ended, and the store's end gives these back too.
+    pending: u64,
 }
 
 impl HeldDescriptors {
@@ -71,17 +74,21 @@ impl HeldDescriptors {
         HeldDescriptors {
             budget,
             held: HashSet::new(),
+            pending: 0,
         }
     }
 
     /// Takes one from the budget for an open about to be made; false when none is left.
     /// Follow it with [`HeldDescriptors::opened`] or [`HeldDescriptors::not_opened`].
     pub fn reserve(&mut self) -> bool {
-        self.budget.take()
+        let taken = self.budget.take();
+        self.pending += u64::from(taken);
+        taken
     }
 
     /// The reserved open made descriptor `handle` (its resource handle).
     pub fn opened(&mut self, handle: u32) {
+        self.pending = self.pending.saturating_sub(1);
         if !self.held.insert(handle) {
             // A handle reused while still held cannot happen; if it did, keep the count true.
             self.budget.give_back(1);
@@ -90,6 +97,7 @@ impl HeldDescriptors {
 
     /// The reserved open failed.
     pub fn not_opened(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
         self.budget.give_back(1);
     }
 
@@ -103,7 +111,7 @@ impl HeldDescriptors {
 
 impl Drop for HeldDescriptors {
     fn drop(&mut self) {
-        self.budget.give_back(self.held.len() as u64);
+        self.budget.give_back(self.held.len() as u64 + self.pending);
     }
 }
 
@@ -132,6 +140,16 @@ mod tests {
         drop(first);
         assert_eq!(budget.held(), 1, "a dropped store gives back what it held");
         drop(second);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn an_open_never_finished_is_given_back_with_its_store() {
+        let budget = DescriptorBudget::new(Some(3));
+        let mut held = HeldDescriptors::of(budget.clone());
+        assert!(held.reserve());
+        // The run is stopped here, mid-open: neither `opened` nor `not_opened` comes.
+        drop(held);
         assert_eq!(budget.held(), 0);
     }
 
