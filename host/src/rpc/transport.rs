@@ -62,7 +62,10 @@ impl AgentPool {
         let uri: hyper::Uri = base
             .parse()
             .map_err(|e| anyhow::anyhow!("agent address {addr:?} is not a URL: {e}"))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() || uri.path() != "/" {
+        let bare = uri.path() == "/"
+            && uri.query().is_none()
+            && uri.authority().is_some_and(|a| !a.as_str().contains('@'));
+        if uri.scheme_str() != Some("http") || uri.host().is_none() || !bare {
             anyhow::bail!("agent address {addr:?} must look like http://HOST:PORT");
         }
         Ok(AgentApi {
@@ -229,6 +232,8 @@ mod tests {
             "http://",
             "not a url",
             "http://127.0.0.1:4646/v1",
+            "http://127.0.0.1:4646?x=1",
+            "http://user@127.0.0.1:4646",
         ] {
             let error = pool.agent(bad, None).err().expect(bad).to_string();
             assert!(error.contains(bad), "{error}");
