@@ -17,6 +17,25 @@ use std::time::Duration;
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_FOR: Duration = Duration::from_secs(15);
 
+/// Keys read per response of a listing: a new leader reads every alloc of the cluster, and
+/// 100,000 of them in one response would be hundreds of MiB, past what a response may carry
+/// ([`MAX_RESPONSE_BYTES`]); a page of this many is a few MiB.
+pub const LIST_PAGE: i64 = 1_000;
+
+/// The end of the range of keys that start with `prefix`, by etcd's own rule: the prefix
+/// with its last byte below 0xff raised by one and what follows it dropped (every key from
+/// the prefix on, `\0`, when there is none).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 /// The waits between retries of one call: from 50 ms, doubling to 1 s, jittered.
 const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
@@ -241,19 +260,52 @@ impl EtcdStore {
     }
 
     /// Every key under `prefix`, and the revision the read was made at: a watch from the
-    /// revision after it sees every later change, and nothing twice.
+    /// revision after it sees every later change, and nothing twice. Read in pages of
+    /// [`LIST_PAGE`] keys.
     pub async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        self.retrying("listing a prefix", |mut client| async move {
-            let response = client
-                .get(prefix, Some(GetOptions::new().with_prefix()))
+        self.list_in_pages(prefix, LIST_PAGE).await
+    }
+
+    /// [`EtcdStore::list`], `page` keys per response, every page read at the revision of
+    /// the first, so the whole listing is one consistent read. A compaction past that
+    /// revision before the last page fails the listing (etcd refuses the old revision): the
+    /// caller lists again.
+    pub async fn list_in_pages(
+        &self,
+        prefix: &str,
+        page: i64,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut entries = Vec::new();
+        let mut revision = 0;
+        let mut from = prefix.as_bytes().to_vec();
+        loop {
+            let (start, end) = (&from, &end);
+            let mut response = self
+                .retrying("listing a prefix", |mut client| async move {
+                    let mut options = GetOptions::new()
+                        .with_range(end.clone())
+                        .with_limit(page.max(1));
+                    if revision > 0 {
+                        options = options.with_revision(revision);
+                    }
+                    client.get(start.clone(), Some(options)).await
+                })
                 .await?;
-            let revision = response.header().map_or(0, |h| h.revision());
-            Ok((
-                response.kvs().iter().map(KeyValue::from_etcd).collect(),
-                revision,
-            ))
-        })
-        .await
+            if revision == 0 {
+                revision = response.header().map_or(0, |h| h.revision());
+            }
+            let more = response.more();
+            let kvs = response.take_kvs();
+            entries.extend(kvs.iter().map(KeyValue::from_etcd));
+            match kvs.last() {
+                Some(last) if more => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok((entries, revision)),
+            }
+        }
     }
 
     /// Writes `key` if it does not exist. Returns true when the key now holds `value`: made
@@ -398,6 +450,13 @@ mod tests {
 
     fn status(code: tonic::Code, message: &str) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    #[test]
+    fn a_prefixs_range_ends_where_etcd_ends_it() {
+        assert_eq!(prefix_end(b"/caravan/v1/allocs/"), b"/caravan/v1/allocs0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
     }
 
     #[test]

@@ -255,6 +255,24 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
     assert!(client.alloc_ids().contains(&second.id));
 }
 
+#[tokio::test]
+async fn a_listing_in_pages_reads_every_key_once_in_order_at_one_revision() {
+    let etcd = EtcdCluster::start_with(1, &[]).await;
+    let store = etcd.store().await;
+    for n in 0..25 {
+        store.put(&format!("/paged/k{n:02}"), b"v").await.unwrap();
+    }
+    store.put("/pagedX", b"outside the prefix").await.unwrap();
+    let (entries, revision) = store.list_in_pages("/paged/", 10).await.unwrap();
+    let keys: Vec<&str> = entries.iter().map(|kv| kv.key.as_str()).collect();
+    let expected: Vec<String> = (0..25).map(|n| format!("/paged/k{n:02}")).collect();
+    assert_eq!(keys, expected);
+    assert_eq!(revision, store.revision().await.unwrap());
+    // The same as one unpaged read.
+    let (whole, _) = store.list_in_pages("/paged/", 1_000).await.unwrap();
+    assert_eq!(whole, entries);
+}
+
 fn kv_revision(entries: &[caravan_host::cluster::KeyValue]) -> i64 {
     entries.first().map_or(0, |kv| kv.mod_revision)
 }
