@@ -261,7 +261,7 @@ impl EtcdStore {
 
     /// Every key under `prefix`, and the revision the read was made at: a watch from the
     /// revision after it sees every later change, and nothing twice. Read in pages of
-    /// [`LIST_PAGE`] keys.
+    /// `LIST_PAGE` keys.
     pub async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
         self.list_in_pages(prefix, LIST_PAGE).await
     }
