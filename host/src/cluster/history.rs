@@ -335,10 +335,7 @@ impl EtcdStore {
             Ok(Err(error)) => error.to_string(),
             Err(_) => format!("compacting took longer than {CALL_TIMEOUT:?}"),
         };
-        Err(StoreError::Unreachable {
-            endpoints: self.endpoints(),
-            reason,
-        })
+        Err(self.unreachable(reason))
     }
 
     /// What etcd says of its space now: one member's status, the raised alarms, and the

@@ -1,7 +1,7 @@
 //! What the agent says of itself and of the cluster it sees, answered here and never
 //! forwarded: who leads, its health, etcd's space (cluster mode), and its metrics.
 
-use super::{ApiResult, ApiState};
+use super::ApiState;
 use crate::util::histogram::write_instantiation_latency;
 use axum::Json;
 use axum::extract::State;
@@ -48,11 +48,9 @@ pub(super) async fn health(State(state): State<ApiState>) -> Response {
 
 /// What etcd said of its space and alarms at this agent's last probe (answered here, never
 /// forwarded), and the compactions this agent made while it led.
-pub(super) async fn etcd_status(
-    State(state): State<ApiState>,
-) -> ApiResult<Json<serde_json::Value>> {
+pub(super) async fn etcd_status(State(state): State<ApiState>) -> Json<serde_json::Value> {
     let Some(etcd) = &state.etcd else {
-        return Ok(Json(serde_json::json!({ "mode": "embedded" })));
+        return Json(serde_json::json!({ "mode": "embedded" }));
     };
     let mut answer = serde_json::json!({
         "mode": "etcd",
@@ -71,7 +69,7 @@ pub(super) async fn etcd_status(
             answer["problem"] = space.alarm_line().into();
         }
     }
-    Ok(Json(answer))
+    Json(answer)
 }
 
 pub(super) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
