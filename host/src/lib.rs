@@ -15,6 +15,8 @@
 //! - [`client`]: the client core: alloc map, server watch and sync, garbage collector.
 //! - [`server`]: the embedded server (jobs, placement, server-side GC) behind
 //!   [`rpc::ServerApi`], which the agent hosts.
+//! - [`runner_store`]: runner components by content (SHA-256) under the data dir, fetched
+//!   from the cluster's other agents when missing, collected when no job uses them.
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
 //! - [`state`]: the state store ([`state::StateDb`]) the client and server save to, so a
@@ -51,6 +53,7 @@ pub mod model;
 pub mod nodesim;
 pub mod rpc;
 pub mod run;
+pub mod runner_store;
 pub mod runtime;
 pub mod scaffold;
 pub mod server;

@@ -116,6 +116,60 @@ impl ClusterMode {
         ))
     }
 
+    /// The other agents a missing runner build is fetched from: the leader first (it has
+    /// every build a job was registered with), then every other live agent by node name.
+    pub(super) fn runner_peers(&self) -> crate::runner_store::PeerList {
+        let (view, store, node) = (self.member.view(), self.store.clone(), self.node.clone());
+        Arc::new(move || {
+            let leader = view.borrow().leader.clone();
+            let (store, node) = (store.clone(), node.clone());
+            Box::pin(async move {
+                let mut peers: Vec<String> = leader
+                    .filter(|leader| leader.node != node)
+                    .map(|leader| leader.api)
+                    .into_iter()
+                    .collect();
+                let mut others = crate::cluster::live_records(&store)
+                    .await
+                    .unwrap_or_default();
+                others.sort_by(|(a, _), (b, _)| a.node.cmp(&b.node));
+                for (member, _) in others {
+                    if member.node != node && !peers.contains(&member.api) {
+                        peers.push(member.api);
+                    }
+                }
+                peers
+            })
+        })
+    }
+
+    /// The builds the cluster's jobs name: the leader's server knows them and their allocs;
+    /// another agent reads every job from etcd.
+    pub(super) fn runner_builds(&self) -> super::runner_builds::ClusterBuilds {
+        let (slot, store) = (self.slot.subscribe(), self.store.clone());
+        Arc::new(move || {
+            let (server, store) = (slot.borrow().clone(), store.clone());
+            Box::pin(async move {
+                if let Some(server) = server {
+                    return tokio::task::spawn_blocking(move || {
+                        super::runner_builds::server_builds(&server)
+                    })
+                    .await
+                    .map_err(|e| e.to_string());
+                }
+                let (jobs, _) = store
+                    .list(&crate::cluster::keys::jobs_prefix())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(jobs
+                    .iter()
+                    .filter_map(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok())
+                    .filter_map(|job| job["spec"]["runner_sha256"].as_str().map(str::to_string))
+                    .collect())
+            })
+        })
+    }
+
     /// Stops scheduling and hands the leadership over.
     pub(super) async fn leave(self) {
         self.scheduling.abort();

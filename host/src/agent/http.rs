@@ -12,8 +12,8 @@
 //!
 //! Layout, one file per resource: `jobs` (and job submission's checks), `allocs` (with
 //! `alloc_actions` for signals and restarts and `alloc_fs` for an alloc's files), `nodes`,
-//! `node_rpc` (what nodes call), `gc`, `status` (leader, health, etcd, metrics) and `ui` (the
-//! web UI's static files). Beside them: `auth`, the one place the token is checked (a route
+//! `node_rpc` (what nodes call), `gc`, `runners` (runner builds by hash), `status` (leader,
+//! health, etcd, metrics) and `ui` (the web UI's static files). Beside them: `auth`, the one place the token is checked (a route
 //! layer over every route); `body`, the one way a JSON body is read; `forward`, cluster
 //! mode's forwarding to the leader; `views`, what the API shows of jobs and allocs.
 
@@ -37,6 +37,7 @@ mod gc;
 mod jobs;
 mod node_rpc;
 mod nodes;
+mod runners;
 mod status;
 mod ui;
 mod views;
@@ -57,8 +58,11 @@ pub struct ApiState {
     pub client: Client,
     /// The token writes need, if any.
     pub acl_token: Option<String>,
-    /// The runtime, for its instantiation latency.
+    /// The runtime, for its instantiation latency and to load a job's runner.
     pub runtime: crate::runtime::Runtime,
+    /// This agent's runner builds by hash: what a job's runner is kept as, uploaded to,
+    /// and fetched from by other agents.
+    pub runners: crate::runner_store::RunnerStore,
     /// The alloc log files.
     pub alloc_logs: AllocLogs,
     /// The limits a job's unset keys take: a job whose limits contradict each other once
@@ -115,6 +119,11 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/node/{node}/allocations/update",
             post(node_rpc::update_allocs).layer(node_body_limit()),
+        )
+        .route("/v1/runners", get(runners::list_builds))
+        .route(
+            "/v1/runner/{sha256}",
+            get(runners::get_build).put(runners::put_build),
         )
         .route("/v1/agent/health", get(status::health))
         .route("/v1/status/leader", get(status::leader))

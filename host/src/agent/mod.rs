@@ -17,6 +17,7 @@ pub mod config;
 pub mod descriptors;
 pub mod http;
 mod listener;
+mod runner_builds;
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::{Client, ClientConfig};
@@ -55,6 +56,8 @@ pub struct Agent {
     _dev_data_dir: Option<crate::util::fs_tree::TempTree>,
     http: tokio::task::JoinHandle<()>,
     stop_http: tokio::sync::oneshot::Sender<()>,
+    /// Removes runner builds no job uses.
+    runner_gc: tokio::task::JoinHandle<()>,
 }
 
 /// Takes nodes that stopped watching out of placement, a few times per `node_ttl`, until the
@@ -113,6 +116,13 @@ impl Agent {
         let db: Arc<dyn StateDb> = Arc::new(crate::state::blocking(|| {
             RedbStateDb::open(&config.data_dir)
         })?);
+        let runners =
+            crate::runner_store::RunnerStore::open(&config.data_dir).with_context(|| {
+                format!(
+                    "cannot open the runner store in {}",
+                    config.data_dir.join("runners").display()
+                )
+            })?;
         let runtime = Runtime::new(&RuntimeConfig {
             guest_descriptors: runner_descriptors,
             ..RuntimeConfig::for_node(
@@ -167,8 +177,16 @@ impl Agent {
             caps: Some(config.limit_caps),
             offered: Arc::new(config.capabilities.clone()),
         };
+        let builds = match &cluster {
+            None => runner_builds::embedded_builds(servers.clone()),
+            Some(mode) => {
+                runners.fetch_from(mode.runner_peers(), config.acl_token.clone());
+                mode.runner_builds()
+            }
+        };
         let factory = WasmAllocRunnerFactory::new(runtime.clone())
             .admitting(admission.clone())
+            .with_store(runners.clone())
             .into_factory();
         let client = Client::with_disk_stats(client_config, server_api, factory, db);
         // A client that never starts never registers its node: nothing is placed here.
@@ -188,10 +206,17 @@ impl Agent {
             client: client.clone(),
             acl_token: config.acl_token.clone(),
             runtime,
+            runners: runners.clone(),
             alloc_logs: alloc_logs.clone(),
             default_limits: config.limits,
             admission,
         });
+        let runner_gc = tokio::spawn(runner_builds::collect_unused_builds(
+            runners,
+            config.runner_gc_grace,
+            builds,
+            client.clone(),
+        ));
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {
             let serve = axum::serve(listener, api).with_graceful_shutdown(async {
@@ -219,6 +244,7 @@ impl Agent {
             _dev_data_dir: dev_data_dir,
             http,
             stop_http,
+            runner_gc,
         })
     }
 
@@ -229,6 +255,7 @@ impl Agent {
         // Stop taking requests, stop the runners (which ends followed log streams), then
         // give open connections a moment to finish.
         let _ = self.stop_http.send(());
+        self.runner_gc.abort();
         // Leadership goes first, so that another agent takes over at once rather than after
         // a TTL. The node stays live until its lease expires: back within the TTL, it keeps
         // its allocs.

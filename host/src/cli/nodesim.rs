@@ -91,7 +91,7 @@ impl NodesimCommand {
         if self.restart_every.is_some_and(|d| d.is_zero()) {
             bail!("--restart-every must be more than 0");
         }
-        let config = NodeSimConfig {
+        let mut config = NodeSimConfig {
             nodes: self.nodes,
             name_prefix: self.name_prefix.clone(),
             runner: self.runner,
@@ -102,6 +102,7 @@ impl NodesimCommand {
                 .clone()
                 .or_else(crate::runtime::component::disk_cache::shared_dir),
             gc: crate::nodesim::sim_gc_config(),
+            runner_peers: None,
         };
         // A bad server address or cluster setting is refused before anything is warned
         // about or started.
@@ -110,7 +111,12 @@ impl NodesimCommand {
             target,
             agent,
             members: _members,
+            runner_peers,
         } = self.servers(&config).await?;
+        config.runner_peers = Some(crate::nodesim::RunnerPeers {
+            peers: runner_peers,
+            token: self.token.clone(),
+        });
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
         let mut stop = shutdown.listener();
@@ -179,11 +185,16 @@ impl NodesimCommand {
                 let agent = server.clone();
                 let nodes: NodeServers =
                     Arc::new(move |node: &str| server.node(node) as Arc<dyn ServerApi>);
+                let peers = vec![self.server.clone()];
                 Ok(Servers {
                     nodes,
                     target: self.server.clone(),
                     agent: Some(agent),
                     members: Vec::new(),
+                    runner_peers: Arc::new(move || {
+                        let peers = peers.clone();
+                        Box::pin(async move { peers })
+                    }),
                 })
             }
             Some("etcd") => {
@@ -208,12 +219,24 @@ impl NodesimCommand {
                             node: node_name(&config.name_prefix, number),
                             // Nothing answers there: an alloc's logs are not reachable
                             // through the cluster's API for simulated nodes.
-                            api: "http://nodesim.invalid:1".into(),
+                            api: SIMULATED_NODE_API.into(),
                             agent: uuid::Uuid::new_v4().to_string(),
                         };
                         Member::join_as_node_only(store.clone(), record, self.node_ttl)
                     })
                     .collect();
+                let agents = store.clone();
+                let runner_peers: crate::runner_store::PeerList = Arc::new(move || {
+                    let agents = agents.clone();
+                    Box::pin(async move {
+                        let live = crate::cluster::live_records(&agents).await;
+                        live.unwrap_or_default()
+                            .into_iter()
+                            .map(|(member, _)| member.api)
+                            .filter(|api| api != SIMULATED_NODE_API)
+                            .collect()
+                    })
+                });
                 let api = EtcdServerApi::new(store.clone());
                 let nodes: NodeServers = Arc::new(move |_: &str| api.clone() as Arc<dyn ServerApi>);
                 Ok(Servers {
@@ -221,12 +244,17 @@ impl NodesimCommand {
                     target: format!("etcd at {}", store.endpoints()),
                     agent: None,
                     members,
+                    runner_peers,
                 })
             }
             Some(other) => bail!("--cluster must be etcd or embedded, not {other:?}"),
         }
     }
 }
+
+/// The API a simulated node's member record names: nothing answers there, and no agent
+/// fetches a runner build from it.
+const SIMULATED_NODE_API: &str = "http://nodesim.invalid:1";
 
 /// What the nodes talk to, from [`NodesimCommand::servers`].
 struct Servers {
@@ -238,6 +266,8 @@ struct Servers {
     agent: Option<HttpServer>,
     /// The nodes' cluster memberships, which must live as long as the nodes.
     members: Vec<crate::cluster::Member>,
+    /// The agents the nodes fetch runner builds from.
+    runner_peers: crate::runner_store::PeerList,
 }
 
 /// The report's watch lag line, from the server's own histogram (only the server knows when

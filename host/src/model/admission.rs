@@ -4,9 +4,9 @@
 //! changed since, and an alloc read back after a restart or sent by another agent's server
 //! must meet today's. Both give the same refusal, naming the job file key at fault.
 //!
-//! A job's runner is admitted here too ([`Admission::admit_job`]): its path must be absolute
-//! and lead to a component that loads as a runner, and the job then names that build by its
-//! SHA-256. Loading needs the runtime, which this module must not see: it asks through
+//! A job's runner is admitted here too ([`Admission::admit_job`]): the build it names by
+//! SHA-256 (uploaded by `caravan job run`), or else the file at its path, which must be
+//! absolute, must load as a runner, and the job then names that build by its SHA-256. Loading needs the runtime, which this module must not see: it asks through
 //! [`RunnerIdentity`], which the runtime implements.
 
 use super::capabilities::{Capabilities, CapabilityPolicy, Grants};
@@ -19,9 +19,10 @@ use std::sync::Arc;
 /// before) and named by the SHA-256 of its bytes. Blocking: a compile takes up to seconds,
 /// so call it off the async workers.
 pub trait RunnerIdentity: Send + Sync {
-    /// The SHA-256 (hex) of the runner at `path`, an absolute path, once it loaded; or why
-    /// it did not, naming the file.
-    fn identify(&self, path: &Path) -> Result<String, String>;
+    /// The SHA-256 (hex) of the runner a job names, once it loaded: build `sha256` when the
+    /// job names one (`path` then only names it), else the file at `path`, an absolute path.
+    /// Or why it did not load, naming the build or the file.
+    fn identify(&self, path: &Path, sha256: Option<&str>) -> Result<String, String>;
 }
 
 /// What this agent admits: the most a job may ask for, and what it offers beyond an alloc's
@@ -95,6 +96,9 @@ impl Admission {
             message: format!("job.runner: {message}"),
         };
         let runner = Path::new(&job.runner);
+        if let Some(sha256) = &job.runner_sha256 {
+            return runners.identify(runner, Some(sha256)).map_err(refuse);
+        }
         if !runner.is_absolute() {
             return Err(refuse(format!(
                 "{:?} is relative; the API needs an absolute path (`caravan job run` resolves \
@@ -102,7 +106,7 @@ impl Admission {
                 job.runner
             )));
         }
-        runners.identify(runner).map_err(refuse)
+        runners.identify(runner, None).map_err(refuse)
     }
 }
 
@@ -120,7 +124,10 @@ mod tests {
     struct AnyFile;
 
     impl RunnerIdentity for AnyFile {
-        fn identify(&self, path: &Path) -> Result<String, String> {
+        fn identify(&self, path: &Path, sha256: Option<&str>) -> Result<String, String> {
+            if let Some(sha256) = sha256 {
+                return Ok(sha256.to_string());
+            }
             match path.to_str() {
                 Some("/missing.wasm") => {
                     Err("runner component /missing.wasm does not exist".into())

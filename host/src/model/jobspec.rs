@@ -51,9 +51,10 @@ pub struct JobSpec {
     pub count: u32,
     /// Path of the runner component.
     pub runner: String,
-    /// The SHA-256 (hex) of the runner component as the agent that took the job loaded it:
-    /// which build the job runs, so that a new build at the same path is a change. Never
-    /// from a job file; `None` until an agent sets it.
+    /// The SHA-256 (hex) of the runner component: which build the job runs, so that a new
+    /// build at the same path is a change. A job file or request may name it (`caravan job
+    /// run` does, after uploading the file), and the runner's path is then only its name;
+    /// else the agent that takes the job sets it from the file at the path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_sha256: Option<String>,
     /// Per-alloc limits; unset ones take the agent's defaults.
@@ -137,6 +138,7 @@ struct RawJob {
     job_type: Option<String>,
     count: Option<i64>,
     runner: Option<String>,
+    runner_sha256: Option<String>,
     #[serde(default)]
     limits: RawLimits,
     #[serde(default)]
@@ -277,6 +279,23 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         )
     })?;
     let runner = normalise_path(&runner);
+    let runner_sha256 = match raw.runner_sha256 {
+        None => None,
+        Some(sha256) => {
+            let digits = sha256.strip_prefix("sha256:").unwrap_or(&sha256);
+            if !crate::util::text::is_sha256_hex(digits) {
+                return Err(error(
+                    "job.runner_sha256",
+                    format!(
+                        "{:?} is not a SHA-256: expected 64 lowercase hex digits, \
+                         optionally after `sha256:`",
+                        crate::util::text::cut(&sha256, 80)
+                    ),
+                ));
+            }
+            Some(digits.to_string())
+        }
+    };
     let limits = LimitOverrides::from_raw(&raw.limits)
         .map_err(|e| error(e.field("job.limits"), e.problem()))?;
     let caps = &raw.capabilities;
@@ -333,7 +352,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         job_type,
         count,
         runner,
-        runner_sha256: None,
+        runner_sha256,
         limits,
         tasks,
         meta: raw.meta.into_iter().collect(),

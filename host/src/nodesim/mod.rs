@@ -59,6 +59,24 @@ pub struct NodeSimConfig {
     pub cache_dir: Option<PathBuf>,
     /// Every node's garbage collector.
     pub gc: GcConfig,
+    /// Where the nodes fetch the runner builds their allocs name (wasm runners only): the
+    /// agents of the cluster. `None`: only builds already in the simulation's store run.
+    pub runner_peers: Option<RunnerPeers>,
+}
+
+/// The agents simulated nodes fetch runner builds from, and the token they send.
+#[derive(Clone)]
+pub struct RunnerPeers {
+    /// The agents' APIs, asked anew for each fetch.
+    pub peers: crate::runner_store::PeerList,
+    /// The agents' ACL token, if they have one.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for RunnerPeers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunnerPeers { .. }")
+    }
 }
 
 struct SimNode {
@@ -150,7 +168,16 @@ impl NodeSim {
                     config.cache_dir.as_deref(),
                     &root,
                 ))?;
-                WasmAllocRunnerFactory::new(runtime).into_factory()
+                // One store for every simulated node, as they share one runtime: a build is
+                // fetched once per simulation, not once per node.
+                let store = crate::runner_store::RunnerStore::open(&root)
+                    .context("cannot open the simulation's runner store")?;
+                if let Some(from) = &config.runner_peers {
+                    store.fetch_from(from.peers.clone(), from.token.clone());
+                }
+                WasmAllocRunnerFactory::new(runtime)
+                    .with_store(store)
+                    .into_factory()
             }
         };
         let stats = Arc::new(SimStats::default());

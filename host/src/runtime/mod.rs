@@ -39,8 +39,8 @@
 //! (`imports::add_to_linker`, `sandbox::add_to_linker`, `sandbox::install`).
 //!
 //! This module may use [`crate::allocrunner`], [`crate::alloc_logs`] (a writer handle per
-//! alloc), [`crate::model`] and [`crate::util`]; it knows nothing of the client, the
-//! server or the state store. On disk it touches only each alloc's directory (through the
+//! alloc), [`crate::runner_store`] (builds by hash, see `component::load`), [`crate::model`]
+//! and [`crate::util`]; it knows nothing of the client, the server or the state store. On disk it touches only each alloc's directory (through the
 //! guest's WASI calls, and read to check its quota), the read-only volumes granted, and its
 //! own cache dir; alloc log files belong to [`crate::alloc_logs`].
 
@@ -51,7 +51,7 @@ pub(crate) mod sandbox;
 // The rooms' files by their own names, as this facade used them before they had rooms.
 use component::load::PathEntry;
 pub use component::load::{
-    LoadError, LoadedComponent, MAX_COMPONENT_BYTES, Origin, component_sha256,
+    LoadError, LoadedComponent, MAX_COMPONENT_BYTES, Origin, StoredRunners, component_sha256,
 };
 use component::{compile_once, disk_cache};
 pub use imports::logging::GUEST_TARGET;

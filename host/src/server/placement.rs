@@ -10,6 +10,9 @@
 //!   asked to stop still holds its node until its client reports it terminal.
 //! - With no node registered an alloc is left unplaced (`None`), not refused: it waits for
 //!   the first node to register and is placed then.
+//! - The replacement of a failed alloc goes to a node none of its chain failed on when there
+//!   is one: what failed it there (a runner build the node could not fetch, a full disk) may
+//!   fail its replacement too.
 
 use super::records::AllocRecord;
 use std::cmp::Reverse;
@@ -50,6 +53,24 @@ pub fn place(load: &NodeLoad, count: usize) -> Vec<Option<String>> {
         .collect()
 }
 
+/// A node for the replacement of an alloc that failed: the least loaded node other than
+/// those its chain failed on (`failed_on`), as Nomad's rescheduling penalises the nodes an
+/// alloc failed on (its runner may not be fetchable there, its disk may be full), or the
+/// least loaded of all when every node is one of those.
+pub fn place_replacement(load: &NodeLoad, failed_on: &[&str]) -> Option<String> {
+    let elsewhere: NodeLoad = load
+        .iter()
+        .filter(|(node, _)| !failed_on.contains(&node.as_str()))
+        .map(|(node, n)| (node.clone(), *n))
+        .collect();
+    let candidates = if elsewhere.is_empty() {
+        load
+    } else {
+        &elsewhere
+    };
+    place(candidates, 1).pop().flatten()
+}
+
 /// A node for every alloc still waiting for one, as `(alloc id, node)` in the order the
 /// allocs were given (`None` when there is still no node).
 pub fn place_unplaced<'a>(
@@ -85,6 +106,25 @@ mod tests {
             [None, None],
             "no node yet: unplaced"
         );
+    }
+
+    #[test]
+    fn a_replacement_goes_elsewhere_than_where_its_alloc_failed_unless_nowhere_else() {
+        let load = BTreeMap::from([
+            ("a".to_string(), 0),
+            ("b".to_string(), 5),
+            ("c".to_string(), 9),
+        ]);
+        assert_eq!(place_replacement(&load, &["a"]).as_deref(), Some("b"));
+        assert_eq!(place_replacement(&load, &["b"]).as_deref(), Some("a"));
+        assert_eq!(place_replacement(&load, &["a", "b"]).as_deref(), Some("c"));
+        assert_eq!(place_replacement(&load, &[]).as_deref(), Some("a"));
+        assert_eq!(
+            place_replacement(&load, &["a", "b", "c"]).as_deref(),
+            Some("a"),
+            "failed everywhere: the least loaded of all"
+        );
+        assert_eq!(place_replacement(&BTreeMap::new(), &["a"]), None);
     }
 
     #[test]

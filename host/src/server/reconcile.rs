@@ -31,7 +31,7 @@
 //!   is replaced on a live node, batch or service, without using a restart (its runner did
 //!   not fail). A batch alloc that completed stays complete.
 
-use super::placement::{node_load, place};
+use super::placement::{node_load, place, place_replacement};
 use super::records::{AllocRecord, JobRecord};
 use crate::model::jobspec::{JobSpec, JobType};
 use crate::model::reschedule::{Decision, ReschedulePolicy};
@@ -111,7 +111,8 @@ pub fn job_change(old: &JobSpec, new: &JobSpec) -> JobChange {
             count: 0,
             reschedule: None,
             update: Default::default(),
-            runner: if upgradable {
+            // Where both name their build, the runner's path is only a name for it.
+            runner: if upgradable || (old.runner_sha256.is_some() && new.runner_sha256.is_some()) {
                 String::new()
             } else {
                 spec.runner.clone()
@@ -257,7 +258,14 @@ pub fn replace_failed<'a>(
             history,
         } => Replacement::Replace(Plan {
             replace: vec![reported.alloc.id.clone()],
-            place: place(&node_load(nodes, allocs), 1),
+            place: {
+                let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
+                let failed_on = nodes_failed_on(reported, &allocs);
+                vec![place_replacement(
+                    &node_load(nodes, allocs.iter().copied()),
+                    &failed_on,
+                )]
+            },
             reschedule: Some(Reschedule {
                 previous_alloc_id: reported.alloc.id.clone(),
                 attempt,
@@ -268,6 +276,31 @@ pub fn replace_failed<'a>(
             ..Plan::default()
         }),
     }
+}
+
+/// The nodes `failed` and the allocs it replaces (its chain, through each one's
+/// `previous_alloc_id`, as far as the server still holds them) ran on: where its replacement
+/// should not go again.
+fn nodes_failed_on<'r>(failed: &'r AllocRecord, allocs: &[&'r AllocRecord]) -> Vec<&'r str> {
+    let by_id: BTreeMap<&str, &AllocRecord> =
+        allocs.iter().map(|a| (a.alloc.id.as_str(), *a)).collect();
+    let mut nodes = Vec::new();
+    let mut next = Some(failed);
+    // A chain is as long as the policy's attempts; the bound only guards against a cycle.
+    for _ in 0..=allocs.len() {
+        let Some(record) = next else { break };
+        if let Some(node) = record.node_id.as_deref()
+            && !nodes.contains(&node)
+        {
+            nodes.push(node);
+        }
+        next = record
+            .alloc
+            .reschedule
+            .as_ref()
+            .and_then(|r| by_id.get(r.previous_alloc_id.as_str()).copied());
+    }
+    nodes
 }
 
 /// How many allocs `job` lacks when a new leader takes over: its count, less every alloc of

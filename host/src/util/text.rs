@@ -16,6 +16,11 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+/// Whether `text` is a SHA-256 as Caravan names runner builds: 64 lowercase hex digits.
+pub fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// `text` cut to at most `max_bytes` bytes (on a character boundary), followed by
 /// ` [truncated N bytes]` when anything was cut. The marker is not counted in `max_bytes`.
 pub fn cut(text: &str, max_bytes: usize) -> Cow<'_, str> {

@@ -29,8 +29,12 @@ thread_local! {
 /// Milliseconds since the Unix epoch now, as events and records carry times (0 for a clock
 /// before 1970).
 pub fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+    unix_ms(SystemTime::now())
+}
+
+/// Milliseconds since the Unix epoch at `at` (0 for a time before 1970).
+pub fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 

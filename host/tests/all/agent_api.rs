@@ -501,6 +501,8 @@ async fn every_write_route_needs_the_token() {
         ("POST", "/v1/client/allocation/abc/restart"),
         ("POST", "/v1/client/gc"),
         ("PUT", "/v1/system/gc"),
+        ("PUT", &*format!("/v1/runner/{}", "0".repeat(64))),
+        ("GET", &*format!("/v1/runner/{}", "0".repeat(64))),
     ] {
         let (status, _) = http(agent.addr, method, path, Some("{}"), None).await;
         assert_eq!(status, 401, "{method} {path} without a token");

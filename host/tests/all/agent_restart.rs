@@ -264,8 +264,11 @@ async fn finished_allocs_whose_runner_is_gone_are_kept_and_counted_in_one_line()
     .await;
     let (code, _) = agent.stop();
     assert_eq!(code, Some(0));
-    // The job is done; its runner's file goes, as a finished job's file may.
+    // The job is done; its runner's file goes, as a finished job's file may, and so does the
+    // agent's copy of the build (as if collected, or lost with a disk): nothing is left to
+    // load it from.
     std::fs::remove_file(&runner).unwrap();
+    std::fs::remove_dir_all(data_dir.path().join("runners/sha256")).unwrap();
 
     let agent = AgentProcess::start_on(data_dir.path());
     let (restored, before) =
@@ -281,7 +284,7 @@ async fn finished_allocs_whose_runner_is_gone_are_kept_and_counted_in_one_line()
     assert!(
         kept[0]["fields"]["first_reason"]
             .as_str()
-            .is_some_and(|reason| reason.contains("does not exist")),
+            .is_some_and(|reason| reason.contains("is not on this agent")),
         "{}",
         kept[0]
     );

@@ -37,6 +37,7 @@ mod other_languages;
 mod readme_tour;
 mod restart_in_place;
 mod restore;
+mod runner_builds;
 mod runner_check;
 mod runner_new;
 mod sim;

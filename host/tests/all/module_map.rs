@@ -19,6 +19,7 @@ const LEVELS: &[(&str, u32)] = &[
     ("client", 4),
     ("server", 4),
     ("allocrunner", 3),
+    ("runner_store", 3),
     ("state", 2),
     ("rpc", 2),
     ("alloc_logs", 2),

@@ -15,6 +15,7 @@
 //! gc_disk_usage_threshold = 80
 //! gc_inode_usage_threshold = 70
 //! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
+//! runner_gc_grace = "1h"          # a runner build no job uses is removed after this long
 //!
 //! [client.limits]                 # every alloc's limits unless its job sets them: the keys
 //! memory = "64MiB"                # of [job.limits] (crate::model::limits has them all)
@@ -264,6 +265,8 @@ pub struct AgentConfig {
     pub acl_token: Option<String>,
     /// The garbage collector's knobs.
     pub gc: GcConfig,
+    /// How long a runner build no job uses stays in the runner store (`client.runner_gc_grace`).
+    pub runner_gc_grace: std::time::Duration,
     /// Default limits for every alloc.
     pub limits: Limits,
     /// The most a job may ask for, per limit.
@@ -294,6 +297,7 @@ impl Default for AgentConfig {
             log_json: false,
             acl_token: None,
             gc: GcConfig::default(),
+            runner_gc_grace: crate::runner_store::gc::DEFAULT_GRACE,
             limits: Limits::default(),
             limit_caps: LimitCaps::default(),
             capabilities: CapabilityPolicy::default(),
@@ -330,6 +334,7 @@ struct ClientSection {
     gc_parallel_destroys: Option<i64>,
     gc_disk_usage_threshold: Option<f64>,
     gc_inode_usage_threshold: Option<f64>,
+    runner_gc_grace: Option<String>,
     /// `[client.limits]`: the defaults for every alloc, the keys of `[job.limits]`.
     #[serde(default)]
     limits: RawLimits,
@@ -438,6 +443,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
                 "must be longer than 0".into(),
             ));
         }
+    }
+    if let Some(v) = client.runner_gc_grace {
+        config.runner_gc_grace = duration("client.runner_gc_grace", &v)?;
     }
     if let Some(v) = client.gc_max_allocs {
         config.gc.max_allocs = v;

@@ -3,9 +3,10 @@
 //! [`require_token`] is a route layer over every route, so a route added later is covered
 //! without its handler doing anything; handlers never look at the token. The rule
 //! ([`needs_token`]) is by method and path: every write (any method but GET and HEAD) needs
-//! the token, and so do two reads that hand out more than the cluster's state: an alloc's
-//! files (`/v1/client/fs/...`) and node RPC (`/v1/node/...`, which streams every alloc of a
-//! node). Everything else is readable without one, as in Nomad without ACLs.
+//! the token, and so do three reads that hand out more than the cluster's state: an alloc's
+//! files (`/v1/client/fs/...`), node RPC (`/v1/node/...`, which streams every alloc of a
+//! node) and runner builds (`/v1/runner/...`, a job's code; agents fetching one send their
+//! own token). Everything else is readable without one, as in Nomad without ACLs.
 //!
 //! The token is compared in constant time (both sides hashed, the digests compared without
 //! an early exit), so its bytes cannot be guessed one at a time from response times.
@@ -21,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 /// Reads that need the token like writes do, by path prefix.
-const GUARDED_READS: [&str; 2] = ["/v1/client/fs/", "/v1/node/"];
+const GUARDED_READS: [&str; 3] = ["/v1/client/fs/", "/v1/node/", "/v1/runner/"];
 
 /// Whether a request of `method` on `path` needs the token (when one is configured).
 pub(super) fn needs_token(method: &Method, path: &str) -> bool {

@@ -4,11 +4,13 @@
 //! the plan. All three run the same checks ([`check_job`]) first, so a job that validates is
 //! one that registers, and a refused one changes nothing.
 //!
-//! The runner is checked here, on the agent that takes the job: its path must be absolute and
-//! lead to a runner component this agent can load. Loading compiles it (once per build of
-//! the runner, into the cache the agent's allocs start from), so the first placement does
-//! not wait for a compile and a broken runner never registers. In a cluster every node loads
-//! the runner from its own disk again when an alloc is placed there.
+//! The runner is checked here, on the agent that takes the job: the build the job names by
+//! SHA-256 (uploaded to an agent of the cluster first, as `caravan job run` does), or else the
+//! file at its absolute path on this agent's disk, which is then kept in the runner store.
+//! Loading compiles it (once per build of the runner, into the cache the agent's allocs start
+//! from), so the first placement does not wait for a compile and a broken runner never
+//! registers. In a cluster every node loads the build from its own runner store, fetching it
+//! by hash from another agent when it lacks it.
 
 use super::body::{JsonBody, RequestBody};
 use super::views::{alloc_view, job_view};
@@ -33,13 +35,13 @@ async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)>
     let mut spec = jobspec::parse_json(body)
         .map_err(|e| ApiError::bad_request(e.field.clone(), e.to_string()))?;
     // Off the async workers: identifying a runner may compile it.
-    let (admission, defaults, runtime) = (
-        state.admission.clone(),
-        state.default_limits,
-        state.runtime.clone(),
-    );
+    let (admission, defaults) = (state.admission.clone(), state.default_limits);
+    let runners = crate::runtime::StoredRunners {
+        runtime: state.runtime.clone(),
+        store: state.runners.clone(),
+    };
     let (admitted, spec_back) = tokio::task::spawn_blocking(move || {
-        let admitted = admission.admit_job(&spec, &defaults, &runtime);
+        let admitted = admission.admit_job(&spec, &defaults, &runners);
         (admitted, spec)
     })
     .await

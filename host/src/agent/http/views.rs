@@ -21,8 +21,12 @@ pub struct JobView {
     pub job_type: JobType,
     /// Allocs wanted.
     pub count: u32,
-    /// Runner component path.
+    /// Runner component path, as it was submitted (on the submitter's machine): a name.
     pub runner: String,
+    /// The build every new alloc runs: the SHA-256 (hex) of the runner component, kept in
+    /// the agents' runner stores (absent for a job saved before builds were named).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_sha256: Option<String>,
     /// `running`, `dead` (a batch job whose allocs all finished) or `stopped`.
     pub status: String,
     /// Bumped by each change that replaced allocs.
@@ -177,6 +181,7 @@ pub(super) fn job_view(
         job_type: job.spec.job_type,
         count: job.spec.count,
         runner: job.spec.runner.clone(),
+        runner_sha256: job.spec.runner_sha256.clone(),
         status: status.into(),
         version: job.version,
         allocs: by_status,

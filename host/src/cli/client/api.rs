@@ -86,6 +86,54 @@ impl Api {
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())))
     }
 
+    /// Makes sure the agent has the runner component at `path` (a file on this machine) in
+    /// its runner store: asks whether it has the build, and uploads the file when it does
+    /// not. Returns the build's SHA-256 (hex).
+    pub async fn upload_runner(&self, path: &std::path::Path) -> anyhow::Result<String> {
+        let file = path.to_path_buf();
+        let bytes = tokio::task::spawn_blocking(move || std::fs::read(&file))
+            .await?
+            .with_context(|| format!("cannot read runner {}", path.display()))?;
+        let max = crate::runner_store::MAX_BUILD_BYTES;
+        if bytes.len() as u64 > max {
+            bail!(
+                "runner {} is {} bytes, over the limit of {max}",
+                path.display(),
+                bytes.len()
+            );
+        }
+        let sha256 = crate::runner_store::sha256_hex(&bytes);
+        let at = format!("/v1/runner/{sha256}");
+        let (status, _) = self
+            .api
+            .exchange(Method::HEAD, &at, Body::empty(), CALL_TIMEOUT, 0)
+            .await
+            .map_err(|error| self.unreachable(error))?;
+        if status.is_success() {
+            return Ok(sha256);
+        }
+        let (status, answer) = self
+            .api
+            .exchange(
+                Method::PUT,
+                &at,
+                Body::from(bytes),
+                CALL_TIMEOUT,
+                MAX_ANSWER_BYTES,
+            )
+            .await
+            .map_err(|error| self.unreachable(error))?;
+        if !status.is_success() {
+            bail!(
+                "uploading runner {}: {} ({})",
+                path.display(),
+                error_message(&answer),
+                status.as_u16()
+            );
+        }
+        Ok(sha256)
+    }
+
     /// Sends a GET and returns the body of a 2xx answer as it is (a file, say), or the
     /// API's error message.
     pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {

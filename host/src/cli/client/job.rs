@@ -167,9 +167,29 @@ pub fn job_document(path: &Path) -> anyhow::Result<(String, Value)> {
     Ok((spec.id, document))
 }
 
+/// [`job_document`], with the runner sent along: when the runner is a file on this machine
+/// (and the job file names no build of its own), it is uploaded to the agent's runner store
+/// (unless the agent has it) and the document names its build, so the job runs these bytes
+/// on every node, whatever becomes of the file. A path this machine does not have is left
+/// for the agent to read on its own disk.
+async fn job_with_runner(remote: &Remote, path: &Path) -> anyhow::Result<(String, Value)> {
+    let (job_id, mut document) = job_document(path)?;
+    let runner = document["job"]["runner"]
+        .as_str()
+        .map(std::path::PathBuf::from);
+    if let Some(runner) = runner
+        && document["job"].get("runner_sha256").is_none()
+        && runner.is_file()
+    {
+        let sha256 = remote.api.upload_runner(&runner).await?;
+        document["job"]["runner_sha256"] = Value::String(sha256);
+    }
+    Ok((job_id, document))
+}
+
 /// `job validate FILE`.
 async fn validate(remote: &Remote, path: &Path) -> anyhow::Result<()> {
-    let (job_id, document) = job_document(path)?;
+    let (job_id, document) = job_with_runner(remote, path).await?;
     let answer = remote
         .api
         .call("POST", "/v1/validate/job", Some(document))
@@ -186,7 +206,7 @@ async fn validate(remote: &Remote, path: &Path) -> anyhow::Result<()> {
 
 /// `job plan FILE`: what registering it would do, in words.
 async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
-    let (job_id, document) = job_document(path)?;
+    let (job_id, document) = job_with_runner(remote, path).await?;
     let answer = remote
         .api
         .call("POST", &format!("/v1/job/{job_id}/plan"), Some(document))
@@ -258,7 +278,7 @@ async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
 async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
     let Remote { api, json } = remote;
     let json = *json;
-    let (job_id, document) = job_document(path)?;
+    let (job_id, document) = job_with_runner(remote, path).await?;
     let registration = api.call("POST", "/v1/jobs", Some(document)).await?;
     let placed: Vec<String> = registration["placed"]
         .as_array()

@@ -113,7 +113,7 @@ fn an_update_block_opts_in_to_carrying_checkpoints_and_an_unknown_key_is_named()
         "{refused}"
     );
     let spec = with_block("carry_checkpoint = false").unwrap();
-    assert_eq!(spec.runner_sha256, None, "never from a job file");
+    assert_eq!(spec.runner_sha256, None, "none unless the file names one");
 }
 
 #[test]

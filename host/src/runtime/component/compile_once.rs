@@ -96,6 +96,10 @@ impl LoadError {
                 path,
                 reason: reason.clone(),
             },
+            LoadError::Unavailable { reason, .. } => LoadError::Unavailable {
+                path,
+                reason: reason.clone(),
+            },
         }
     }
 }

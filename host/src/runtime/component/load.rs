@@ -2,6 +2,7 @@
 //! compiled once per build however many allocs ask at once, or its machine code read from
 //! the disk cache; what a load failure says. The [`Runtime`] keeps what was loaded.
 
+use crate::runner_store::RunnerStore;
 use crate::runtime::component::component_checks::{
     check_component_header, check_runner_export, imports_filesystem,
 };
@@ -56,6 +57,15 @@ pub enum LoadError {
         path: PathBuf,
         /// What it exports, comma-separated, or "nothing".
         exports: String,
+    },
+    /// The build an alloc names is not loaded, not in this agent's runner store, and could
+    /// not be fetched from another agent (the message names the build and who was asked).
+    #[error("{reason}")]
+    Unavailable {
+        /// The runner as its job names it.
+        path: PathBuf,
+        /// Why, naming the build.
+        reason: String,
     },
     /// The component's imports or export types do not match what the host provides.
     #[error("{path} does not fit the `caravan:runner/alloc-runner` world: {reason}")]
@@ -186,6 +196,90 @@ impl Runtime {
         Ok(loaded)
     }
 
+    /// Loads the runner `alloc` names: with a runner store, the build the alloc names by
+    /// hash ([`Runtime::load_build`]); without one (`caravan run`, `runner check`), or for an
+    /// alloc saved before builds were named, the file at its path (looked at now when `fresh`:
+    /// an upgrade asks for the build there is now). An alloc saved before this agent kept a
+    /// store finds its build at its path once, and keeps it in the store from then on.
+    pub fn load_for_alloc(
+        &self,
+        alloc: &crate::model::structs::Alloc,
+        store: Option<&RunnerStore>,
+        fresh: bool,
+    ) -> Result<Arc<LoadedComponent>, LoadError> {
+        let path = Path::new(&alloc.runner);
+        let (Some(store), Some(sha256)) = (store, alloc.runner_sha256.as_deref()) else {
+            return match fresh {
+                true => self.load_file_now(path),
+                false => self.load_file(path),
+            };
+        };
+        match self.load_build(sha256, path, store) {
+            Err(LoadError::Unavailable { .. })
+                if path.is_absolute()
+                    && store.put_file(path).is_ok_and(|found| found == sha256) =>
+            {
+                self.load_build(sha256, path, store)
+            }
+            loaded => loaded,
+        }
+    }
+
+    /// Loads build `sha256` (hex): the one loaded already, or the runner store's copy, or
+    /// one fetched from another agent into the store (see [`RunnerStore::get_or_fetch`]).
+    /// `path` only names it in errors. Blocking: it may read, fetch and compile; a fetch needs
+    /// a tokio runtime to be current (the blocking pool's threads have one).
+    pub fn load_build(
+        &self,
+        sha256: &str,
+        path: &Path,
+        store: &RunnerStore,
+    ) -> Result<Arc<LoadedComponent>, LoadError> {
+        if let Some(loaded) = self.cached(sha256) {
+            return Ok(loaded);
+        }
+        let unavailable = |reason: String| LoadError::Unavailable {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let read = |store: &RunnerStore| {
+            store.read(sha256).map_err(|error| {
+                unavailable(format!("cannot read runner build sha256:{sha256}: {error}"))
+            })
+        };
+        let bytes = match read(store)? {
+            Some(bytes) => bytes,
+            None => {
+                let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+                    unavailable(format!(
+                        "runner build sha256:{sha256} is not on this agent (and cannot be \
+                         fetched outside the agent's runtime)"
+                    ))
+                })?;
+                handle
+                    .block_on(store.get_or_fetch(sha256))
+                    .map_err(|error| unavailable(error.to_string()))?;
+                read(store)?.ok_or_else(|| {
+                    unavailable(format!(
+                        "runner build sha256:{sha256} was fetched, then gone"
+                    ))
+                })?
+            }
+        };
+        let loaded = self.load_bytes(path, &bytes)?;
+        if loaded.hash != sha256 {
+            // The store names files by their hash when it writes them: this one changed on
+            // disk since. It goes, so that the next start fetches a good copy.
+            let _ = store.remove(sha256);
+            return Err(unavailable(format!(
+                "the runner store's copy of build sha256:{sha256} has changed on disk (its \
+                 bytes are now sha256:{}); removed, to be fetched again",
+                loaded.hash
+            )));
+        }
+        Ok(loaded)
+    }
+
     /// Loads a component from bytes; `path` only names it in errors.
     pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Arc<LoadedComponent>, LoadError> {
         let hash = component_sha256(bytes);
@@ -297,12 +391,62 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The runtime is where a job's runner is identified (see [`crate::model::admission`]): it
-/// loads the file as it is now, compiling a build not seen before.
+/// The runtime alone identifies a job's runner by its file (`caravan run`, `runner check`,
+/// and a runtime given no store): it loads the file as it is now, compiling a build not seen
+/// before. A build named by hash must have been loaded already.
 impl crate::model::admission::RunnerIdentity for Runtime {
-    fn identify(&self, path: &Path) -> Result<String, String> {
+    fn identify(&self, path: &Path, sha256: Option<&str>) -> Result<String, String> {
+        if let Some(sha256) = sha256 {
+            return self.cached(sha256).map(|loaded| loaded.hash.clone()).ok_or_else(|| {
+                format!("runner build sha256:{sha256} is not known here (this agent keeps no runner store)")
+            });
+        }
         self.load_file_now(path)
             .map(|loaded| loaded.hash.clone())
             .map_err(|error| error.to_string())
+    }
+}
+
+/// An agent identifies a job's runner through its runtime and its runner store: a build named
+/// by hash is loaded from the store (fetched from another agent when the store lacks it), and
+/// a file is loaded as it is now and kept in the store, so that the job's allocs run these
+/// bytes whatever becomes of the file.
+pub struct StoredRunners {
+    /// Loads and compiles.
+    pub runtime: Runtime,
+    /// Keeps the bytes.
+    pub store: RunnerStore,
+}
+
+impl crate::model::admission::RunnerIdentity for StoredRunners {
+    fn identify(&self, path: &Path, sha256: Option<&str>) -> Result<String, String> {
+        let sha256 = match sha256 {
+            Some(sha256) => sha256.to_string(),
+            None => {
+                let loaded = self
+                    .runtime
+                    .load_file_now(path)
+                    .map_err(|e| e.to_string())?;
+                let kept = self.store.put_file(path).map_err(|error| {
+                    format!(
+                        "cannot keep runner {} in the runner store: {error}",
+                        path.display()
+                    )
+                })?;
+                if kept != loaded.hash {
+                    return Err(format!(
+                        "runner component {} changed while it was read; submit it again",
+                        path.display()
+                    ));
+                }
+                kept
+            }
+        };
+        let loaded = self
+            .runtime
+            .load_build(&sha256, path, &self.store)
+            .map_err(|error| error.to_string())?;
+        self.store.touch(&sha256);
+        Ok(loaded.hash.clone())
     }
 }

@@ -14,6 +14,7 @@ use crate::allocrunner::{
 };
 use crate::model::admission::Admission;
 use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
+use crate::runner_store::RunnerStore;
 use crate::runtime::imports::bindings::Event;
 use crate::runtime::imports::event_queue::{EventReceiver, EventSender, event_queue};
 use crate::runtime::imports::host_api::StateCell;
@@ -53,6 +54,8 @@ pub struct WasmAllocRunner {
 
 struct Shared {
     runtime: Runtime,
+    /// Where the builds an upgrade names are loaded from (see [`Runtime::load_for_alloc`]).
+    store: Option<RunnerStore>,
     /// The build that runs the alloc, one waiting to take over, the last upgrade.
     upgrades: Upgrades,
     admission: Admission,
@@ -109,6 +112,7 @@ impl WasmAllocRunner {
         component: Arc<LoadedComponent>,
         mut config: AllocRunnerConfig,
         admission: Admission,
+        store: Option<RunnerStore>,
     ) -> Self {
         let (events, receiver) = event_queue();
         let initial = config
@@ -132,6 +136,7 @@ impl WasmAllocRunner {
         WasmAllocRunner {
             shared: Arc::new(Shared {
                 runtime,
+                store,
                 upgrades: Upgrades::new(component, config.alloc.clone()),
                 admission,
                 alloc: Mutex::new(config.alloc.clone()),

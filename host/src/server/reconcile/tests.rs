@@ -126,7 +126,26 @@ fn a_new_build_of_the_runner_upgrades_the_running_allocs_in_place() {
         ..current.spec.clone()
     };
     let plan = reconcile_job(Some(&current), &new_path, &one_node(), &allocs);
-    assert_eq!(plan.change, JobChange::InPlace, "a new path is a new build");
+    assert_eq!(
+        plan.change,
+        JobChange::Same,
+        "a build named by hash is the build: another path to it (another machine's) is none"
+    );
+    let unnamed = |runner: &str| JobSpec {
+        runner: runner.into(),
+        ..spec("web", JobType::Service, 3)
+    };
+    let plan = reconcile_job(
+        Some(&job(unnamed("r.wasm"), 4)),
+        &unnamed("elsewhere/r.wasm"),
+        &one_node(),
+        &allocs,
+    );
+    assert_eq!(
+        plan.change,
+        JobChange::InPlace,
+        "without builds named, a new path is a new build"
+    );
 
     let saved_before_builds_were_recorded = job(spec("web", JobType::Service, 3), 4);
     let plan = reconcile_job(
@@ -478,4 +497,53 @@ fn a_takeover_fills_only_what_a_deploy_left_out() {
     let mut stopped = web.clone();
     stopped.stopped = true;
     assert_eq!(missing_at_takeover(&stopped, &allocs), 0);
+}
+
+#[test]
+fn a_replacement_goes_to_a_node_its_chain_has_not_failed_on() {
+    let current = job(spec("web", JobType::Service, 1), 1);
+    let nodes = BTreeSet::from(["n1".to_string(), "n2".to_string(), "n3".to_string()]);
+    // Alloc 1 failed on n1 and was replaced by alloc 2, which failed on n2; n3 is busiest.
+    let first = AllocRecord {
+        replaced: true,
+        ..failed(alloc_on("web", 1, Some("n1")))
+    };
+    let second = failed(AllocRecord {
+        alloc: Arc::new(Alloc {
+            reschedule: Some(Reschedule {
+                previous_alloc_id: first.alloc.id.clone(),
+                attempt: 1,
+                start_after_unix_ms: 0,
+                history_unix_ms: vec![0],
+            }),
+            ..Alloc::clone(&alloc_on("web", 2, Some("n2")).alloc)
+        }),
+        ..alloc_on("web", 2, Some("n2"))
+    });
+    let busy = [
+        alloc_on("other", 3, Some("n3")),
+        alloc_on("other", 4, Some("n3")),
+    ];
+    let all = [&first, &second, &busy[0], &busy[1]];
+    let Replacement::Replace(plan) = replace_failed(&second, Some(&current), 5, 0, &nodes, all)
+    else {
+        panic!("replaced");
+    };
+    assert_eq!(
+        plan.place,
+        [Some("n3".to_string())],
+        "neither n1 nor n2 again"
+    );
+    let just_failed = failed(alloc_on("web", 1, Some("n1")));
+    let all = [&just_failed, &second, &busy[0], &busy[1]];
+    let Replacement::Replace(plan) =
+        replace_failed(&just_failed, Some(&current), 5, 0, &nodes, all)
+    else {
+        panic!("replaced");
+    };
+    assert_eq!(
+        plan.place,
+        [Some("n2".to_string())],
+        "not n1, then the least loaded"
+    );
 }

@@ -6,6 +6,7 @@
 mod bad_input;
 mod etcd_failure;
 mod failover;
+mod runner_builds;
 
 use crate::etcd::EtcdCluster;
 use crate::support::{AgentProcess, eventually_async, http};

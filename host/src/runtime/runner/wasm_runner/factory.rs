@@ -4,8 +4,8 @@
 use super::WasmAllocRunner;
 use crate::allocrunner::{AllocRunner, AllocRunnerConfig, AllocRunnerFactory};
 use crate::model::admission::Admission;
+use crate::runner_store::RunnerStore;
 use crate::runtime::Runtime;
-use std::path::Path;
 use std::sync::Arc;
 
 /// Builds [`WasmAllocRunner`]s, loading each alloc's `runner` component through the shared
@@ -14,6 +14,7 @@ use std::sync::Arc;
 pub struct WasmAllocRunnerFactory {
     runtime: Runtime,
     admission: Admission,
+    store: Option<RunnerStore>,
 }
 
 impl WasmAllocRunnerFactory {
@@ -22,6 +23,18 @@ impl WasmAllocRunnerFactory {
         WasmAllocRunnerFactory {
             runtime,
             admission: Admission::default(),
+            store: None,
+        }
+    }
+
+    /// The same factory loading each alloc's build by the SHA-256 its job names, from
+    /// `store` (fetched from another agent when the store lacks it), rather than from the
+    /// runner's path: an agent's allocs run the build their job was registered with,
+    /// whatever has become of the file since.
+    pub fn with_store(self, store: RunnerStore) -> Self {
+        WasmAllocRunnerFactory {
+            store: Some(store),
+            ..self
         }
     }
 
@@ -35,13 +48,16 @@ impl WasmAllocRunnerFactory {
 
     /// Builds the runner for one alloc; fails when its component cannot be loaded.
     pub fn build(&self, config: AllocRunnerConfig) -> anyhow::Result<Arc<WasmAllocRunner>> {
-        let component = self.runtime.load_file(Path::new(&config.alloc.runner))?;
+        let component = self
+            .runtime
+            .load_for_alloc(&config.alloc, self.store.as_ref(), false)?;
         crate::allocrunner::record_loaded_build(&config.span, &config.alloc, &component.hash);
         Ok(Arc::new(WasmAllocRunner::new(
             self.runtime.clone(),
             component,
             config,
             self.admission.clone(),
+            self.store.clone(),
         )))
     }
 

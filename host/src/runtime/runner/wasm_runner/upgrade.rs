@@ -180,13 +180,15 @@ impl Upgrades {
 /// build, new tasks or new meta. The server sends such a version only for an upgrade in
 /// place.
 pub(super) fn asks_for_new_run(current: &Alloc, new: &Alloc, target: &LoadedComponent) -> bool {
-    new.runner != current.runner
-        || new
-            .runner_sha256
-            .as_ref()
-            .is_some_and(|sha256| *sha256 != target.hash)
-        || new.tasks != current.tasks
-        || new.meta != current.meta
+    // A build named by hash is the build, whatever its path says (another machine's path to
+    // the same file, say); only allocs saved before builds were named go by path.
+    let new_build = match (&new.runner_sha256, &current.runner_sha256) {
+        (Some(sha256), Some(_)) => *sha256 != target.hash,
+        (sha256, _) => {
+            new.runner != current.runner || sha256.as_ref().is_some_and(|s| *s != target.hash)
+        }
+    };
+    new_build || new.tasks != current.tasks || new.meta != current.meta
 }
 
 impl Shared {
@@ -209,10 +211,9 @@ impl Shared {
         );
         tracing::info!(parent: &self.config.span, runner = %alloc.runner, "upgrading the runner in place");
         tokio::spawn(async move {
-            let runtime = self.runtime.clone();
-            let path = alloc.runner.clone();
+            let (runtime, store, asked) = (self.runtime.clone(), self.store.clone(), alloc.clone());
             let loaded = tokio::task::spawn_blocking(move || {
-                runtime.load_file_now(std::path::Path::new(&path))
+                runtime.load_for_alloc(&asked, store.as_ref(), true)
             })
             .await;
             let component = match loaded {
