@@ -29,6 +29,8 @@ pub fn dies_with_its_parent(command: &mut Command) -> &mut Command {
 /// One member's ports, files and process.
 struct Member {
     name: String,
+    /// The network namespace it runs in, on a host of a multi-host test; `None`: this one.
+    netns: Option<String>,
     client_url: String,
     peer_url: String,
     data_dir: PathBuf,
@@ -76,6 +78,7 @@ impl EtcdCluster {
         let members: Vec<Member> = (1..=count)
             .map(|n| Member {
                 name: format!("m{n}"),
+                netns: None,
                 client_url: format!("http://127.0.0.1:{}", free_port()),
                 peer_url: format!("http://127.0.0.1:{}", free_port()),
                 data_dir: dir.path().join(format!("m{n}")),
@@ -83,11 +86,41 @@ impl EtcdCluster {
                 process: None,
             })
             .collect();
+        EtcdCluster::launch_all(members, extra_flags, dir).await
+    }
+
+    /// One member on each host, given as its network namespace, its address (the member
+    /// listens on ports 2379 and 2380 there) and its own directory (the member's data and
+    /// log go there); waits until the cluster answers.
+    pub async fn start_on_hosts(hosts: &[(String, std::net::Ipv4Addr, PathBuf)]) -> EtcdCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let members = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, (netns, addr, host_dir))| Member {
+                name: format!("m{}", i + 1),
+                netns: Some(netns.clone()),
+                client_url: format!("http://{addr}:2379"),
+                peer_url: format!("http://{addr}:2380"),
+                data_dir: host_dir.join("etcd"),
+                log: host_dir.join("etcd.log"),
+                process: None,
+            })
+            .collect();
+        EtcdCluster::launch_all(members, &[], dir).await
+    }
+
+    async fn launch_all(
+        members: Vec<Member>,
+        extra_flags: &[&str],
+        dir: tempfile::TempDir,
+    ) -> EtcdCluster {
         let initial_cluster = members
             .iter()
             .map(|m| format!("{}={}", m.name, m.peer_url))
             .collect::<Vec<_>>()
             .join(",");
+        let count = members.len();
         let mut cluster = EtcdCluster {
             members,
             initial_cluster,
@@ -154,7 +187,15 @@ impl EtcdCluster {
             .append(true)
             .open(&member.log)
             .unwrap();
-        let process = dies_with_its_parent(&mut Command::new(ETCD))
+        let mut command = match &member.netns {
+            None => Command::new(ETCD),
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns, ETCD]);
+                command
+            }
+        };
+        let process = dies_with_its_parent(&mut command)
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(&member.data_dir)

@@ -32,6 +32,7 @@ mod loading;
 mod many_memories;
 mod minimal;
 mod module_map;
+mod multi_host;
 mod nodesim;
 mod other_languages;
 mod readme_tour;

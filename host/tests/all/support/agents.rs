@@ -6,6 +6,7 @@ use caravan_host::agent::Agent;
 use caravan_host::agent::config::AgentConfig;
 use caravan_host::runtime::WasmAllocRunnerFactory;
 use serde_json::Value;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,18 +69,36 @@ impl AgentProcess {
     /// `caravan agent ARGS` with `config` added to its config file (after a `[client]`
     /// block that makes the GC blind to this disk).
     pub fn start_configured(args: &[&str], config_text: &str) -> Self {
+        Self::start_from(caravan_command(), "127.0.0.1:0", args, config_text)
+    }
+
+    /// `caravan agent ARGS` as [`AgentProcess::start_configured`] does, on host `host` of a
+    /// set of [`crate::support::hosts::Hosts`] (in its network namespace), listening on its
+    /// address.
+    pub fn start_on_host(
+        hosts: &crate::support::hosts::Hosts,
+        host: usize,
+        args: &[&str],
+        config_text: &str,
+    ) -> Self {
+        let command = hosts.command(host, caravan_command().get_program());
+        let bind = format!("{}:4646", hosts.addr(host));
+        Self::start_from(command, &bind, args, config_text)
+    }
+
+    fn start_from(mut command: Command, bind: &str, args: &[&str], config_text: &str) -> Self {
         let config = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             config.path(),
             format!("{AGENT_CONFIG_IGNORING_THIS_DISK}{config_text}"),
         )
         .unwrap();
-        let mut child = crate::etcd::dies_with_its_parent(&mut caravan_command())
+        let mut child = crate::etcd::dies_with_its_parent(&mut command)
             .arg("agent")
             .args(args)
             .arg("--config")
             .arg(config.path())
-            .args(["--bind", "127.0.0.1:0", "--log-json"])
+            .args(["--bind", bind, "--log-json"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

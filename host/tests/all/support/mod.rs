@@ -3,6 +3,7 @@
 //! processes write; runners, HTTP and agents are in the submodules, re-exported here.
 
 mod agents;
+pub mod hosts;
 mod http_request;
 mod runner;
 

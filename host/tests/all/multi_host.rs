@@ -1,0 +1,247 @@
+//! The cluster as separate hosts: three network namespaces joined by a bridge
+//! ([`crate::support::hosts`]), each with its own etcd member, its own agent and its own
+//! directory, and nothing shared but the network. The test itself stands for the operator's
+//! laptop, outside every host: the runner file exists only there, and is deleted once the job
+//! is submitted. A failing test prints what every agent logged.
+
+use crate::etcd::EtcdCluster;
+use crate::support::hosts::Hosts;
+use crate::support::{AgentProcess, eventually_async, http, run_caravan};
+use caravan_host::runner_store::sha256_hex;
+use caravan_test_artifacts::SLEEPER;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+
+/// Nodes' lease TTL: as in the loopback cluster tests.
+const NODE_TTL: &str = "4s";
+
+/// Three hosts, an etcd member and an agent on each. Fields drop in order: the processes
+/// before the namespaces they run in.
+struct HostCluster {
+    agents: Vec<AgentProcess>,
+    _etcd: EtcdCluster,
+    hosts: Hosts,
+}
+
+impl HostCluster {
+    /// The cluster, or `None` where namespaces cannot be made (see [`Hosts::make`]).
+    async fn start() -> Option<HostCluster> {
+        let hosts = Hosts::make(3)?;
+        let spots: Vec<_> = (0..hosts.count())
+            .map(|i| (hosts.namespace(i), hosts.addr(i), hosts.dir(i)))
+            .collect();
+        let etcd = EtcdCluster::start_on_hosts(&spots).await;
+        let endpoints = etcd.endpoints().join(",");
+        let config = format!("max_live_allocs = 64\n[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
+        let agents = (0..hosts.count())
+            .map(|i| {
+                let (name, data_dir) = (format!("host-{}", i + 1), hosts.dir_arg(i, "agent"));
+                let args = [
+                    "--cluster",
+                    "etcd",
+                    "--etcd-endpoints",
+                    &endpoints,
+                    "--node-name",
+                    &name,
+                    "--data-dir",
+                    &data_dir,
+                ];
+                AgentProcess::start_on_host(&hosts, i, &args, &config)
+            })
+            .collect();
+        let cluster = HostCluster {
+            agents,
+            _etcd: etcd,
+            hosts,
+        };
+        eventually_async("three hosts ready", || async {
+            cluster.ready_nodes(0).await.len() == 3
+        })
+        .await;
+        Some(cluster)
+    }
+
+    fn api(&self, i: usize) -> SocketAddr {
+        self.agents[i].socket_addr()
+    }
+
+    async fn get(&self, i: usize, path: &str) -> (u16, Value) {
+        http(self.api(i), "GET", path, None, None).await
+    }
+
+    async fn ready_nodes(&self, via: usize) -> BTreeSet<String> {
+        let (status, nodes) = self.get(via, "/v1/nodes").await;
+        if status != 200 {
+            return BTreeSet::new();
+        }
+        nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"] == "ready")
+            .filter_map(|n| n["id"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    async fn allocs(&self, via: usize, job: &str) -> Vec<Value> {
+        let (status, allocs) = self.get(via, &format!("/v1/job/{job}/allocations")).await;
+        if status != 200 {
+            return Vec::new();
+        }
+        allocs.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Writes a runner and a job of `count` of it on "the laptop" (a directory of no host),
+    /// submits it through host `via`'s agent with the CLI, and deletes the runner.
+    fn submit_from_outside(&self, via: usize, count: u32) -> String {
+        let laptop = tempfile::tempdir().unwrap();
+        let runner = laptop.path().join("web.wasm");
+        std::fs::copy(SLEEPER, &runner).unwrap();
+        let job = laptop.path().join("web.toml");
+        std::fs::write(
+            &job,
+            format!(
+                "[job]\nid = \"web\"\ntype = \"service\"\ncount = {count}\nrunner = \"web.wasm\"\n"
+            ),
+        )
+        .unwrap();
+        let run = run_caravan(
+            &["job", "run", "--detach", job.to_str().unwrap()],
+            Some(&self.agents[via].addr),
+        );
+        assert_eq!(
+            run.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        std::fs::remove_file(&runner).unwrap();
+        sha256_hex(&std::fs::read(SLEEPER).unwrap())
+    }
+}
+
+impl Drop for HostCluster {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (i, agent) in self.agents.iter().enumerate() {
+            let lines = agent.unread_lines();
+            let tail = lines.len().saturating_sub(80);
+            eprintln!(
+                "--- host-{} logged (last {} lines):",
+                i + 1,
+                lines.len() - tail
+            );
+            for line in &lines[tail..] {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// Allocs not terminal and wanted, by node.
+fn live_by_node(allocs: &[Value]) -> BTreeMap<String, usize> {
+    let mut by_node = BTreeMap::new();
+    for alloc in allocs {
+        let terminal =
+            ["complete", "failed", "lost"].contains(&alloc["client_status"].as_str().unwrap_or(""));
+        if !terminal && alloc["desired_status"] == "run" {
+            *by_node
+                .entry(alloc["node_id"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+    }
+    by_node
+}
+
+fn running(allocs: &[Value]) -> usize {
+    allocs
+        .iter()
+        .filter(|a| a["client_status"] == "running" && a["desired_status"] == "run")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_submitted_from_outside_runs_on_every_host_with_its_runner_only_on_the_laptop() {
+    let Some(cluster) = HostCluster::start().await else {
+        return;
+    };
+    let sha256 = cluster.submit_from_outside(1, 6);
+    let cluster = &cluster;
+    eventually_async("six allocs running, two on each host", || async move {
+        let allocs = cluster.allocs(0, "web").await;
+        running(&allocs) == 6 && live_by_node(&allocs).values().all(|n| *n == 2)
+    })
+    .await;
+    for i in 0..3 {
+        let kept = cluster
+            .hosts
+            .dir(i)
+            .join("agent/runners/sha256")
+            .join(&sha256);
+        assert!(
+            kept.is_file(),
+            "host {} keeps the build in its own store",
+            i + 1
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cut_off_has_its_allocs_replaced_and_stops_them_when_it_returns() {
+    let Some(cluster) = HostCluster::start().await else {
+        return;
+    };
+    cluster.submit_from_outside(0, 6);
+    let cluster = &cluster;
+    eventually_async("six allocs running, two on each host", || async move {
+        let allocs = cluster.allocs(0, "web").await;
+        running(&allocs) == 6 && live_by_node(&allocs).values().all(|n| *n == 2)
+    })
+    .await;
+    let held: BTreeSet<String> = cluster
+        .allocs(0, "web")
+        .await
+        .iter()
+        .filter(|a| a["node_id"] == "host-3")
+        .filter_map(|a| a["id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(held.len(), 2);
+
+    // Host 3's link goes down: the other two see its lease expire, mark its allocs lost and
+    // replace them between themselves. It cannot hear of it, and runs on meanwhile.
+    cluster.hosts.cut(2);
+    let held = &held;
+    eventually_async(
+        "the cut-off host's allocs lost and replaced",
+        || async move {
+            let allocs = cluster.allocs(0, "web").await;
+            let lost = allocs
+                .iter()
+                .filter(|a| held.contains(a["id"].as_str().unwrap_or("")))
+                .all(|a| a["client_status"] == "lost");
+            lost && running(&allocs) == 6 && !live_by_node(&allocs).contains_key("host-3")
+        },
+    )
+    .await;
+
+    // Back on the network, it learns its allocs were replaced and stops them: the cluster
+    // settles with six allocs, each running once.
+    cluster.hosts.mend(2);
+    eventually_async("the returning host stops what it held", || async move {
+        let allocs = cluster.allocs(0, "web").await;
+        let stopped = allocs
+            .iter()
+            .filter(|a| held.contains(a["id"].as_str().unwrap_or("")))
+            .all(|a| a["client_status"] == "complete");
+        stopped && cluster.ready_nodes(0).await.contains("host-3")
+    })
+    .await;
+    let allocs = cluster.allocs(2, "web").await;
+    assert_eq!(running(&allocs), 6, "{allocs:#?}");
+    assert_eq!(live_by_node(&allocs).values().sum::<usize>(), 6);
+    let ids: BTreeSet<&str> = allocs.iter().filter_map(|a| a["id"].as_str()).collect();
+    assert_eq!(ids.len(), allocs.len(), "no alloc twice");
+}
