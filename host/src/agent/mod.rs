@@ -116,13 +116,16 @@ impl Agent {
         let db: Arc<dyn StateDb> = Arc::new(crate::state::blocking(|| {
             RedbStateDb::open(&config.data_dir)
         })?);
-        let runners =
-            crate::runner_store::RunnerStore::open(&config.data_dir).with_context(|| {
+        let runners = crate::runner_store::RunnerStore::open(&config.data_dir)
+            .with_context(|| {
                 format!(
                     "cannot open the runner store in {}",
                     config.data_dir.join("runners").display()
                 )
-            })?;
+            })?
+            .with_registries(crate::runner_store::oci::Registries::new(
+                config.insecure_registries.clone(),
+            ));
         let runtime = Runtime::new(&RuntimeConfig {
             guest_descriptors: runner_descriptors,
             ..RuntimeConfig::for_node(

@@ -236,9 +236,7 @@ pub type AllocRunnerFactory =
 /// records that one instead (see [`record_loaded_build`]): the lines of an alloc whose runner
 /// could not be loaded name the build that was asked for.
 pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
-    let runner = std::path::Path::new(&alloc.runner)
-        .file_name()
-        .map_or(alloc.runner.as_str().into(), |name| name.to_string_lossy());
+    let runner = runner_name(&alloc.runner);
     tracing::info_span!(
         "alloc",
         alloc_id = %alloc.id,
@@ -250,6 +248,22 @@ pub fn alloc_span(alloc: &Alloc) -> tracing::Span {
             .as_deref()
             .map(|hash| tracing::field::display(short_hash(hash))),
     )
+}
+
+/// How logs name a runner: a path's file name (`web.wasm`), a registry reference's last
+/// segment without its digest (`web:1.4`).
+pub fn runner_name(runner: &str) -> std::borrow::Cow<'_, str> {
+    if let Some(reference) = runner.strip_prefix("oci://") {
+        let without_digest = reference.split('@').next().unwrap_or(reference);
+        return without_digest
+            .rsplit('/')
+            .next()
+            .unwrap_or(without_digest)
+            .into();
+    }
+    std::path::Path::new(runner)
+        .file_name()
+        .map_or(runner.into(), |name| name.to_string_lossy())
 }
 
 /// How many hex digits of a runner's SHA-256 name its build in logs and statuses: enough to

@@ -1,5 +1,5 @@
 //! `caravan runner ...`: tools for runner authors: `runner check`, its flags and the lines
-//! it prints, and `runner new`.
+//! it prints, `runner new`, and `runner push` (to an OCI registry, [`crate::runner_store::oci`]).
 //!
 //! The checks themselves are [`crate::check`], a library module so tests and other tools can
 //! run them without a process, and the scaffolds are [`crate::scaffold`]'s; this module must
@@ -21,6 +21,9 @@ pub enum RunnerCommand {
     /// Make a folder with a working runner, its build script, a job file and a README with
     /// the commands to build, check and run it.
     New(NewCommand),
+    /// Publish a runner component to an OCI registry, as the CNCF's Wasm OCI artifact (the
+    /// layout `wkg`, Spin and wasmCloud read), for jobs to name as `runner = "oci://..."`.
+    Push(PushCommand),
 }
 
 impl RunnerCommand {
@@ -29,6 +32,7 @@ impl RunnerCommand {
         match self {
             RunnerCommand::Check(command) => command.execute(global).await,
             RunnerCommand::New(command) => command.execute(),
+            RunnerCommand::Push(command) => command.execute().await,
         }
     }
 }
@@ -57,6 +61,54 @@ impl NewCommand {
         println!("  ./build                               # out/{name}.wasm");
         println!("  caravan runner check out/{name}.wasm");
         println!("  caravan job run {name}.toml           # with an agent running");
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// `caravan runner push`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct PushCommand {
+    /// The runner component (`.wasm`).
+    component: PathBuf,
+    /// Where to: `oci://HOST[:PORT]/REPOSITORY:TAG`.
+    reference: String,
+    /// Speak plain HTTP to this registry (a test or a private one on a trusted network);
+    /// HTTPS otherwise.
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl PushCommand {
+    /// Pushes and prints what was published; a file that is not a component, an unusable
+    /// reference or a registry's refusal exits 2 through the caller, in one line.
+    async fn execute(self) -> anyhow::Result<ExitCode> {
+        use crate::runner_store::oci;
+        let parsed = oci::parse(&self.reference)?;
+        let bytes = std::fs::read(&self.component)
+            .with_context(|| format!("cannot read runner {}", self.component.display()))?;
+        let max = crate::runner_store::MAX_BUILD_BYTES;
+        if bytes.len() as u64 > max {
+            bail!(
+                "runner {} is {} bytes, over the limit of {max}",
+                self.component.display(),
+                bytes.len()
+            );
+        }
+        let insecure = if self.insecure {
+            vec![parsed.resolve_registry().to_string()]
+        } else {
+            Vec::new()
+        };
+        let pushed = oci::Registries::new(insecure)
+            .push(bytes, &self.reference)
+            .await?;
+        println!(
+            "pushed {} to {} (manifest {}, component sha256:{})",
+            self.component.display(),
+            self.reference,
+            pushed.manifest_digest,
+            pushed.sha256
+        );
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -278,7 +278,12 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
             "missing; the path of the runner component (.wasm)",
         )
     })?;
-    let runner = normalise_path(&runner);
+    // A registry reference is kept as written; a path loses its `.` and `..` segments.
+    let runner = if runner.starts_with("oci://") {
+        runner
+    } else {
+        normalise_path(&runner)
+    };
     let runner_sha256 = match raw.runner_sha256 {
         None => None,
         Some(sha256) => {

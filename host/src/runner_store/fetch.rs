@@ -50,16 +50,6 @@ fn tried_text(tried: &[(String, String)]) -> String {
     format!(", and no agent gave it (tried {})", answers.join("; "))
 }
 
-impl FetchError {
-    /// A build missing where there is no one to ask.
-    pub(super) fn nowhere(sha256: &str) -> FetchError {
-        FetchError {
-            sha256: sha256.to_string(),
-            tried: Vec::new(),
-        }
-    }
-}
-
 /// Who to ask, and how.
 #[derive(Clone)]
 pub(super) struct Peers {
@@ -77,14 +67,15 @@ impl Peers {
         }
     }
 
-    /// Asks each peer in turn for build `sha256` and stores the first that hashes right.
-    /// The caller holds the build's turn.
+    /// Asks each peer in turn for build `sha256` and stores the first that hashes right;
+    /// `tried` is what was asked before them (a registry). The caller holds the build's
+    /// turn.
     pub(super) async fn fetch(
         &self,
         store: &RunnerStore,
         sha256: &str,
+        mut tried: Vec<(String, String)>,
     ) -> Result<PathBuf, FetchError> {
-        let mut tried = Vec::new();
         for peer in (self.list)().await {
             match self.fetch_from(store, &peer, sha256).await {
                 Ok(path) => {

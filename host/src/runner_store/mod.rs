@@ -24,6 +24,7 @@
 
 pub mod fetch;
 pub mod gc;
+pub mod oci;
 
 use crate::util::locks::LockUnpoisoned;
 use bytes::Bytes;
@@ -119,6 +120,8 @@ struct Inner {
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Where a missing build is fetched from; none in the single-node mode.
     peers: Mutex<Option<fetch::Peers>>,
+    /// How registries are reached, for builds whose alloc names a registry reference.
+    registries: oci::Registries,
 }
 
 /// The first bytes of every WebAssembly component: the magic, and the component layer's
@@ -144,6 +147,7 @@ impl RunnerStore {
                 tmp,
                 turns: Mutex::new(HashMap::new()),
                 peers: Mutex::new(None),
+                registries: oci::Registries::default(),
             }),
         })
     }
@@ -155,6 +159,20 @@ impl RunnerStore {
             inner.max_build_bytes = max.min(MAX_BUILD_BYTES);
         }
         self
+    }
+
+    /// The same store reaching registries as `registries` says (which speak plain HTTP).
+    /// Call it before cloning the store.
+    pub fn with_registries(mut self, registries: oci::Registries) -> RunnerStore {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.registries = registries;
+        }
+        self
+    }
+
+    /// How this store reaches registries.
+    pub fn registries(&self) -> &oci::Registries {
+        &self.inner.registries
     }
 
     /// The most bytes a build may have here.
@@ -315,23 +333,52 @@ impl RunnerStore {
         Ok(())
     }
 
-    /// Build `sha256`'s file: the store's, or fetched from a peer when it lacks it (see
-    /// [`fetch`]).
-    pub async fn get_or_fetch(&self, sha256: &str) -> Result<PathBuf, FetchError> {
+    /// Build `sha256`'s file: the store's, or when it lacks it, pulled from the registry
+    /// `origin` names (when it is an `oci://` reference), else fetched from a peer (see
+    /// [`fetch`]). The error names every source tried.
+    pub async fn get_or_fetch(
+        &self,
+        sha256: &str,
+        origin: Option<&str>,
+    ) -> Result<PathBuf, FetchError> {
         if let Some(path) = self.path(sha256) {
             return Ok(path);
         }
-        let peers = self.inner.peers.lock_unpoisoned().clone();
-        let Some(peers) = peers else {
-            return Err(FetchError::nowhere(sha256));
-        };
         let turn = self.turn(sha256);
         let _turn = turn.lock().await;
         // Whoever held the turn before may have fetched it.
         if let Some(path) = self.path(sha256) {
             return Ok(path);
         }
-        peers.fetch(self, sha256).await
+        let mut tried = Vec::new();
+        if let Some(reference) = origin.filter(|r| oci::is_oci(r)) {
+            match self
+                .inner
+                .registries
+                .pull_into(self, reference, sha256)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(
+                        runner_sha256 = %&sha256[..12],
+                        from = %reference,
+                        "pulled runner build from its registry"
+                    );
+                    if let Some(path) = self.path(sha256) {
+                        return Ok(path);
+                    }
+                }
+                Err(error) => tried.push(("its registry".to_string(), error.to_string())),
+            }
+        }
+        let peers = self.inner.peers.lock_unpoisoned().clone();
+        match peers {
+            Some(peers) => peers.fetch(self, sha256, tried).await,
+            None => Err(FetchError {
+                sha256: sha256.to_string(),
+                tried,
+            }),
+        }
     }
 
     fn turn(&self, sha256: &str) -> Arc<tokio::sync::Mutex<()>> {

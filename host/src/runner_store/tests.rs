@@ -168,7 +168,7 @@ async fn a_store_without_peers_says_there_is_no_one_to_ask() {
     let dir = tempfile::tempdir().unwrap();
     let store = RunnerStore::open(dir.path()).unwrap();
     let missing = "ab".repeat(32);
-    let error = store.get_or_fetch(&missing).await.unwrap_err();
+    let error = store.get_or_fetch(&missing, None).await.unwrap_err();
     assert_eq!(
         error.to_string(),
         format!(

@@ -50,7 +50,7 @@ pub struct EtcdCluster {
 /// A port nothing listens on now, below the ephemeral range (32768 and up on Linux), where
 /// outgoing connections (etcd's own, other tests') take theirs: each test process starts at
 /// its own offset, and no port is handed out twice by one process.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let start = 20_000 + (std::process::id() % 100) as u16 * 120;
     loop {

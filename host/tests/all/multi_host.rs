@@ -5,6 +5,7 @@
 //! is submitted. A failing test prints what every agent logged.
 
 use crate::etcd::EtcdCluster;
+use crate::registry::Registry;
 use crate::support::hosts::Hosts;
 use crate::support::{AgentProcess, eventually_async, http, run_caravan};
 use caravan_host::runner_store::sha256_hex;
@@ -21,20 +22,41 @@ const NODE_TTL: &str = "4s";
 struct HostCluster {
     agents: Vec<AgentProcess>,
     _etcd: EtcdCluster,
+    /// On a fourth host of its own, when asked for.
+    registry: Option<Registry>,
     hosts: Hosts,
 }
 
 impl HostCluster {
     /// The cluster, or `None` where namespaces cannot be made (see [`Hosts::make`]).
     async fn start() -> Option<HostCluster> {
-        let hosts = Hosts::make(3)?;
-        let spots: Vec<_> = (0..hosts.count())
+        HostCluster::start_with(false).await
+    }
+
+    /// The cluster and, when `with_registry`, an OCI registry on a fourth host, which the
+    /// agents reach over plain HTTP.
+    async fn start_with(with_registry: bool) -> Option<HostCluster> {
+        const NODES: usize = 3;
+        let hosts = Hosts::make(NODES + usize::from(with_registry))?;
+        let registry = match with_registry {
+            false => None,
+            true => {
+                let command = hosts.command(NODES, "/usr/bin/docker-registry");
+                Some(Registry::start_with(command, &hosts.addr(NODES).to_string()).await)
+            }
+        };
+        let spots: Vec<_> = (0..NODES)
             .map(|i| (hosts.namespace(i), hosts.addr(i), hosts.dir(i)))
             .collect();
         let etcd = EtcdCluster::start_on_hosts(&spots).await;
         let endpoints = etcd.endpoints().join(",");
-        let config = format!("max_live_allocs = 64\n[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
-        let agents = (0..hosts.count())
+        let insecure = registry
+            .as_ref()
+            .map(|r| format!("insecure_registries = [{:?}]\n", r.host))
+            .unwrap_or_default();
+        let config =
+            format!("max_live_allocs = 64\n{insecure}[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
+        let agents = (0..NODES)
             .map(|i| {
                 let (name, data_dir) = (format!("host-{}", i + 1), hosts.dir_arg(i, "agent"));
                 let args = [
@@ -53,6 +75,7 @@ impl HostCluster {
         let cluster = HostCluster {
             agents,
             _etcd: etcd,
+            registry,
             hosts,
         };
         eventually_async("three hosts ready", || async {
@@ -244,4 +267,85 @@ async fn a_host_cut_off_has_its_allocs_replaced_and_stops_them_when_it_returns()
     assert_eq!(live_by_node(&allocs).values().sum::<usize>(), 6);
     let ids: BTreeSet<&str> = allocs.iter().filter_map(|a| a["id"].as_str()).collect();
     assert_eq!(ids.len(), allocs.len(), "no alloc twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_host_pulls_a_registry_build_and_a_moved_tag_upgrades_every_alloc_in_place() {
+    let Some(cluster) = HostCluster::start_with(true).await else {
+        return;
+    };
+    let registry = cluster.registry.as_ref().unwrap();
+    let reference = registry.reference("team/web:1");
+    let laptop = tempfile::tempdir().unwrap();
+    let push = |component: &std::path::Path| {
+        let pushed = run_caravan(
+            &[
+                "runner",
+                "push",
+                component.to_str().unwrap(),
+                &reference,
+                "--insecure",
+            ],
+            None,
+        );
+        assert_eq!(
+            pushed.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&pushed.stderr)
+        );
+    };
+    push(std::path::Path::new(SLEEPER));
+    let job = laptop.path().join("web.toml");
+    std::fs::write(
+        &job,
+        format!("[job]\nid = \"web\"\ntype = \"service\"\ncount = 3\nrunner = {reference:?}\n"),
+    )
+    .unwrap();
+    let submit = || {
+        let run = run_caravan(
+            &["job", "run", "--detach", job.to_str().unwrap()],
+            Some(&cluster.agents[0].addr),
+        );
+        assert_eq!(
+            run.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        String::from_utf8_lossy(&run.stdout).to_string()
+    };
+    submit();
+    let cluster = &cluster;
+    eventually_async("one alloc running on each host", || async move {
+        let allocs = cluster.allocs(0, "web").await;
+        running(&allocs) == 3 && live_by_node(&allocs).len() == 3
+    })
+    .await;
+    // Every host pulled the build from the registry itself (the leader when it checked the
+    // job, the others when their alloc was placed): none got it from another agent.
+    for agent in &cluster.agents {
+        agent.wait_for("the build pulled from the registry", |line| {
+            crate::support::message(line) == "pulled runner build from its registry"
+        });
+    }
+
+    // A new build under the same tag, and the job registered again: upgraded in place.
+    let second = crate::live_upgrade::new_build_of(SLEEPER, laptop.path(), "second.wasm");
+    push(&second);
+    let second_sha256 = sha256_hex(&std::fs::read(&second).unwrap());
+    let said = submit();
+    assert!(said.contains("3 upgraded in place"), "{said}");
+    let second_sha256 = &second_sha256;
+    eventually_async("every alloc runs the new build", || async move {
+        let allocs = cluster.allocs(0, "web").await;
+        let mut upgraded = 0;
+        for alloc in allocs.iter().filter(|a| a["client_status"] == "running") {
+            let path = format!("/v1/client/allocation/{}", alloc["id"].as_str().unwrap());
+            let (_, local) = cluster.get(0, &path).await;
+            upgraded += usize::from(local["runner_sha256"] == second_sha256.as_str());
+        }
+        upgraded == 3
+    })
+    .await;
 }

@@ -273,7 +273,7 @@ async fn a_fetch_passes_over_peers_that_lack_the_build_or_serve_wrong_bytes_and_
         }),
         None,
     );
-    let error = store.get_or_fetch(&sha256).await.unwrap_err();
+    let error = store.get_or_fetch(&sha256, None).await.unwrap_err();
     let minimal = sha256_hex(&std::fs::read(MINIMAL).unwrap());
     assert_eq!(
         error.to_string(),
@@ -296,7 +296,7 @@ async fn a_fetch_passes_over_peers_that_lack_the_build_or_serve_wrong_bytes_and_
         }),
         None,
     );
-    let path = store.get_or_fetch(&sha256).await.unwrap();
+    let path = store.get_or_fetch(&sha256, None).await.unwrap();
     assert!(
         std::fs::read(path).unwrap() == wanted,
         "the honest peer's bytes, checked"

@@ -16,6 +16,7 @@
 //! gc_inode_usage_threshold = 70
 //! max_live_allocs = 1000          # sizes the sandbox pool (about 42 KiB each when live)
 //! runner_gc_grace = "1h"          # a runner build no job uses is removed after this long
+//! insecure_registries = []        # OCI registries (HOST:PORT) spoken to over plain HTTP
 //!
 //! [client.limits]                 # every alloc's limits unless its job sets them: the keys
 //! memory = "64MiB"                # of [job.limits] (crate::model::limits has them all)
@@ -267,6 +268,9 @@ pub struct AgentConfig {
     pub gc: GcConfig,
     /// How long a runner build no job uses stays in the runner store (`client.runner_gc_grace`).
     pub runner_gc_grace: std::time::Duration,
+    /// OCI registries (`HOST:PORT`) reached over plain HTTP rather than HTTPS
+    /// (`client.insecure_registries`).
+    pub insecure_registries: Vec<String>,
     /// Default limits for every alloc.
     pub limits: Limits,
     /// The most a job may ask for, per limit.
@@ -298,6 +302,7 @@ impl Default for AgentConfig {
             acl_token: None,
             gc: GcConfig::default(),
             runner_gc_grace: crate::runner_store::gc::DEFAULT_GRACE,
+            insecure_registries: Vec::new(),
             limits: Limits::default(),
             limit_caps: LimitCaps::default(),
             capabilities: CapabilityPolicy::default(),
@@ -335,6 +340,7 @@ struct ClientSection {
     gc_disk_usage_threshold: Option<f64>,
     gc_inode_usage_threshold: Option<f64>,
     runner_gc_grace: Option<String>,
+    insecure_registries: Option<Vec<String>>,
     /// `[client.limits]`: the defaults for every alloc, the keys of `[job.limits]`.
     #[serde(default)]
     limits: RawLimits,
@@ -446,6 +452,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     if let Some(v) = client.runner_gc_grace {
         config.runner_gc_grace = duration("client.runner_gc_grace", &v)?;
+    }
+    if let Some(registries) = client.insecure_registries {
+        config.insecure_registries = registries;
     }
     if let Some(v) = client.gc_max_allocs {
         config.gc.max_allocs = v;

@@ -16,6 +16,7 @@ use super::body::{JsonBody, RequestBody};
 use super::views::{alloc_view, job_view};
 use super::{AllocView, ApiError, ApiResult, ApiState, JobView, TimedJson, flag};
 use crate::model::jobspec::{self, JobSpec};
+use crate::runner_store::oci;
 use crate::server::reconcile::JobChange;
 use crate::util::timestamp::unix_ms_now;
 use axum::Json;
@@ -34,6 +35,9 @@ use std::collections::HashMap;
 async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)> {
     let mut spec = jobspec::parse_json(body)
         .map_err(|e| ApiError::bad_request(e.field.clone(), e.to_string()))?;
+    if oci::is_oci(&spec.runner) && spec.runner_sha256.is_none() {
+        pin_registry_build(state, &mut spec).await?;
+    }
     // Off the async workers: identifying a runner may compile it.
     let (admission, defaults) = (state.admission.clone(), state.default_limits);
     let runners = crate::runtime::StoredRunners {
@@ -57,6 +61,34 @@ async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)>
     let short_hash = crate::allocrunner::short_hash(&sha256).to_string();
     spec.runner_sha256 = Some(sha256);
     Ok((spec, short_hash))
+}
+
+/// Resolves a job's registry reference to the build it names now (a tag is read once, here:
+/// every node then pulls the same digest, and a tag moved since is a new build at the next
+/// registration), pulls that build into this agent's store, and names it in the job.
+async fn pin_registry_build(state: &ApiState, spec: &mut JobSpec) -> ApiResult<()> {
+    let refuse = |why: String| ApiError::bad_request("job.runner", format!("job.runner: {why}"));
+    let store = &state.runners;
+    let resolved = store
+        .registries()
+        .resolve(&spec.runner)
+        .await
+        .map_err(|e| refuse(e.to_string()))?;
+    if resolved.size > store.max_build_bytes() {
+        return Err(refuse(format!(
+            "{}: the component is {} bytes, over the limit of {}",
+            spec.runner,
+            resolved.size,
+            store.max_build_bytes()
+        )));
+    }
+    store
+        .get_or_fetch(&resolved.sha256, Some(&resolved.pinned))
+        .await
+        .map_err(|e| refuse(e.to_string()))?;
+    spec.runner = resolved.pinned;
+    spec.runner_sha256 = Some(resolved.sha256);
+    Ok(())
 }
 
 /// `POST /v1/jobs`: registers the job (or updates it when its id exists).

@@ -154,7 +154,7 @@ pub fn job_document(path: &Path) -> anyhow::Result<(String, Value)> {
     let mut document: Value =
         serde_json::to_value(toml::from_str::<toml::Table>(&text).context("job file")?)?;
     let runner = Path::new(&spec.runner);
-    if runner.is_relative() {
+    if runner.is_relative() && !crate::runner_store::oci::is_oci(&spec.runner) {
         let base = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())

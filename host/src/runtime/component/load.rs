@@ -257,7 +257,7 @@ impl Runtime {
                     ))
                 })?;
                 handle
-                    .block_on(store.get_or_fetch(sha256))
+                    .block_on(store.get_or_fetch(sha256, path.to_str()))
                     .map_err(|error| unavailable(error.to_string()))?;
                 read(store)?.ok_or_else(|| {
                     unavailable(format!(

@@ -17,7 +17,6 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/hosts");
 /// A set of hosts, removed when dropped.
 pub struct Hosts {
     set: u8,
-    count: usize,
     dir: tempfile::TempDir,
 }
 
@@ -50,7 +49,7 @@ impl Hosts {
                         std::fs::create_dir_all(dir.path().join(format!("host-{}", i + 1)))
                             .unwrap();
                     }
-                    return Some(Hosts { set, count, dir });
+                    return Some(Hosts { set, dir });
                 }
                 Some(3) => continue,
                 _ => panic!(
@@ -60,11 +59,6 @@ impl Hosts {
             }
         }
         panic!("every set of hosts is in use");
-    }
-
-    /// How many hosts there are.
-    pub fn count(&self) -> usize {
-        self.count
     }
 
     /// Host `i`'s address (from 0).
