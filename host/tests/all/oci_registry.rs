@@ -143,7 +143,8 @@ async fn registry_refusals_are_one_line_naming_the_reference_and_register_nothin
     let _logs = LogCapture::start();
     let registry = Registry::start().await;
     let guarded = Registry::start_with_password("ci", "s3cret").await;
-    let listed = vec![registry.host.clone(), guarded.host.clone()];
+    let failing = failing_registry().await;
+    let listed = vec![registry.host.clone(), guarded.host.clone(), failing.clone()];
     let (agent, _dir) = agent(|config| config.insecure_registries = listed).await;
     let addr = agent.addr;
     let submit = |runner: String| async move {
@@ -179,6 +180,14 @@ async fn registry_refusals_are_one_line_naming_the_reference_and_register_nothin
     assert!(
         refused(&answer).contains("cannot reach the registry over HTTPS")
             && refused(&answer).contains("must be listed in [client] insecure_registries"),
+        "{answer}"
+    );
+
+    // A registry that fails (the one fault no real registry shows on demand: a fake one).
+    let (status, answer) = submit(format!("oci://{failing}/team/web:1")).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        refused(&answer).contains("the registry answered 500: disk on fire"),
         "{answer}"
     );
 
@@ -240,6 +249,16 @@ async fn registry_refusals_are_one_line_naming_the_reference_and_register_nothin
         stderr(&bare)
     );
     agent.stop().await;
+}
+
+/// A fake registry on loopback that answers every request with 500; its `HOST:PORT`.
+async fn failing_registry() -> String {
+    let app = axum::Router::new()
+        .fallback(|| async { (hyper::StatusCode::INTERNAL_SERVER_ERROR, "disk on fire") });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr.to_string()
 }
 
 /// The manifest of `repository:tag` and its config, as any OCI client reads them.
