@@ -28,10 +28,9 @@ mod registry;
 
 mod common;
 
-use caravan_host::runner_store::{PeerList, RunnerStore, oci::Registries, sha256_hex};
+use caravan_host::runner_store::{RunnerStore, fixed_peers, oci::Registries, sha256_hex};
 use caravan_host::runtime::{Runtime, RuntimeConfig};
 use common::{count_arg, median, spawn_agent};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const JS_RUNNER: &str = concat!(
@@ -138,12 +137,7 @@ async fn reach_all(
                 .unwrap()
                 .with_registries(registries.clone());
             if let Some(peer) = peer {
-                let peers = vec![peer.to_string()];
-                let list: PeerList = Arc::new(move || {
-                    let peers = peers.clone();
-                    Box::pin(async move { peers })
-                });
-                store.fetch_from(list, None);
+                store.fetch_from(fixed_peers(vec![peer.to_string()]), None);
             }
             store
         })

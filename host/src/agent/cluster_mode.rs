@@ -134,7 +134,10 @@ impl ClusterMode {
                     .unwrap_or_default();
                 others.sort_by(|(a, _), (b, _)| a.node.cmp(&b.node));
                 for (member, _) in others {
-                    if member.node != node && !peers.contains(&member.api) {
+                    // Simulated nodes' members name an API under `.invalid`, which no one
+                    // serves (RFC 6761): never asked.
+                    let served = !member.api.contains(".invalid:");
+                    if member.node != node && served && !peers.contains(&member.api) {
                         peers.push(member.api);
                     }
                 }

@@ -185,16 +185,12 @@ impl NodesimCommand {
                 let agent = server.clone();
                 let nodes: NodeServers =
                     Arc::new(move |node: &str| server.node(node) as Arc<dyn ServerApi>);
-                let peers = vec![self.server.clone()];
                 Ok(Servers {
                     nodes,
                     target: self.server.clone(),
                     agent: Some(agent),
                     members: Vec::new(),
-                    runner_peers: Arc::new(move || {
-                        let peers = peers.clone();
-                        Box::pin(async move { peers })
-                    }),
+                    runner_peers: crate::runner_store::fixed_peers(vec![self.server.clone()]),
                 })
             }
             Some("etcd") => {

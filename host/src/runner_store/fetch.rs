@@ -20,11 +20,20 @@ use std::time::Duration;
 /// each fetch, since the cluster's membership changes.
 pub type PeerList = Arc<dyn Fn() -> BoxFuture<'static, Vec<String>> + Send + Sync>;
 
+/// A peer list that never changes: `peers`, in this order (one agent for simulated nodes,
+/// a test's or a bench's fixed set).
+pub fn fixed_peers(peers: Vec<String>) -> PeerList {
+    Arc::new(move || {
+        let peers = peers.clone();
+        Box::pin(async move { peers })
+    })
+}
+
 /// How long a peer may take to start answering.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long one peer may take to send a whole build: 256 MiB at a slow 1 MiB/s.
-const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+pub(super) const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The most of an error answer read, to quote it.
 const MAX_ERROR_BYTES: usize = 4096;
@@ -47,8 +56,17 @@ fn tried_text(tried: &[(String, String)]) -> String {
         .iter()
         .map(|(agent, why)| format!("{agent}: {why}"))
         .collect();
-    format!(", and no agent gave it (tried {})", answers.join("; "))
+    // One line, bounded: it becomes an alloc's description.
+    let answers = crate::util::text::cut(&answers.join("; "), MAX_TRIED_TEXT).into_owned();
+    format!(", and no agent gave it (tried {answers})")
 }
+
+/// The most of the agents' answers a fetch error quotes.
+const MAX_TRIED_TEXT: usize = 2048;
+
+/// The most peers one fetch asks, the leader first: past a handful, a build no agent gives
+/// is not worth minutes of a node's start.
+pub const MAX_PEERS_ASKED: usize = 16;
 
 /// Who to ask, and how.
 #[derive(Clone)]
@@ -76,7 +94,7 @@ impl Peers {
         sha256: &str,
         mut tried: Vec<(String, String)>,
     ) -> Result<PathBuf, FetchError> {
-        for peer in (self.list)().await {
+        for peer in (self.list)().await.into_iter().take(MAX_PEERS_ASKED) {
             match self.fetch_from(store, &peer, sha256).await {
                 Ok(path) => {
                     tracing::info!(
@@ -126,7 +144,12 @@ impl Peers {
                     let body = read_body(response.into_body(), MAX_ERROR_BYTES)
                         .await
                         .unwrap_or_default();
-                    return Err(format!("answered {status}: {}", error_message(&body)));
+                    let said = error_message(&body);
+                    let said = crate::util::text::cut(&said, 200);
+                    return Err(format!(
+                        "answered {status}: {}",
+                        crate::util::text::escape_controls(&said)
+                    ));
                 }
             }
             store

@@ -1,5 +1,6 @@
 //! Removing builds nothing uses: a build no job version and no alloc of this node references,
-//! and that nothing used for a grace period, is deleted from the store.
+//! and that nothing used for a grace period, is deleted from the store. Each round marks the
+//! builds in use as used now, so a build's grace starts when the last job using it goes.
 //!
 //! The grace period is what keeps a build uploaded for a job that is not registered yet (a
 //! `job run` between its upload and its registration), and one a job used until just now (an
@@ -24,16 +25,19 @@ pub fn collect_unused(
     now: SystemTime,
 ) -> std::io::Result<Vec<String>> {
     let mut removed = Vec::new();
+    let unused_since = now.checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
     for build in store.list()? {
         if referenced.contains(&build.sha256) {
+            // In use now: its grace starts again from here, however long ago it was stored.
+            store.touch(&build.sha256);
             continue;
         }
-        let idle = now.duration_since(build.last_used).unwrap_or_default();
-        if idle <= grace {
+        if build.last_used > unused_since {
             continue;
         }
-        match store.remove(&build.sha256) {
-            Ok(()) => removed.push(build.sha256),
+        match store.remove_unused(&build.sha256, unused_since) {
+            Ok(true) => removed.push(build.sha256),
+            Ok(false) => {}
             Err(error) => tracing::warn!(
                 runner_sha256 = %build.sha256,
                 error = %error,

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 use tokio::io::AsyncWriteExt;
 
-pub use fetch::{FetchError, PeerList};
+pub use fetch::{FetchError, PeerList, fixed_peers};
 
 /// The largest runner component a store takes (Python and JavaScript runners are 12-20 MB):
 /// the runtime's own cap on a component file.
@@ -155,18 +155,16 @@ impl RunnerStore {
     /// The same store with a lower cap on a build's size than [`MAX_BUILD_BYTES`] (tests of
     /// the cap, which need not send 256 MiB). Call it before cloning the store.
     pub fn with_max_build_bytes(mut self, max: u64) -> RunnerStore {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.max_build_bytes = max.min(MAX_BUILD_BYTES);
-        }
+        let inner = Arc::get_mut(&mut self.inner).expect("configured before it is cloned");
+        inner.max_build_bytes = max.min(MAX_BUILD_BYTES);
         self
     }
 
     /// The same store reaching registries as `registries` says (which speak plain HTTP).
     /// Call it before cloning the store.
     pub fn with_registries(mut self, registries: oci::Registries) -> RunnerStore {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.registries = registries;
-        }
+        let inner = Arc::get_mut(&mut self.inner).expect("configured before it is cloned");
+        inner.registries = registries;
         self
     }
 
@@ -231,6 +229,26 @@ impl RunnerStore {
         }
     }
 
+    /// Removes build `sha256` if nothing has used it since `unused_since` and no put or fetch
+    /// of it is under way (its turn is free); returns whether it was removed. What the
+    /// collector calls: a build used (uploaded again, served, loaded) between the collector's
+    /// listing and now stays.
+    pub fn remove_unused(&self, sha256: &str, unused_since: SystemTime) -> io::Result<bool> {
+        let turn = self.turn(sha256);
+        let Ok(_turn) = turn.try_lock() else {
+            return Ok(false);
+        };
+        let Some(path) = self.path(sha256) else {
+            return Ok(false);
+        };
+        let last_used = std::fs::metadata(&path)?.modified()?;
+        if last_used > unused_since {
+            return Ok(false);
+        }
+        std::fs::remove_file(path)?;
+        Ok(true)
+    }
+
     /// Removes build `sha256` (nothing when it is not there).
     pub fn remove(&self, sha256: &str) -> io::Result<()> {
         match self.path(sha256) {
@@ -255,12 +273,25 @@ impl RunnerStore {
     /// Stores the file at `path` (a runner on this agent's disk, named in a job), returning
     /// its SHA-256. Blocking: call it where blocking is allowed.
     pub fn put_file(&self, path: &Path) -> Result<String, PutError> {
+        // Only a regular file, and not one over the cap: opening a FIFO (or a device a job
+        // names) would block or read forever.
+        let metadata = std::fs::metadata(path)?;
+        if !metadata.is_file() {
+            return Err(PutError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        if metadata.len() > self.inner.max_build_bytes {
+            return Err(PutError::TooLarge(self.inner.max_build_bytes));
+        }
         let mut file = std::fs::File::open(path)?;
         let (tmp, tmp_path) = self.temporary_file()?;
         let mut tmp = io::BufWriter::new(tmp);
         let mut hasher = Sha256::new();
         let mut buffer = vec![0u8; 64 * 1024];
         let mut total = 0u64;
+        let mut head = Vec::with_capacity(COMPONENT_HEADER.len());
         let result = (|| {
             loop {
                 let n = io::Read::read(&mut file, &mut buffer)?;
@@ -271,11 +302,12 @@ impl RunnerStore {
                 if total > self.inner.max_build_bytes {
                     return Err(PutError::TooLarge(self.inner.max_build_bytes));
                 }
-                if total == n as u64 && !buffer[..n].starts_with(&COMPONENT_HEADER) {
-                    return Err(PutError::NotAComponent);
-                }
+                check_header(&mut head, &buffer[..n])?;
                 hasher.update(&buffer[..n]);
                 io::Write::write_all(&mut tmp, &buffer[..n])?;
+            }
+            if head.len() < COMPONENT_HEADER.len() {
+                return Err(PutError::NotAComponent);
             }
             let tmp = tmp.into_inner().map_err(|e| e.into_error())?;
             tmp.sync_all()?;
@@ -352,12 +384,19 @@ impl RunnerStore {
         }
         let mut tried = Vec::new();
         if let Some(reference) = origin.filter(|r| oci::is_oci(r)) {
-            match self
-                .inner
-                .registries
-                .pull_into(self, reference, sha256)
+            let pull = self.inner.registries.pull_into(self, reference, sha256);
+            let pulled = tokio::time::timeout(fetch::TRANSFER_TIMEOUT, pull)
                 .await
-            {
+                .unwrap_or_else(|_| {
+                    Err(oci::RegistryError {
+                        reference: reference.to_string(),
+                        why: format!(
+                            "the registry did not send it within {}s",
+                            fetch::TRANSFER_TIMEOUT.as_secs()
+                        ),
+                    })
+                });
+            match pulled {
                 Ok(()) => {
                     tracing::info!(
                         runner_sha256 = %&sha256[..12],
@@ -435,13 +474,7 @@ where
         if total > max_bytes {
             return Err(PutError::TooLarge(max_bytes));
         }
-        if head.len() < COMPONENT_HEADER.len() {
-            let wanted = COMPONENT_HEADER.len() - head.len();
-            head.extend_from_slice(&chunk[..wanted.min(chunk.len())]);
-            if !COMPONENT_HEADER.starts_with(&head) {
-                return Err(PutError::NotAComponent);
-            }
-        }
+        check_header(&mut head, &chunk)?;
         hasher.update(&chunk);
         file.write_all(&chunk).await?;
     }
@@ -457,6 +490,19 @@ where
     }
     file.flush().await?;
     file.sync_all().await?;
+    Ok(())
+}
+
+/// Adds the start of `chunk` to `head` until it holds the header's length, and refuses bytes
+/// that do not start as a component.
+fn check_header(head: &mut Vec<u8>, chunk: &[u8]) -> Result<(), PutError> {
+    if head.len() < COMPONENT_HEADER.len() {
+        let wanted = COMPONENT_HEADER.len() - head.len();
+        head.extend_from_slice(&chunk[..wanted.min(chunk.len())]);
+        if !COMPONENT_HEADER.starts_with(head) {
+            return Err(PutError::NotAComponent);
+        }
+    }
     Ok(())
 }
 

@@ -10,9 +10,10 @@
 //!
 //! Registries are spoken to over HTTPS (rustls, the system's roots), and over plain HTTP only
 //! when the operator lists them (`[client] insecure_registries`, `runner push --insecure`).
-//! Credentials come from `CARAVAN_REGISTRY_USERNAME` and `CARAVAN_REGISTRY_PASSWORD`, else a
-//! docker-style `config.json` (`$DOCKER_CONFIG`, else `~/.docker/config.json`): they are
-//! sent to the registry they are for and never logged or shown.
+//! Credentials come from `CARAVAN_REGISTRY_USERNAME` and `CARAVAN_REGISTRY_PASSWORD` for the
+//! registry `CARAVAN_REGISTRY_HOST` names, else a docker-style `config.json` (`$DOCKER_CONFIG`,
+//! else `~/.docker/config.json`, by registry): they are sent only to the registry they are for
+//! and never logged or shown.
 
 use super::{RunnerStore, is_sha256_hex};
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
@@ -86,6 +87,8 @@ impl Registries {
             read_timeout: Some(std::time::Duration::from_secs(60)),
             ..ClientConfig::default()
         };
+        // `try_from` fails only where reqwest cannot make a TLS client at all; the default
+        // client would then fail the same way, and say why, at its first request.
         Client::try_from(config).unwrap_or_default()
     }
 
@@ -210,8 +213,8 @@ impl Registries {
     fn describe(&self, reference: &Reference, error: OciDistributionError) -> String {
         let registry = reference.resolve_registry();
         let unauthorized = "the registry refused access (401): give credentials in \
-                            CARAVAN_REGISTRY_USERNAME and CARAVAN_REGISTRY_PASSWORD, or a \
-                            docker config.json"
+                            CARAVAN_REGISTRY_HOST, CARAVAN_REGISTRY_USERNAME and \
+                            CARAVAN_REGISTRY_PASSWORD, or a docker config.json"
             .to_string();
         let not_found = |what: &str| format!("the registry has no such {what} (404)");
         match error {
@@ -238,17 +241,16 @@ impl Registries {
                 } else {
                     let messages: Vec<String> =
                         envelope.errors.iter().map(|e| e.message.clone()).collect();
-                    format!("the registry refused: {}", messages.join("; "))
+                    format!("the registry refused: {}", quoted(&messages.join("; ")))
                 }
             }
             OciDistributionError::ServerError { code: 401, .. } => unauthorized,
             OciDistributionError::ServerError { code: 404, .. } => {
                 not_found("repository, tag or digest")
             }
-            OciDistributionError::ServerError { code, message, .. } => format!(
-                "the registry answered {code}: {}",
-                crate::util::text::cut(message.trim(), 200)
-            ),
+            OciDistributionError::ServerError { code, message, .. } => {
+                format!("the registry answered {code}: {}", quoted(message.trim()))
+            }
             OciDistributionError::RequestError(error) => {
                 let cause = crate::rpc::transport::root_cause(&error);
                 if self.insecure.iter().any(|r| *r == registry) {
@@ -261,9 +263,15 @@ impl Registries {
                     )
                 }
             }
-            other => crate::util::text::cut(&other.to_string(), 300).into_owned(),
+            other => quoted(&other.to_string()),
         }
     }
+}
+
+/// A registry's own words, as one bounded line: a registry is as hostile as a runner.
+fn quoted(text: &str) -> String {
+    let cut = crate::util::text::cut(text, 200);
+    crate::util::text::escape_controls(&cut).into_owned()
 }
 
 /// `oci://HOST[:PORT]/REPO[:TAG][@sha256:DIGEST]` as the client's reference, refused unless
@@ -285,9 +293,12 @@ pub fn parse(reference: &str) -> Result<Reference, RegistryError> {
             "name the registry: oci://HOST[:PORT]/REPOSITORY:TAG (or @sha256:DIGEST)",
         ));
     }
-    let parsed: Reference = rest
-        .parse()
-        .map_err(|e| refuse(&format!("not a valid reference: {e}")))?;
+    let parsed = rest.parse::<Reference>().map_err(|e| {
+        refuse(&format!(
+            "not a valid reference: {}",
+            quoted(&e.to_string())
+        ))
+    })?;
     if parsed.registry() != host {
         return Err(refuse("not a valid reference: its registry is unclear"));
     }
@@ -375,13 +386,16 @@ fn interfaces(component: &[u8]) -> Result<(Vec<String>, Vec<String>), String> {
     Ok((imports, exports))
 }
 
-/// The credentials for `registry`: the environment's, else a docker `config.json`'s, else
-/// none.
+/// The credentials for `registry`: the environment's when they are for it
+/// (`CARAVAN_REGISTRY_HOST`), else a docker `config.json`'s entry for it, else none. Never
+/// another registry's: a job may name any registry, and must not collect them.
 fn credentials(registry: &str) -> RegistryAuth {
-    if let (Ok(user), Ok(password)) = (
+    if let (Ok(host), Ok(user), Ok(password)) = (
+        std::env::var("CARAVAN_REGISTRY_HOST"),
         std::env::var("CARAVAN_REGISTRY_USERNAME"),
         std::env::var("CARAVAN_REGISTRY_PASSWORD"),
-    ) {
+    ) && host == registry
+    {
         return RegistryAuth::Basic(user, password);
     }
     let config = std::env::var_os("DOCKER_CONFIG")

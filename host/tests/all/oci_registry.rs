@@ -229,10 +229,31 @@ async fn registry_refusals_are_one_line_naming_the_reference_and_register_nothin
             &guarded.reference("team/web:1"),
             "--insecure",
         ])
+        .env("CARAVAN_REGISTRY_HOST", &guarded.host)
         .env("CARAVAN_REGISTRY_USERNAME", "ci")
         .env("CARAVAN_REGISTRY_PASSWORD", "s3cret");
     let pushed = with_password.output().unwrap();
     assert_eq!(pushed.status.code(), Some(0), "{}", stderr(&pushed));
+    // Credentials are sent only to the registry they name: named for another, none are sent.
+    let mut for_another = caravan_command();
+    for_another
+        .args([
+            "runner",
+            "push",
+            SLEEPER,
+            &guarded.reference("team/web:2"),
+            "--insecure",
+        ])
+        .env("CARAVAN_REGISTRY_HOST", "registry.example:5000")
+        .env("CARAVAN_REGISTRY_USERNAME", "ci")
+        .env("CARAVAN_REGISTRY_PASSWORD", "s3cret");
+    let refused_there = for_another.output().unwrap();
+    assert_eq!(refused_there.status.code(), Some(2));
+    assert!(
+        stderr(&refused_there).contains("the registry refused access (401)"),
+        "{}",
+        stderr(&refused_there)
+    );
     let text = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(text.path(), "not wasm").unwrap();
     let bad = push(text.path(), &registry.reference("team/text:1"));

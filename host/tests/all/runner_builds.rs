@@ -6,7 +6,7 @@
 
 use crate::support::*;
 use caravan_host::rpc::transport::AgentPool;
-use caravan_host::runner_store::{RunnerStore, sha256_hex};
+use caravan_host::runner_store::{RunnerStore, fixed_peers, sha256_hex};
 use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use hyper::{Method, StatusCode};
 use serde_json::Value;
@@ -149,12 +149,7 @@ async fn a_job_runs_the_build_it_was_submitted_with_after_its_file_is_gone_and_a
     let dir = tempfile::tempdir().unwrap();
     let runner = dir.path().join("web.wasm");
     std::fs::copy(SLEEPER, &runner).unwrap();
-    let job = dir.path().join("web.toml");
-    std::fs::write(
-        &job,
-        "[job]\nid = \"web\"\ntype = \"service\"\ncount = 2\nrunner = \"web.wasm\"\n",
-    )
-    .unwrap();
+    let job = service_job_file(dir.path(), "web", 2, "web.wasm");
     let agent = AgentProcess::start_on(data.path());
     let run = agent.caravan(&["job", "run", job.to_str().unwrap()]);
     assert_eq!(
@@ -265,12 +260,8 @@ async fn a_fetch_passes_over_peers_that_lack_the_build_or_serve_wrong_bytes_and_
 
     let dir = tempfile::tempdir().unwrap();
     let store = RunnerStore::open(dir.path()).unwrap();
-    let peers = vec![liar.clone(), without.clone(), gone.clone()];
     store.fetch_from(
-        Arc::new(move || {
-            let peers = peers.clone();
-            Box::pin(async move { peers })
-        }),
+        fixed_peers(vec![liar.clone(), without.clone(), gone.clone()]),
         None,
     );
     let error = store.get_or_fetch(&sha256, None).await.unwrap_err();
@@ -288,14 +279,7 @@ async fn a_fetch_passes_over_peers_that_lack_the_build_or_serve_wrong_bytes_and_
         "nothing kept"
     );
 
-    let peers = vec![liar, without, honest];
-    store.fetch_from(
-        Arc::new(move || {
-            let peers = peers.clone();
-            Box::pin(async move { peers })
-        }),
-        None,
-    );
+    store.fetch_from(fixed_peers(vec![liar, without, honest]), None);
     let path = store.get_or_fetch(&sha256, None).await.unwrap();
     assert!(
         std::fs::read(path).unwrap() == wanted,

@@ -108,14 +108,9 @@ pub(super) async fn put_build(
             json!({ "sha256": sha256, "size": size, "stored": status == StatusCode::CREATED });
         (status, Json(body)).into_response()
     };
-    if store.has(&sha256) {
+    if let Some(path) = store.path(&sha256) {
         store.touch(&sha256);
-        let size = store.list().ok().and_then(|builds| {
-            builds
-                .into_iter()
-                .find(|b| b.sha256 == sha256)
-                .map(|b| b.size)
-        });
+        let size = std::fs::metadata(path).ok().map(|m| m.len());
         return Ok(answer(StatusCode::OK, size));
     }
     let declared = headers
@@ -125,7 +120,16 @@ pub(super) async fn put_build(
     if declared.is_some_and(|n| n > store.max_build_bytes()) {
         return Err(too_large(store.max_build_bytes()));
     }
-    match store.put_stream(&sha256, body.into_data_stream()).await {
+    let upload = store.put_stream(&sha256, body.into_data_stream());
+    let uploaded = tokio::time::timeout(UPLOAD_TIMEOUT, upload)
+        .await
+        .unwrap_or_else(|_| {
+            Err(PutError::Interrupted(format!(
+                "not all sent within {}s",
+                UPLOAD_TIMEOUT.as_secs()
+            )))
+        });
+    match uploaded {
         Ok(Put::Stored) => {
             tracing::info!(
                 runner_sha256 = %crate::allocrunner::short_hash(&sha256),
@@ -141,6 +145,10 @@ pub(super) async fn put_build(
         Err(refused) => Err(ApiError::bad_request("body", refused.to_string())),
     }
 }
+
+/// How long one upload may take: 256 MiB at a slow 0.5 MiB/s. A slower one holds the build's
+/// turn (fetches of it wait) for no good reason.
+const UPLOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 fn too_large(max: u64) -> ApiError {
     ApiError::new(

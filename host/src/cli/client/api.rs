@@ -90,18 +90,20 @@ impl Api {
     /// its runner store: asks whether it has the build, and uploads the file when it does
     /// not. Returns the build's SHA-256 (hex).
     pub async fn upload_runner(&self, path: &std::path::Path) -> anyhow::Result<String> {
+        let max = crate::runner_store::MAX_BUILD_BYTES;
+        let size = std::fs::metadata(path)
+            .with_context(|| format!("cannot read runner {}", path.display()))?
+            .len();
+        if size > max {
+            bail!(
+                "runner {} is {size} bytes, over the limit of {max}",
+                path.display()
+            );
+        }
         let file = path.to_path_buf();
         let bytes = tokio::task::spawn_blocking(move || std::fs::read(&file))
             .await?
             .with_context(|| format!("cannot read runner {}", path.display()))?;
-        let max = crate::runner_store::MAX_BUILD_BYTES;
-        if bytes.len() as u64 > max {
-            bail!(
-                "runner {} is {} bytes, over the limit of {max}",
-                path.display(),
-                bytes.len()
-            );
-        }
         let sha256 = crate::runner_store::sha256_hex(&bytes);
         let at = format!("/v1/runner/{sha256}");
         let (status, _) = self

@@ -421,6 +421,16 @@ pub struct StoredRunners {
 impl crate::model::admission::RunnerIdentity for StoredRunners {
     fn identify(&self, path: &Path, sha256: Option<&str>) -> Result<String, String> {
         let sha256 = match sha256 {
+            // The agent that takes a job keeps its build, loaded or not: the cluster's other
+            // agents fetch it from here.
+            Some(sha256) if !self.store.has(sha256) => {
+                let handle = tokio::runtime::Handle::try_current()
+                    .map_err(|_| format!("runner build sha256:{sha256} is not on this agent"))?;
+                handle
+                    .block_on(self.store.get_or_fetch(sha256, path.to_str()))
+                    .map_err(|error| error.to_string())?;
+                sha256.to_string()
+            }
             Some(sha256) => sha256.to_string(),
             None => {
                 let loaded = self

@@ -10,9 +10,10 @@ mod runner_builds;
 
 use crate::etcd::EtcdCluster;
 use crate::support::{AgentProcess, eventually_async, http};
+pub use crate::support::{live_by_node, running, unique_ids};
 use caravan_test_artifacts::SLEEPER;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 /// Nodes' lease TTL in these tests: short, so deaths are seen fast, but twice etcd's floor,
@@ -187,31 +188,4 @@ impl Drop for Cluster {
             }
         }
     }
-}
-
-/// Allocs not yet terminal, by node.
-fn live_by_node(allocs: &[Value]) -> BTreeMap<String, usize> {
-    let mut by_node = BTreeMap::new();
-    for alloc in allocs {
-        let terminal =
-            ["complete", "failed", "lost"].contains(&alloc["client_status"].as_str().unwrap_or(""));
-        if !terminal && alloc["desired_status"] == "run" {
-            *by_node
-                .entry(alloc["node_id"].as_str().unwrap_or("").to_string())
-                .or_default() += 1;
-        }
-    }
-    by_node
-}
-
-fn running(allocs: &[Value]) -> usize {
-    allocs
-        .iter()
-        .filter(|a| a["client_status"] == "running" && a["desired_status"] == "run")
-        .count()
-}
-
-fn unique_ids(allocs: &[Value]) -> bool {
-    let ids: BTreeSet<&str> = allocs.iter().filter_map(|a| a["id"].as_str()).collect();
-    ids.len() == allocs.len()
 }

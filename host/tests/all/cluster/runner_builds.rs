@@ -26,12 +26,7 @@ async fn a_runner_submitted_through_one_agent_runs_on_every_node_after_its_file_
     let dir = tempfile::tempdir().unwrap();
     let runner = dir.path().join("web.wasm");
     std::fs::copy(SLEEPER, &runner).unwrap();
-    let job = dir.path().join("web.toml");
-    std::fs::write(
-        &job,
-        "[job]\nid = \"web\"\ntype = \"service\"\ncount = 3\nrunner = \"web.wasm\"\n",
-    )
-    .unwrap();
+    let job = crate::support::service_job_file(dir.path(), "web", 3, "web.wasm");
     // Through an agent that does not lead, when there is one: the upload lands there, the
     // leader fetches it to check the job, and the other nodes fetch it to run their allocs.
     let leader = cluster.leader_via(0).await;
@@ -70,26 +65,25 @@ async fn a_node_that_cannot_get_the_build_fails_the_alloc_naming_it_and_the_allo
     let leader_name = cluster.nodes[leader].name.clone();
     let sha256 = sha256_hex(&std::fs::read(SLEEPER).unwrap());
 
-    // The leader loads the build (validating a job of it), then loses its file: it can run
-    // the build from memory, and no agent can give it to another node.
-    let check = json!({ "job": { "id": "web", "type": "service", "count": 3, "runner": SLEEPER }});
-    let (status, answer) = http(
-        leader_addr,
-        "POST",
-        "/v1/validate/job",
-        Some(&check.to_string()),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{answer}");
-    let kept = cluster.nodes[leader]
-        .data_dir
-        .join("runners/sha256")
-        .join(&sha256);
-    std::fs::remove_file(&kept).unwrap();
-
+    // The build is uploaded to the leader, and a job of it registers with no alloc: the
+    // leader loads it. Then the leader's copy goes (a disk lost, say): it can run the build
+    // from memory, and no agent can give it to another node (nor is it at the path the job
+    // names, on any machine). The job is scaled up.
+    let pool = caravan_host::rpc::transport::AgentPool::new();
+    let leader_api = pool.agent(&format!("http://{leader_addr}"), None).unwrap();
+    let (status, _) = leader_api
+        .exchange(
+            hyper::Method::PUT,
+            &format!("/v1/runner/{sha256}"),
+            axum::body::Body::from(std::fs::read(SLEEPER).unwrap()),
+            crate::support::DEADLINE,
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status.as_u16(), 201);
     let job = json!({ "job": {
-        "id": "web", "type": "service", "count": 3, "runner": "/gone/web.wasm",
+        "id": "web", "type": "service", "count": 0, "runner": "/gone/web.wasm",
         "runner_sha256": sha256,
         "reschedule": { "attempts": 6, "interval": "1h", "delay": "1s",
                         "delay_function": "constant" },
@@ -99,6 +93,20 @@ async fn a_node_that_cannot_get_the_build_fails_the_alloc_naming_it_and_the_allo
         "POST",
         "/v1/jobs",
         Some(&job.to_string()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let kept = cluster.nodes[leader]
+        .data_dir
+        .join("runners/sha256")
+        .join(&sha256);
+    std::fs::remove_file(&kept).unwrap();
+    let (status, answer) = http(
+        leader_addr,
+        "POST",
+        "/v1/job/web/scale",
+        Some(r#"{"count": 3}"#),
         None,
     )
     .await;

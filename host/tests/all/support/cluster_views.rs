@@ -1,0 +1,52 @@
+//! What a cluster test reads of a job's allocs (the API's JSON views): how many run, where,
+//! and whether any alloc is listed twice. Shared by the loopback cluster tests and the
+//! multi-host ones.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Allocs not yet terminal and still wanted, by node.
+pub fn live_by_node(allocs: &[Value]) -> BTreeMap<String, usize> {
+    let mut by_node = BTreeMap::new();
+    for alloc in allocs {
+        let terminal =
+            ["complete", "failed", "lost"].contains(&alloc["client_status"].as_str().unwrap_or(""));
+        if !terminal && alloc["desired_status"] == "run" {
+            *by_node
+                .entry(alloc["node_id"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+    }
+    by_node
+}
+
+/// Allocs running and wanted.
+pub fn running(allocs: &[Value]) -> usize {
+    allocs
+        .iter()
+        .filter(|a| a["client_status"] == "running" && a["desired_status"] == "run")
+        .count()
+}
+
+/// Whether no alloc is listed twice.
+pub fn unique_ids(allocs: &[Value]) -> bool {
+    let ids: BTreeSet<&str> = allocs.iter().filter_map(|a| a["id"].as_str()).collect();
+    ids.len() == allocs.len()
+}
+
+/// Writes a job file of `count` service allocs of `runner` (as written: a path relative to
+/// the file, or a registry reference) into `dir` as `ID.toml`, and returns its path.
+pub fn service_job_file(
+    dir: &std::path::Path,
+    id: &str,
+    count: u32,
+    runner: &str,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("{id}.toml"));
+    std::fs::write(
+        &path,
+        format!("[job]\nid = {id:?}\ntype = \"service\"\ncount = {count}\nrunner = {runner:?}\n"),
+    )
+    .unwrap();
+    path
+}
