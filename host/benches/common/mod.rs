@@ -141,7 +141,12 @@ pub fn rss_bytes() -> u64 {
 pub struct Agent {
     pub child: Child,
     pub addr: String,
+    /// The agent's last log lines (JSON), at most [`KEPT_LINES`].
+    lines: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// How many of an agent's last log lines a bench keeps.
+const KEPT_LINES: usize = 2_000;
 
 /// Spawns `caravan agent` on `data_dir` with `config` and `extra` flags, and waits until it
 /// logs "agent started".
@@ -161,6 +166,8 @@ pub fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path, extra: 
         .expect("caravan agent starts");
     let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let lines = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let kept = lines.clone();
     std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
             if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line)
@@ -168,12 +175,17 @@ pub fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path, extra: 
             {
                 let _ = addr_tx.send(value["fields"]["addr"].as_str().unwrap().to_string());
             }
+            let mut kept = kept.lock().unwrap();
+            if kept.len() == KEPT_LINES {
+                kept.pop_front();
+            }
+            kept.push_back(line);
         }
     });
     let addr = addr_rx
         .recv_timeout(Duration::from_secs(120))
         .expect("the agent starts");
-    Agent { child, addr }
+    Agent { child, addr, lines }
 }
 
 impl Agent {
@@ -199,6 +211,27 @@ impl Agent {
             .find_map(|line| line.strip_prefix(&prefix))
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// The numeric field `field` of the last line the agent logged with `message`, waiting
+    /// up to ten seconds for it; 0 if it never came.
+    pub fn last_logged(&self, message: &str, field: &str) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self.lines.lock().unwrap().iter().rev().find_map(|line| {
+                let value: serde_json::Value = serde_json::from_str(line).ok()?;
+                (value["fields"]["message"] == message)
+                    .then(|| value["fields"][field].as_u64())
+                    .flatten()
+            });
+            if let Some(found) = found {
+                return found;
+            }
+            if Instant::now() > deadline {
+                return 0;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn instantiations(&self) -> u64 {

@@ -101,6 +101,7 @@ pub async fn lead(
     until: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(until);
+    let started = std::time::Instant::now();
     let (db, snapshot) = tokio::select! {
         loaded = EtcdSchedulerDb::load(&store, fence) => match loaded {
             Ok(loaded) => loaded,
@@ -131,6 +132,7 @@ pub async fn lead(
     tracing::info!(
         revision = snapshot.revision,
         live_nodes = snapshot.live.len(),
+        took_ms = started.elapsed().as_millis() as u64,
         "this agent now schedules the cluster"
     );
     let compacting = config.compact_interval.map(|interval| {
