@@ -211,13 +211,15 @@ impl EtcdSchedulerDb {
     /// The etcd writes that save `writes`, one group per record (an alloc moved to its node
     /// is a delete and a put: never split between two transactions, or a leader dying in
     /// between would lose it), and the alloc keys they leave behind.
-    fn plan(&self, writes: Vec<Write>) -> Result<(Vec<Group>, Written), StateError> {
+    fn plan(&self, writes: Vec<Write>) -> Result<(Vec<Group>, SavedChanges), StateError> {
+        // What the save changes, beside what is written: never a copy of every alloc's key
+        // (a copy per save made each save cost as much as the whole cluster's allocs).
         let current = self.written.lock_unpoisoned();
-        let mut after = Written {
-            allocs: current.allocs.clone(),
+        let mut after = Changes {
+            allocs: HashMap::new(),
             meta: current.meta,
+            current: &current.allocs,
         };
-        drop(current);
         let mut ops = Vec::new();
         for write in writes {
             match write {
@@ -246,7 +248,7 @@ impl EtcdSchedulerDb {
                     let location = alloc_location(&record);
                     let value = encode(&record);
                     let mut group = Vec::with_capacity(2);
-                    match after.allocs.get(&key) {
+                    match after.get(&key) {
                         Some((old, bytes)) if *old == location && *bytes == value => continue,
                         Some((old, _)) if *old != location => {
                             group.push(FencedOp::Delete { key: old.clone() })
@@ -258,7 +260,7 @@ impl EtcdSchedulerDb {
                         value: value.clone(),
                     });
                     ops.push(group);
-                    after.allocs.insert(key, (location, value));
+                    after.allocs.insert(key, Some((location, value)));
                 }
                 Write::DeleteServer {
                     table: ServerTable::Allocs,
@@ -267,10 +269,11 @@ impl EtcdSchedulerDb {
                     let mut group = vec![FencedOp::Delete {
                         key: keys::status_key(&key),
                     }];
-                    if let Some((old, _)) = after.allocs.remove(&key) {
-                        group.push(FencedOp::Delete { key: old });
+                    if let Some((old, _)) = after.get(&key) {
+                        group.push(FencedOp::Delete { key: old.clone() });
                     }
                     ops.push(group);
+                    after.allocs.insert(key, None);
                 }
                 // Cluster nodes are known from their live keys, not from a saved list.
                 Write::PutServer {
@@ -312,7 +315,50 @@ impl EtcdSchedulerDb {
                 }
             }
         }
-        Ok((ops, after))
+        Ok((ops, after.into_owned()))
+    }
+}
+
+/// A save's changes to [`Written`], over the keys as they were before it: each alloc put
+/// (`Some`) or deleted (`None`), and the counters after it.
+struct Changes<'a> {
+    allocs: HashMap<String, Option<(String, Vec<u8>)>>,
+    meta: SchedulerMeta,
+    current: &'a HashMap<String, (String, Vec<u8>)>,
+}
+
+impl Changes<'_> {
+    /// Where alloc `key` is written, and its bytes, once the changes so far are made.
+    fn get(&self, key: &str) -> Option<&(String, Vec<u8>)> {
+        match self.allocs.get(key) {
+            Some(changed) => changed.as_ref(),
+            None => self.current.get(key),
+        }
+    }
+
+    fn into_owned(self) -> SavedChanges {
+        SavedChanges {
+            allocs: self.allocs,
+            meta: self.meta,
+        }
+    }
+}
+
+/// [`Changes`] once planned, to make in [`Written`] when the save lands.
+struct SavedChanges {
+    allocs: HashMap<String, Option<(String, Vec<u8>)>>,
+    meta: SchedulerMeta,
+}
+
+impl Written {
+    fn apply(&mut self, changes: SavedChanges) {
+        for (key, change) in changes.allocs {
+            match change {
+                Some(written) => self.allocs.insert(key, written),
+                None => self.allocs.remove(&key),
+            };
+        }
+        self.meta = changes.meta;
     }
 }
 
@@ -424,7 +470,7 @@ impl StateDb for EtcdSchedulerDb {
         // The server calls this through `state::blocking`: this worker may wait.
         match self.writer.save(ops) {
             Ok(()) => {
-                *self.written.lock_unpoisoned() = after;
+                self.written.lock_unpoisoned().apply(after);
                 Ok(())
             }
             Err(error) => {
