@@ -15,7 +15,8 @@ const JOB_RUN_WAIT: Duration = Duration::from_secs(300);
 #[derive(Debug, clap::Subcommand)]
 pub enum JobCommand {
     /// Register a job from a TOML file (or update it when its id exists), then wait until its
-    /// new allocs run. Exits non-zero if any fails.
+    /// new allocs run (a batch job's: until they finish). Exits non-zero if any fails.
+    /// Ctrl-C stops the wait, not the job.
     Run {
         /// The job file.
         file: PathBuf,
@@ -279,6 +280,8 @@ async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
     let Remote { api, json } = remote;
     let json = *json;
     let (job_id, document) = job_with_runner(remote, path).await?;
+    // A batch job's allocs are waited for until they finish, as its result is what is run.
+    let batch = document["job"]["type"] == "batch";
     let registration = api.call("POST", "/v1/jobs", Some(document)).await?;
     let placed: Vec<String> = registration["placed"]
         .as_array()
@@ -335,7 +338,7 @@ async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
             last_line = line;
         }
         // Placed allocs that vanished (collected, scaled away) no longer hold the wait.
-        if pending == 0 {
+        if pending == 0 && (!batch || running == 0) {
             if json {
                 println!("{}", Value::Array(mine.into_iter().cloned().collect()));
             }
@@ -347,7 +350,8 @@ async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        if started.elapsed() > JOB_RUN_WAIT {
+        // Only a start is timed: a batch alloc may run as long as its job wants.
+        if pending > 0 && started.elapsed() > JOB_RUN_WAIT {
             bail!(
                 "gave up after {} s waiting for the allocs of {job_id} to start; see `caravan job status {job_id}`",
                 JOB_RUN_WAIT.as_secs()

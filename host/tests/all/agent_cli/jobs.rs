@@ -229,3 +229,54 @@ fn job_validate_and_plan_change_nothing_and_a_broken_job_never_registers() {
     );
     agent.stop();
 }
+
+#[test]
+fn job_run_of_a_batch_job_waits_until_its_allocs_finish_unless_detached() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("count.toml");
+    std::fs::write(
+        &job_file,
+        format!(
+            "[job]\nid = \"count\"\ntype = \"batch\"\ncount = 2\nrunner = {:?}\n\
+             [[job.tasks]]\nname = \"count\"\nconfig = {{ tick_every = 50, stop_after = 6 }}\n",
+            caravan_test_artifacts::STATEFUL
+        ),
+    )
+    .unwrap();
+    let run = agent.caravan(&["job", "run", job_file.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(0));
+    let last = stdout(&run).lines().last().unwrap_or_default().to_string();
+    assert_eq!(
+        last,
+        "allocs: 0 pending, 0 running, 2 complete, 0 failed",
+        "waited until both finished: {}",
+        stdout(&run)
+    );
+    // A batch job that runs for minutes: detached, `job run` returns while it runs.
+    let long = job_file.with_file_name("long.toml");
+    let text = std::fs::read_to_string(&job_file).unwrap();
+    let text = text
+        .replace("id = \"count\"", "id = \"long\"")
+        .replace("stop_after = 6", "stop_after = 100000");
+    std::fs::write(&long, text).unwrap();
+    let detached = agent.caravan(&["job", "run", "--detach", long.to_str().unwrap()]);
+    assert_eq!(detached.status.code(), Some(0));
+    assert!(
+        stdout(&detached).contains("job long registered: 2 allocs placed")
+            && !stdout(&detached).contains("allocs:"),
+        "registered, no wait: {}",
+        stdout(&detached)
+    );
+    let status = agent.caravan(&["job", "status", "long", "--json"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        status["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["client_status"] != "complete"),
+        "still running: {status}"
+    );
+    agent.stop();
+}
