@@ -37,6 +37,8 @@ pub struct RunOptions {
     pub job_id: String,
     /// Where alloc directories go; a temporary directory, removed at exit, when `None`.
     pub data_dir: Option<PathBuf>,
+    /// Keep that temporary directory at exit (`--keep`), and say where it is.
+    pub keep: bool,
     /// Where compiled components are kept between runs; nowhere when `None`.
     pub cache_dir: Option<PathBuf>,
     /// Upgrade the runner in place, from its checkpoint, each time the component file
@@ -211,7 +213,38 @@ pub async fn run(
         }
     }
     let state = runner.alloc_state();
+    say_where_the_alloc_dir_is(
+        &data_dir.join("allocs").join(&alloc.id),
+        temporary,
+        options.keep,
+        &span,
+    );
     Ok((Alloc::clone(&alloc), state))
+}
+
+/// Says where the alloc's directory (what a batch runner left in `/alloc`) is once the run
+/// ended, if the runner had one: kept (a `--data-dir`, or `--keep`), or removed now.
+fn say_where_the_alloc_dir_is(
+    alloc_dir: &std::path::Path,
+    temporary: Option<crate::util::fs_tree::TempTree>,
+    keep: bool,
+    span: &tracing::Span,
+) {
+    if !alloc_dir.exists() {
+        return;
+    }
+    let path = alloc_dir.display();
+    match temporary {
+        None => tracing::info!(parent: span, "the alloc dir is {path}"),
+        Some(temporary) if keep => {
+            let kept = temporary.keep();
+            tracing::info!(parent: span, "the alloc dir is kept at {path} (remove {} when done)", kept.display());
+        }
+        Some(_) => tracing::info!(
+            parent: span,
+            "the alloc dir {path} is removed at exit (--keep keeps it, --data-dir puts it elsewhere)"
+        ),
+    }
 }
 
 /// How often `--watch` looks at the component file.
@@ -318,6 +351,7 @@ mod tests {
             meta: vec![],
             job_id: "example".into(),
             data_dir: None,
+            keep: false,
             cache_dir: None,
             watch: false,
         }

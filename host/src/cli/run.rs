@@ -33,6 +33,9 @@ pub struct RunCommand {
     /// Keep alloc directories here instead of in a temporary directory.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Keep the temporary directory (and the alloc's `/alloc` in it) at exit, and say where.
+    #[arg(long, conflicts_with = "data_dir")]
+    keep: bool,
     /// Keep compiled components here, so the next run does not compile them again (default:
     /// the cache the agent and `runner check` share, ~/.cache/caravan/components).
     #[arg(long, env = "CARAVAN_CACHE_DIR", value_name = "DIR")]
@@ -59,6 +62,7 @@ impl RunCommand {
             meta: self.meta,
             job_id: self.job,
             data_dir: self.data_dir,
+            keep: self.keep,
             cache_dir: self
                 .cache_dir
                 .or_else(crate::runtime::component::disk_cache::shared_dir),

@@ -73,7 +73,7 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
 
 /// A temporary directory (a dev agent's data dir, `caravan run`'s) that guests may fill, removed
 /// with [`remove_tree`] when dropped: `tempfile`'s own removal recurses.
-pub struct TempTree(tempfile::TempDir);
+pub struct TempTree(Option<tempfile::TempDir>);
 
 impl TempTree {
     /// A new directory under the system's temporary directory, its name starting with `prefix`.
@@ -81,20 +81,26 @@ impl TempTree {
         tempfile::Builder::new()
             .prefix(prefix)
             .tempdir()
-            .map(TempTree)
+            .map(|dir| TempTree(Some(dir)))
     }
 
     /// Where it is.
     pub fn path(&self) -> &Path {
-        self.0.path()
+        self.0.as_ref().map_or(Path::new(""), |dir| dir.path())
+    }
+
+    /// Keeps the directory (it is not removed) and returns where it is.
+    pub fn keep(mut self) -> std::path::PathBuf {
+        self.0.take().map(|dir| dir.keep()).unwrap_or_default()
     }
 }
 
 impl Drop for TempTree {
     fn drop(&mut self) {
-        if let Err(error) = remove_tree(self.0.path()) {
+        let Some(dir) = &self.0 else { return };
+        if let Err(error) = remove_tree(dir.path()) {
             tracing::warn!(
-                path = %self.0.path().display(),
+                path = %dir.path().display(),
                 error = %error,
                 "cannot remove a temporary directory; remove it by hand"
             );

@@ -149,6 +149,7 @@ fn run_options(component: &str) -> RunOptions {
         meta: vec![],
         job_id: "run".into(),
         data_dir: None,
+        keep: false,
         cache_dir: None,
         watch: false,
     }
@@ -237,4 +238,33 @@ fn output_into_a_reader_that_left_ends_the_command_quietly() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn caravan_run_says_where_a_runners_alloc_dir_is_and_keep_keeps_it() {
+    // A Python runner reaches files (componentize-py imports wasi:filesystem), so it is
+    // given an alloc dir.
+    let (runner, _) = caravan_test_artifacts::other_language_runner("python", "batch");
+    let kept = caravan(&["run", &runner, "--keep"]);
+    assert_eq!(kept.status.code(), Some(0), "{}", text(&kept.stderr));
+    let line = text(&kept.stderr)
+        .lines()
+        .find(|l| l.contains("the alloc dir is kept at"))
+        .unwrap_or_else(|| panic!("no line says where: {}", text(&kept.stderr)))
+        .to_string();
+    let dir = line
+        .split("(remove ")
+        .nth(1)
+        .and_then(|rest| rest.split(" when done)").next())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(std::path::Path::new(dir).is_dir(), "kept: {line}");
+    std::fs::remove_dir_all(dir).unwrap();
+
+    let removed = caravan(&["run", &runner]);
+    assert_eq!(removed.status.code(), Some(0), "{}", text(&removed.stderr));
+    assert!(
+        text(&removed.stderr).contains("is removed at exit (--keep keeps it"),
+        "{}",
+        text(&removed.stderr)
+    );
 }
