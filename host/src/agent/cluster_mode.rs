@@ -154,11 +154,7 @@ impl ClusterMode {
             let (server, store) = (slot.borrow().clone(), store.clone());
             Box::pin(async move {
                 if let Some(server) = server {
-                    return tokio::task::spawn_blocking(move || {
-                        super::runner_builds::server_builds(&server)
-                    })
-                    .await
-                    .map_err(|e| e.to_string());
+                    return super::runner_builds::server_builds_off_workers(server).await;
                 }
                 let (jobs, _) = store
                     .list(&crate::cluster::keys::jobs_prefix())

@@ -18,7 +18,7 @@ pub(super) type ClusterBuilds =
 
 /// The builds the server answering here knows: every job's and every alloc's (an alloc of
 /// an older version may run a build its job no longer names).
-pub(super) fn server_builds(server: &EmbeddedServer) -> HashSet<String> {
+fn server_builds(server: &EmbeddedServer) -> HashSet<String> {
     let jobs = server
         .jobs()
         .into_iter()
@@ -28,6 +28,15 @@ pub(super) fn server_builds(server: &EmbeddedServer) -> HashSet<String> {
         .into_iter()
         .filter_map(|a| a.alloc.runner_sha256.clone());
     jobs.chain(allocs).collect()
+}
+
+/// [`server_builds`], off the async workers (a server of 100,000 allocs takes a while).
+pub(super) async fn server_builds_off_workers(
+    server: Arc<EmbeddedServer>,
+) -> Result<HashSet<String>, String> {
+    tokio::task::spawn_blocking(move || server_builds(&server))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The builds this node's allocs run or name.
@@ -80,11 +89,6 @@ pub(super) fn embedded_builds(
 ) -> ClusterBuilds {
     Arc::new(move || {
         let server = servers.borrow().clone();
-        Box::pin(async move {
-            let server = server.ok_or("no server")?;
-            tokio::task::spawn_blocking(move || server_builds(&server))
-                .await
-                .map_err(|e| e.to_string())
-        })
+        Box::pin(async move { server_builds_off_workers(server.ok_or("no server")?).await })
     })
 }

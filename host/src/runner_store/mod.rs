@@ -231,8 +231,8 @@ impl RunnerStore {
 
     /// Removes build `sha256` if nothing has used it since `unused_since` and no put or fetch
     /// of it is under way (its turn is free); returns whether it was removed. What the
-    /// collector calls: a build used (uploaded again, served, loaded) between the collector's
-    /// listing and now stays.
+    /// collector calls: a build used (uploaded again, served, named by a job) between the
+    /// collector's listing and now stays.
     pub fn remove_unused(&self, sha256: &str, unused_since: SystemTime) -> io::Result<bool> {
         let turn = self.turn(sha256);
         let Ok(_turn) = turn.try_lock() else {

@@ -8,7 +8,8 @@ use crate::etcd::EtcdCluster;
 use crate::registry::Registry;
 use crate::support::hosts::Hosts;
 use crate::support::{
-    AgentProcess, eventually_async, http, live_by_node, run_caravan, running, service_job_file,
+    AgentProcess, assert_succeeded, eventually_async, http, live_by_node, run_caravan, running,
+    service_job_file,
 };
 use caravan_host::runner_store::sha256_hex;
 use caravan_test_artifacts::SLEEPER;
@@ -96,17 +97,7 @@ impl HostCluster {
     }
 
     async fn ready_nodes(&self, via: usize) -> BTreeSet<String> {
-        let (status, nodes) = self.get(via, "/v1/nodes").await;
-        if status != 200 {
-            return BTreeSet::new();
-        }
-        nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| n["status"] == "ready")
-            .filter_map(|n| n["id"].as_str().map(str::to_string))
-            .collect()
+        crate::support::ready_nodes(self.api(via)).await
     }
 
     async fn allocs(&self, via: usize, job: &str) -> Vec<Value> {
@@ -128,12 +119,7 @@ impl HostCluster {
             &["job", "run", "--detach", job.to_str().unwrap()],
             Some(&self.agents[via].addr),
         );
-        assert_eq!(
-            run.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
+        assert_succeeded(&run);
         std::fs::remove_file(&runner).unwrap();
         sha256_hex(&std::fs::read(SLEEPER).unwrap())
     }
@@ -266,12 +252,7 @@ async fn every_host_pulls_a_registry_build_and_a_moved_tag_upgrades_every_alloc_
             ],
             None,
         );
-        assert_eq!(
-            pushed.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&pushed.stderr)
-        );
+        assert_succeeded(&pushed);
     };
     push(std::path::Path::new(SLEEPER));
     let job = service_job_file(laptop.path(), "web", 3, &reference);
@@ -280,12 +261,7 @@ async fn every_host_pulls_a_registry_build_and_a_moved_tag_upgrades_every_alloc_
             &["job", "run", "--detach", job.to_str().unwrap()],
             Some(&cluster.agents[0].addr),
         );
-        assert_eq!(
-            run.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
+        assert_succeeded(&run);
         String::from_utf8_lossy(&run.stdout).to_string()
     };
     submit();

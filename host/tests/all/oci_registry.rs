@@ -34,7 +34,7 @@ async fn a_pushed_runner_runs_by_its_reference_and_a_moved_tag_upgrades_every_al
     let registry = Registry::start().await;
     let reference = registry.reference("team/web:1");
     let pushed = push(std::path::Path::new(SLEEPER), &reference);
-    assert_eq!(pushed.status.code(), Some(0), "{}", stderr(&pushed));
+    assert_succeeded(&pushed);
     let first = sha256_hex(&std::fs::read(SLEEPER).unwrap());
     assert!(
         String::from_utf8_lossy(&pushed.stdout).contains(&format!("component sha256:{first}")),
@@ -82,7 +82,7 @@ async fn a_pushed_runner_runs_by_its_reference_and_a_moved_tag_upgrades_every_al
     )
     .unwrap();
     let run = agent.caravan(&["job", "run", job.to_str().unwrap()]);
-    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    assert_succeeded(&run);
     let (_, view) = http(agent.socket_addr(), "GET", "/v1/job/web", None, None).await;
     assert_eq!(view["runner_sha256"], first.as_str(), "{view}");
     let pinned = view["runner"].as_str().unwrap();
@@ -108,10 +108,10 @@ async fn a_pushed_runner_runs_by_its_reference_and_a_moved_tag_upgrades_every_al
     // A new build under the same tag, and the job registered again: the same allocs, upgraded.
     let second = new_build_of(SLEEPER, dir.path(), "second.wasm");
     let pushed = push(&second, &reference);
-    assert_eq!(pushed.status.code(), Some(0), "{}", stderr(&pushed));
+    assert_succeeded(&pushed);
     let second_sha256 = sha256_hex(&std::fs::read(&second).unwrap());
     let rerun = agent.caravan(&["job", "run", job.to_str().unwrap()]);
-    assert_eq!(rerun.status.code(), Some(0), "{}", stderr(&rerun));
+    assert_succeeded(&rerun);
     assert!(
         String::from_utf8_lossy(&rerun.stdout).contains("2 upgraded in place"),
         "{}",
@@ -233,7 +233,7 @@ async fn registry_refusals_are_one_line_naming_the_reference_and_register_nothin
         .env("CARAVAN_REGISTRY_USERNAME", "ci")
         .env("CARAVAN_REGISTRY_PASSWORD", "s3cret");
     let pushed = with_password.output().unwrap();
-    assert_eq!(pushed.status.code(), Some(0), "{}", stderr(&pushed));
+    assert_succeeded(&pushed);
     // Credentials are sent only to the registry they name: named for another, none are sent.
     let mut for_another = caravan_command();
     for_another

@@ -152,12 +152,7 @@ async fn a_job_runs_the_build_it_was_submitted_with_after_its_file_is_gone_and_a
     let job = service_job_file(dir.path(), "web", 2, "web.wasm");
     let agent = AgentProcess::start_on(data.path());
     let run = agent.caravan(&["job", "run", job.to_str().unwrap()]);
-    assert_eq!(
-        run.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    crate::support::assert_succeeded(&run);
     std::fs::remove_file(&runner).unwrap();
 
     let sha256 = sha256_hex(&std::fs::read(SLEEPER).unwrap());

@@ -108,17 +108,7 @@ impl Cluster {
 
     /// The node names the cluster places on, as node `i` answers.
     async fn ready_nodes_via(&self, i: usize) -> BTreeSet<String> {
-        let (status, nodes) = self.get(i, "/v1/nodes").await;
-        if status != 200 {
-            return BTreeSet::new();
-        }
-        nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| n["status"] == "ready")
-            .filter_map(|n| n["id"].as_str().map(str::to_string))
-            .collect()
+        crate::support::ready_nodes(self.nodes[i].addr()).await
     }
 
     async fn ready_nodes(&self) -> BTreeSet<String> {

@@ -33,12 +33,7 @@ async fn a_runner_submitted_through_one_agent_runs_on_every_node_after_its_file_
     let via = (0..3).find(|i| Some(*i) != leader).unwrap();
     let process = cluster.nodes[via].process.as_ref().unwrap();
     let run = process.caravan(&["job", "run", "--detach", job.to_str().unwrap()]);
-    assert_eq!(
-        run.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    crate::support::assert_succeeded(&run);
     std::fs::remove_file(&runner).unwrap();
 
     cluster

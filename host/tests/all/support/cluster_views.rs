@@ -1,9 +1,36 @@
-//! What a cluster test reads of a job's allocs (the API's JSON views): how many run, where,
-//! and whether any alloc is listed twice. Shared by the loopback cluster tests and the
-//! multi-host ones.
+//! What a cluster test reads of the API's JSON views (the nodes ready, a job's allocs: how
+//! many run, where, whether any is listed twice) and what it asserts of a CLI command that
+//! must succeed. Shared by the loopback cluster tests, the multi-host ones and the runner
+//! store's.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The nodes the cluster places on (`ready`), as the agent at `addr` answers; none while it
+/// cannot answer.
+pub async fn ready_nodes(addr: std::net::SocketAddr) -> BTreeSet<String> {
+    let (status, nodes) = super::http(addr, "GET", "/v1/nodes", None, None).await;
+    if status != 200 {
+        return BTreeSet::new();
+    }
+    nodes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["status"] == "ready")
+        .filter_map(|n| n["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Fails the test, with what the command wrote to stderr, unless it exited 0.
+pub fn assert_succeeded(output: &std::process::Output) {
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
 
 /// Allocs not yet terminal and still wanted, by node.
 pub fn live_by_node(allocs: &[Value]) -> BTreeMap<String, usize> {

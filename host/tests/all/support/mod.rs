@@ -9,7 +9,9 @@ mod http_request;
 mod runner;
 
 pub use agents::{AgentProcess, agent, gc_ignoring_this_disk, wasm_client};
-pub use cluster_views::{live_by_node, running, service_job_file, unique_ids};
+pub use cluster_views::{
+    assert_succeeded, live_by_node, ready_nodes, running, service_job_file, unique_ids,
+};
 pub use http_request::http;
 pub use runner::{
     Recorder, Started, alloc, descriptors_open_on, hostile_attack, start, start_on, start_with,
