@@ -10,6 +10,7 @@ use crate::cluster::{
     EtcdHealth, EtcdServerApi, EtcdStore, HistoryStats, Member, MemberRecord, MemberView,
     SPACE_PROBE_INTERVAL, SchedulerConfig, ServerSlot, watch_space,
 };
+use crate::model::node::NodeInfo;
 use crate::rpc::ServerApi;
 use crate::server::{EmbeddedServer, ServerConfig};
 use crate::util::backoff::Backoff;
@@ -42,6 +43,7 @@ impl ClusterMode {
         server: &ServerConfig,
         bound: SocketAddr,
         data_dir: &Path,
+        node_info: NodeInfo,
     ) -> anyhow::Result<ClusterMode> {
         let api = match &config.advertise {
             Some(url) => url.clone(),
@@ -57,6 +59,7 @@ impl ClusterMode {
             node: config.node_name.clone(),
             api,
             agent: agent_id(data_dir)?,
+            info: node_info,
         };
         refuse_a_live_namesake(&store, &record, config.node_ttl).await?;
         let member = Member::join(store.clone(), record, config.node_ttl);

@@ -159,6 +159,7 @@ impl Agent {
                     &config.server,
                     addr,
                     &config.data_dir,
+                    config.node_info(),
                 )
                 .await?;
                 (
@@ -175,6 +176,7 @@ impl Agent {
         let alloc_logs = client_config.alloc_logs.clone();
         client_config.gc = config.gc.clone();
         client_config.limits = config.limits;
+        client_config.node_info = config.node_info();
         // The agent decides what runs allocs: WebAssembly components, on the shared runtime.
         let admission = Admission {
             caps: Some(config.limit_caps),

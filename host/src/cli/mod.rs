@@ -146,6 +146,9 @@ impl Cli {
             Ok(code) => code,
             Err(error) => {
                 eprintln!("error: {error:#}");
+                if error.is::<client::job::PlacementFailed>() {
+                    return ExitCode::from(2);
+                }
                 ExitCode::from(error_exit_code)
             }
         }

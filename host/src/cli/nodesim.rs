@@ -6,11 +6,12 @@ use super::GlobalArgs;
 use super::client::DEFAULT_ADDR;
 use crate::agent::cluster_config::{MIN_NODE_TTL, valid_endpoint};
 use crate::cluster::{EtcdServerApi, EtcdStore, Member, MemberRecord};
+use crate::model::node::{NodeInfo, NodeResources};
 use crate::nodesim::{NodeServers, NodeSim, NodeSimConfig, SimRunner, Summary, node_name};
 use crate::rpc::ServerApi;
 use crate::rpc::http::HttpServer;
 use crate::shutdown::Shutdown;
-use crate::util::units::{format_duration, parse_duration};
+use crate::util::units::{format_duration, parse_bytes, parse_duration};
 use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,9 +73,37 @@ pub struct NodesimCommand {
     /// Sizes the sandbox pool that every node's wasm runners share.
     #[arg(long, default_value_t = 4_096, value_name = "N")]
     max_live_allocs: u32,
+    /// The memory each node says allocs may reserve on it, such as 4GiB (default: none
+    /// said, so memory never keeps an alloc off a simulated node).
+    #[arg(long, value_parser = parse_bytes, value_name = "SIZE")]
+    node_memory: Option<u64>,
+    /// How many allocs each node says it runs at once (default: none said; placement
+    /// counts such a node as holding 1,000).
+    #[arg(long, value_name = "N")]
+    node_slots: Option<u32>,
+    /// Each node's class, for job constraints on `${node.class}`.
+    #[arg(long, default_value = "", value_name = "CLASS")]
+    node_class: String,
 }
 
 impl NodesimCommand {
+    /// What every simulated node says of itself.
+    fn node_info(&self) -> anyhow::Result<NodeInfo> {
+        let info = NodeInfo {
+            class: self.node_class.clone(),
+            attributes: NodeInfo::machine_attributes(),
+            resources: NodeResources {
+                memory_bytes: self.node_memory,
+                default_alloc_memory_bytes: None,
+                alloc_slots: self.node_slots,
+            },
+            ..NodeInfo::default()
+        };
+        info.check()
+            .map_err(|problem| anyhow::anyhow!("--node-{problem}"))?;
+        Ok(info)
+    }
+
     /// Runs the simulation until the first Ctrl-C or SIGTERM, then prints the final report,
     /// stops the nodes and exits 0. Bad flags or a server address that is not a URL exit 2.
     pub async fn execute(self, global: &GlobalArgs) -> anyhow::Result<ExitCode> {
@@ -103,6 +132,7 @@ impl NodesimCommand {
                 .or_else(crate::runtime::component::disk_cache::shared_dir),
             gc: crate::nodesim::sim_gc_config(),
             runner_peers: None,
+            node_info: self.node_info()?,
         };
         // A bad server address or cluster setting is refused before anything is warned
         // about or started.
@@ -217,6 +247,7 @@ impl NodesimCommand {
                             // through the cluster's API for simulated nodes.
                             api: SIMULATED_NODE_API.into(),
                             agent: uuid::Uuid::new_v4().to_string(),
+                            info: config.node_info.clone(),
                         };
                         Member::join_as_node_only(store.clone(), record, self.node_ttl)
                     })

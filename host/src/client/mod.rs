@@ -40,6 +40,7 @@ use runners::{alloc_dir_in, check_alloc_id};
 
 use crate::alloc_logs::AllocLogs;
 use crate::allocrunner::{AllocRunner, AllocRunnerFactory, NotRunningReason, TaskActionError};
+use crate::model::node::NodeInfo;
 use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::rpc::ServerApi;
 use crate::state::{MemoryStateDb, StateDb};
@@ -68,6 +69,9 @@ pub struct ClientConfig {
     pub watch_wait: Duration,
     /// Where the allocs' guest output is written (by default under `<data_dir>/logs`).
     pub alloc_logs: AllocLogs,
+    /// What the node says of itself when it registers (capacity and attributes, for
+    /// placement): nothing by default.
+    pub node_info: NodeInfo,
 }
 
 impl ClientConfig {
@@ -81,6 +85,7 @@ impl ClientConfig {
             limits: Limits::default(),
             gc: GcConfig::default(),
             watch_wait: Duration::from_secs(300),
+            node_info: NodeInfo::default(),
         }
     }
 }

@@ -173,7 +173,11 @@ pub(super) async fn watch_loop(client: Weak<ClientInner>) {
         drop(inner);
         let result = async {
             if !registered {
-                server.register_node(&node_id).await?;
+                let info = client
+                    .upgrade()
+                    .map(|inner| inner.config.node_info.clone())
+                    .unwrap_or_default();
+                server.register_node(&node_id, &info).await?;
                 registered = true;
                 tracing::info!(node_id = %node_id, "node registered");
             }

@@ -20,6 +20,7 @@ use super::keys;
 use super::lease::{Fence, FencedOp, LeaseState};
 use super::store::EtcdStore;
 use super::watch::PrefixWatch;
+use crate::model::node::NodeInfo;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -34,6 +35,24 @@ pub struct MemberRecord {
     /// The agent's own id, kept in its data dir: the same agent restarted is the same id,
     /// whatever its address.
     pub agent: String,
+    /// What its node says of itself (capacity and attributes), for the scheduler's
+    /// placement. A record from before nodes said anything has the defaults.
+    #[serde(default)]
+    pub info: NodeInfo,
+}
+
+impl MemberRecord {
+    /// What the node of the live key whose value is `value` says of itself: the defaults
+    /// when the value cannot be read or says more than a node may (a WARN names the key).
+    pub fn node_info_in(key: &str, value: &[u8]) -> NodeInfo {
+        let info = serde_json::from_slice::<MemberRecord>(value)
+            .map_err(|e| e.to_string())
+            .and_then(|record| record.info.check().map(|()| record.info));
+        info.unwrap_or_else(|problem| {
+            tracing::warn!(key, %problem, "a live node's record cannot be read; placing on it as a node that says nothing");
+            NodeInfo::default()
+        })
+    }
 }
 
 /// What an agent currently is in the cluster.

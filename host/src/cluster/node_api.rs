@@ -15,6 +15,7 @@
 use super::keys::{self, alloc_key, node_key, status_key};
 use super::store::{EtcdStore, GuardedPut, StoreError};
 use super::{PrefixWatch, watch::Change};
+use crate::model::node::NodeInfo;
 use crate::model::structs::Alloc;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use crate::util::locks::LockUnpoisoned;
@@ -162,8 +163,10 @@ fn unavailable(error: StoreError) -> ServerError {
 
 #[async_trait::async_trait]
 impl ServerApi for EtcdServerApi {
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
-        let record = serde_json::json!({ "id": node_id }).to_string();
+    async fn register_node(&self, node_id: &str, info: &NodeInfo) -> Result<(), ServerError> {
+        // What the scheduler places by is the live key's copy (the member record); this one
+        // outlives the lease, for whoever looks at a node that is gone.
+        let record = serde_json::json!({ "id": node_id, "info": info }).to_string();
         self.store
             .put(&node_key(node_id), record.as_bytes())
             .await

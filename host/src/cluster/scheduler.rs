@@ -27,9 +27,11 @@
 use super::history::{HistoryStats, compact_every};
 use super::keys;
 use super::lease::Fence;
+use super::member::MemberRecord;
 use super::scheduler_db::EtcdSchedulerDb;
 use super::store::{EtcdStore, StoreError};
 use super::watch::{Change, PrefixWatch};
+use crate::model::node::NodeInfo;
 use crate::model::structs::AllocState;
 use crate::rpc::{AllocUpdate, ServerApi};
 use crate::server::{EmbeddedServer, ServerConfig};
@@ -203,15 +205,16 @@ async fn wait_deposed(deposed: &mut watch::Receiver<bool>) {
 /// The leader's view of liveness, next to its server.
 struct Leader {
     server: Arc<EmbeddedServer>,
-    live: BTreeSet<String>,
+    /// Live nodes, with what each says of itself.
+    live: BTreeMap<String, NodeInfo>,
     /// Nodes holding allocs that were not live at takeover, and when their grace ends.
     missing_since_takeover: BTreeMap<String, Instant>,
 }
 
 impl Leader {
     async fn take_over(&mut self, grace: Duration, previous_leader: Option<&str>) {
-        for node in &self.live {
-            let _ = self.server.register_node(node).await;
+        for (node, info) in &self.live {
+            let _ = self.server.register_node(node, info).await;
         }
         let holding: BTreeSet<String> = self
             .server
@@ -221,7 +224,7 @@ impl Leader {
             .filter_map(|a| a.node_id)
             .collect();
         let now = Instant::now();
-        for node in holding.difference(&self.live) {
+        for node in holding.iter().filter(|n| !self.live.contains_key(*n)) {
             let deadline = if Some(node.as_str()) == previous_leader {
                 now
             } else {
@@ -238,12 +241,15 @@ impl Leader {
         }
     }
 
-    async fn node_up(&mut self, node: &str) {
+    /// `node` is live, saying `info` of itself: it is placed on, with what it says now.
+    async fn node_up(&mut self, node: &str, info: NodeInfo) {
         self.missing_since_takeover.remove(node);
-        if self.live.insert(node.to_string()) {
-            tracing::info!(node, "node is live");
-            let _ = self.server.register_node(node).await;
+        match self.live.insert(node.to_string(), info.clone()) {
+            Some(before) if before == info => return,
+            Some(_) => tracing::info!(node, "node is live, saying something new of itself"),
+            None => tracing::info!(node, "node is live"),
         }
+        let _ = self.server.register_node(node, &info).await;
     }
 
     fn node_down(&mut self, node: &str) {
@@ -261,7 +267,8 @@ impl Leader {
             match change {
                 Change::Put(kv) => {
                     if let Some(node) = kv.key.strip_prefix(&prefix) {
-                        self.node_up(node).await;
+                        let info = MemberRecord::node_info_in(&kv.key, &kv.value);
+                        self.node_up(node, info).await;
                     }
                 }
                 Change::Delete { key, .. } => {
@@ -270,15 +277,24 @@ impl Leader {
                     }
                 }
                 Change::Relisted { entries, .. } => {
-                    let now: BTreeSet<String> = entries
+                    let now: BTreeMap<String, NodeInfo> = entries
                         .iter()
-                        .filter_map(|kv| Some(kv.key.strip_prefix(&prefix)?.to_string()))
+                        .filter_map(|kv| {
+                            let node = kv.key.strip_prefix(&prefix)?.to_string();
+                            Some((node, MemberRecord::node_info_in(&kv.key, &kv.value)))
+                        })
                         .collect();
-                    for gone in self.live.clone().difference(&now) {
-                        self.node_down(gone);
+                    let gone: Vec<String> = self
+                        .live
+                        .keys()
+                        .filter(|node| !now.contains_key(*node))
+                        .cloned()
+                        .collect();
+                    for node in gone {
+                        self.node_down(&node);
                     }
-                    for node in &now {
-                        self.node_up(node).await;
+                    for (node, info) in now {
+                        self.node_up(&node, info).await;
                     }
                 }
             }

@@ -30,12 +30,14 @@
 
 use super::keys;
 use super::lease::{Fence, FencedOp, MAX_FENCED_OPS};
+use super::member::MemberRecord;
 use super::store::{EtcdStore, KeyValue, StoreError};
+use crate::model::node::NodeInfo;
 use crate::model::structs::{AllocState, ClientStatus};
 use crate::server::records::{META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode};
 use crate::state::{SavedAlloc, ServerTable, StateDb, StateError, Write};
 use crate::util::locks::LockUnpoisoned;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use tokio::sync::watch;
 
@@ -53,8 +55,8 @@ struct SchedulerMeta {
 pub struct Snapshot {
     /// The revision of the read: watches go on from the next one.
     pub revision: i64,
-    /// Live nodes (those whose `live/` key exists).
-    pub live: BTreeSet<String>,
+    /// Live nodes (those whose `live/` key exists), with what each says of itself.
+    pub live: BTreeMap<String, NodeInfo>,
 }
 
 /// The server's tables on etcd, written under a [`Fence`]. See the module docs.
@@ -135,9 +137,12 @@ impl EtcdSchedulerDb {
         let take = |name: &str, by_prefix: &mut BTreeMap<&str, Vec<KeyValue>>| {
             by_prefix.remove(name).unwrap_or_default()
         };
-        let live: BTreeSet<String> = take("live", &mut by_prefix)
+        let live: BTreeMap<String, NodeInfo> = take("live", &mut by_prefix)
             .into_iter()
-            .filter_map(|kv| Some(kv.key.strip_prefix(&keys::live_prefix())?.to_string()))
+            .filter_map(|kv| {
+                let node = kv.key.strip_prefix(&keys::live_prefix())?.to_string();
+                Some((node, MemberRecord::node_info_in(&kv.key, &kv.value)))
+            })
             .collect();
         let statuses: HashMap<String, AllocState> = take("status", &mut by_prefix)
             .into_iter()
@@ -187,7 +192,7 @@ impl EtcdSchedulerDb {
         let meta_record = SavedMeta {
             index: revision.max(0) as u64,
             next_sequence: meta.next_sequence,
-            nodes: live.clone(),
+            nodes: live.keys().cloned().collect(),
         };
         let loaded = BTreeMap::from([
             ("jobs", jobs),

@@ -18,11 +18,14 @@
 //! `[job.reschedule]` (`attempts`, `interval`, `delay`, `delay_function`, `max_delay`,
 //! `unlimited`: see [`crate::model::reschedule`]), `[job.restart]` (`attempts`, `interval`, `delay`,
 //! `delay_function`, `max_delay`, `mode`: see [`crate::model::restart`]), `[job.update]`
-//! (`carry_checkpoint`: see [`UpdatePolicy`]).
+//! (`carry_checkpoint`: see [`UpdatePolicy`]), `[[job.constraint]]` (`attribute`, `operator`,
+//! `value`: see [`crate::model::constraint`]), `placement` (`"binpack"`, the default, or
+//! `"spread"`).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
 use crate::model::capabilities::{self, Capabilities};
+use crate::model::constraint::{Algorithm, Constraint, MAX_CONSTRAINTS, RawConstraint};
 use crate::model::limits::{LimitOverrides, RawLimits};
 use crate::model::reschedule::{RawReschedule, ReschedulePolicy};
 use crate::model::restart::{RawRestart, RestartPolicy};
@@ -76,6 +79,12 @@ pub struct JobSpec {
     /// How a change of the job reaches its running allocs (`[job.update]`).
     #[serde(default, skip_serializing_if = "UpdatePolicy::is_default")]
     pub update: UpdatePolicy,
+    /// Which nodes its allocs may go to (`[[job.constraint]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<Constraint>,
+    /// How its allocs are ranked over the nodes that can hold them (`placement`).
+    #[serde(default, skip_serializing_if = "Algorithm::is_default")]
+    pub placement: Algorithm,
 }
 
 /// How a change of a job reaches its running allocs (`[job.update]`).
@@ -150,6 +159,9 @@ struct RawJob {
     reschedule: Option<RawReschedule>,
     restart: Option<RawRestart>,
     update: Option<RawUpdate>,
+    #[serde(default)]
+    constraint: Vec<RawConstraint>,
+    placement: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -322,6 +334,37 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
                 .map_err(|e| error(format!("job.restart.{}", e.key), e.message))?,
         ),
     };
+    if raw.constraint.len() > MAX_CONSTRAINTS {
+        return Err(error(
+            "job.constraint",
+            format!(
+                "{} constraints; at most {MAX_CONSTRAINTS}",
+                raw.constraint.len()
+            ),
+        ));
+    }
+    let constraints = raw
+        .constraint
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            c.parse()
+                .map_err(|(key, problem)| error(format!("job.constraint[{i}].{key}"), problem))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let placement = match raw.placement.as_deref() {
+        None | Some("binpack") => Algorithm::Binpack,
+        Some("spread") => Algorithm::Spread,
+        Some(other) => {
+            return Err(error(
+                "job.placement",
+                format!(
+                    "unknown placement {:?}; expected \"binpack\" or \"spread\"",
+                    crate::util::text::cut(other, 64)
+                ),
+            ));
+        }
+    };
     let mut tasks: Vec<Task> = Vec::new();
     for (i, task) in raw.tasks.into_iter().enumerate() {
         let field = format!("job.tasks[{i}].name");
@@ -367,6 +410,8 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         update: UpdatePolicy {
             carry_checkpoint: raw.update.and_then(|u| u.carry_checkpoint).unwrap_or(false),
         },
+        constraints,
+        placement,
     };
     let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
     if stored > MAX_JOB_BYTES {

@@ -10,13 +10,17 @@
 //! - [`jobspec`]: job files (TOML) and their JSON form, validated field by field.
 //! - [`limits`]: every per-alloc limit, its key, default and cap, and their one parser.
 //! - [`capabilities`]: what a job asks beyond its alloc dir and what the agent offers.
+//! - [`node`]: what a client node says of itself at registration (capacity, class, meta).
+//! - [`constraint`]: `[[job.constraint]]`, which nodes a job's allocs may go to.
 //! - [`restart`]: the restart policy: a crashed runner restarted in place.
 //! - [`reschedule`]: the reschedule policy: a failed alloc replaced after a growing delay.
 
 pub mod admission;
 pub mod capabilities;
+pub mod constraint;
 pub mod jobspec;
 pub mod limits;
+pub mod node;
 pub mod reschedule;
 pub mod restart;
 pub mod structs;

@@ -59,6 +59,8 @@ pub struct NodeSimConfig {
     pub cache_dir: Option<PathBuf>,
     /// Every node's garbage collector.
     pub gc: GcConfig,
+    /// What every node says of itself when it registers (its capacity and class).
+    pub node_info: crate::model::node::NodeInfo,
     /// Where the nodes fetch the runner builds their allocs name (wasm runners only): the
     /// agents of the cluster. `None`: only builds already in the simulation's store run.
     pub runner_peers: Option<RunnerPeers>,
@@ -223,6 +225,7 @@ impl NodeSim {
     ) -> anyhow::Result<Client> {
         let mut config = ClientConfig::new(name, data_dir);
         config.gc = self.config.gc.clone();
+        config.node_info = self.config.node_info.clone();
         let server = observe::Observed::new((self.server)(name), self.stats.clone());
         let client = Client::with_disk_stats(config, server, self.factory.clone(), db.clone());
         client

@@ -93,8 +93,14 @@ impl Observed {
 
 #[async_trait::async_trait]
 impl ServerApi for Observed {
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
-        let result = self.stats.counted(self.inner.register_node(node_id).await);
+    async fn register_node(
+        &self,
+        node_id: &str,
+        info: &crate::model::node::NodeInfo,
+    ) -> Result<(), ServerError> {
+        let result = self
+            .stats
+            .counted(self.inner.register_node(node_id, info).await);
         if result.is_ok() {
             let mut registered = self.stats.registered.lock_unpoisoned();
             registered.insert(node_id.to_string());

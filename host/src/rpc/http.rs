@@ -19,6 +19,7 @@
 
 use super::transport::{AgentApi, AgentPool, error_message};
 use super::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
+use crate::model::node::NodeInfo;
 use crate::model::structs::Alloc;
 use axum::body::Body;
 use hyper::body::Bytes;
@@ -176,11 +177,13 @@ impl HttpServer {
 
 #[async_trait::async_trait]
 impl ServerApi for HttpServerApi {
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
+    async fn register_node(&self, node_id: &str, info: &NodeInfo) -> Result<(), ServerError> {
         let path = register_path(node_id);
+        let body = serde_json::to_vec(info)
+            .map_err(|e| ServerError::Refused(format!("cannot encode a request: {e}")))?;
         let _: serde_json::Value = self
             .server
-            .call(hyper::Method::PUT, &path, None, CALL_TIMEOUT)
+            .call(hyper::Method::PUT, &path, Some(body), CALL_TIMEOUT)
             .await?;
         Ok(())
     }

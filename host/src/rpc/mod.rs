@@ -42,6 +42,7 @@
 pub mod http;
 pub mod transport;
 
+use crate::model::node::NodeInfo;
 use crate::model::structs::{Alloc, AllocState};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,8 +91,10 @@ pub struct AllocUpdate {
 /// transient from the client's point of view: it retries.
 #[async_trait::async_trait]
 pub trait ServerApi: Send + Sync {
-    /// Registers (or re-registers) the node. The client calls it first and again after errors.
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError>;
+    /// Registers (or re-registers) the node, with what it says of itself (its capacity and
+    /// attributes, for placement; a registration saying something new replaces what it said
+    /// before). The client calls it first and again after errors.
+    async fn register_node(&self, node_id: &str, info: &NodeInfo) -> Result<(), ServerError>;
 
     /// The allocs assigned to `node_id`. Returns at once when the server's index is past
     /// `min_index`; otherwise waits until it is, or until `wait` has passed (then it returns

@@ -9,6 +9,7 @@
 //!   an update does).
 
 use super::{EmbeddedServer, MAX_NODES};
+use crate::model::node::NodeInfo;
 use crate::model::structs::Alloc;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use std::sync::Arc;
@@ -16,12 +17,12 @@ use std::time::Duration;
 
 #[async_trait::async_trait]
 impl ServerApi for EmbeddedServer {
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
+    async fn register_node(&self, node_id: &str, info: &NodeInfo) -> Result<(), ServerError> {
         self.liveness.seen(node_id);
         // Taken in a group with the requests that wait beside it: one save for them all (and
         // none for a node registering again, which changes nothing). Not looked up first:
         // the server's lock is held while a save runs, and a node must be able to queue then.
-        if !self.take_registration(node_id).await? {
+        if !self.take_registration(node_id, info.clone()).await? {
             return Err(ServerError::Refused(format!(
                 "the server has {MAX_NODES} nodes registered, its most; node {node_id:?} is refused"
             )));
@@ -38,8 +39,13 @@ impl ServerApi for EmbeddedServer {
         let _open = self.liveness.watching(node_id);
         // A node that watches is registered: one taken down while it was between two
         // watches (see `down_silent_nodes`) is back, and allocs may be placed on it again.
-        if !self.lock().nodes.contains(node_id) {
-            self.register_node(node_id).await?;
+        let departed = {
+            let state = self.lock();
+            (!state.nodes.contains_key(node_id))
+                .then(|| state.departed.get(node_id).cloned().unwrap_or_default())
+        };
+        if let Some(info) = departed {
+            self.register_node(node_id, &info).await?;
         }
         let mut changed = {
             let mut state = self.lock();

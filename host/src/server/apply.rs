@@ -77,15 +77,28 @@ impl State {
             .collect()
     }
 
+    /// Asks an alloc to stop. One still waiting for a node has nothing to stop: it ends
+    /// at once, complete, and waits no more.
     pub(super) fn stop_alloc(&mut self, alloc_id: &str, index: u64) {
-        if let Some(record) = self.alloc_mut(alloc_id)
-            && record.alloc.desired_status == DesiredStatus::Run
-        {
-            record.alloc = Arc::new(Alloc {
-                desired_status: DesiredStatus::Stop,
-                modify_index: index,
-                ..Alloc::clone(&record.alloc)
+        let Some(record) = self.alloc_mut(alloc_id) else {
+            return;
+        };
+        if record.alloc.desired_status != DesiredStatus::Run {
+            return;
+        }
+        record.alloc = Arc::new(Alloc {
+            desired_status: DesiredStatus::Stop,
+            modify_index: index,
+            ..Alloc::clone(&record.alloc)
+        });
+        if record.node_id.is_none() && !record.is_terminal() {
+            record.client_state = Some(AllocState {
+                client_status: ClientStatus::Complete,
+                description: "stopped before it was placed".into(),
+                task_states: Default::default(),
             });
+            record.terminal_since = Some(Instant::now());
+            self.waiting.remove(alloc_id);
         }
     }
 
@@ -144,11 +157,24 @@ impl State {
         id
     }
 
-    /// Places the allocs that were waiting for a node.
+    /// Places the allocs waiting for a node on those that can hold them now, oldest first.
     pub(super) fn place_unplaced(&mut self, index: u64) {
-        for (id, node) in placement::place_unplaced(&self.nodes, self.allocs.values()) {
+        let mut waiting: Vec<&AllocRecord> = self
+            .waiting
+            .iter()
+            .filter_map(|id| self.allocs.get(id))
+            .collect();
+        waiting.sort_by_key(|record| record.sequence);
+        let jobs = &self.jobs;
+        let chosen =
+            placement::place_unplaced(&self.nodes, self.allocs.values(), &waiting, |job_id| {
+                jobs.get(job_id).map(|job| &job.spec)
+            });
+        for (id, node) in chosen {
+            let Some(node) = node else { continue };
+            self.waiting.remove(&id);
             if let Some(record) = self.alloc_mut(&id) {
-                record.node_id = node;
+                record.node_id = Some(node);
                 record.alloc = Arc::new(Alloc {
                     modify_index: index,
                     ..Alloc::clone(&record.alloc)
@@ -190,10 +216,13 @@ impl State {
                 accepted.push(update.alloc_id.clone());
                 continue;
             }
-            if update.state.client_status.is_terminal() && record.terminal_since.is_none() {
+            let ended = update.state.client_status.is_terminal() && record.terminal_since.is_none();
+            if ended {
                 record.terminal_since = Some(Instant::now());
             }
             record.client_state = Some(AllocState::clone(&update.state));
+            // What it held on its node is free for the allocs waiting for room.
+            self.room_made |= ended;
             accepted.push(update.alloc_id.clone());
             self.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
         }
@@ -295,9 +324,9 @@ impl State {
             return 0;
         }
         let (spec, version) = (job.spec.clone(), job.version);
-        let load = placement::node_load(&self.nodes, self.allocs.values());
         let plan = Plan {
-            place: placement::place(&load, missing),
+            place: placement::Placer::new(&self.nodes, self.allocs.values())
+                .place(placement::Ask::new(&spec, missing)),
             ..Plan::default()
         };
         self.apply(plan, &spec, version, index).len()

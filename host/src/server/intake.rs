@@ -26,6 +26,7 @@
 //! This module only groups; what an update does to an alloc is `apply`'s `take_updates`.
 
 use super::{EmbeddedServer, MAX_NODES, State};
+use crate::model::node::NodeInfo;
 use crate::rpc::{AllocUpdate, ServerError};
 use crate::util::locks::LockUnpoisoned;
 use std::collections::BTreeSet;
@@ -36,6 +37,7 @@ use tokio::sync::oneshot;
 enum Request {
     Register {
         node_id: String,
+        info: NodeInfo,
         answer: oneshot::Sender<Result<bool, ServerError>>,
     },
     Report {
@@ -82,10 +84,15 @@ pub(super) struct Intake {
 impl EmbeddedServer {
     /// Registers a node not yet known, with whatever others wait beside it; `false` when the
     /// server has its most nodes already.
-    pub(super) async fn take_registration(&self, node_id: &str) -> Result<bool, ServerError> {
+    pub(super) async fn take_registration(
+        &self,
+        node_id: &str,
+        info: NodeInfo,
+    ) -> Result<bool, ServerError> {
         let (answer, answered) = oneshot::channel();
         let request = Request::Register {
             node_id: node_id.to_string(),
+            info,
             answer,
         };
         self.submit(request, answered).await
@@ -145,20 +152,24 @@ impl EmbeddedServer {
         let now_unix_ms = crate::util::timestamp::unix_ms_now();
         let mut reporting_nodes = BTreeSet::new();
         let (replies, saved) = self.change(|state, index| {
-            let mut joined = false;
             // A request whose caller went away is not applied, nor answered.
             let replies: Vec<Reply> = group
                 .into_iter()
                 .filter(|request| !request.abandoned())
                 .map(|request| match request {
-                    Request::Register { node_id, answer } if state.nodes.contains(&node_id) => {
+                    Request::Register {
+                        node_id,
+                        info,
+                        answer,
+                    } if state.nodes.contains_key(&node_id) => {
+                        state.add_node(&node_id, info);
                         Reply::Known(answer)
                     }
-                    Request::Register { node_id, answer } => {
-                        let registered = register(state, &node_id);
-                        joined |= registered;
-                        Reply::Registered(answer, registered)
-                    }
+                    Request::Register {
+                        node_id,
+                        info,
+                        answer,
+                    } => Reply::Registered(answer, register(state, &node_id, info)),
                     Request::Report { updates, answer } => {
                         let accepted = state.take_updates(
                             &updates,
@@ -171,10 +182,8 @@ impl EmbeddedServer {
                     }
                 })
                 .collect();
-            // Once for the group: the allocs waiting for a node spread over all that joined.
-            if joined {
-                state.place_unplaced(index);
-            }
+            // The allocs waiting for a node are tried once for the group (`add_node` marks
+            // that room was made), over every node that joined.
             replies
         });
         // Not acknowledged unless on disk: the clients keep them and send them again.
@@ -210,11 +219,11 @@ impl EmbeddedServer {
 
 /// Adds a node not yet known to the nodes allocs are placed on, unless the server has its
 /// most nodes (each costs the server memory and a longer node list to save). True when added.
-fn register(state: &mut State, node_id: &str) -> bool {
+fn register(state: &mut State, node_id: &str, info: NodeInfo) -> bool {
     if state.nodes.len() >= MAX_NODES {
         return false;
     }
-    state.add_node(node_id);
+    state.add_node(node_id, info);
     true
 }
 

@@ -103,10 +103,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_node_without_a_watch_for_longer_than_the_ttl_is_down_until_it_watches_again() {
         let server = EmbeddedServer::new(ServerConfig::default());
-        server.register_node("watching").await.unwrap();
-        server.register_node("silent").await.unwrap();
+        server
+            .register_node("watching", &Default::default())
+            .await
+            .unwrap();
+        server
+            .register_node("silent", &Default::default())
+            .await
+            .unwrap();
         // The agent's own node is never taken down, watching or not.
-        server.register_node("local").await.unwrap();
+        server
+            .register_node("local", &Default::default())
+            .await
+            .unwrap();
         server
             .register_job(spec("web", JobType::Service, 3))
             .unwrap();

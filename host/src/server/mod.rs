@@ -39,10 +39,10 @@ pub mod records;
 #[cfg(test)]
 mod testkit;
 
-pub use placement::place;
 pub use records::{AllocRecord, JobRecord};
 
 use crate::model::jobspec::JobSpec;
+use crate::model::node::NodeInfo;
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking, call_store};
 use crate::util::locks::LockUnpoisoned;
 use std::collections::{BTreeMap, BTreeSet};
@@ -116,7 +116,11 @@ struct State {
     /// failed to save took an index a restart will hand out again).
     saved_index: u64,
     next_sequence: u64,
-    nodes: BTreeSet<String>,
+    /// The nodes allocs are placed on, with what each said of itself.
+    nodes: placement::Nodes,
+    /// What nodes taken down last said of themselves: a node that watches again is back
+    /// with it (it registers only after an error).
+    departed: BTreeMap<String, NodeInfo>,
     jobs: BTreeMap<String, JobRecord>,
     allocs: BTreeMap<String, AllocRecord>,
     /// Jobs and allocs changed since the last save (removed ones too).
@@ -126,6 +130,13 @@ struct State {
     dirty_nodes: bool,
     /// Each node's allocs as of the last saved change: what its watch answers.
     node_allocs: node_watch::NodeAllocIndex,
+    /// Allocs waiting for a node (none could hold them, or none was registered), kept up to
+    /// date by `persist`'s accessors so that looking for them costs nothing when there are
+    /// none.
+    waiting: BTreeSet<String>,
+    /// Set by a change that may have made room (an alloc ended, a node came or changed):
+    /// the waiting allocs are tried again before the change is saved.
+    room_made: bool,
 }
 
 /// The server, in process. Cheap to share as `Arc<EmbeddedServer>`.
@@ -189,6 +200,9 @@ impl EmbeddedServer {
         let mut state = self.lock();
         let index = state.index + 1;
         let result = change(&mut state, index);
+        if std::mem::take(&mut state.room_made) && !state.waiting.is_empty() {
+            state.place_unplaced(index);
+        }
         if !state.has_unsaved_changes() {
             // Nothing changed (a node registering again): no index spent, no disk sync.
             return (result, Ok(()));
@@ -233,13 +247,24 @@ impl EmbeddedServer {
     }
 
     /// What registering `spec` would do, changing nothing: the job's current version (`None`
-    /// for a new job) and the plan [`Self::register_job`] would apply.
-    pub fn plan_job(&self, spec: &JobSpec) -> (Option<u64>, reconcile::JobPlan) {
+    /// for a new job), the plan [`Self::register_job`] would apply, and, when some of its
+    /// new allocs would fit nowhere, why (see [`placement::Blocked`]).
+    pub fn plan_job(&self, spec: &JobSpec) -> (Option<u64>, reconcile::JobPlan, Option<String>) {
         let state = self.lock();
         let existing = state.jobs.get(&spec.id);
         let current = existing.filter(|job| !job.purged).map(|job| job.version);
         let plan = reconcile::reconcile_job(existing, spec, &state.nodes, state.allocs.values());
-        (current, plan)
+        let unplaced = plan.plan.place.iter().filter(|n| n.is_none()).count();
+        let blocked = (unplaced > 0).then(|| {
+            // Why the first that fits nowhere does not: after those placed before it.
+            let mut placer = placement::Placer::new(&state.nodes, state.allocs.values());
+            let placed = plan.plan.place.len() - unplaced;
+            placer.place(placement::Ask::new(spec, placed));
+            let why = placer.explain(spec);
+            let allocs = if unplaced == 1 { "alloc" } else { "allocs" };
+            format!("{unplaced} {allocs} would not be placed: {why}")
+        });
+        (current, plan, blocked)
     }
 
     /// Changes a job's count, as registering it again with that count would.
@@ -371,7 +396,40 @@ impl EmbeddedServer {
 
     /// Registered nodes.
     pub fn nodes(&self) -> Vec<String> {
-        self.lock().nodes.iter().cloned().collect()
+        self.lock().nodes.keys().cloned().collect()
+    }
+
+    /// Registered nodes, with what each said of itself and what its allocs hold.
+    pub fn node_details(&self) -> Vec<(String, NodeInfo, placement::Usage)> {
+        let state = self.lock();
+        let placer = placement::Placer::new(&state.nodes, state.allocs.values());
+        let usage = placer.usage();
+        state
+            .nodes
+            .iter()
+            .map(|(id, info)| {
+                let used = usage.get(id.as_str()).copied().unwrap_or_default();
+                (id.clone(), info.clone(), used)
+            })
+            .collect()
+    }
+
+    /// How many of `job_id`'s allocs wait for a node, and why (see [`placement::Blocked`]);
+    /// `None` when none does.
+    pub fn blocked(&self, job_id: &str) -> Option<(usize, placement::Blocked)> {
+        let state = self.lock();
+        let job = state.jobs.get(job_id).filter(|j| !j.purged && !j.stopped)?;
+        let waiting = state
+            .waiting
+            .iter()
+            .filter_map(|id| state.allocs.get(id))
+            .filter(|a| a.alloc.job_id == job_id && a.is_wanted())
+            .count();
+        if waiting == 0 {
+            return None;
+        }
+        let placer = placement::Placer::new(&state.nodes, state.allocs.values());
+        Some((waiting, placer.explain(&job.spec)))
     }
 
     /// Completes what a previous leader left undone (cluster mode, at takeover): each job

@@ -145,8 +145,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_node_is_woken_only_by_changes_to_its_own_allocs() {
         let server = EmbeddedServer::new(ServerConfig::default());
-        server.register_node("n1").await.unwrap();
-        server.register_node("n2").await.unwrap();
+        server
+            .register_node("n1", &Default::default())
+            .await
+            .unwrap();
+        server
+            .register_node("n2", &Default::default())
+            .await
+            .unwrap();
         server
             .register_job(spec("web", JobType::Service, 2))
             .unwrap();
@@ -187,7 +193,10 @@ mod tests {
     async fn a_reopened_server_takes_a_watch_from_before_where_it_was() {
         let db = std::sync::Arc::new(crate::state::MemoryStateDb::new());
         let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
-        server.register_node("n1").await.unwrap();
+        server
+            .register_node("n1", &Default::default())
+            .await
+            .unwrap();
         server
             .register_job(spec("web", JobType::Service, 1))
             .unwrap();

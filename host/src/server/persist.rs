@@ -14,11 +14,34 @@
 //!   an index it was given before the restart sees every later change.
 
 use super::State;
+use super::placement::Nodes;
 use super::records::{
     AllocRecord, JobRecord, META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode,
 };
+use crate::model::node::NodeInfo;
 use crate::state::{ServerTable, StateDb, StateError, Write, call_store};
 use std::collections::BTreeSet;
+
+/// The registered nodes' record: each with what it said of itself, or, as saved before
+/// nodes described themselves, their names alone.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum SavedNodes {
+    Described(Nodes),
+    Named(BTreeSet<String>),
+}
+
+impl SavedNodes {
+    fn into_nodes(self) -> Nodes {
+        match self {
+            SavedNodes::Described(nodes) => nodes,
+            SavedNodes::Named(names) => names
+                .into_iter()
+                .map(|name| (name, NodeInfo::default()))
+                .collect(),
+        }
+    }
+}
 
 impl State {
     /// Everything `db` holds for the server (see the module docs for what is skipped).
@@ -26,16 +49,17 @@ impl State {
         let mut state = State::default();
         let records = |table| call_store(db, || db.server_records(table));
         let mut nodes_record = None;
+        let mut names_in_meta = BTreeSet::new();
         for (key, bytes) in records(ServerTable::Meta)? {
             let read = if key == NODES_KEY {
-                serde_json::from_slice::<BTreeSet<String>>(&bytes).map(|nodes| {
-                    nodes_record = Some(nodes);
+                serde_json::from_slice::<SavedNodes>(&bytes).map(|nodes| {
+                    nodes_record = Some(nodes.into_nodes());
                 })
             } else {
                 serde_json::from_slice::<SavedMeta>(&bytes).map(|meta| {
                     state.index = meta.index;
                     state.next_sequence = meta.next_sequence;
-                    state.nodes = meta.nodes;
+                    names_in_meta = meta.nodes;
                 })
             };
             if let Err(error) = read {
@@ -46,7 +70,15 @@ impl State {
             Some(nodes) => state.nodes = nodes,
             // A state file from before the nodes had their own record has them in the
             // counters, which the next save writes without them: save them apart then.
-            None => state.dirty_nodes = !state.nodes.is_empty(),
+            // (Cluster mode's live nodes come this way too, and register again at takeover
+            // with what they say of themselves.)
+            None => {
+                state.nodes = names_in_meta
+                    .into_iter()
+                    .map(|name| (name, NodeInfo::default()))
+                    .collect();
+                state.dirty_nodes = !state.nodes.is_empty();
+            }
         }
         for (job_id, bytes) in records(ServerTable::Jobs)? {
             match serde_json::from_slice::<JobRecord>(&bytes) {
@@ -63,6 +95,9 @@ impl State {
                 Ok(saved) => {
                     let record = saved.into_record();
                     state.index = state.index.max(record.alloc.modify_index);
+                    if record.node_id.is_none() && !record.is_terminal() {
+                        state.waiting.insert(alloc_id.clone());
+                    }
                     state.allocs.insert(alloc_id, record);
                 }
                 Err(error) => {
@@ -72,6 +107,8 @@ impl State {
         }
         state.saved_index = state.index;
         state.node_allocs = super::node_watch::NodeAllocIndex::build(&state.allocs, state.index);
+        // Allocs left waiting by the last run are tried again at the first change.
+        state.room_made = !state.waiting.is_empty();
         tracing::debug!(
             jobs = state.jobs.len(),
             allocs = state.allocs.len(),
@@ -103,11 +140,15 @@ impl State {
 
     pub(super) fn insert_alloc(&mut self, record: AllocRecord) {
         self.dirty_allocs.insert(record.alloc.id.clone());
+        if record.node_id.is_none() {
+            self.waiting.insert(record.alloc.id.clone());
+        }
         self.allocs.insert(record.alloc.id.clone(), record);
     }
 
     pub(super) fn remove_alloc(&mut self, alloc_id: &str) {
         self.dirty_allocs.insert(alloc_id.to_string());
+        self.waiting.remove(alloc_id);
         self.allocs.remove(alloc_id);
     }
 
@@ -154,7 +195,7 @@ impl State {
             writes.push(Write::PutServer {
                 table: ServerTable::Meta,
                 key: NODES_KEY.into(),
-                value: encode(&self.nodes),
+                value: encode(&SavedNodes::Described(self.nodes.clone())),
             });
         }
         writes
@@ -173,16 +214,25 @@ impl State {
         self.dirty_nodes = false;
     }
 
-    /// Adds `node` to the nodes allocs are placed on; false when it was there already.
-    pub(super) fn add_node(&mut self, node: &str) -> bool {
-        let added = self.nodes.insert(node.to_string());
-        self.dirty_nodes |= added;
-        added
+    /// Adds `node` to the nodes allocs are placed on, or takes what it now says of
+    /// itself; false when it was there already, saying the same.
+    pub(super) fn add_node(&mut self, node: &str, info: NodeInfo) -> bool {
+        if self.nodes.get(node) == Some(&info) {
+            return false;
+        }
+        self.departed.remove(node);
+        self.nodes.insert(node.to_string(), info);
+        self.dirty_nodes = true;
+        self.room_made = true;
+        true
     }
 
-    /// Takes `node` out of the nodes allocs are placed on.
+    /// Takes `node` out of the nodes allocs are placed on, remembering what it said of itself.
     pub(super) fn remove_node(&mut self, node: &str) {
-        self.dirty_nodes |= self.nodes.remove(node);
+        if let Some(info) = self.nodes.remove(node) {
+            self.dirty_nodes = true;
+            self.departed.insert(node.to_string(), info);
+        }
     }
 }
 
@@ -204,9 +254,21 @@ mod tests {
     async fn the_node_list_is_saved_when_it_changes_and_read_back() {
         let db = Arc::new(MemoryStateDb::new());
         let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
-        server.register_node("n1").await.unwrap();
-        server.register_node("n2").await.unwrap();
-        assert_eq!(saved_node_list(&db), [b"[\"n1\",\"n2\"]".to_vec()]);
+        let edge = NodeInfo {
+            class: "edge".into(),
+            ..NodeInfo::default()
+        };
+        server.register_node("n1", &edge).await.unwrap();
+        server
+            .register_node("n2", &Default::default())
+            .await
+            .unwrap();
+        let saved: Vec<Nodes> = saved_node_list(&db)
+            .iter()
+            .map(|bytes| serde_json::from_slice(bytes).unwrap())
+            .collect();
+        assert_eq!(saved.len(), 1, "one record of the nodes");
+        assert_eq!(saved[0].keys().collect::<Vec<_>>(), ["n1", "n2"]);
         let meta = db.server_records(ServerTable::Meta).unwrap();
         let (_, counters) = meta.iter().find(|(key, _)| key == META_KEY).unwrap();
         assert!(
@@ -216,6 +278,25 @@ mod tests {
         drop(server);
         let reopened = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
         assert_eq!(reopened.nodes(), ["n1", "n2"]);
+        let details = reopened.node_details();
+        assert_eq!(details[0].1, edge, "what a node said of itself is kept");
+    }
+
+    #[test]
+    fn a_node_record_of_names_alone_opens_with_nodes_that_said_nothing() {
+        let db = MemoryStateDb::new();
+        db.apply(vec![Write::PutServer {
+            table: ServerTable::Meta,
+            key: NODES_KEY.into(),
+            value: br#"["a","b"]"#.to_vec(),
+        }])
+        .unwrap();
+        let state = State::load(&db).unwrap();
+        assert_eq!(
+            state.nodes,
+            crate::server::testkit::nodes(&["a", "b"]),
+            "nodes saved before they described themselves"
+        );
     }
 
     #[tokio::test]
@@ -229,7 +310,7 @@ mod tests {
         }])
         .unwrap();
         let state = State::load(&db).unwrap();
-        assert_eq!(state.nodes.iter().collect::<Vec<_>>(), ["old-node"]);
+        assert_eq!(state.nodes.keys().collect::<Vec<_>>(), ["old-node"]);
         assert_eq!((state.index, state.next_sequence), (7, 3));
 
         // The first save moves them to their own record; they survive the next restart.

@@ -31,12 +31,12 @@
 //!   is replaced on a live node, batch or service, without using a restart (its runner did
 //!   not fail). A batch alloc that completed stays complete.
 
-use super::placement::{node_load, place, place_replacement};
+use super::placement::{Ask, Nodes, Placer};
 use super::records::{AllocRecord, JobRecord};
 use crate::model::jobspec::{JobSpec, JobType};
 use crate::model::reschedule::{Decision, ReschedulePolicy};
 use crate::model::structs::{ClientStatus, DesiredStatus, Reschedule, Task};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// What to do to a job's allocs. Applied in field order: stops, then replacements, then
 /// upgrades, then new allocs.
@@ -148,7 +148,7 @@ pub fn job_change(old: &JobSpec, new: &JobSpec) -> JobChange {
 pub fn reconcile_job<'a>(
     existing: Option<&JobRecord>,
     spec: &JobSpec,
-    nodes: &BTreeSet<String>,
+    nodes: &Nodes,
     allocs: impl IntoIterator<Item = &'a AllocRecord>,
 ) -> JobPlan {
     let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
@@ -180,7 +180,10 @@ pub fn reconcile_job<'a>(
         plan.stop
             .extend(wanted.split_off(count).iter().map(|a| a.alloc.id.clone()));
     } else {
-        plan.place = place(&node_load(nodes, allocs), count - wanted.len());
+        plan.place = Placer::new(nodes, allocs).place(Ask {
+            stopping: &plan.stop,
+            ..Ask::new(spec, count - wanted.len())
+        });
     }
     if change == JobChange::InPlace {
         plan.upgrade = wanted.iter().map(|a| a.alloc.id.clone()).collect();
@@ -221,7 +224,7 @@ pub fn replace_failed<'a>(
     job: Option<&JobRecord>,
     restart_limit: u32,
     now_unix_ms: u64,
-    nodes: &BTreeSet<String>,
+    nodes: &Nodes,
     allocs: impl IntoIterator<Item = &'a AllocRecord>,
 ) -> Replacement {
     let failed = reported
@@ -261,10 +264,10 @@ pub fn replace_failed<'a>(
             place: {
                 let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
                 let failed_on = nodes_failed_on(reported, &allocs);
-                vec![place_replacement(
-                    &node_load(nodes, allocs.iter().copied()),
-                    &failed_on,
-                )]
+                Placer::new(nodes, allocs).place(Ask {
+                    avoid: &failed_on,
+                    ..Ask::new(&job.spec, 1)
+                })
             },
             reschedule: Some(Reschedule {
                 previous_alloc_id: reported.alloc.id.clone(),
@@ -336,7 +339,7 @@ pub struct NodeLoss {
 pub fn lose_node<'a>(
     node_id: &str,
     jobs: &BTreeMap<String, JobRecord>,
-    live_nodes: &BTreeSet<String>,
+    live_nodes: &Nodes,
     allocs: impl IntoIterator<Item = &'a AllocRecord>,
 ) -> NodeLoss {
     let allocs: Vec<&AllocRecord> = allocs.into_iter().collect();
@@ -365,13 +368,13 @@ pub fn lose_node<'a>(
         }
     }
     // Each job's new allocs count toward the load the next job's are placed by.
-    let mut load = node_load(live_nodes, allocs.iter().copied());
+    let mut placer = Placer::new(live_nodes, allocs.iter().copied());
     let mut replacements = Vec::new();
     for ((job_id, _), (replace, reschedule)) in to_replace {
-        let place = place(&load, replace.len());
-        for node in place.iter().flatten() {
-            *load.entry(node.clone()).or_default() += 1;
-        }
+        let Some(job) = jobs.get(job_id) else {
+            continue;
+        };
+        let place = placer.place(Ask::new(&job.spec, replace.len()));
         replacements.push((
             job_id.to_string(),
             Plan {

@@ -23,7 +23,17 @@ pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
         reschedule: None,
         restart: None,
         update: Default::default(),
+        constraints: Vec::new(),
+        placement: Default::default(),
     }
+}
+
+/// Nodes named `names` that say nothing of themselves.
+pub fn nodes(names: &[&str]) -> crate::server::placement::Nodes {
+    names
+        .iter()
+        .map(|n| (n.to_string(), crate::model::node::NodeInfo::default()))
+        .collect()
 }
 
 /// A running job at `version`, never stopped, with no restarts used.

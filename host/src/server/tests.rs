@@ -36,7 +36,10 @@ async fn allocs_wait_for_a_node_then_are_placed_on_it() {
         .register_job(spec("web", JobType::Service, 2))
         .unwrap();
     assert!(server.allocs().iter().all(|a| a.node_id.is_none()));
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     let seen = server.watch_allocs("n1", 0, Duration::ZERO).await.unwrap();
     assert_eq!(seen.allocs.len(), 2);
 }
@@ -44,7 +47,10 @@ async fn allocs_wait_for_a_node_then_are_placed_on_it() {
 #[tokio::test]
 async fn scaling_up_adds_allocs_and_down_stops_the_newest() {
     let server = EmbeddedServer::new(ServerConfig::default());
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     let first = server
         .register_job(spec("web", JobType::Service, 2))
         .unwrap();
@@ -72,7 +78,10 @@ async fn scaling_up_adds_allocs_and_down_stops_the_newest() {
 #[tokio::test]
 async fn a_changed_runner_upgrades_every_alloc_in_place_and_other_changes_replace_them() {
     let server = EmbeddedServer::new(ServerConfig::default());
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     let first = server
         .register_job(spec("web", JobType::Service, 2))
         .unwrap();
@@ -125,7 +134,10 @@ async fn a_failed_service_alloc_is_replaced_up_to_the_restart_limit() {
         restart_limit: 1,
         ..ServerConfig::default()
     });
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     let first = server
         .register_job(spec("web", JobType::Service, 1))
         .unwrap()
@@ -152,7 +164,10 @@ async fn a_failed_service_alloc_is_replaced_up_to_the_restart_limit() {
 #[tokio::test]
 async fn a_late_non_terminal_report_does_not_bring_a_finished_alloc_back() {
     let server = EmbeddedServer::new(ServerConfig::default());
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     let id = server
         .register_job(spec("once", JobType::Batch, 1))
         .unwrap()
@@ -173,7 +188,10 @@ async fn a_late_non_terminal_report_does_not_bring_a_finished_alloc_back() {
 #[tokio::test]
 async fn stop_and_gc_remove_only_terminal_allocs_and_purge_removes_the_job_last() {
     let server = EmbeddedServer::new(ServerConfig::default());
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     let ids = server
         .register_job(spec("web", JobType::Service, 2))
         .unwrap()
@@ -212,7 +230,10 @@ async fn a_finished_batch_job_is_collected_after_the_threshold() {
         job_gc_threshold: Duration::from_secs(60),
         ..ServerConfig::default()
     });
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     let id = server
         .register_job(spec("once", JobType::Batch, 1))
         .unwrap()

@@ -132,7 +132,11 @@ impl InMemoryServer {
 
 #[async_trait::async_trait]
 impl ServerApi for InMemoryServer {
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
+    async fn register_node(
+        &self,
+        node_id: &str,
+        _info: &crate::model::node::NodeInfo,
+    ) -> Result<(), ServerError> {
         self.check_available()?;
         let mut state = self.lock();
         if !state.nodes.iter().any(|n| n == node_id) {

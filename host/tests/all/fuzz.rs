@@ -223,7 +223,10 @@ fn fuzz_job_documents_in_json() {
 async fn fuzz_saved_server_records() {
     let db = Arc::new(MemoryStateDb::new());
     let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
-    server.register_node("fuzz-node").await.unwrap();
+    server
+        .register_node("fuzz-node", &Default::default())
+        .await
+        .unwrap();
     for seed in corpus("jobspec-toml") {
         if let Ok(mut spec) = jobspec::parse_toml(&String::from_utf8_lossy(&seed)) {
             spec.runner = SLEEPER.into();

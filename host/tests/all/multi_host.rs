@@ -25,6 +25,8 @@ const NODE_TTL: &str = "4s";
 struct HostCluster {
     agents: Vec<AgentProcess>,
     _etcd: EtcdCluster,
+    /// The etcd members' client URLs, for an agent that joins later.
+    endpoints: String,
     /// On a fourth host of its own, when asked for.
     registry: Option<Registry>,
     hosts: Hosts,
@@ -33,14 +35,15 @@ struct HostCluster {
 impl HostCluster {
     /// The cluster, or `None` where namespaces cannot be made (see [`Hosts::make`]).
     async fn start() -> Option<HostCluster> {
-        HostCluster::start_with(false).await
+        HostCluster::start_with(Layout::default()).await
     }
 
-    /// The cluster and, when `with_registry`, an OCI registry on a fourth host, which the
-    /// agents reach over plain HTTP.
-    async fn start_with(with_registry: bool) -> Option<HostCluster> {
+    /// The cluster as `layout` says: with an OCI registry on a host of its own, which the
+    /// agents reach over plain HTTP, and spare hosts for agents that join later.
+    async fn start_with(layout: Layout) -> Option<HostCluster> {
         const NODES: usize = 3;
-        let hosts = Hosts::make(NODES + usize::from(with_registry))?;
+        let with_registry = layout.with_registry;
+        let hosts = Hosts::make(NODES + usize::from(with_registry) + layout.spare_hosts)?;
         let registry = match with_registry {
             false => None,
             true => {
@@ -57,8 +60,7 @@ impl HostCluster {
             .as_ref()
             .map(|r| format!("insecure_registries = [{:?}]\n", r.host))
             .unwrap_or_default();
-        let config =
-            format!("max_live_allocs = 64\n{insecure}[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
+        let config = agent_config(&format!("{insecure}{}", layout.client_config));
         let agents = (0..NODES)
             .map(|i| {
                 let (name, data_dir) = (format!("host-{}", i + 1), hosts.dir_arg(i, "agent"));
@@ -78,6 +80,7 @@ impl HostCluster {
         let cluster = HostCluster {
             agents,
             _etcd: etcd,
+            endpoints,
             registry,
             hosts,
         };
@@ -86,6 +89,28 @@ impl HostCluster {
         })
         .await;
         Some(cluster)
+    }
+
+    /// Starts an agent named `host-N` on spare host `host` (N is `host` + 1), with
+    /// `client_config` in its `[client]` block, joining the cluster.
+    fn join(&mut self, host: usize, client_config: &str) {
+        let (name, data_dir) = (
+            format!("host-{}", host + 1),
+            self.hosts.dir_arg(host, "agent"),
+        );
+        let args = [
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &self.endpoints,
+            "--node-name",
+            &name,
+            "--data-dir",
+            &data_dir,
+        ];
+        let agent =
+            AgentProcess::start_on_host(&self.hosts, host, &args, &agent_config(client_config));
+        self.agents.push(agent);
     }
 
     fn api(&self, i: usize) -> SocketAddr {
@@ -123,6 +148,22 @@ impl HostCluster {
         std::fs::remove_file(&runner).unwrap();
         sha256_hex(&std::fs::read(SLEEPER).unwrap())
     }
+}
+
+/// What a [`HostCluster`] is made of beyond its three hosts.
+#[derive(Default)]
+struct Layout {
+    /// An OCI registry on a host of its own (the fourth).
+    with_registry: bool,
+    /// Hosts with nothing on them, for agents that [`HostCluster::join`] later.
+    spare_hosts: usize,
+    /// More of every agent's `[client]` block.
+    client_config: &'static str,
+}
+
+/// An agent's config: `client` in its `[client]` block, and the cluster's node TTL.
+fn agent_config(client: &str) -> String {
+    format!("max_live_allocs = 64\n{client}[cluster]\nnode_ttl = \"{NODE_TTL}\"\n")
 }
 
 impl Drop for HostCluster {
@@ -235,7 +276,11 @@ async fn a_host_cut_off_has_its_allocs_replaced_and_stops_them_when_it_returns()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_host_pulls_a_registry_build_and_a_moved_tag_upgrades_every_alloc_in_place() {
-    let Some(cluster) = HostCluster::start_with(true).await else {
+    let layout = Layout {
+        with_registry: true,
+        ..Layout::default()
+    };
+    let Some(cluster) = HostCluster::start_with(layout).await else {
         return;
     };
     let registry = cluster.registry.as_ref().unwrap();
@@ -297,4 +342,72 @@ async fn every_host_pulls_a_registry_build_and_a_moved_tag_upgrades_every_alloc_
         upgraded == 3
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_no_host_can_hold_waits_says_why_and_runs_on_a_fourth_host_when_it_joins() {
+    // Three hosts with 256 MiB for allocs each, and room for a fourth.
+    let layout = Layout {
+        spare_hosts: 1,
+        client_config: "memory_total = \"256MiB\"\n",
+        ..Layout::default()
+    };
+    let Some(mut cluster) = HostCluster::start_with(layout).await else {
+        return;
+    };
+    let laptop = tempfile::tempdir().unwrap();
+    std::fs::copy(SLEEPER, laptop.path().join("web.wasm")).unwrap();
+    let job_file = |id: &str, more: &str| {
+        let path = laptop.path().join(format!("{id}.toml"));
+        let text = format!(
+            "[job]\nid = {id:?}\ntype = \"service\"\ncount = 2\nrunner = \"web.wasm\"\n{more}"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let big = job_file("big", "[job.limits]\nmemory = \"512MiB\"\n");
+    let edge = job_file(
+        "edge",
+        "[[job.constraint]]\nattribute = \"${node.class}\"\nvalue = \"edge\"\n",
+    );
+    let run = run_caravan(
+        &["job", "run", big.to_str().unwrap()],
+        Some(&cluster.agents[0].addr),
+    );
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("2 allocs not placed: no node has 512 MiB free: 3 nodes exhausted memory"),
+        "{said}"
+    );
+    let run = run_caravan(
+        &["job", "run", "--detach", edge.to_str().unwrap()],
+        Some(&cluster.agents[1].addr),
+    );
+    assert_succeeded(&run);
+    let status = run_caravan(&["job", "status", "edge"], Some(&cluster.agents[2].addr));
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.contains(
+            "Placement: 2 allocs not placed: no node meets the job's constraints: 3 nodes \
+             filtered by constraint ${node.class} = edge"
+        ),
+        "{shown}"
+    );
+
+    // An edge machine with room joins: both jobs are placed there, and only there.
+    cluster.join(3, "memory_total = \"2GiB\"\nnode_class = \"edge\"\n");
+    let cluster = &cluster;
+    for job in ["big", "edge"] {
+        eventually_async(
+            &format!("{job} running on the fourth host"),
+            || async move {
+                let allocs = cluster.allocs(0, job).await;
+                running(&allocs) == 2 && live_by_node(&allocs).keys().eq(["host-4"])
+            },
+        )
+        .await;
+        let (_, view) = cluster.get(0, &format!("/v1/job/{job}")).await;
+        assert_eq!(view["blocked"], Value::Null, "{view}");
+    }
 }

@@ -87,6 +87,8 @@ fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]
         reschedule: None,
         restart: None,
         update: Default::default(),
+        constraints: Vec::new(),
+        placement: Default::default(),
     }
 }
 
@@ -458,7 +460,10 @@ async fn the_server_acknowledges_an_update_only_once_it_is_saved() {
     let _logs = LogCapture::start();
     let faulty = Arc::new(FaultyStateDb::new(Arc::new(MemoryStateDb::new())));
     let server = EmbeddedServer::open(ServerConfig::default(), faulty.clone()).unwrap();
-    server.register_node("node-1").await.unwrap();
+    server
+        .register_node("node-1", &Default::default())
+        .await
+        .unwrap();
     let id = server
         .register_job(stateful_job("counter", JobType::Service, 1, &[]))
         .unwrap()

@@ -57,8 +57,9 @@
 use crate::client::gc::GcConfig;
 use crate::model::capabilities::{CapabilityError, CapabilityPolicy};
 use crate::model::limits::{LimitCaps, LimitError, LimitOverrides, Limits, RawLimits};
+use crate::model::node::{NodeInfo, NodeResources};
 use crate::server::ServerConfig;
-use crate::util::units::{UnitError, parse_duration};
+use crate::util::units::{UnitError, format_bytes, parse_bytes, parse_duration};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use std::collections::BTreeMap;
@@ -119,6 +120,14 @@ pub enum ConfigError {
         path: String,
         /// What was wrong with the value.
         problem: BindError,
+    },
+    /// `node_class`, `node_pool` or `[client.meta]` past what a node may say.
+    #[error("{path}: client.{problem}")]
+    Node {
+        /// The file.
+        path: String,
+        /// What is wrong, naming the key.
+        problem: String,
     },
     /// A `[client.limits]` or `[client.limit_caps]` entry is not usable.
     #[error("{path}: {field}: {problem}")]
@@ -281,6 +290,18 @@ pub struct AgentConfig {
     pub server: ServerConfig,
     /// How many allocs may run at once on this node: sizes the runtime's instance pool.
     pub max_live_allocs: u32,
+    /// `[client] node_class`, `node_pool` and `[client.meta]`: what the node says it is,
+    /// for job constraints.
+    pub node_class: String,
+    /// See `node_class`.
+    pub node_pool: String,
+    /// See `node_class`.
+    pub node_meta: BTreeMap<String, String>,
+    /// `[client] memory_total`: the memory allocs may reserve before `reserved_memory` is
+    /// taken off (`None`: a share of the machine's, see [`AgentConfig::node_info`]).
+    pub memory_total: Option<u64>,
+    /// `[client.reserved] memory`: memory kept back from allocs.
+    pub reserved_memory: u64,
     /// Whether the agent runs a client node of its own (`client.enabled`, default true). A
     /// single agent without one only schedules, for nodes elsewhere (`caravan nodesim`).
     pub client_enabled: bool,
@@ -308,11 +329,51 @@ impl Default for AgentConfig {
             capabilities: CapabilityPolicy::default(),
             server: ServerConfig::default(),
             max_live_allocs: 1_000,
+            node_class: String::new(),
+            node_pool: crate::model::node::DEFAULT_POOL.into(),
+            node_meta: BTreeMap::new(),
+            memory_total: None,
+            reserved_memory: 0,
             client_enabled: true,
             cluster: None,
             cluster_settings: Default::default(),
         }
     }
+}
+
+/// The share of the machine's memory allocs may reserve when `[client] memory_total` is
+/// not set, in percent: the rest is the agent's, the OS's and its page cache's.
+pub const DEFAULT_MEMORY_SHARE_PERCENT: u64 = 80;
+
+impl AgentConfig {
+    /// What this agent's node says of itself when it registers: its class, pool and meta,
+    /// the machine's attributes, and what it can hold: `memory_total` (by default
+    /// [`DEFAULT_MEMORY_SHARE_PERCENT`] of the machine's memory) less `reserved_memory`,
+    /// `max_live_allocs` slots, and the memory limit of an alloc whose job sets none.
+    pub fn node_info(&self) -> NodeInfo {
+        let total = self.memory_total.or_else(|| {
+            machine_memory_bytes().map(|bytes| bytes / 100 * DEFAULT_MEMORY_SHARE_PERCENT)
+        });
+        NodeInfo {
+            class: self.node_class.clone(),
+            pool: self.node_pool.clone(),
+            meta: self.node_meta.clone(),
+            attributes: NodeInfo::machine_attributes(),
+            resources: NodeResources {
+                memory_bytes: total.map(|t| t.saturating_sub(self.reserved_memory)),
+                default_alloc_memory_bytes: Some(self.limits.memory_bytes),
+                alloc_slots: Some(self.max_live_allocs),
+            },
+        }
+    }
+}
+
+/// The machine's memory (`MemTotal` of `/proc/meminfo`); `None` where there is no such file.
+fn machine_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -357,6 +418,18 @@ struct ClientSection {
     limit_caps: RawLimits,
     max_live_allocs: Option<u32>,
     capabilities: Option<CapabilitiesSection>,
+    node_class: Option<String>,
+    node_pool: Option<String>,
+    meta: Option<BTreeMap<String, String>>,
+    memory_total: Option<String>,
+    reserved: Option<ReservedSection>,
+}
+
+/// `[client.reserved]`: what allocs may not have of the node (Nomad's block).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReservedSection {
+    memory: Option<String>,
 }
 
 impl ClientSection {
@@ -495,6 +568,52 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
             ));
         }
         config.max_live_allocs = v;
+    }
+    if let Some(class) = client.node_class {
+        config.node_class = class;
+    }
+    if let Some(pool) = client.node_pool {
+        config.node_pool = pool;
+    }
+    if let Some(meta) = client.meta {
+        config.node_meta = meta;
+    }
+    let bytes = |key: &'static str, value: &str| parse_bytes(value).map_err(unit(key));
+    if let Some(total) = client.memory_total {
+        let total = bytes("client.memory_total", &total)?;
+        if total == 0 {
+            return Err(out_of_range(
+                "client.memory_total",
+                "must be above 0".into(),
+            ));
+        }
+        config.memory_total = Some(total);
+    }
+    if let Some(memory) = client.reserved.and_then(|r| r.memory) {
+        config.reserved_memory = bytes("client.reserved.memory", &memory)?;
+    }
+    if let Some(total) = config.memory_total
+        && config.reserved_memory >= total
+    {
+        return Err(out_of_range(
+            "client.reserved.memory",
+            format!(
+                "{} leaves nothing of client.memory_total ({})",
+                format_bytes(config.reserved_memory),
+                format_bytes(total)
+            ),
+        ));
+    }
+    if let Err(problem) = config.node_info().check() {
+        // The node's fields as this file names them.
+        let problem = ["class", "pool"]
+            .iter()
+            .find_map(|field| Some(format!("node_{field}{}", problem.strip_prefix(field)?)))
+            .unwrap_or(problem);
+        return Err(ConfigError::Node {
+            path: path.into(),
+            problem,
+        });
     }
     let section = |key: &'static str| {
         move |e: LimitError| ConfigError::Limit {

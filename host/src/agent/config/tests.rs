@@ -374,3 +374,47 @@ fn a_single_agent_may_run_without_a_client_and_time_out_silent_nodes() {
     let refused = cluster_of(in_cluster, AgentFlags::default()).unwrap_err();
     assert!(refused.contains("client.enabled = false"), "{refused}");
 }
+
+#[test]
+fn a_nodes_class_meta_and_memory_are_read_and_what_it_says_of_itself_follows() {
+    let mut config = AgentConfig::default();
+    let text = "[client]\nnode_class = \"edge\"\nnode_pool = \"batch\"\nmemory_total = \"4GiB\"\n\
+                max_live_allocs = 50\n[client.reserved]\nmemory = \"1GiB\"\n[client.meta]\nrack = \"r1\"\n\
+                [client.limits]\nmemory = \"32MiB\"\n";
+    apply_file(&mut config, "agent.toml", text).unwrap();
+    let info = config.node_info();
+    assert_eq!((info.class.as_str(), info.pool.as_str()), ("edge", "batch"));
+    assert_eq!(info.meta.get("rack").map(String::as_str), Some("r1"));
+    assert_eq!(
+        info.resources.memory_bytes,
+        Some(3 << 30),
+        "4 GiB less 1 GiB reserved"
+    );
+    assert_eq!(info.resources.alloc_slots, Some(50));
+    assert_eq!(info.resources.default_alloc_memory_bytes, Some(32 << 20));
+    assert!(info.attributes.contains_key("cpu.arch"));
+
+    let machine = AgentConfig::default().node_info().resources.memory_bytes;
+    assert!(
+        machine.is_some_and(|m| m > 0),
+        "a share of the machine's memory"
+    );
+
+    let refused = |text: &str| {
+        apply_file(&mut AgentConfig::default(), "agent.toml", text)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        refused("[client]\nmemory_total = \"1GiB\"\n[client.reserved]\nmemory = \"1GiB\"\n"),
+        "agent.toml: client.reserved.memory: 1 GiB leaves nothing of client.memory_total (1 GiB)"
+    );
+    assert!(
+        refused("[client]\nmemory_total = \"lots\"\n")
+            .starts_with("agent.toml: client.memory_total: ")
+    );
+    assert_eq!(
+        refused("[client]\nnode_class = \"a\\nb\"\n"),
+        "agent.toml: client.node_class: \"a\\nb\" has a control character"
+    );
+}

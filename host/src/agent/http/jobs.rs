@@ -140,10 +140,10 @@ pub(super) async fn plan_job(
             format!("job.id: {:?} is not the job of this path ({id:?})", spec.id),
         ));
     }
-    let (current_version, plan) = server.plan_job(&spec);
+    let (current_version, plan, blocked) = server.plan_job(&spec);
     let mut place_by_node: BTreeMap<String, usize> = BTreeMap::new();
     for node in &plan.plan.place {
-        let node = node.clone().unwrap_or_else(|| "(no node yet)".into());
+        let node = node.clone().unwrap_or_else(|| "(blocked)".into());
         *place_by_node.entry(node).or_default() += 1;
     }
     let change = match plan.change {
@@ -163,6 +163,7 @@ pub(super) async fn plan_job(
         "stop": plan.plan.stop,
         "upgrade": plan.plan.upgrade,
         "runner_sha256": runner_sha256,
+        "blocked": blocked,
     })))
 }
 
@@ -174,7 +175,7 @@ pub(super) async fn list_jobs(State(state): State<ApiState>) -> ApiResult<Json<V
             .iter()
             .map(|job| {
                 let allocs = server.job_allocs(&job.spec.id);
-                job_view(job, &allocs, server.restart_limit(), unix_ms_now())
+                job_view(&server, job, &allocs, unix_ms_now())
             })
             .collect(),
     ))
@@ -187,12 +188,7 @@ pub(super) async fn get_job(
     let server = state.server()?;
     let job = server.job(&id)?;
     let allocs = server.job_allocs(&id);
-    Ok(Json(job_view(
-        &job,
-        &allocs,
-        server.restart_limit(),
-        unix_ms_now(),
-    )))
+    Ok(Json(job_view(&server, &job, &allocs, unix_ms_now())))
 }
 
 pub(super) async fn stop_job(

@@ -13,6 +13,7 @@
 use super::body::{RequestBody, decode};
 use super::{ApiError, ApiResult, ApiState};
 use crate::agent::LOCAL_NODE;
+use crate::model::node::NodeInfo;
 use crate::model::structs::Alloc;
 use crate::rpc::http::{FetchRequest, MAX_ITEMS_PER_CALL, MAX_WAIT, UpdateRequest, UpdateResponse};
 use crate::rpc::{ServerApi, ServerError};
@@ -27,13 +28,21 @@ use std::time::Duration;
 /// task events, fits with room to spare.
 pub const MAX_NODE_REQUEST_BYTES: usize = 32 << 20;
 
-/// `PUT /v1/node/{node}/register`
+/// `PUT /v1/node/{node}/register`, with what the node says of itself (a [`NodeInfo`];
+/// an empty body is a node that says nothing).
 pub async fn register_node(
     State(state): State<ApiState>,
     Path(node): Path<String>,
+    body: String,
 ) -> ApiResult<Json<serde_json::Value>> {
     let server = node_server(&state, &node)?;
-    server.register_node(&node).await.map_err(server_error)?;
+    let info: NodeInfo = decode(&body)?;
+    info.check()
+        .map_err(|problem| ApiError::bad_request("body", format!("node {node:?}: {problem}")))?;
+    server
+        .register_node(&node, &info)
+        .await
+        .map_err(server_error)?;
     Ok(Json(serde_json::json!({ "node": node })))
 }
 
@@ -138,6 +147,14 @@ fn server_error(error: ServerError) -> ApiError {
 
 impl RequestBody for FetchRequest {
     const EXAMPLE: &'static str = r#"{"ids": ["<alloc id>", ...]}"#;
+}
+
+impl RequestBody for NodeInfo {
+    const EXAMPLE: &'static str = r#"{"class": "edge", "pool": "default", "meta": {"rack": "r1"}, "resources": {"memory_bytes": 8589934592, "alloc_slots": 1000}}"#;
+
+    fn when_empty() -> Option<Self> {
+        Some(NodeInfo::default())
+    }
 }
 
 impl RequestBody for UpdateRequest {

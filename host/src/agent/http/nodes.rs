@@ -1,5 +1,7 @@
 //! Nodes, as the operator sees them (`GET /v1/nodes`): which are ready, how many allocs
-//! each runs and, in cluster mode, each live node's agent and last heartbeat. What nodes
+//! each runs, what each said of itself (class, pool, meta, attributes, memory and slots,
+//! with the memory its allocs reserve) and, in cluster mode, each live node's agent and
+//! last heartbeat. What nodes
 //! themselves call is in `node_rpc`.
 
 use super::{ApiError, ApiResult, ApiState};
@@ -15,6 +17,11 @@ pub(super) async fn list_nodes(
     State(state): State<ApiState>,
 ) -> ApiResult<Json<Vec<serde_json::Value>>> {
     let server = state.server()?;
+    let details: BTreeMap<String, _> = server
+        .node_details()
+        .into_iter()
+        .map(|(id, info, used)| (id, (info, used)))
+        .collect();
     let allocs = server.allocs();
     let ready: std::collections::BTreeSet<String> = server.nodes().into_iter().collect();
     let mut nodes: BTreeMap<String, (bool, usize)> =
@@ -47,6 +54,15 @@ pub(super) async fn list_nodes(
                 let status = if ready { "ready" } else { "down" };
                 let mut view =
                     serde_json::json!({ "id": node, "status": status, "allocs": running });
+                if let Some((info, used)) = details.get(&node) {
+                    view["class"] = info.class.clone().into();
+                    view["pool"] = info.pool.clone().into();
+                    view["meta"] = serde_json::json!(info.meta);
+                    view["attributes"] = serde_json::json!(info.attributes);
+                    view["memory_bytes"] = info.resources.memory_bytes.into();
+                    view["memory_reserved_bytes"] = used.memory_bytes.into();
+                    view["alloc_slots"] = info.resources.alloc_slots.into();
+                }
                 if let Some(member) = live.iter().find(|m| m.record.node == node) {
                     view["address"] = member.record.api.clone().into();
                     view["last_heartbeat_secs"] =

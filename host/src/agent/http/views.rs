@@ -5,7 +5,7 @@ use crate::allocrunner::{UpgradeOutcome, UpgradeReport};
 use crate::model::jobspec::JobType;
 use crate::model::structs::{ClientStatus, DesiredStatus, Reschedule, TaskState};
 use crate::server::reconcile;
-use crate::server::{AllocRecord, JobRecord};
+use crate::server::{AllocRecord, EmbeddedServer, JobRecord};
 use crate::util::units::format_duration;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -37,6 +37,21 @@ pub struct JobView {
     /// (alloc 1a2b3c4d failed: ...)`, `restart limit reached: ...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarts: Option<String>,
+    /// When allocs of the job wait for a node that can hold them: how many, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<BlockedView>,
+}
+
+/// Allocs of a job waiting for a node, and why.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct BlockedView {
+    /// How many.
+    pub allocs: usize,
+    /// Why, in Nomad's words: `no node has 512 MiB free: 3 nodes exhausted memory, 1 node
+    /// filtered by constraint ${node.class} = edge`.
+    pub reason: String,
+    /// The nodes registered: with none, the allocs only wait for the first.
+    pub nodes: usize,
 }
 
 /// An alloc as the API shows it.
@@ -154,14 +169,15 @@ pub(super) fn alloc_view(record: &AllocRecord) -> AllocView {
     }
 }
 
-/// `restart_limit`: the agent's `[server] restart_limit`, the attempts of a service job
-/// without a reschedule policy of its own; `now_unix_ms`: the time the view is for.
+/// `server`: the job's (for its restart limit and why allocs wait); `now_unix_ms`: the time
+/// the view is for.
 pub(super) fn job_view(
+    server: &EmbeddedServer,
     job: &JobRecord,
     allocs: &[AllocRecord],
-    restart_limit: u32,
     now_unix_ms: u64,
 ) -> JobView {
+    let restart_limit = server.restart_limit();
     let views: Vec<AllocView> = allocs.iter().map(alloc_view).collect();
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     for view in &views {
@@ -186,6 +202,13 @@ pub(super) fn job_view(
         version: job.version,
         allocs: by_status,
         restarts: restarts_line(job, allocs, restart_limit, now_unix_ms),
+        blocked: server
+            .blocked(&job.spec.id)
+            .map(|(allocs, why)| BlockedView {
+                allocs,
+                reason: why.to_string(),
+                nodes: why.nodes,
+            }),
     }
 }
 

@@ -100,6 +100,9 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         if let Some(restarts) = job["restarts"].as_str() {
             println!("Restarts: {}", crate::util::text::escape_controls(restarts));
         }
+        if let Some(line) = blocked_line(&job) {
+            println!("Placement: {line}");
+        }
         println!();
         print_allocs(&allocs);
     }
@@ -266,12 +269,32 @@ async fn plan(remote: &Remote, path: &Path) -> anyhow::Result<()> {
                 upgrade.join(", ")
             );
         }
+        if let Some(blocked) = a["blocked"].as_str() {
+            println!("  {}", crate::util::text::escape_controls(blocked));
+        }
         println!(
             "runner sha256 {}; nothing was changed",
             text(&a["runner_sha256"])
         );
     });
     Ok(())
+}
+
+/// `job run` ended because allocs of the job fit on no node: the exit status is 2, as
+/// Nomad's for placement failures.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PlacementFailed(pub String);
+
+/// A job view's waiting allocs as one line (`2 allocs not placed: no node has ...`).
+fn blocked_line(job: &Value) -> Option<String> {
+    let blocked = job.get("blocked").filter(|b| !b.is_null())?;
+    let allocs = blocked["allocs"].as_u64().unwrap_or(0);
+    let noun = if allocs == 1 { "alloc" } else { "allocs" };
+    Some(format!(
+        "{allocs} {noun} not placed: {}",
+        crate::util::text::escape_controls(&text(&blocked["reason"]))
+    ))
 }
 
 /// `job run`: registers the job, then waits until every alloc it placed is running or
@@ -349,6 +372,20 @@ async fn run(remote: &Remote, path: &Path, detach: bool) -> anyhow::Result<()> {
                 );
             }
             return Ok(());
+        }
+        if pending > 0 {
+            // Allocs that fit on no registered node end the wait, as Nomad's placement
+            // failures do: the job stays, and they are placed once a node can hold them.
+            let job = api.call("GET", &format!("/v1/job/{job_id}"), None).await?;
+            if let Some(line) = blocked_line(&job)
+                && job["blocked"]["nodes"].as_u64().unwrap_or(0) > 0
+            {
+                return Err(PlacementFailed(format!(
+                    "job {job_id} is registered, but {line}; they are placed once a node can \
+                     hold them (see `caravan job status {job_id}`)"
+                ))
+                .into());
+            }
         }
         // Only a start is timed: a batch alloc may run as long as its job wants.
         if pending > 0 && started.elapsed() > JOB_RUN_WAIT {

@@ -2,6 +2,7 @@
 
 use super::Remote;
 use super::table::print_table;
+use crate::util::units::format_bytes_approx;
 
 /// `caravan node`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -19,8 +20,9 @@ impl NodeCommand {
     }
 }
 
-/// `node status`: every node, its status, how many allocs it holds and, in cluster mode,
-/// its agent's address and last heartbeat (lease renewal).
+/// `node status`: every node, its status, class and pool, its allocs (of its slots) and
+/// the memory they reserve (of what it has for allocs) and, in cluster mode, its agent's
+/// address and last heartbeat (lease renewal).
 async fn status(remote: &Remote) -> anyhow::Result<()> {
     let nodes = remote.api.call("GET", "/v1/nodes", None).await?;
     remote.print(&nodes, |n| {
@@ -33,17 +35,42 @@ async fn status(remote: &Remote) -> anyhow::Result<()> {
                     Some(secs) => format!("{secs}s ago"),
                     None => "-".into(),
                 };
+                let slots = match node["alloc_slots"].as_u64() {
+                    Some(slots) => format!("{}/{slots}", node["allocs"]),
+                    None => node["allocs"].to_string(),
+                };
+                let memory = match node["memory_bytes"].as_u64() {
+                    Some(total) => format!(
+                        "{} / {}",
+                        format_bytes_approx(node["memory_reserved_bytes"].as_u64().unwrap_or(0)),
+                        format_bytes_approx(total)
+                    ),
+                    None => "-".into(),
+                };
+                let class = node["class"].as_str().filter(|c| !c.is_empty());
                 vec![
                     node["id"].as_str().unwrap_or("").into(),
                     node["status"].as_str().unwrap_or("").into(),
-                    node["allocs"].to_string(),
+                    class.unwrap_or("-").into(),
+                    node["pool"].as_str().unwrap_or("-").into(),
+                    slots,
+                    memory,
                     node["address"].as_str().unwrap_or("-").into(),
                     heartbeat,
                 ]
             })
             .collect();
         print_table(
-            &["ID", "Status", "Allocs", "Address", "Last heartbeat"],
+            &[
+                "ID",
+                "Status",
+                "Class",
+                "Pool",
+                "Allocs",
+                "Memory reserved",
+                "Address",
+                "Last heartbeat",
+            ],
             &rows,
         );
     });

@@ -272,3 +272,47 @@ fn each_bad_spec_names_its_field() {
         "job.id"
     );
 }
+
+#[test]
+fn constraints_and_the_placement_algorithm_parse_and_a_bad_one_is_named_by_index() {
+    let job = |extra: &str| {
+        parse_toml(&format!(
+            "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n{extra}"
+        ))
+    };
+    let parsed = job("placement = \"spread\"\n[[job.constraint]]\nattribute = \"${node.class}\"\nvalue = \"edge\"\n\
+         [[job.constraint]]\noperator = \"distinct_hosts\"\n")
+    .unwrap();
+    assert_eq!(parsed.placement, Algorithm::Spread);
+    assert_eq!(
+        parsed
+            .constraints
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["${node.class} = edge", "distinct_hosts"]
+    );
+    assert_eq!(job("").unwrap().placement, Algorithm::Binpack);
+    let refused = |extra: &str| job(extra).unwrap_err().to_string();
+    assert_eq!(
+        refused(
+            "[[job.constraint]]\nattribute = \"${node.class}\"\nvalue = \"a\"\n[[job.constraint]]\nattribute = \"${meta.v}\"\noperator = \"~\"\n"
+        ),
+        "job.constraint[1].operator: unknown operator \"~\"; expected =, !=, regexp, set_contains, \
+         version or distinct_hosts"
+    );
+    assert!(
+        refused("[[job.constraint]]\nattribute = \"${node.class}\"\noperator = \"regexp\"\nvalue = \"[\"\n")
+            .starts_with("job.constraint[0].value: not a regexp: ")
+    );
+    assert!(
+        refused("[[job.constraint]]\nattribute = \"${nodes.class}\"\nvalue = \"a\"\n")
+            .starts_with("job.constraint[0].attribute: unknown attribute \"${nodes.class}\"")
+    );
+    assert_eq!(
+        refused("placement = \"random\"\n"),
+        "job.placement: unknown placement \"random\"; expected \"binpack\" or \"spread\""
+    );
+    let many = "[[job.constraint]]\noperator = \"distinct_hosts\"\n".repeat(33);
+    assert_eq!(refused(&many), "job.constraint: 33 constraints; at most 32");
+}

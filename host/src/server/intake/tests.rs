@@ -89,7 +89,10 @@ async fn server_with_allocs(
     count: u32,
 ) -> (Arc<EmbeddedServer>, Vec<String>) {
     let server = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     server
         .register_job(spec("web", JobType::Service, count))
         .unwrap();
@@ -167,7 +170,7 @@ async fn nodes_that_join_during_a_save_join_in_the_next_one_and_share_the_waitin
     saving.recv().unwrap();
     let join = |node: &'static str| {
         let server = server.clone();
-        tokio::spawn(async move { server.register_node(node).await })
+        tokio::spawn(async move { server.register_node(node, &Default::default()).await })
     };
     let (first, second) = (join("n1"), join("n2"));
     until_waiting(&server, 2).await;
@@ -197,19 +200,31 @@ async fn a_node_registering_again_costs_no_save_and_is_answered_while_saves_fail
         MemoryStateDb::new(),
     )));
     let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     db.fail_writes(true);
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     assert_eq!(db.failed_writes(), 0, "nothing to save for a known node");
 
-    let refused = server.register_node("n2").await.unwrap_err();
+    let refused = server
+        .register_node("n2", &Default::default())
+        .await
+        .unwrap_err();
     assert!(
         matches!(refused, ServerError::Unavailable(_)),
         "{refused:?}"
     );
     // n2's change waits to be saved, so the next group saves (and fails) again; n1 is still
     // a node, and is told so: a node that cannot register cannot watch.
-    server.register_node("n1").await.unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
     assert_eq!(db.failed_writes(), 2);
 }
 

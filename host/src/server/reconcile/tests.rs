@@ -3,7 +3,7 @@
 use super::*;
 use crate::model::jobspec::UpdatePolicy;
 use crate::model::structs::Alloc;
-use crate::server::testkit::{alloc_on, failed, job, spec, stopping, terminal};
+use crate::server::testkit::{alloc_on, failed, job, nodes, spec, stopping, terminal};
 use std::sync::Arc;
 
 fn ids(allocs: &[AllocRecord], sequences: &[u64]) -> Vec<String> {
@@ -13,8 +13,8 @@ fn ids(allocs: &[AllocRecord], sequences: &[u64]) -> Vec<String> {
         .collect()
 }
 
-fn one_node() -> BTreeSet<String> {
-    BTreeSet::from(["n1".to_string()])
+fn one_node() -> crate::server::placement::Nodes {
+    nodes(&["n1"])
 }
 
 #[test]
@@ -502,7 +502,7 @@ fn a_takeover_fills_only_what_a_deploy_left_out() {
 #[test]
 fn a_replacement_goes_to_a_node_its_chain_has_not_failed_on() {
     let current = job(spec("web", JobType::Service, 1), 1);
-    let nodes = BTreeSet::from(["n1".to_string(), "n2".to_string(), "n3".to_string()]);
+    let nodes = nodes(&["n1", "n2", "n3"]);
     // Alloc 1 failed on n1 and was replaced by alloc 2, which failed on n2; n3 is busiest.
     let first = AllocRecord {
         replaced: true,
@@ -543,7 +543,7 @@ fn a_replacement_goes_to_a_node_its_chain_has_not_failed_on() {
     };
     assert_eq!(
         plan.place,
-        [Some("n2".to_string())],
-        "not n1, then the least loaded"
+        [Some("n3".to_string())],
+        "not n1, then the fullest that fits (binpack)"
     );
 }

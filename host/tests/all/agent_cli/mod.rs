@@ -6,6 +6,7 @@ mod allocs;
 mod compile_cache;
 mod crashes;
 mod jobs;
+mod placement;
 
 use caravan_test_artifacts::SLEEPER;
 use std::path::{Path, PathBuf};

@@ -204,8 +204,12 @@ struct StraySender {
 
 #[async_trait::async_trait]
 impl ServerApi for StraySender {
-    async fn register_node(&self, node_id: &str) -> Result<(), ServerError> {
-        self.inner.register_node(node_id).await
+    async fn register_node(
+        &self,
+        node_id: &str,
+        info: &caravan_host::model::node::NodeInfo,
+    ) -> Result<(), ServerError> {
+        self.inner.register_node(node_id, info).await
     }
     async fn watch_allocs(
         &self,

@@ -215,9 +215,23 @@ function drawGc(gc) {
 }
 
 function drawNodes(nodes) {
-  return table(["Node", "Status", "Allocs not terminal", "Address"], nodes.map((node) => [
-    el("span", { class: "id" }, node.id), statusText(node.status), node.allocs, node.address || "",
-  ]), "No nodes.");
+  return table(["Node", "Status", "Class", "Allocs not terminal", "Memory reserved", "Address"],
+    nodes.map((node) => [
+      el("span", { class: "id" }, node.id), statusText(node.status), node.class || "",
+      node.alloc_slots ? `${node.allocs} of ${node.alloc_slots}` : node.allocs,
+      node.memory_bytes ? `${mib(node.memory_reserved_bytes)} of ${mib(node.memory_bytes)}` : "",
+      node.address || "",
+    ]), "No nodes.");
+}
+
+function mib(bytes) {
+  return `${Math.round((bytes || 0) / 1048576)} MiB`;
+}
+
+/** Why a job's allocs wait for a node, as `job status` says it. */
+function blockedText(blocked) {
+  if (!blocked) return "";
+  return `${blocked.allocs} ${blocked.allocs === 1 ? "alloc" : "allocs"} not placed: ${blocked.reason}`;
 }
 
 // ---- a job's page ----
@@ -247,7 +261,7 @@ function jobPage(jobId) {
     return facts([
       ["Status", statusText(job.status)], ["Type", job.type], ["Version", job.version],
       ["Count", job.count], ["Allocs", byStatus(job.allocs)], ["Runner", el("code", {}, job.runner)],
-      ["Restarts", job.restarts],
+      ["Restarts", job.restarts], ["Placement", blockedText(job.blocked)],
     ]);
   });
 }
