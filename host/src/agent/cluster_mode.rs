@@ -151,6 +151,14 @@ impl ClusterMode {
 
     /// The builds the cluster's jobs name: the leader's server knows them and their allocs;
     /// another agent reads every job from etcd.
+    /// Where this node's client fetches the checkpoints of allocs moved to it (drains).
+    pub(super) fn checkpoint_source(
+        &self,
+        token: Option<String>,
+    ) -> crate::client::migrate::CheckpointSource {
+        super::checkpoints::from_cluster(self.store.clone(), token)
+    }
+
     pub(super) fn runner_builds(&self) -> super::runner_builds::ClusterBuilds {
         let (slot, store) = (self.slot.subscribe(), self.store.clone());
         Arc::new(move || {

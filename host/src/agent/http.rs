@@ -98,6 +98,10 @@ pub fn router(state: ApiState) -> Router {
             get(allocs::allocation_logs),
         )
         .route(
+            "/v1/client/allocation/{id}/checkpoint",
+            get(allocs::allocation_checkpoint),
+        )
+        .route(
             "/v1/client/allocation/{id}/signal",
             post(alloc_actions::signal_allocation),
         )
@@ -110,6 +114,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/client/gc", get(gc::gc_status).post(gc::collect_all))
         .route("/v1/system/gc", put(gc::system_gc))
         .route("/v1/nodes", get(nodes::list_nodes))
+        .route("/v1/node/{node}/drain", post(nodes::drain_node))
+        .route("/v1/node/{node}/eligibility", post(nodes::set_eligibility))
         .route("/v1/node/{node}/register", put(node_rpc::register_node))
         .route("/v1/node/{node}/allocations", get(node_rpc::watch_allocs))
         .route(
@@ -213,8 +219,10 @@ impl IntoResponse for ApiError {
 impl From<RequestError> for ApiError {
     fn from(error: RequestError) -> Self {
         let status = match error {
-            RequestError::JobNotFound(_) | RequestError::AllocNotFound(_) => StatusCode::NOT_FOUND,
-            RequestError::JobStopped(_) => StatusCode::CONFLICT,
+            RequestError::JobNotFound(_)
+            | RequestError::AllocNotFound(_)
+            | RequestError::NodeNotFound(_) => StatusCode::NOT_FOUND,
+            RequestError::JobStopped(_) | RequestError::NodeDraining(_) => StatusCode::CONFLICT,
             RequestError::NotSaved(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError::new(status, error.to_string())

@@ -11,6 +11,7 @@
 //! The agent is the composition root: the only place that knows every layer. It may use all
 //! of them; none of them knows it, and only the CLI's `agent` command starts it.
 
+mod checkpoints;
 pub mod cluster_config;
 mod cluster_mode;
 pub mod config;
@@ -60,8 +61,8 @@ pub struct Agent {
     runner_gc: tokio::task::JoinHandle<()>,
 }
 
-/// Takes nodes that stopped watching out of placement, a few times per `node_ttl`, until the
-/// server is dropped.
+/// Takes nodes that stopped watching out of placement, and moves node drains on (their
+/// deadlines), a few times per `node_ttl`, until the server is dropped.
 async fn down_silent_nodes(server: std::sync::Weak<EmbeddedServer>, node_ttl: std::time::Duration) {
     let mut sweeps = tokio::time::interval(node_ttl / 4);
     sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -72,9 +73,18 @@ async fn down_silent_nodes(server: std::sync::Weak<EmbeddedServer>, node_ttl: st
         };
         // Off the runtime's workers: taking a node down saves, under the server's lock.
         // The agent's own node lives as long as this process does.
-        let swept = tokio::task::spawn_blocking(move || server.down_silent_nodes(LOCAL_NODE)).await;
-        if let Ok(Err(error)) = swept {
-            tracing::error!(error = %error, "cannot take silent nodes down; retrying");
+        let swept = tokio::task::spawn_blocking(move || {
+            let downed = server.down_silent_nodes(LOCAL_NODE);
+            (downed, server.tick_drains())
+        })
+        .await;
+        if let Ok((downed, drains)) = swept {
+            if let Err(error) = downed {
+                tracing::error!(error = %error, "cannot take silent nodes down; retrying");
+            }
+            if let Err(error) = drains {
+                tracing::error!(error = %error, "cannot move node drains on; retrying");
+            }
         }
     }
 }
@@ -194,6 +204,9 @@ impl Agent {
             .with_store(runners.clone())
             .into_factory();
         let client = Client::with_disk_stats(client_config, server_api, factory, db);
+        if let Some(mode) = &cluster {
+            client.fetch_checkpoints_from(mode.checkpoint_source(config.acl_token.clone()));
+        }
         // A client that never starts never registers its node: nothing is placed here.
         let restored = if config.client_enabled {
             let restored = client.restore().await?;

@@ -28,6 +28,7 @@
 pub mod gc;
 mod leftovers;
 pub mod metrics;
+pub mod migrate;
 pub mod persist;
 mod restore;
 mod runners;
@@ -111,6 +112,11 @@ struct ClientInner {
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     /// Set by [`Client::shutdown_all`]: no runner starts after it.
     stopping: std::sync::atomic::AtomicBool,
+    /// Where the checkpoints of allocs moved here from other nodes come from (`migrate`).
+    checkpoint_source: Mutex<Option<migrate::CheckpointSource>>,
+    /// Allocs evicted and shut down to move elsewhere, whose final checkpoint this node
+    /// serves once they stopped.
+    moved: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Drop for ClientInner {
@@ -178,6 +184,8 @@ impl Client {
                 metrics,
                 tasks: Mutex::new(Vec::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
+                checkpoint_source: Mutex::new(None),
+                moved: Mutex::new(Default::default()),
             }
         });
         Client { inner }
@@ -421,6 +429,10 @@ impl Client {
 impl ClientInner {
     fn runners_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<dyn AllocRunner>>> {
         self.runners.lock_unpoisoned()
+    }
+
+    fn moved_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.moved.lock_unpoisoned()
     }
 
     fn runnerless_lock(

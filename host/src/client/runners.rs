@@ -7,7 +7,8 @@ use super::ClientInner;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, CheckpointSaved, StateUpdater, alloc_span,
 };
-use crate::model::structs::{Alloc, AllocState};
+use crate::model::structs::{Alloc, AllocState, DesiredStatus};
+use crate::util::locks::LockUnpoisoned;
 use std::sync::{Arc, Weak};
 
 /// What the runner of an alloc restored after a restart starts from.
@@ -36,10 +37,30 @@ impl ClientInner {
     /// Builds and starts the runners of new allocs, saved already, in their order; or fails
     /// the allocs whose runner cannot be built. Each starts as soon as it is built.
     pub(super) async fn add_allocs(self: &Arc<Self>, allocs: &[Arc<Alloc>]) {
-        let configs = allocs
-            .iter()
-            .map(|alloc| self.runner_config(alloc, None))
-            .collect();
+        let mut configs = Vec::with_capacity(allocs.len());
+        for alloc in allocs {
+            match &alloc.previous_alloc {
+                // Moved here from a drained node: it starts once its checkpoint is here, on
+                // a task of its own, so that the others do not wait for it.
+                Some(previous) if alloc.desired_status == DesiredStatus::Run => {
+                    let (client, alloc, previous) = (self.clone(), alloc.clone(), previous.clone());
+                    let arriving = tokio::spawn(async move {
+                        let checkpoint = client.arriving_checkpoint(&alloc, &previous).await;
+                        let mut config = client.runner_config(&alloc, None);
+                        config.restored = checkpoint;
+                        client.start_built(vec![config]).await;
+                    });
+                    self.tasks.lock_unpoisoned().push(arriving.abort_handle());
+                }
+                _ => configs.push(self.runner_config(alloc, None)),
+            }
+        }
+        self.start_built(configs).await;
+    }
+
+    /// Builds the runners of `configs` and starts each as soon as it is built, or fails its
+    /// alloc when it cannot be.
+    async fn start_built(self: &Arc<Self>, configs: Vec<AllocRunnerConfig>) {
         let mut built = self.build_runners(configs);
         while let Some(built) = built.recv().await {
             match built.runner {
@@ -160,7 +181,10 @@ impl ClientInner {
         self.report_state(&alloc.id, &state);
     }
 
-    pub(super) fn update_alloc(&self, alloc: Arc<Alloc>) {
+    pub(super) fn update_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
+        if alloc.desired_status == DesiredStatus::Evict && self.evict(&alloc) {
+            return;
+        }
         let Some(runner) = self.runners_lock().get(&alloc.id).cloned() else {
             tracing::warn!(alloc_id = %alloc.id, "cannot update nonexistent alloc");
             return;
@@ -172,6 +196,7 @@ impl ClientInner {
     /// delete its records.
     pub(super) fn remove_alloc(self: &Arc<Self>, alloc_id: &str) {
         self.sync.forget(alloc_id);
+        self.moved_lock().remove(alloc_id);
         if self.runnerless_lock().remove(alloc_id).is_some() {
             self.persister.delete(alloc_id);
             return;

@@ -68,6 +68,12 @@ pub fn jobs_prefix() -> String {
     format!("{KEY_PREFIX}jobs/")
 }
 
+/// What operators set for nodes (eligibility and drains), one record written by the
+/// scheduler: a node's drain outlives its lease and the leader.
+pub fn node_schedules_key() -> String {
+    format!("{KEY_PREFIX}node_schedules")
+}
+
 /// The scheduler's own counters (written by the scheduler).
 pub fn scheduler_meta_key() -> String {
     format!("{KEY_PREFIX}scheduler")

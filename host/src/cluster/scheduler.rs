@@ -171,6 +171,9 @@ pub async fn lead(
             },
             _ = tick.tick() => {
                 leader.down_if_still_missing();
+                if let Err(error) = leader.server.tick_drains() {
+                    tracing::warn!(%error, "cannot move node drains on");
+                }
                 if Instant::now() >= next_gc {
                     next_gc = Instant::now() + config.gc_interval;
                     match leader.server.collect_garbage(false) {

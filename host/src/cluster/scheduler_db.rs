@@ -34,7 +34,9 @@ use super::member::MemberRecord;
 use super::store::{EtcdStore, KeyValue, StoreError};
 use crate::model::node::NodeInfo;
 use crate::model::structs::{AllocState, ClientStatus};
-use crate::server::records::{META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode};
+use crate::server::records::{
+    META_KEY, NODE_SCHEDULES_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode,
+};
 use crate::state::{SavedAlloc, ServerTable, StateDb, StateError, Write};
 use crate::util::locks::LockUnpoisoned;
 use std::collections::{BTreeMap, HashMap};
@@ -122,7 +124,12 @@ impl EtcdSchedulerDb {
             ("live", keys::live_prefix()),
         ];
         let mut meta = SchedulerMeta::default();
+        let mut schedules = None;
         for kv in entries {
+            if kv.key == keys::node_schedules_key() {
+                schedules = Some(kv.value);
+                continue;
+            }
             if kv.key == keys::scheduler_meta_key() {
                 meta = serde_json::from_slice(&kv.value).unwrap_or_else(|error| {
                     tracing::warn!(%error, "the scheduler's counters in etcd cannot be read; starting them again");
@@ -197,7 +204,12 @@ impl EtcdSchedulerDb {
         let loaded = BTreeMap::from([
             ("jobs", jobs),
             ("allocs", allocs),
-            ("meta", vec![(META_KEY.to_string(), encode(&meta_record))]),
+            (
+                "meta",
+                std::iter::once((META_KEY.to_string(), encode(&meta_record)))
+                    .chain(schedules.map(|bytes| (NODE_SCHEDULES_KEY.to_string(), bytes)))
+                    .collect(),
+            ),
         ]);
         let db = EtcdSchedulerDb {
             writer: Writer::start(store.endpoint_list().to_vec(), fence).await?,
@@ -286,6 +298,14 @@ impl EtcdSchedulerDb {
                     key,
                     ..
                 } if key == NODES_KEY => {}
+                Write::PutServer {
+                    table: ServerTable::Meta,
+                    key,
+                    value,
+                } if key == NODE_SCHEDULES_KEY => ops.push(vec![FencedOp::Put {
+                    key: keys::node_schedules_key(),
+                    value,
+                }]),
                 Write::PutServer {
                     table: ServerTable::Meta,
                     value,

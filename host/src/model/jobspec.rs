@@ -20,7 +20,7 @@
 //! `delay_function`, `max_delay`, `mode`: see [`crate::model::restart`]), `[job.update]`
 //! (`carry_checkpoint`: see [`UpdatePolicy`]), `[[job.constraint]]` (`attribute`, `operator`,
 //! `value`: see [`crate::model::constraint`]), `placement` (`"binpack"`, the default, or
-//! `"spread"`).
+//! `"spread"`), `[job.migrate]` (`checkpoint`: see [`MigratePolicy`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
@@ -85,6 +85,35 @@ pub struct JobSpec {
     /// How its allocs are ranked over the nodes that can hold them (`placement`).
     #[serde(default, skip_serializing_if = "Algorithm::is_default")]
     pub placement: Algorithm,
+    /// How its allocs move off a drained node (`[job.migrate]`).
+    #[serde(default, skip_serializing_if = "MigratePolicy::is_default")]
+    pub migrate: MigratePolicy,
+}
+
+/// How a job's allocs move off a drained node (`[job.migrate]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigratePolicy {
+    /// The moved alloc is shut down, saving a checkpoint, and its replacement starts from
+    /// it (the default); false: it is killed, and its replacement starts afresh.
+    pub checkpoint: bool,
+}
+
+impl Default for MigratePolicy {
+    fn default() -> Self {
+        MigratePolicy { checkpoint: true }
+    }
+}
+
+impl MigratePolicy {
+    fn is_default(&self) -> bool {
+        *self == MigratePolicy::default()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMigrate {
+    checkpoint: Option<bool>,
 }
 
 /// How a change of a job reaches its running allocs (`[job.update]`).
@@ -162,6 +191,7 @@ struct RawJob {
     #[serde(default)]
     constraint: Vec<RawConstraint>,
     placement: Option<String>,
+    migrate: Option<RawMigrate>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -412,6 +442,9 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         },
         constraints,
         placement,
+        migrate: MigratePolicy {
+            checkpoint: raw.migrate.and_then(|m| m.checkpoint).unwrap_or(true),
+        },
     };
     let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
     if stored > MAX_JOB_BYTES {

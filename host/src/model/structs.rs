@@ -18,7 +18,10 @@ pub enum DesiredStatus {
     Run,
     /// Stop it (job stopped or scaled down).
     Stop,
-    /// Move it elsewhere.
+    /// Move it elsewhere (its node is drained): its client shuts the runner down, so that
+    /// it saves a checkpoint, rather than killing it, and reports it complete; the alloc
+    /// that replaces it on another node starts from that checkpoint (see
+    /// [`Alloc::previous_alloc`]).
     Evict,
 }
 
@@ -78,6 +81,19 @@ pub struct Alloc {
     /// [`crate::model::restart`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<crate::model::restart::RestartPolicy>,
+    /// Set on an alloc made to take over from one moved off a drained node: its client
+    /// fetches that alloc's last checkpoint from its node and starts the runner from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_alloc: Option<PreviousAlloc>,
+}
+
+/// The alloc a migrated alloc takes over from, and where it ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousAlloc {
+    /// Its id.
+    pub alloc_id: String,
+    /// The node it ran on, which keeps its checkpoint.
+    pub node_id: String,
 }
 
 /// What an alloc made to replace a failed one carries (Nomad's reschedule tracker).
@@ -120,6 +136,7 @@ impl Alloc {
             capabilities: Capabilities::default(),
             reschedule: None,
             restart: None,
+            previous_alloc: None,
         }
     }
 }

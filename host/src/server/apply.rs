@@ -6,9 +6,11 @@
 
 use super::reconcile::{self, JobPlan, Plan, Replacement};
 use super::records::{AllocRecord, JobRecord};
-use super::{Registration, State, gc, placement};
+use super::{Registration, State, drain, gc, placement};
 use crate::model::jobspec::JobSpec;
-use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, Reschedule};
+use crate::model::structs::{
+    Alloc, AllocState, ClientStatus, DesiredStatus, PreviousAlloc, Reschedule,
+};
 use crate::rpc::AllocUpdate;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -24,7 +26,7 @@ impl State {
             version,
             plan,
             ..
-        } = reconcile::reconcile_job(existing, &spec, &self.nodes, self.allocs.values());
+        } = reconcile::reconcile_job(existing, &spec, &self.placeable, self.allocs.values());
         let restarts = existing
             .filter(|job| !job.purged)
             .map_or(0, |job| job.restarts);
@@ -167,7 +169,7 @@ impl State {
         waiting.sort_by_key(|record| record.sequence);
         let jobs = &self.jobs;
         let chosen =
-            placement::place_unplaced(&self.nodes, self.allocs.values(), &waiting, |job_id| {
+            placement::place_unplaced(&self.placeable, self.allocs.values(), &waiting, |job_id| {
                 jobs.get(job_id).map(|job| &job.spec)
             });
         for (id, node) in chosen {
@@ -247,7 +249,7 @@ impl State {
             job,
             restart_limit,
             now_unix_ms,
-            &self.nodes,
+            &self.placeable,
             self.allocs.values(),
         );
         let (Replacement::Replace(plan), Some(job)) = (&decision, job) else {
@@ -286,7 +288,7 @@ impl State {
     /// [`reconcile::lose_node`]). Returns the ids of the allocs lost.
     pub(super) fn node_down(&mut self, node_id: &str, index: u64) -> Vec<String> {
         self.remove_node(node_id);
-        let loss = reconcile::lose_node(node_id, &self.jobs, &self.nodes, self.allocs.values());
+        let loss = reconcile::lose_node(node_id, &self.jobs, &self.placeable, self.allocs.values());
         for id in &loss.lost {
             self.stop_alloc(id, index);
             if let Some(record) = self.alloc_mut(id) {
@@ -313,6 +315,90 @@ impl State {
         loss.lost
     }
 
+    /// Takes every drain one step on (see [`drain::drain_step`]): moves what is due, and
+    /// ends the drains with nothing left on their node.
+    pub(super) fn advance_drains(&mut self, index: u64, now_unix_ms: u64) {
+        let draining: Vec<(String, drain::Drain)> = self
+            .schedules
+            .iter()
+            .filter_map(|(node, s)| Some((node.clone(), s.drain.clone()?)))
+            .collect();
+        for (node_id, node_drain) in draining {
+            let step = drain::drain_step(
+                &node_id,
+                &node_drain,
+                &self.jobs,
+                self.allocs.values(),
+                now_unix_ms,
+            );
+            for alloc_id in &step.migrate {
+                self.migrate_alloc(alloc_id, step.past_deadline, index);
+            }
+            if step.done {
+                let mut schedule = self.schedules.get(&node_id).cloned().unwrap_or_default();
+                schedule.drain = None;
+                self.set_schedule(&node_id, schedule);
+                tracing::info!(node_id, "node drain complete: the node stays ineligible");
+            }
+        }
+    }
+
+    /// Moves an alloc off its drained node: a replacement on a node that can hold it, which
+    /// starts from the alloc's checkpoint unless its job says not to, and the alloc evicted
+    /// (its client shuts it down, saving that checkpoint). Without room elsewhere it stays
+    /// where it is, unless `even_without_room` (the drain's deadline passed: the replacement
+    /// then waits for room). True when moved.
+    fn migrate_alloc(&mut self, alloc_id: &str, even_without_room: bool, index: u64) -> bool {
+        let Some(record) = self.allocs.get(alloc_id) else {
+            return false;
+        };
+        let Some(job) = self.jobs.get(&record.alloc.job_id) else {
+            return false;
+        };
+        let (spec, version) = (job.spec.clone(), job.version);
+        let from_node = record.node_id.clone().unwrap_or_default();
+        let stopping = [alloc_id.to_string()];
+        let node = placement::Placer::new(&self.placeable, self.allocs.values())
+            .place(placement::Ask {
+                stopping: &stopping,
+                ..placement::Ask::new(&spec, 1)
+            })
+            .pop()
+            .flatten();
+        if node.is_none() && !even_without_room {
+            return false;
+        }
+        if let Some(record) = self.alloc_mut(alloc_id) {
+            record.replaced = true;
+            record.alloc = Arc::new(Alloc {
+                desired_status: DesiredStatus::Evict,
+                modify_index: index,
+                ..Alloc::clone(&record.alloc)
+            });
+        }
+        let replacement = self.create_alloc(&spec, version, node.clone(), None, index);
+        if spec.migrate.checkpoint
+            && let Some(record) = self.alloc_mut(&replacement)
+        {
+            record.alloc = Arc::new(Alloc {
+                previous_alloc: Some(PreviousAlloc {
+                    alloc_id: alloc_id.to_string(),
+                    node_id: from_node.clone(),
+                }),
+                ..Alloc::clone(&record.alloc)
+            });
+        }
+        tracing::info!(
+            job = %spec.id,
+            alloc_id,
+            from = %from_node,
+            to = node.as_deref().unwrap_or("(waiting for room)"),
+            replacement,
+            "moving allocation off its drained node"
+        );
+        true
+    }
+
     /// Places the allocs `job_id` lacks at a takeover (see
     /// [`reconcile::missing_at_takeover`]). Returns how many.
     pub(super) fn fill_missing(&mut self, job_id: &str, index: u64) -> usize {
@@ -325,7 +411,7 @@ impl State {
         }
         let (spec, version) = (job.spec.clone(), job.version);
         let plan = Plan {
-            place: placement::Placer::new(&self.nodes, self.allocs.values())
+            place: placement::Placer::new(&self.placeable, self.allocs.values())
                 .place(placement::Ask::new(&spec, missing)),
             ..Plan::default()
         };

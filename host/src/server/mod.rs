@@ -27,6 +27,7 @@
 
 mod api;
 mod apply;
+pub mod drain;
 pub mod gc;
 mod intake;
 mod liveness;
@@ -90,10 +91,39 @@ pub enum RequestError {
     /// No alloc with that id.
     #[error("allocation {0:?} not found")]
     AllocNotFound(String),
+    /// No registered node by that name.
+    #[error("node {0:?} not found")]
+    NodeNotFound(String),
+    /// The node is draining: it cannot be made eligible until its drain ends or is
+    /// disabled.
+    #[error("node {0:?} is draining; disable its drain first (caravan node drain --disable)")]
+    NodeDraining(String),
     /// The change could not be saved (in cluster mode: this agent no longer leads, or etcd
     /// is unreachable); retry.
     #[error("the change could not be saved: {0}")]
     NotSaved(String),
+}
+
+/// A registered node as an operator sees it.
+#[derive(Debug, Clone)]
+pub struct NodeDetails {
+    /// Its name.
+    pub id: String,
+    /// What it said of itself.
+    pub info: NodeInfo,
+    /// What its allocs hold.
+    pub used: placement::Usage,
+    /// What an operator set for it.
+    pub schedule: drain::NodeSchedule,
+}
+
+/// A drain as an operator asks for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainRequest {
+    /// How long allocs may stay before every one left is moved; `None`: no deadline.
+    pub deadline: Option<Duration>,
+    /// Nomad's `-ignore-system` (no effect: Caravan has no system jobs).
+    pub ignore_system: bool,
 }
 
 /// What registering a job did.
@@ -121,6 +151,13 @@ struct State {
     /// What nodes taken down last said of themselves: a node that watches again is back
     /// with it (it registers only after an error).
     departed: BTreeMap<String, NodeInfo>,
+    /// What operators set for nodes (eligibility, drains) by name; defaults are not kept.
+    schedules: BTreeMap<String, drain::NodeSchedule>,
+    /// The registered nodes new allocs may go to: `nodes` less the ineligible and
+    /// draining ones (kept by `persist`'s accessors).
+    placeable: placement::Nodes,
+    /// The schedules changed since the last save.
+    dirty_schedules: bool,
     jobs: BTreeMap<String, JobRecord>,
     allocs: BTreeMap<String, AllocRecord>,
     /// Jobs and allocs changed since the last save (removed ones too).
@@ -203,6 +240,9 @@ impl EmbeddedServer {
         if std::mem::take(&mut state.room_made) && !state.waiting.is_empty() {
             state.place_unplaced(index);
         }
+        if state.schedules.values().any(|s| s.drain.is_some()) {
+            state.advance_drains(index, crate::util::timestamp::unix_ms_now());
+        }
         if !state.has_unsaved_changes() {
             // Nothing changed (a node registering again): no index spent, no disk sync.
             return (result, Ok(()));
@@ -253,14 +293,17 @@ impl EmbeddedServer {
         let state = self.lock();
         let existing = state.jobs.get(&spec.id);
         let current = existing.filter(|job| !job.purged).map(|job| job.version);
-        let plan = reconcile::reconcile_job(existing, spec, &state.nodes, state.allocs.values());
+        let plan =
+            reconcile::reconcile_job(existing, spec, &state.placeable, state.allocs.values());
         let unplaced = plan.plan.place.iter().filter(|n| n.is_none()).count();
         let blocked = (unplaced > 0).then(|| {
             // Why the first that fits nowhere does not: after those placed before it.
-            let mut placer = placement::Placer::new(&state.nodes, state.allocs.values());
+            let mut placer = placement::Placer::new(&state.placeable, state.allocs.values());
             let placed = plan.plan.place.len() - unplaced;
             placer.place(placement::Ask::new(spec, placed));
-            let why = placer.explain(spec);
+            let why = placer
+                .explain(spec)
+                .with_ineligible(state.ineligible_nodes());
             let allocs = if unplaced == 1 { "alloc" } else { "allocs" };
             format!("{unplaced} {allocs} would not be placed: {why}")
         });
@@ -399,19 +442,91 @@ impl EmbeddedServer {
         self.lock().nodes.keys().cloned().collect()
     }
 
-    /// Registered nodes, with what each said of itself and what its allocs hold.
-    pub fn node_details(&self) -> Vec<(String, NodeInfo, placement::Usage)> {
+    /// Registered nodes, with what each said of itself, what its allocs hold, and what an
+    /// operator set for it.
+    pub fn node_details(&self) -> Vec<NodeDetails> {
         let state = self.lock();
         let placer = placement::Placer::new(&state.nodes, state.allocs.values());
         let usage = placer.usage();
         state
             .nodes
             .iter()
-            .map(|(id, info)| {
-                let used = usage.get(id.as_str()).copied().unwrap_or_default();
-                (id.clone(), info.clone(), used)
+            .map(|(id, info)| NodeDetails {
+                id: id.clone(),
+                info: info.clone(),
+                used: usage.get(id.as_str()).copied().unwrap_or_default(),
+                schedule: state.schedules.get(id).cloned().unwrap_or_default(),
             })
             .collect()
+    }
+
+    /// Starts (`Some`) or ends (`None`) the drain of registered node `node_id` (see
+    /// [`drain`]). Ending one marks the node eligible again unless `keep_ineligible`.
+    pub fn set_drain(
+        &self,
+        node_id: &str,
+        drain: Option<DrainRequest>,
+        keep_ineligible: bool,
+    ) -> Result<drain::NodeSchedule, RequestError> {
+        let now = crate::util::timestamp::unix_ms_now();
+        self.request(|state, _| {
+            if !state.nodes.contains_key(node_id) {
+                return Err(RequestError::NodeNotFound(node_id.to_string()));
+            }
+            let mut schedule = state.schedules.get(node_id).cloned().unwrap_or_default();
+            match drain {
+                Some(asked) => {
+                    schedule.ineligible = true;
+                    schedule.drain = Some(drain::Drain {
+                        started_unix_ms: now,
+                        deadline_unix_ms: asked.deadline.map(|d| {
+                            now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                        }),
+                        ignore_system: asked.ignore_system,
+                    });
+                    tracing::info!(node_id, deadline = ?asked.deadline, "node drain started");
+                }
+                None => {
+                    if schedule.drain.take().is_some() {
+                        tracing::info!(node_id, "node drain disabled");
+                    }
+                    schedule.ineligible = keep_ineligible;
+                }
+            }
+            state.set_schedule(node_id, schedule.clone());
+            Ok(schedule)
+        })?
+    }
+
+    /// Marks registered node `node_id` eligible for new allocs or not; a draining node
+    /// cannot be made eligible (409).
+    pub fn set_eligibility(
+        &self,
+        node_id: &str,
+        eligible: bool,
+    ) -> Result<drain::NodeSchedule, RequestError> {
+        self.request(|state, _| {
+            if !state.nodes.contains_key(node_id) {
+                return Err(RequestError::NodeNotFound(node_id.to_string()));
+            }
+            let mut schedule = state.schedules.get(node_id).cloned().unwrap_or_default();
+            if eligible && schedule.drain.is_some() {
+                return Err(RequestError::NodeDraining(node_id.to_string()));
+            }
+            schedule.ineligible = !eligible;
+            state.set_schedule(node_id, schedule.clone());
+            Ok(schedule)
+        })?
+    }
+
+    /// Moves the drains on: at a deadline, every alloc left on the node goes. Called every
+    /// few seconds by whoever runs the server (each change moves them on too); nothing is
+    /// done or saved while no node drains.
+    pub fn tick_drains(&self) -> Result<(), RequestError> {
+        if self.lock().schedules.values().all(|s| s.drain.is_none()) {
+            return Ok(());
+        }
+        self.request(|_, _| ())
     }
 
     /// How many of `job_id`'s allocs wait for a node, and why (see [`placement::Blocked`]);
@@ -428,8 +543,9 @@ impl EmbeddedServer {
         if waiting == 0 {
             return None;
         }
-        let placer = placement::Placer::new(&state.nodes, state.allocs.values());
-        Some((waiting, placer.explain(&job.spec)))
+        let placer = placement::Placer::new(&state.placeable, state.allocs.values());
+        let why = placer.explain(&job.spec);
+        Some((waiting, why.with_ineligible(state.ineligible_nodes())))
     }
 
     /// Completes what a previous leader left undone (cluster mode, at takeover): each job

@@ -14,9 +14,11 @@
 //!   an index it was given before the restart sees every later change.
 
 use super::State;
+use super::drain::NodeSchedule;
 use super::placement::Nodes;
 use super::records::{
-    AllocRecord, JobRecord, META_KEY, NODES_KEY, SavedAllocRecord, SavedMeta, encode,
+    AllocRecord, JobRecord, META_KEY, NODE_SCHEDULES_KEY, NODES_KEY, SavedAllocRecord, SavedMeta,
+    encode,
 };
 use crate::model::node::NodeInfo;
 use crate::state::{ServerTable, StateDb, StateError, Write, call_store};
@@ -55,6 +57,8 @@ impl State {
                 serde_json::from_slice::<SavedNodes>(&bytes).map(|nodes| {
                     nodes_record = Some(nodes.into_nodes());
                 })
+            } else if key == NODE_SCHEDULES_KEY {
+                serde_json::from_slice(&bytes).map(|schedules| state.schedules = schedules)
             } else {
                 serde_json::from_slice::<SavedMeta>(&bytes).map(|meta| {
                     state.index = meta.index;
@@ -79,6 +83,10 @@ impl State {
                     .collect();
                 state.dirty_nodes = !state.nodes.is_empty();
             }
+        }
+        let names: Vec<String> = state.nodes.keys().cloned().collect();
+        for node in names {
+            state.refresh_placeable(&node);
         }
         for (job_id, bytes) in records(ServerTable::Jobs)? {
             match serde_json::from_slice::<JobRecord>(&bytes) {
@@ -198,13 +206,23 @@ impl State {
                 value: encode(&SavedNodes::Described(self.nodes.clone())),
             });
         }
+        if self.dirty_schedules {
+            writes.push(Write::PutServer {
+                table: ServerTable::Meta,
+                key: NODE_SCHEDULES_KEY.into(),
+                value: encode(&self.schedules),
+            });
+        }
         writes
     }
 
     /// Whether anything is waiting to be saved: a change that leaves nothing dirty (a node
     /// registering again) needs no save.
     pub(super) fn has_unsaved_changes(&self) -> bool {
-        !self.dirty_jobs.is_empty() || !self.dirty_allocs.is_empty() || self.dirty_nodes
+        !self.dirty_jobs.is_empty()
+            || !self.dirty_allocs.is_empty()
+            || self.dirty_nodes
+            || self.dirty_schedules
     }
 
     /// Clears the dirty marks once their writes are committed.
@@ -212,6 +230,7 @@ impl State {
         self.dirty_jobs.clear();
         self.dirty_allocs.clear();
         self.dirty_nodes = false;
+        self.dirty_schedules = false;
     }
 
     /// Adds `node` to the nodes allocs are placed on, or takes what it now says of
@@ -224,6 +243,7 @@ impl State {
         self.nodes.insert(node.to_string(), info);
         self.dirty_nodes = true;
         self.room_made = true;
+        self.refresh_placeable(node);
         true
     }
 
@@ -233,6 +253,41 @@ impl State {
             self.dirty_nodes = true;
             self.departed.insert(node.to_string(), info);
         }
+        self.placeable.remove(node);
+    }
+
+    /// Sets what an operator wants of `node` (eligibility, drain); the default is not kept.
+    pub(super) fn set_schedule(&mut self, node: &str, schedule: NodeSchedule) {
+        if self.schedules.get(node).cloned().unwrap_or_default() == schedule {
+            return;
+        }
+        if schedule.is_default() {
+            self.schedules.remove(node);
+        } else {
+            self.schedules.insert(node.to_string(), schedule);
+        }
+        self.dirty_schedules = true;
+        self.room_made = true;
+        self.refresh_placeable(node);
+    }
+
+    /// Puts `node` in the placeable nodes when it is registered and eligible, takes it out
+    /// otherwise.
+    fn refresh_placeable(&mut self, node: &str) {
+        let eligible = self.schedules.get(node).is_none_or(NodeSchedule::eligible);
+        match self.nodes.get(node) {
+            Some(info) if eligible => {
+                self.placeable.insert(node.to_string(), info.clone());
+            }
+            _ => {
+                self.placeable.remove(node);
+            }
+        }
+    }
+
+    /// Registered nodes that are ineligible or draining.
+    pub(super) fn ineligible_nodes(&self) -> usize {
+        self.nodes.len() - self.placeable.len()
     }
 }
 
@@ -279,7 +334,7 @@ mod tests {
         let reopened = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
         assert_eq!(reopened.nodes(), ["n1", "n2"]);
         let details = reopened.node_details();
-        assert_eq!(details[0].1, edge, "what a node said of itself is kept");
+        assert_eq!(details[0].info, edge, "what a node said of itself is kept");
     }
 
     #[test]

@@ -353,14 +353,34 @@ pub struct Blocked {
     pub memory_asked: u64,
     /// Nodes that could hold it now (it will be placed at the next chance).
     pub feasible: usize,
+    /// Registered nodes left out before any of this: ineligible or draining.
+    pub ineligible: usize,
+}
+
+impl Blocked {
+    /// These metrics, with `ineligible` registered nodes that placement did not consider.
+    pub fn with_ineligible(self, ineligible: usize) -> Blocked {
+        Blocked { ineligible, ..self }
+    }
 }
 
 impl std::fmt::Display for Blocked {
     /// `no node has 512 MiB free: 3 nodes exhausted memory, 1 filtered by constraint
     /// ${node.class} = edge`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.nodes == 0 {
+        let nodes = |n: usize| {
+            if n == 1 {
+                "1 node".to_string()
+            } else {
+                format!("{n} nodes")
+            }
+        };
+        let ineligible = || format!("{} ineligible or draining", nodes(self.ineligible));
+        if self.nodes == 0 && self.ineligible == 0 {
             return f.write_str("no node is registered yet");
+        }
+        if self.nodes == 0 {
+            return write!(f, "no node is eligible: {}", ineligible());
         }
         if self.feasible > 0 {
             return write!(
@@ -369,13 +389,6 @@ impl std::fmt::Display for Blocked {
                 self.feasible
             );
         }
-        let nodes = |n: usize| {
-            if n == 1 {
-                "1 node".to_string()
-            } else {
-                format!("{n} nodes")
-            }
-        };
         let memory = self.exhausted.get(&Dimension::Memory).copied().unwrap_or(0);
         let slots = self.exhausted.get(&Dimension::Slots).copied().unwrap_or(0);
         if memory > 0 {
@@ -394,6 +407,9 @@ impl std::fmt::Display for Blocked {
         }
         for (constraint, n) in &self.filtered {
             parts.push(format!("{} filtered by constraint {constraint}", nodes(*n)));
+        }
+        if self.ineligible > 0 {
+            parts.push(ineligible());
         }
         write!(f, ": {}", parts.join(", "))
     }

@@ -111,6 +111,7 @@ pub fn job_change(old: &JobSpec, new: &JobSpec) -> JobChange {
             count: 0,
             reschedule: None,
             update: Default::default(),
+            migrate: Default::default(),
             // Where both name their build, the runner's path is only a name for it.
             runner: if upgradable || (old.runner_sha256.is_some() && new.runner_sha256.is_some()) {
                 String::new()

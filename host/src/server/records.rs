@@ -100,6 +100,10 @@ pub(crate) const META_KEY: &str = "server";
 /// name, and with thousands of nodes that was most of each save.
 pub(crate) const NODES_KEY: &str = "nodes";
 
+/// The key of the nodes' schedules (eligibility and drains, see `super::drain`) in the
+/// metadata table: one record, written when an operator changes one.
+pub(crate) const NODE_SCHEDULES_KEY: &str = "node_schedules";
+
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Plain derived data: serializing to JSON cannot fail.
     serde_json::to_vec(value).expect("server records serialize to JSON")

@@ -25,6 +25,7 @@ pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
         update: Default::default(),
         constraints: Vec::new(),
         placement: Default::default(),
+        migrate: Default::default(),
     }
 }
 

@@ -244,3 +244,95 @@ async fn a_finished_batch_job_is_collected_after_the_threshold() {
     tokio::time::advance(Duration::from_secs(61)).await;
     assert_eq!(server.collect_garbage(false).unwrap(), [id]);
 }
+
+#[tokio::test]
+async fn a_drain_evicts_one_alloc_at_a_time_into_replacements_that_start_from_its_checkpoint() {
+    let db = Arc::new(crate::state::MemoryStateDb::new());
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    for node in ["n1", "n2"] {
+        server
+            .register_node(node, &Default::default())
+            .await
+            .unwrap();
+    }
+    server
+        .register_job(spec("web", JobType::Service, 4))
+        .unwrap();
+    let on = |node: &str| -> Vec<AllocRecord> {
+        let allocs = server.job_allocs("web").into_iter();
+        allocs
+            .filter(|a| a.node_id.as_deref() == Some(node) && !a.is_terminal())
+            .collect()
+    };
+    assert_eq!((on("n1").len(), on("n2").len()), (2, 2));
+    for alloc in server.job_allocs("web") {
+        report(&server, &alloc.alloc.id, ClientStatus::Running).await;
+    }
+
+    assert_eq!(
+        server.set_drain("nope", Some(DrainRequest::default()), false),
+        Err(RequestError::NodeNotFound("nope".into()))
+    );
+    server
+        .set_drain("n1", Some(DrainRequest::default()), false)
+        .unwrap();
+    let evicted: Vec<_> = on("n1")
+        .into_iter()
+        .filter(|a| a.alloc.desired_status == DesiredStatus::Evict)
+        .collect();
+    assert_eq!(evicted.len(), 1, "one at a time");
+    let arriving: Vec<_> = on("n2")
+        .into_iter()
+        .filter(|a| a.alloc.previous_alloc.is_some())
+        .collect();
+    assert_eq!(arriving.len(), 1);
+    let previous = arriving[0].alloc.previous_alloc.clone().unwrap();
+    assert_eq!(
+        (previous.alloc_id.as_str(), previous.node_id.as_str()),
+        (evicted[0].alloc.id.as_str(), "n1")
+    );
+    assert_eq!(
+        server.set_eligibility("n1", true),
+        Err(RequestError::NodeDraining("n1".into()))
+    );
+
+    // The evicted one stops and its replacement runs: the next one moves.
+    report(&server, &evicted[0].alloc.id, ClientStatus::Complete).await;
+    report(&server, &arriving[0].alloc.id, ClientStatus::Running).await;
+    let second = on("n1");
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].alloc.desired_status, DesiredStatus::Evict);
+    report(&server, &second[0].alloc.id, ClientStatus::Complete).await;
+    assert!(on("n1").is_empty());
+    assert_eq!(wanted(&server, "web"), 4, "the job never lost an alloc");
+    let n1 = |server: &EmbeddedServer| {
+        let details = server.node_details();
+        details.into_iter().find(|d| d.id == "n1").unwrap().schedule
+    };
+    assert_eq!(
+        n1(&server),
+        drain::NodeSchedule {
+            ineligible: true,
+            drain: None
+        },
+        "drain done, the node stays ineligible"
+    );
+    server
+        .register_job(spec("web", JobType::Service, 6))
+        .unwrap();
+    assert!(
+        on("n1").is_empty(),
+        "nothing new goes to an ineligible node"
+    );
+
+    // The schedule outlives a restart of the server, and the node's own.
+    drop(server);
+    let server = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
+    server
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
+    assert!(!n1(&server).eligible());
+    server.set_eligibility("n1", true).unwrap();
+    assert!(n1(&server).eligible());
+}

@@ -161,6 +161,17 @@ pub trait StateDb: Send + Sync + 'static {
     /// Every record of one server table, ordered by key.
     fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError>;
 
+    /// The last checkpoint saved for client alloc `alloc_id` (`None`: it saved none, or is
+    /// unknown). Read once per alloc moved off a drained node; the default reads every
+    /// client alloc, which a store may do better.
+    fn client_checkpoint(&self, alloc_id: &str) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(self
+            .client_allocs()?
+            .into_iter()
+            .find(|saved| saved.alloc_id == alloc_id)
+            .and_then(|saved| saved.checkpoint))
+    }
+
     /// Whether a call may wait on I/O. Callers on an async worker hand such calls to
     /// [`call_store`]; a store that never waits (one held in memory) is called in place,
     /// which spares each commit a hand-over of the worker to another thread. Fixed for the

@@ -411,3 +411,108 @@ async fn a_job_no_host_can_hold_waits_says_why_and_runs_on_a_fourth_host_when_it
         assert_eq!(view["blocked"], Value::Null, "{view}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_hosts_service_allocs_resume_elsewhere_from_their_checkpoints() {
+    let Some(cluster) = HostCluster::start().await else {
+        return;
+    };
+    let laptop = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        caravan_test_artifacts::STATEFUL,
+        laptop.path().join("counter.wasm"),
+    )
+    .unwrap();
+    let job = laptop.path().join("counter.toml");
+    std::fs::write(
+        &job,
+        "[job]\nid = \"counter\"\ntype = \"service\"\ncount = 2\nrunner = \"counter.wasm\"\n\
+         [[job.tasks]]\nname = \"counter\"\nconfig = { tick_every = \"100\" }\n",
+    )
+    .unwrap();
+    let agent = |i: usize| Some(cluster.agents[i].addr.as_str());
+    assert_succeeded(&run_caravan(
+        &["job", "run", "--detach", job.to_str().unwrap()],
+        agent(0),
+    ));
+    let cluster = &cluster;
+    eventually_async("two counters running", || async move {
+        running(&cluster.allocs(0, "counter").await) == 2
+    })
+    .await;
+    let on_host_1: Vec<String> = cluster
+        .allocs(0, "counter")
+        .await
+        .iter()
+        .filter(|a| a["node_id"] == "host-1")
+        .filter_map(|a| a["id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(on_host_1.len(), 1, "one counter per host");
+    let moved = &on_host_1[0];
+    let logs = |id: String| async move {
+        let path = format!("/v1/client/allocation/{id}/logs");
+        let (_, text) = cluster.get(2, &path).await;
+        text.as_str().unwrap_or_default().to_string()
+    };
+    eventually_async("the counter on host-1 counted to 5", || async move {
+        logs(moved.clone()).await.contains("tick 5")
+    })
+    .await;
+
+    // The operator drains host-1: the command returns once nothing runs there.
+    let drained = run_caravan(&["node", "drain", "host-1", "--enable"], agent(1));
+    assert_succeeded(&drained);
+    assert!(
+        String::from_utf8_lossy(&drained.stdout).contains("node host-1: drain complete"),
+        "{}",
+        String::from_utf8_lossy(&drained.stdout)
+    );
+    let allocs = cluster.allocs(0, "counter").await;
+    assert_eq!(running(&allocs), 2, "{allocs:#?}");
+    assert!(!live_by_node(&allocs).contains_key("host-1"));
+    // The replacement of the moved counter went on from its count, on another host.
+    let resumed = allocs
+        .iter()
+        .filter(|a| a["client_status"] == "running")
+        .filter_map(|a| a["id"].as_str().map(str::to_string));
+    let mut counts = Vec::new();
+    for id in resumed {
+        let text = logs(id).await;
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.contains("resuming from checkpoint at count"))
+        {
+            counts.push(line.to_string());
+        }
+    }
+    assert_eq!(
+        counts.len(),
+        1,
+        "exactly the moved counter resumed: {counts:?}"
+    );
+    let count: u64 = counts[0]
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        count >= 5,
+        "it resumed from its last count, not 0: {}",
+        counts[0]
+    );
+
+    // The drained host stays out of placement: a scale-up goes elsewhere.
+    let status = run_caravan(&["node", "status"], agent(2));
+    let table = String::from_utf8_lossy(&status.stdout);
+    let host_1 = table
+        .lines()
+        .find(|l| l.starts_with("host-1"))
+        .unwrap_or_default();
+    assert!(host_1.contains("ineligible"), "{table}");
+    assert_succeeded(&run_caravan(&["job", "scale", "counter", "4"], agent(2)));
+    eventually_async("four counters, none on host-1", || async move {
+        let allocs = cluster.allocs(0, "counter").await;
+        running(&allocs) == 4 && !live_by_node(&allocs).contains_key("host-1")
+    })
+    .await;
+}

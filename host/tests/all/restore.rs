@@ -89,6 +89,7 @@ fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]
         update: Default::default(),
         constraints: Vec::new(),
         placement: Default::default(),
+        migrate: Default::default(),
     }
 }
 

@@ -68,6 +68,34 @@ pub(super) async fn get_local_allocation(
     })
 }
 
+/// `GET /v1/client/allocation/{id}/checkpoint`: the final checkpoint of an alloc this node
+/// shut down to move it (a drain), for the node of the alloc that replaces it: 200 with
+/// its bytes, 204 when its runner saved none, 409 while it still runs, 404 when it is not
+/// on this node. Needs the token: it is the guest's own state.
+pub(super) async fn allocation_checkpoint(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    use crate::client::migrate::CheckpointUnavailable;
+    let (alloc_id, _) = local_alloc_id(&state, id)?;
+    match state.client.migration_checkpoint(&alloc_id).await {
+        Ok(Some(bytes)) => {
+            Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+        }
+        Ok(None) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(refused @ CheckpointUnavailable::Unknown(_)) => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, refused.to_string()))
+        }
+        Err(refused @ CheckpointUnavailable::NotFinal(_)) => {
+            Err(ApiError::new(StatusCode::CONFLICT, refused.to_string()))
+        }
+        Err(refused @ CheckpointUnavailable::Store(..)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            refused.to_string(),
+        )),
+    }
+}
+
 fn local_view(state: &ApiState, alloc_id: &str) -> Option<LocalAllocView> {
     let runner = state.client.runner(alloc_id)?;
     let limits = state.default_limits.with_overrides(&runner.alloc().limits);

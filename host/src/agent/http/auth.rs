@@ -3,10 +3,11 @@
 //! [`require_token`] is a route layer over every route, so a route added later is covered
 //! without its handler doing anything; handlers never look at the token. The rule
 //! ([`needs_token`]) is by method and path: every write (any method but GET and HEAD) needs
-//! the token, and so do three reads that hand out more than the cluster's state: an alloc's
-//! files (`/v1/client/fs/...`), node RPC (`/v1/node/...`, which streams every alloc of a
-//! node) and runner builds (`/v1/runner/...`, a job's code; agents fetching one send their
-//! own token). Everything else is readable without one, as in Nomad without ACLs.
+//! the token, and so do the reads that hand out more than the cluster's state: an alloc's
+//! files (`/v1/client/fs/...`) and checkpoint (`/v1/client/allocation/{id}/checkpoint`, the
+//! guest's own state, fetched by the node its drained alloc moves to), node RPC
+//! (`/v1/node/...`, which streams every alloc of a node) and runner builds (`/v1/runner/...`,
+//! a job's code; agents fetching one send their own token). Everything else is readable without one, as in Nomad without ACLs.
 //!
 //! The token is compared in constant time (both sides hashed, the digests compared without
 //! an early exit), so its bytes cannot be guessed one at a time from response times.
@@ -27,7 +28,8 @@ const GUARDED_READS: [&str; 3] = ["/v1/client/fs/", "/v1/node/", "/v1/runner/"];
 /// Whether a request of `method` on `path` needs the token (when one is configured).
 pub(super) fn needs_token(method: &Method, path: &str) -> bool {
     let read = *method == Method::GET || *method == Method::HEAD;
-    !read || GUARDED_READS.iter().any(|prefix| path.starts_with(prefix))
+    let checkpoint = path.starts_with("/v1/client/allocation/") && path.ends_with("/checkpoint");
+    !read || checkpoint || GUARDED_READS.iter().any(|prefix| path.starts_with(prefix))
 }
 
 /// The route layer: refuses a request that needs the token and lacks it (401) or carries

@@ -69,15 +69,18 @@ impl Forwarding {
 
 /// The cluster's routes, as opposed to this node's own.
 fn is_cluster_route(path: &str) -> bool {
-    [
-        "/v1/jobs",
-        "/v1/job/",
-        "/v1/allocation",
-        "/v1/nodes",
-        "/v1/system/",
-    ]
-    .iter()
-    .any(|prefix| path.starts_with(prefix))
+    let node_schedule = path.starts_with("/v1/node/")
+        && (path.ends_with("/drain") || path.ends_with("/eligibility"));
+    node_schedule
+        || [
+            "/v1/jobs",
+            "/v1/job/",
+            "/v1/allocation",
+            "/v1/nodes",
+            "/v1/system/",
+        ]
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
 }
 
 fn unavailable(message: String) -> ApiError {

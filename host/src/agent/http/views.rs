@@ -207,7 +207,7 @@ pub(super) fn job_view(
             .map(|(allocs, why)| BlockedView {
                 allocs,
                 reason: why.to_string(),
-                nodes: why.nodes,
+                nodes: why.nodes + why.ineligible,
             }),
     }
 }

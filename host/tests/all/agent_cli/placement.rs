@@ -78,3 +78,51 @@ async fn a_job_that_fits_nowhere_waits_says_why_and_is_placed_when_room_appears(
     assert_eq!(nodes[0]["class"], "core");
     assert_eq!(nodes[0]["memory_bytes"], 256 << 20);
 }
+
+#[test]
+fn an_ineligible_node_gets_nothing_new_and_a_bad_drain_is_refused_in_one_line() {
+    let agent = AgentProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |args: &[&str], code: i32, said: &str| {
+        let out = agent.caravan(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    };
+    refused(
+        &["node", "drain", "nope", "--enable"],
+        1,
+        "node \"nope\" not found",
+    );
+    refused(
+        &["node", "drain", "local", "--enable", "--deadline", "soon"],
+        1,
+        "deadline: ",
+    );
+    let out = agent.caravan(&["node", "drain", "local"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--enable or --disable is required"
+    );
+
+    let off = agent.caravan(&["node", "eligibility", "local", "--disable"]);
+    assert!(
+        stdout(&off).contains("node local: ineligible"),
+        "{}",
+        stdout(&off)
+    );
+    let job = sleeper_job(dir.path(), "web", 1, r#"log_every = "1s""#, "");
+    let run = agent.caravan(&["job", "run", job.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("1 alloc not placed: no node is eligible: 1 node ineligible or draining"),
+        "{said}"
+    );
+    let on = agent.caravan(&["node", "eligibility", "local", "--enable"]);
+    assert!(stdout(&on).contains("node local: eligible"));
+    let status = agent.caravan(&["node", "status"]);
+    assert!(stdout(&status).contains("eligible"), "{}", stdout(&status));
+}

@@ -215,9 +215,11 @@ function drawGc(gc) {
 }
 
 function drawNodes(nodes) {
-  return table(["Node", "Status", "Class", "Allocs not terminal", "Memory reserved", "Address"],
+  return table(["Node", "Status", "Eligibility", "Class", "Allocs not terminal", "Memory reserved", "Address"],
     nodes.map((node) => [
-      el("span", { class: "id" }, node.id), statusText(node.status), node.class || "",
+      el("span", { class: "id" }, node.id), statusText(node.status),
+      node.drain ? `draining (${node.allocs} left${node.drain.deadline_unix_ms ? ", deadline " + new Date(node.drain.deadline_unix_ms).toLocaleTimeString() : ""})` : (node.eligibility || ""),
+      node.class || "",
       node.alloc_slots ? `${node.allocs} of ${node.alloc_slots}` : node.allocs,
       node.memory_bytes ? `${mib(node.memory_reserved_bytes)} of ${mib(node.memory_bytes)}` : "",
       node.address || "",

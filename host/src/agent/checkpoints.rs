@@ -1,0 +1,78 @@
+//! Where this agent's client fetches the checkpoint of an alloc moved here off a drained
+//! node: the agent of the node it ran on, found by that node's live key, asked over the
+//! agents' HTTP API (`GET /v1/client/allocation/{id}/checkpoint`, with this agent's token).
+//!
+//! It only carries bytes: when to ask again and what to start from is the client's
+//! (`client::migrate`).
+
+use crate::client::migrate::{CheckpointFetch, CheckpointSource};
+use crate::cluster::EtcdStore;
+use crate::model::structs::PreviousAlloc;
+use crate::rpc::transport::{AgentPool, error_message, read_body};
+use hyper::{Method, StatusCode};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long the other agent may take to answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most read of an answer: the largest checkpoint a job may be allowed (the cap of
+/// `checkpoint_size`), and more is refused rather than kept.
+const MAX_CHECKPOINT_BYTES: usize = 16 << 20;
+
+/// A source that finds the previous alloc's node among the cluster's live agents.
+pub fn from_cluster(store: EtcdStore, token: Option<String>) -> CheckpointSource {
+    let pool = Arc::new(AgentPool::new());
+    Arc::new(move |previous: PreviousAlloc| {
+        let (store, token, pool) = (store.clone(), token.clone(), pool.clone());
+        Box::pin(async move {
+            let live = crate::cluster::live_records(&store)
+                .await
+                .map_err(|e| CheckpointFetch::NotYet(format!("cannot read the live nodes: {e}")))?;
+            let Some((member, _)) = live.into_iter().find(|(m, _)| m.node == previous.node_id)
+            else {
+                return Err(CheckpointFetch::Gone(format!(
+                    "node {} is down",
+                    previous.node_id
+                )));
+            };
+            fetch(&pool, &member.api, token, &previous.alloc_id).await
+        })
+    })
+}
+
+async fn fetch(
+    pool: &AgentPool,
+    api: &str,
+    token: Option<String>,
+    alloc_id: &str,
+) -> Result<Option<Vec<u8>>, CheckpointFetch> {
+    let agent = pool
+        .agent(api, token)
+        .map_err(|e| CheckpointFetch::Gone(format!("the agent address is not usable: {e}")))?;
+    let path = format!("/v1/client/allocation/{alloc_id}/checkpoint");
+    let response = agent
+        .send(
+            Method::GET,
+            &path,
+            axum::body::Body::empty(),
+            ANSWER_TIMEOUT,
+        )
+        .await
+        .map_err(|unanswered| CheckpointFetch::NotYet(unanswered.reason))?;
+    let status = response.status();
+    let body = read_body(response.into_body(), MAX_CHECKPOINT_BYTES)
+        .await
+        .map_err(CheckpointFetch::NotYet)?;
+    let said = || crate::util::text::cut(&error_message(&body), 200).into_owned();
+    match status {
+        StatusCode::OK => Ok(Some(body.to_vec())),
+        StatusCode::NO_CONTENT => Ok(None),
+        StatusCode::NOT_FOUND => Err(CheckpointFetch::Gone(said())),
+        StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => Err(CheckpointFetch::Gone(format!(
+            "the agent at {api} refused this agent's token: {}",
+            said()
+        ))),
+        _ => Err(CheckpointFetch::NotYet(format!("{status}: {}", said()))),
+    }
+}

@@ -1,0 +1,178 @@
+//! Allocs moving between nodes with their guest's state, as a node drain moves them (Nomad
+//! moves an alloc dir's files with `ephemeral_disk { migrate = true }`; here the runner's
+//! own checkpoint moves).
+//!
+//! Two ends, each on the node where it happens:
+//! - **Leaving.** An alloc the server evicts (desired status `evict`) is shut down rather
+//!   than killed: its runner saves a checkpoint and stops, and the client reports it
+//!   complete. From then on [`Client::migration_checkpoint`] serves that checkpoint to the
+//!   node of the alloc that replaces it (the agent's HTTP API carries it there).
+//! - **Arriving.** An alloc with a [`PreviousAlloc`] fetches that alloc's checkpoint through
+//!   the client's [`CheckpointSource`], saves it as its own, and starts its runner from it
+//!   (`restored`). While the previous alloc is still shutting down it waits; when the
+//!   checkpoint cannot be had (its node is gone, no source is set, the wait ran out) the
+//!   alloc starts without one and says why in a WARN.
+//!
+//! It knows the client's runners and store, not how a checkpoint crosses the network: that
+//! is the source's.
+
+use super::{Client, ClientInner};
+use crate::model::structs::{Alloc, AllocState, ClientStatus, PreviousAlloc};
+use crate::util::locks::LockUnpoisoned;
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Fetches the checkpoint of alloc `alloc_id` from the agent of node `node_id`.
+pub type CheckpointSource = Arc<
+    dyn Fn(PreviousAlloc) -> BoxFuture<'static, Result<Option<Vec<u8>>, CheckpointFetch>>
+        + Send
+        + Sync,
+>;
+
+/// Why a checkpoint was not fetched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointFetch {
+    /// The previous alloc is still shutting down, or its node did not answer: ask again.
+    #[error("not yet: {0}")]
+    NotYet(String),
+    /// It will never be had (its node is down, or does not know the alloc).
+    #[error("{0}")]
+    Gone(String),
+}
+
+/// Why [`Client::migration_checkpoint`] has no checkpoint to give.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointUnavailable {
+    /// This client does not hold the alloc.
+    #[error("allocation {0:?} is not on this node")]
+    Unknown(String),
+    /// The alloc still runs, or is still shutting down: its checkpoint is not final.
+    #[error("allocation {0:?} is still running; its checkpoint is not final yet")]
+    NotFinal(String),
+    /// The store could not be read.
+    #[error("cannot read the checkpoint of allocation {0:?}: {1}")]
+    Store(String, String),
+}
+
+/// How long an arriving alloc waits for its previous alloc's checkpoint: past its kill
+/// timeout (the most a shutdown takes) with room for a slow network.
+const FETCH_PATIENCE: Duration = Duration::from_secs(60);
+/// Between two asks.
+const FETCH_EVERY: Duration = Duration::from_millis(250);
+
+impl Client {
+    /// The client fetches the checkpoints of allocs moved here from other nodes through
+    /// `source`. Without one, such an alloc starts afresh.
+    pub fn fetch_checkpoints_from(&self, source: CheckpointSource) {
+        *self.inner.checkpoint_source.lock_unpoisoned() = Some(source);
+    }
+
+    /// The final checkpoint of an alloc this node shut down to move it (`None` when its
+    /// runner saved none). Refused while the alloc still runs, so the node it moves to never
+    /// starts from a checkpoint older than the last.
+    pub async fn migration_checkpoint(
+        &self,
+        alloc_id: &str,
+    ) -> Result<Option<Vec<u8>>, CheckpointUnavailable> {
+        let status = match self.inner.runners_lock().get(alloc_id) {
+            Some(_) if self.inner.moved_lock().contains(alloc_id) => ClientStatus::Complete,
+            Some(runner) => runner.client_status(),
+            None => match self.inner.runnerless_lock().get(alloc_id) {
+                Some((_, state)) => state.client_status,
+                None => return Err(CheckpointUnavailable::Unknown(alloc_id.to_string())),
+            },
+        };
+        if !status.is_terminal() {
+            return Err(CheckpointUnavailable::NotFinal(alloc_id.to_string()));
+        }
+        let db = self.inner.persister.db();
+        crate::state::call_store(db.as_ref(), || db.client_checkpoint(alloc_id))
+            .map_err(|e| CheckpointUnavailable::Store(alloc_id.to_string(), e.to_string()))
+    }
+}
+
+impl ClientInner {
+    /// Shuts down the runner of an evicted alloc so that it saves a checkpoint, then
+    /// reports the alloc complete. False when the alloc has no running runner (the caller
+    /// passes the update on as any other).
+    pub(super) fn evict(self: &Arc<Self>, alloc: &Arc<Alloc>) -> bool {
+        let Some(runner) = self.runners_lock().get(&alloc.id).cloned() else {
+            return false;
+        };
+        if runner.client_status().is_terminal() || !self.moved_lock().insert(alloc.id.clone()) {
+            return false;
+        }
+        tracing::info!(alloc_id = %alloc.id, "moving the allocation to another node: shutting it down with a checkpoint");
+        runner.shutdown();
+        let client = Arc::downgrade(self);
+        let alloc_id = alloc.id.clone();
+        tokio::spawn(async move {
+            runner.shutdown_done().wait().await;
+            let Some(client) = client.upgrade() else {
+                return;
+            };
+            let ended = AllocState {
+                client_status: ClientStatus::Complete,
+                description: "moved to another node: shut down with a checkpoint for the \
+                              alloc that replaces it"
+                    .into(),
+                task_states: runner.alloc_state().task_states,
+            };
+            client.report_state(&alloc_id, &ended);
+        });
+        true
+    }
+
+    /// The checkpoint an alloc moved here starts from: its previous alloc's, fetched and
+    /// saved as its own, or `None` (see the module docs).
+    pub(super) async fn arriving_checkpoint(
+        self: &Arc<Self>,
+        alloc: &Alloc,
+        previous: &PreviousAlloc,
+    ) -> Option<Vec<u8>> {
+        let source = self.checkpoint_source.lock_unpoisoned().clone();
+        let warn = |why: &str| {
+            tracing::warn!(
+                alloc_id = %alloc.id,
+                previous_alloc = %previous.alloc_id,
+                previous_node = %previous.node_id,
+                why,
+                "starting without the checkpoint of the allocation this one replaces"
+            );
+        };
+        let Some(source) = source else {
+            warn("this node cannot fetch checkpoints from other nodes");
+            return None;
+        };
+        let deadline = tokio::time::Instant::now() + FETCH_PATIENCE;
+        let checkpoint = loop {
+            match source(previous.clone()).await {
+                Ok(checkpoint) => break checkpoint,
+                Err(CheckpointFetch::Gone(why)) => {
+                    warn(&why);
+                    return None;
+                }
+                Err(CheckpointFetch::NotYet(why)) if tokio::time::Instant::now() >= deadline => {
+                    warn(&format!("gave up waiting: {why}"));
+                    return None;
+                }
+                Err(CheckpointFetch::NotYet(_)) => tokio::time::sleep(FETCH_EVERY).await,
+            }
+        };
+        let checkpoint = checkpoint?;
+        // Its own from now: a restart of this node before its first checkpoint resumes
+        // from it too.
+        if let Err(why) = self.persister.save_checkpoint(&alloc.id, &checkpoint).await {
+            warn(&format!("cannot keep it: {why}"));
+            return None;
+        }
+        tracing::info!(
+            alloc_id = %alloc.id,
+            previous_alloc = %previous.alloc_id,
+            bytes = checkpoint.len(),
+            "starting from the checkpoint of the allocation this one replaces"
+        );
+        Some(checkpoint)
+    }
+}
