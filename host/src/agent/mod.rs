@@ -75,7 +75,7 @@ async fn down_silent_nodes(server: std::sync::Weak<EmbeddedServer>, node_ttl: st
         // The agent's own node lives as long as this process does.
         let swept = tokio::task::spawn_blocking(move || {
             let downed = server.down_silent_nodes(LOCAL_NODE);
-            (downed, server.tick_drains())
+            (downed, server.tick())
         })
         .await;
         if let Ok((downed, drains)) = swept {
@@ -83,7 +83,7 @@ async fn down_silent_nodes(server: std::sync::Weak<EmbeddedServer>, node_ttl: st
                 tracing::error!(error = %error, "cannot take silent nodes down; retrying");
             }
             if let Err(error) = drains {
-                tracing::error!(error = %error, "cannot move node drains on; retrying");
+                tracing::error!(error = %error, "cannot move node drains and disconnects on; retrying");
             }
         }
     }

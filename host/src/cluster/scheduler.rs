@@ -171,8 +171,8 @@ pub async fn lead(
             },
             _ = tick.tick() => {
                 leader.down_if_still_missing();
-                if let Err(error) = leader.server.tick_drains() {
-                    tracing::warn!(%error, "cannot move node drains on");
+                if let Err(error) = leader.server.tick() {
+                    tracing::warn!(%error, "cannot move node drains and disconnects on");
                 }
                 if Instant::now() >= next_gc {
                     next_gc = Instant::now() + config.gc_interval;

@@ -95,12 +95,12 @@ fn alloc_location(record: &SavedAllocRecord) -> String {
 }
 
 /// An alloc record as its key holds it: without the client's state, unless the scheduler
-/// decided it (lost).
+/// decided it (lost, or unknown while its node is away).
 fn as_stored(mut record: SavedAllocRecord) -> SavedAllocRecord {
     let lost = record
         .client_state
         .as_ref()
-        .is_some_and(|s| s.client_status == ClientStatus::Lost);
+        .is_some_and(|s| matches!(s.client_status, ClientStatus::Lost | ClientStatus::Unknown));
     if !lost {
         record.client_state = None;
     }

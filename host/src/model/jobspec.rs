@@ -20,12 +20,14 @@
 //! `delay_function`, `max_delay`, `mode`: see [`crate::model::restart`]), `[job.update]`
 //! (`carry_checkpoint`: see [`UpdatePolicy`]), `[[job.constraint]]` (`attribute`, `operator`,
 //! `value`: see [`crate::model::constraint`]), `placement` (`"binpack"`, the default, or
-//! `"spread"`), `[job.migrate]` (`checkpoint`: see [`MigratePolicy`]).
+//! `"spread"`), `[job.migrate]` (`checkpoint`: see [`MigratePolicy`]), `[job.disconnect]` (`lost_after`,
+//! `replace`, `reconcile`: see [`crate::model::disconnect`]).
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
 use crate::model::capabilities::{self, Capabilities};
 use crate::model::constraint::{Algorithm, Constraint, MAX_CONSTRAINTS, RawConstraint};
+use crate::model::disconnect::{DisconnectPolicy, RawDisconnect};
 use crate::model::limits::{LimitOverrides, RawLimits};
 use crate::model::reschedule::{RawReschedule, ReschedulePolicy};
 use crate::model::restart::{RawRestart, RestartPolicy};
@@ -88,6 +90,10 @@ pub struct JobSpec {
     /// How its allocs move off a drained node (`[job.migrate]`).
     #[serde(default, skip_serializing_if = "MigratePolicy::is_default")]
     pub migrate: MigratePolicy,
+    /// What its allocs become when their node stops answering (`[job.disconnect]`); `None`:
+    /// lost at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disconnect: Option<DisconnectPolicy>,
 }
 
 /// How a job's allocs move off a drained node (`[job.migrate]`).
@@ -192,6 +198,7 @@ struct RawJob {
     constraint: Vec<RawConstraint>,
     placement: Option<String>,
     migrate: Option<RawMigrate>,
+    disconnect: Option<RawDisconnect>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -395,6 +402,12 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
             ));
         }
     };
+    let disconnect = match raw.disconnect {
+        None => None,
+        Some(block) => block
+            .parse()
+            .map_err(|(key, problem)| error(format!("job.disconnect.{key}"), problem))?,
+    };
     let mut tasks: Vec<Task> = Vec::new();
     for (i, task) in raw.tasks.into_iter().enumerate() {
         let field = format!("job.tasks[{i}].name");
@@ -445,6 +458,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
         migrate: MigratePolicy {
             checkpoint: raw.migrate.and_then(|m| m.checkpoint).unwrap_or(true),
         },
+        disconnect,
     };
     let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
     if stored > MAX_JOB_BYTES {

@@ -12,12 +12,14 @@
 //! - [`capabilities`]: what a job asks beyond its alloc dir and what the agent offers.
 //! - [`node`]: what a client node says of itself at registration (capacity, class, meta).
 //! - [`constraint`]: `[[job.constraint]]`, which nodes a job's allocs may go to.
+//! - [`disconnect`]: `[job.disconnect]`, what allocs become when their node stops answering.
 //! - [`restart`]: the restart policy: a crashed runner restarted in place.
 //! - [`reschedule`]: the reschedule policy: a failed alloc replaced after a growing delay.
 
 pub mod admission;
 pub mod capabilities;
 pub mod constraint;
+pub mod disconnect;
 pub mod jobspec;
 pub mod limits;
 pub mod node;

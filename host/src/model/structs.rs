@@ -166,6 +166,10 @@ pub enum ClientStatus {
     /// Terminal: its node stopped answering (cluster mode), so the scheduler gave up on it.
     /// Set by the scheduler, never by a client.
     Lost,
+    /// Its node stopped answering, and its job's `[job.disconnect] lost_after` has not run
+    /// out: it may still run there, and is kept (or not) when the node returns, by the
+    /// job's `reconcile` rule. Set by the scheduler, never by a client; not terminal.
+    Unknown,
 }
 
 impl ClientStatus {
@@ -185,6 +189,7 @@ impl ClientStatus {
             ClientStatus::Complete => "complete",
             ClientStatus::Failed => "failed",
             ClientStatus::Lost => "lost",
+            ClientStatus::Unknown => "unknown",
         }
     }
 }

@@ -169,7 +169,7 @@ impl EmbeddedServer {
                         node_id,
                         info,
                         answer,
-                    } => Reply::Registered(answer, register(state, &node_id, info)),
+                    } => Reply::Registered(answer, register(state, &node_id, info, index)),
                     Request::Report { updates, answer } => {
                         let accepted = state.take_updates(
                             &updates,
@@ -219,11 +219,13 @@ impl EmbeddedServer {
 
 /// Adds a node not yet known to the nodes allocs are placed on, unless the server has its
 /// most nodes (each costs the server memory and a longer node list to save). True when added.
-fn register(state: &mut State, node_id: &str, info: NodeInfo) -> bool {
+fn register(state: &mut State, node_id: &str, info: NodeInfo, index: u64) -> bool {
     if state.nodes.len() >= MAX_NODES {
         return false;
     }
     state.add_node(node_id, info);
+    // A node back from a partition: what it still runs is known again.
+    state.reconnect_node(node_id, index);
     true
 }
 

@@ -174,6 +174,10 @@ struct State {
     /// Set by a change that may have made room (an alloc ended, a node came or changed):
     /// the waiting allocs are tried again before the change is saved.
     room_made: bool,
+    /// Allocs `unknown` while their node is away (see [`crate::model::disconnect`]), kept
+    /// by the changes that make and end them, so that finding them costs nothing when
+    /// there are none.
+    unknown: BTreeSet<String>,
 }
 
 /// The server, in process. Cheap to share as `Arc<EmbeddedServer>`.
@@ -240,8 +244,12 @@ impl EmbeddedServer {
         if std::mem::take(&mut state.room_made) && !state.waiting.is_empty() {
             state.place_unplaced(index);
         }
+        let now = crate::util::timestamp::unix_ms_now();
+        if !state.unknown.is_empty() {
+            state.expire_disconnects(index, now);
+        }
         if state.schedules.values().any(|s| s.drain.is_some()) {
-            state.advance_drains(index, crate::util::timestamp::unix_ms_now());
+            state.advance_drains(index, now);
         }
         if !state.has_unsaved_changes() {
             // Nothing changed (a node registering again): no index spent, no disk sync.
@@ -519,12 +527,15 @@ impl EmbeddedServer {
         })?
     }
 
-    /// Moves the drains on: at a deadline, every alloc left on the node goes. Called every
-    /// few seconds by whoever runs the server (each change moves them on too); nothing is
-    /// done or saved while no node drains.
-    pub fn tick_drains(&self) -> Result<(), RequestError> {
-        if self.lock().schedules.values().all(|s| s.drain.is_none()) {
-            return Ok(());
+    /// Moves what waits on the clock on: a drain's deadline, an unknown alloc's
+    /// `lost_after`. Called every few seconds by whoever runs the server (each change moves
+    /// them on too); nothing is done or saved while no node drains and nothing is unknown.
+    pub fn tick(&self) -> Result<(), RequestError> {
+        {
+            let state = self.lock();
+            if state.unknown.is_empty() && state.schedules.values().all(|s| s.drain.is_none()) {
+                return Ok(());
+            }
         }
         self.request(|_, _| ())
     }
@@ -585,7 +596,7 @@ impl EmbeddedServer {
             let (lost, saved) = self.change(|state, index| {
                 self.liveness
                     .is_silent(node, ttl)
-                    .then(|| state.node_down(node, index))
+                    .then(|| state.node_down(node, index, crate::util::timestamp::unix_ms_now()))
             });
             match (lost, saved) {
                 (_, Err(error)) => {
@@ -615,7 +626,8 @@ impl EmbeddedServer {
     /// want are replaced on the other nodes. Returns the ids lost; an error when the change
     /// could not be saved (it stays in memory, as for every change).
     pub fn node_down(&self, node_id: &str) -> Result<Vec<String>, StateError> {
-        let (lost, saved) = self.change(|state, index| state.node_down(node_id, index));
+        let now = crate::util::timestamp::unix_ms_now();
+        let (lost, saved) = self.change(|state, index| state.node_down(node_id, index, now));
         saved.map(|()| lost)
     }
 }

@@ -106,6 +106,9 @@ impl State {
                     if record.node_id.is_none() && !record.is_terminal() {
                         state.waiting.insert(alloc_id.clone());
                     }
+                    if record.disconnected_unix_ms.is_some() {
+                        state.unknown.insert(alloc_id.clone());
+                    }
                     state.allocs.insert(alloc_id, record);
                 }
                 Err(error) => {
@@ -157,6 +160,7 @@ impl State {
     pub(super) fn remove_alloc(&mut self, alloc_id: &str) {
         self.dirty_allocs.insert(alloc_id.to_string());
         self.waiting.remove(alloc_id);
+        self.unknown.remove(alloc_id);
         self.allocs.remove(alloc_id);
     }
 

@@ -193,6 +193,13 @@ impl<'a> Placer<'a> {
         blocked
     }
 
+    /// How good a home `node` is for one more alloc of `job`, as placement ranks nodes
+    /// (higher is better); `None` when it cannot hold it or is not among this placer's.
+    pub fn score_for(&self, job: &JobSpec, node: &str) -> Option<i64> {
+        let ask = Ask::new(job, 1);
+        self.score(&Job::new(self, &ask), node)
+    }
+
     /// The nodes `admit` lets through that can hold one more alloc of `job`, best last.
     fn rank(&self, job: &Job, admit: impl Fn(&str) -> bool) -> BinaryHeap<(i64, Reverse<&'a str>)> {
         self.nodes

@@ -33,6 +33,7 @@
 
 use super::placement::{Ask, Nodes, Placer};
 use super::records::{AllocRecord, JobRecord};
+use crate::model::disconnect::Reconcile;
 use crate::model::jobspec::{JobSpec, JobType};
 use crate::model::reschedule::{Decision, ReschedulePolicy};
 use crate::model::structs::{ClientStatus, DesiredStatus, Reschedule, Task};
@@ -112,6 +113,7 @@ pub fn job_change(old: &JobSpec, new: &JobSpec) -> JobChange {
             reschedule: None,
             update: Default::default(),
             migrate: Default::default(),
+            disconnect: None,
             // Where both name their build, the runner's path is only a name for it.
             runner: if upgradable || (old.runner_sha256.is_some() && new.runner_sha256.is_some()) {
                 String::new()
@@ -307,6 +309,52 @@ fn nodes_failed_on<'r>(failed: &'r AllocRecord, allocs: &[&'r AllocRecord]) -> V
     nodes
 }
 
+/// Whether an unknown alloc whose node returned (`original`) is kept rather than its
+/// `stand_in`, by `rule` (see [`Reconcile`]): `best_score` ranks their nodes as placement
+/// would for one more alloc of `job` over `nodes` (a node that is gone or ineligible ranks
+/// last); `longest_running` keeps the one whose last restart is older, the older alloc on
+/// a tie. Ties keep the original.
+pub fn keep_original<'a>(
+    rule: Reconcile,
+    job: &JobSpec,
+    original: &AllocRecord,
+    stand_in: &AllocRecord,
+    nodes: &'a Nodes,
+    allocs: impl IntoIterator<Item = &'a AllocRecord>,
+) -> bool {
+    match rule {
+        Reconcile::KeepOriginal => true,
+        Reconcile::KeepReplacement => false,
+        Reconcile::LongestRunning => {
+            let since = |record: &AllocRecord| (last_restart_unix_ms(record), record.sequence);
+            since(original) <= since(stand_in)
+        }
+        Reconcile::BestScore => {
+            let placer = Placer::new(nodes, allocs);
+            let score = |record: &AllocRecord| {
+                record
+                    .node_id
+                    .as_deref()
+                    .and_then(|node| placer.score_for(job, node))
+            };
+            score(original) >= score(stand_in)
+        }
+    }
+}
+
+/// When the alloc's runner last restarted (Unix ms), from its tasks' events; 0 if never.
+fn last_restart_unix_ms(record: &AllocRecord) -> u64 {
+    let states = record.client_state.as_ref().map(|s| &s.task_states[..]);
+    states
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|task| &task.events)
+        .filter(|event| event.kind == "Restarting")
+        .map(|event| event.time_unix_ms)
+        .max()
+        .unwrap_or(0)
+}
+
 /// How many allocs `job` lacks when a new leader takes over: its count, less every alloc of
 /// its current version still desired to run and not replaced, whatever its client state. A
 /// deploy its predecessor was cut short in left fewer; a failed alloc past the restart limit
@@ -333,6 +381,12 @@ pub struct NodeLoss {
     pub lost: Vec<String>,
     /// Per job, the lost allocs to mark replaced (`replace`) and their new allocs (`place`).
     pub replacements: Vec<(String, Plan)>,
+    /// Allocs of jobs with a `[job.disconnect]` block: now unknown, left to run, until the
+    /// node returns or their `lost_after` passes.
+    pub unknown: Vec<String>,
+    /// Per job, the unknown allocs to stand in for (`replace`) and their stand-ins
+    /// (`place`, in the same order), for jobs whose block says `replace`.
+    pub stand_ins: Vec<(String, Plan)>,
 }
 
 /// Decides what `node_id` going down does: `jobs` by id, `live_nodes` the nodes still up
@@ -354,11 +408,19 @@ pub fn lose_node<'a>(
     // its node's loss is no failure of its own, so its wait and its chain go on unchanged.
     type Group<'r> = (Vec<String>, Option<&'r Reschedule>);
     let mut to_replace: BTreeMap<(&str, Option<&str>), Group> = BTreeMap::new();
+    let mut unknown = Vec::new();
+    let mut to_stand_in: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for alloc in on_node.iter().filter(|a| a.is_wanted()) {
-        let current = jobs
+        let job = jobs
             .get(&alloc.alloc.job_id)
-            .is_some_and(|job| !job.purged && !job.stopped && job.version == alloc.job_version);
-        if current {
+            .filter(|job| !job.purged && !job.stopped && job.version == alloc.job_version);
+        if let Some(disconnect) = job.and_then(|job| job.spec.disconnect) {
+            unknown.push(alloc.alloc.id.clone());
+            if disconnect.replace {
+                let group = to_stand_in.entry(alloc.alloc.job_id.as_str()).or_default();
+                group.push(alloc.alloc.id.clone());
+            }
+        } else if job.is_some() {
             let reschedule = alloc.alloc.reschedule.as_ref();
             let key = (
                 alloc.alloc.job_id.as_str(),
@@ -386,9 +448,30 @@ pub fn lose_node<'a>(
             },
         ));
     }
+    let mut stand_ins = Vec::new();
+    for (job_id, replace) in to_stand_in {
+        let Some(job) = jobs.get(job_id) else {
+            continue;
+        };
+        let place = placer.place(Ask::new(&job.spec, replace.len()));
+        stand_ins.push((
+            job_id.to_string(),
+            Plan {
+                replace,
+                place,
+                ..Plan::default()
+            },
+        ));
+    }
     NodeLoss {
-        lost: on_node.iter().map(|a| a.alloc.id.clone()).collect(),
+        lost: on_node
+            .iter()
+            .map(|a| a.alloc.id.clone())
+            .filter(|id| !unknown.contains(id))
+            .collect(),
         replacements,
+        unknown,
+        stand_ins,
     }
 }
 

@@ -49,8 +49,15 @@ pub struct AllocRecord {
     pub sequence: u64,
     /// When its client first reported it terminal.
     pub terminal_since: Option<Instant>,
-    /// True once a replacement was made for it (a failed service alloc).
+    /// True once a replacement was made for it (a failed service alloc, one moved off a
+    /// drained node, one whose node stopped answering).
     pub replaced: bool,
+    /// When its node stopped answering, while it is `unknown` (Unix ms): it is lost once
+    /// its job's `[job.disconnect] lost_after` has passed since.
+    pub disconnected_unix_ms: Option<u64>,
+    /// The unknown alloc this one stands in for, until that one's node returns or it is
+    /// lost (see [`crate::model::disconnect`]).
+    pub stands_in_for: Option<String>,
 }
 
 impl AllocRecord {
@@ -79,6 +86,10 @@ pub(crate) struct SavedAllocRecord {
     sequence: u64,
     terminal_since_unix_ms: Option<u64>,
     replaced: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disconnected_unix_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stands_in_for: Option<String>,
 }
 
 /// The server's counters, saved as one record with every change.
@@ -122,6 +133,8 @@ impl SavedAllocRecord {
                 .terminal_since
                 .map(|since| unix_now.saturating_sub(now.duration_since(since).as_millis() as u64)),
             replaced: record.replaced,
+            disconnected_unix_ms: record.disconnected_unix_ms,
+            stands_in_for: record.stands_in_for.clone(),
         }
     }
 
@@ -138,6 +151,8 @@ impl SavedAllocRecord {
                 now.checked_sub(age).unwrap_or(now)
             }),
             replaced: self.replaced,
+            disconnected_unix_ms: self.disconnected_unix_ms,
+            stands_in_for: self.stands_in_for,
         }
     }
 }

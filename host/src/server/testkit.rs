@@ -26,6 +26,7 @@ pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
         constraints: Vec::new(),
         placement: Default::default(),
         migrate: Default::default(),
+        disconnect: None,
     }
 }
 
@@ -65,6 +66,8 @@ pub fn alloc_on(job_id: &str, sequence: u64, node: Option<&str>) -> AllocRecord 
         sequence,
         terminal_since: None,
         replaced: false,
+        disconnected_unix_ms: None,
+        stands_in_for: None,
     }
 }
 

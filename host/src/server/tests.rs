@@ -336,3 +336,105 @@ async fn a_drain_evicts_one_alloc_at_a_time_into_replacements_that_start_from_it
     server.set_eligibility("n1", true).unwrap();
     assert!(n1(&server).eligible());
 }
+
+fn disconnecting(id: &str, count: u32, rule: &str, replace: bool) -> JobSpec {
+    let text = format!(
+        "[job]\nid = {id:?}\ntype = \"service\"\ncount = {count}\nrunner = \"r.wasm\"\n\
+         [job.disconnect]\nlost_after = \"1h\"\nreplace = {replace}\nreconcile = {rule:?}\n"
+    );
+    crate::model::jobspec::parse_toml(&text).unwrap()
+}
+
+fn status_of(server: &EmbeddedServer, id: &str) -> Option<ClientStatus> {
+    let record = server.alloc(id).unwrap();
+    record.client_state.map(|s| s.client_status)
+}
+
+#[tokio::test]
+async fn a_node_back_within_lost_after_keeps_one_of_each_pair_by_its_jobs_rule() {
+    let server = EmbeddedServer::new(ServerConfig::default());
+    for node in ["n1", "n2"] {
+        server
+            .register_node(node, &Default::default())
+            .await
+            .unwrap();
+    }
+    server
+        .register_job(disconnecting("orig", 2, "keep_original", true))
+        .unwrap();
+    server
+        .register_job(disconnecting("repl", 2, "keep_replacement", true))
+        .unwrap();
+    for alloc in server.allocs() {
+        report(&server, &alloc.alloc.id, ClientStatus::Running).await;
+    }
+    let on_n2 = |job: &str| {
+        let allocs = server.job_allocs(job).into_iter();
+        allocs
+            .filter(|a| a.node_id.as_deref() == Some("n2"))
+            .map(|a| a.alloc.id.clone())
+            .next()
+            .unwrap()
+    };
+    let (orig, repl) = (on_n2("orig"), on_n2("repl"));
+    let unknown = server.node_down("n2").unwrap();
+    assert_eq!(unknown.len(), 2);
+    assert_eq!(status_of(&server, &orig), Some(ClientStatus::Unknown));
+    let stand_in = |job: &str, of: &str| {
+        let mut allocs = server.job_allocs(job).into_iter();
+        allocs
+            .find(|a| a.stands_in_for.as_deref() == Some(of))
+            .map(|a| a.alloc.id.clone())
+            .unwrap()
+    };
+    let (orig_stand_in, repl_stand_in) = (stand_in("orig", &orig), stand_in("repl", &repl));
+    assert_eq!(
+        wanted(&server, "orig"),
+        2,
+        "the stand-in counts, the unknown does not"
+    );
+
+    server
+        .register_node("n2", &Default::default())
+        .await
+        .unwrap();
+    let desired = |id: &str| server.alloc(id).unwrap().alloc.desired_status;
+    assert_eq!(status_of(&server, &orig), Some(ClientStatus::Running));
+    assert_eq!(desired(&orig), DesiredStatus::Run, "keep_original");
+    assert_eq!(desired(&orig_stand_in), DesiredStatus::Stop);
+    assert_eq!(desired(&repl), DesiredStatus::Stop, "keep_replacement");
+    assert_eq!(desired(&repl_stand_in), DesiredStatus::Run);
+    assert_eq!((wanted(&server, "orig"), wanted(&server, "repl")), (2, 2));
+}
+
+#[tokio::test]
+async fn an_unknown_alloc_past_lost_after_is_lost_and_replaced_when_it_had_no_stand_in() {
+    let server = EmbeddedServer::new(ServerConfig::default());
+    for node in ["n1", "n2"] {
+        server
+            .register_node(node, &Default::default())
+            .await
+            .unwrap();
+    }
+    server
+        .register_job(disconnecting("web", 2, "best_score", false))
+        .unwrap();
+    for alloc in server.allocs() {
+        report(&server, &alloc.alloc.id, ClientStatus::Running).await;
+    }
+    server.node_down("n2").unwrap();
+    assert_eq!(server.allocs().len(), 2, "replace = false: no stand-in");
+    assert_eq!(wanted(&server, "web"), 2, "the unknown alloc still counts");
+    // An hour on, as the tick that follows it would see it.
+    let later = crate::util::timestamp::unix_ms_now() + 3_600_001;
+    let (_, saved) = server.change(|state, index| state.expire_disconnects(index, later));
+    saved.unwrap();
+    let statuses: Vec<_> = server
+        .allocs()
+        .iter()
+        .map(|a| a.client_state.as_ref().map(|s| s.client_status))
+        .collect();
+    assert!(statuses.contains(&Some(ClientStatus::Lost)), "{statuses:?}");
+    assert_eq!(server.allocs().len(), 3, "replaced once lost");
+    assert_eq!(wanted(&server, "web"), 2);
+}

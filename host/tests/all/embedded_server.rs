@@ -41,6 +41,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
         constraints: Vec::new(),
         placement: Default::default(),
         migrate: Default::default(),
+        disconnect: None,
     };
     let placed = server.register_job(job).unwrap().placed;
     assert_eq!(placed.len(), 3);
@@ -110,6 +111,7 @@ async fn a_crashing_service_alloc_is_replaced_after_growing_delays_until_its_att
         constraints: Vec::new(),
         placement: Default::default(),
         migrate: Default::default(),
+        disconnect: None,
     };
     let first = server.register_job(job).unwrap().placed[0].clone();
     let status = |id: &str| {

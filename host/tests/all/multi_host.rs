@@ -516,3 +516,104 @@ async fn a_drained_hosts_service_allocs_resume_elsewhere_from_their_checkpoints(
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cut_off_and_back_leaves_one_of_each_pair_by_each_jobs_disconnect_rule() {
+    let Some(cluster) = HostCluster::start().await else {
+        return;
+    };
+    let laptop = tempfile::tempdir().unwrap();
+    std::fs::copy(SLEEPER, laptop.path().join("web.wasm")).unwrap();
+    // Two jobs that wait a minute for a host that stops answering, each keeping another of
+    // the pair when it returns, and one that gives up on it after six seconds.
+    for (id, block) in [
+        ("orig", "lost_after = \"1m\"\nreconcile = \"keep_original\""),
+        (
+            "repl",
+            "lost_after = \"1m\"\nreconcile = \"keep_replacement\"",
+        ),
+        ("short", "lost_after = \"6s\""),
+    ] {
+        let path = laptop.path().join(format!("{id}.toml"));
+        let text = format!(
+            "[job]\nid = {id:?}\ntype = \"service\"\ncount = 3\nrunner = \"web.wasm\"\n\
+             [job.disconnect]\n{block}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        assert_succeeded(&run_caravan(
+            &["job", "run", "--detach", path.to_str().unwrap()],
+            Some(&cluster.agents[0].addr),
+        ));
+    }
+    let cluster = &cluster;
+    let on_host_3 = |allocs: &[Value]| -> Vec<Value> {
+        let on = allocs.iter().filter(|a| a["node_id"] == "host-3");
+        on.cloned().collect()
+    };
+    for job in ["orig", "repl", "short"] {
+        eventually_async(
+            &format!("{job}: one alloc running on each host"),
+            || async move {
+                let allocs = cluster.allocs(0, job).await;
+                running(&allocs) == 3 && live_by_node(&allocs).len() == 3
+            },
+        )
+        .await;
+    }
+    let originals: Vec<String> = {
+        let mut ids = Vec::new();
+        for job in ["orig", "repl", "short"] {
+            let allocs = cluster.allocs(0, job).await;
+            ids.push(on_host_3(&allocs)[0]["id"].as_str().unwrap().to_string());
+        }
+        ids
+    };
+
+    cluster.hosts.cut(2);
+    let status = |job: &'static str, id: String| async move {
+        let allocs = cluster.allocs(0, job).await;
+        let found = allocs.iter().find(|a| a["id"] == id.as_str());
+        found.map(|a| a["client_status"].as_str().unwrap_or("").to_string())
+    };
+    eventually_async("unknown while away, with stand-ins running", || {
+        let originals = originals.clone();
+        async move {
+            let unknown = status("orig", originals[0].clone()).await.as_deref() == Some("unknown")
+                && status("repl", originals[1].clone()).await.as_deref() == Some("unknown");
+            let stand_ins = running(&cluster.allocs(0, "orig").await) == 3
+                && running(&cluster.allocs(0, "repl").await) == 3;
+            unknown && stand_ins
+        }
+    })
+    .await;
+    eventually_async("short gives up on it past its lost_after", || {
+        let short = originals[2].clone();
+        async move { status("short", short).await.as_deref() == Some("lost") }
+    })
+    .await;
+
+    cluster.hosts.mend(2);
+    eventually_async("each job settles by its rule", || {
+        let originals = originals.clone();
+        async move {
+            let kept = status("orig", originals[0].clone()).await.as_deref() == Some("running");
+            let stopped = status("repl", originals[1].clone()).await.as_deref() == Some("complete");
+            let short = status("short", originals[2].clone()).await.as_deref() == Some("complete");
+            let mut three_each = true;
+            for job in ["orig", "repl", "short"] {
+                three_each &= running(&cluster.allocs(0, job).await) == 3;
+            }
+            kept && stopped && short && three_each
+        }
+    })
+    .await;
+    let orig = cluster.allocs(0, "orig").await;
+    assert_eq!(
+        on_host_3(&orig)
+            .iter()
+            .filter(|a| a["client_status"] == "running")
+            .count(),
+        1,
+        "keep_original: the returning host's alloc runs on, its stand-in stopped: {orig:#?}"
+    );
+}

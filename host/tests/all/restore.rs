@@ -90,6 +90,7 @@ fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]
         constraints: Vec::new(),
         placement: Default::default(),
         migrate: Default::default(),
+        disconnect: None,
     }
 }
 

@@ -316,3 +316,42 @@ fn constraints_and_the_placement_algorithm_parse_and_a_bad_one_is_named_by_index
     let many = "[[job.constraint]]\noperator = \"distinct_hosts\"\n".repeat(33);
     assert_eq!(refused(&many), "job.constraint: 33 constraints; at most 32");
 }
+
+#[test]
+fn a_disconnect_block_parses_and_a_bad_key_is_named_under_it() {
+    let parsed = job_with_block(
+        "service",
+        "disconnect",
+        "lost_after = \"5m\"\nreplace = false\nreconcile = \"longest_running\"",
+    )
+    .unwrap();
+    let policy = parsed.disconnect.unwrap();
+    assert_eq!(policy.lost_after, std::time::Duration::from_secs(300));
+    assert!(!policy.replace);
+    assert_eq!(
+        policy.reconcile,
+        crate::model::disconnect::Reconcile::LongestRunning
+    );
+    assert_eq!(
+        job_with_block("service", "disconnect", "lost_after = \"0s\"")
+            .unwrap()
+            .disconnect,
+        None,
+        "lost at once, as without the block"
+    );
+    let refused = |block: &str| {
+        job_with_block("service", "disconnect", block)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        refused("lost_after = \"5m\"\nreconcile = \"newest\""),
+        "job.disconnect.reconcile: unknown rule \"newest\"; expected best_score, \
+         keep_original, keep_replacement or longest_running"
+    );
+    assert!(refused("lost_after = \"soon\"").starts_with("job.disconnect.lost_after: "));
+    assert_eq!(
+        refused("lost_after = \"200h\""),
+        "job.disconnect.lost_after: 200h is over the most, 168h"
+    );
+}

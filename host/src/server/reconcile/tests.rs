@@ -547,3 +547,57 @@ fn a_replacement_goes_to_a_node_its_chain_has_not_failed_on() {
         "not n1, then the fullest that fits (binpack)"
     );
 }
+
+#[test]
+fn each_reconcile_rule_picks_which_of_a_returning_alloc_and_its_stand_in_stays() {
+    use crate::model::disconnect::Reconcile;
+    use crate::model::structs::{AllocState, TaskEvent, TaskLifecycle, TaskState};
+    let web = spec("web", JobType::Service, 2);
+    let original = alloc_on("web", 1, Some("n1"));
+    let stand_in = alloc_on("web", 2, Some("n2"));
+    let both = nodes(&["n1", "n2"]);
+    let keep = |rule, original: &AllocRecord, stand_in: &AllocRecord, nodes| {
+        keep_original(rule, &web, original, stand_in, nodes, [original, stand_in])
+    };
+    assert!(keep(Reconcile::KeepOriginal, &original, &stand_in, &both));
+    assert!(!keep(
+        Reconcile::KeepReplacement,
+        &original,
+        &stand_in,
+        &both
+    ));
+    assert!(
+        keep(Reconcile::LongestRunning, &original, &stand_in, &both),
+        "neither restarted: the older alloc"
+    );
+    let restarted = AllocRecord {
+        client_state: Some(AllocState {
+            client_status: ClientStatus::Running,
+            description: String::new(),
+            task_states: vec![TaskState {
+                name: "main".into(),
+                state: TaskLifecycle::Running,
+                failed: false,
+                restarts: 1,
+                events: vec![TaskEvent {
+                    kind: "Restarting".into(),
+                    message: String::new(),
+                    time_unix_ms: 5_000,
+                }],
+            }],
+        }),
+        ..original.clone()
+    };
+    assert!(
+        !keep(Reconcile::LongestRunning, &restarted, &stand_in, &both),
+        "the original restarted while away: the stand-in ran longer"
+    );
+    assert!(
+        keep(Reconcile::BestScore, &original, &stand_in, &both),
+        "equal nodes: a tie keeps the original"
+    );
+    assert!(
+        !keep(Reconcile::BestScore, &original, &stand_in, &nodes(&["n2"])),
+        "the original's node can take nothing now (ineligible, draining): the stand-in"
+    );
+}
