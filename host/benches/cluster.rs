@@ -63,7 +63,10 @@ fn embedded(allocs: u64) -> f64 {
     let work = tempfile::tempdir().unwrap();
     let config = config(
         work.path(),
-        &format!("[client]\nmax_live_allocs = {}\n", allocs + 100),
+        &format!(
+            "[client]\nmemory_total = \"65536GiB\"\nmax_live_allocs = {}\n",
+            allocs + 100
+        ),
     );
     let agent = spawn_agent(&work.path().join("data"), &config, &[]);
     let started = submit(&agent, allocs);
@@ -89,7 +92,9 @@ async fn cluster(allocs: u64, baseline: f64) {
     let per_node = allocs / 2 + 200;
     let config = config(
         work.path(),
-        &format!("[client]\nmax_live_allocs = {per_node}\n[cluster]\nmode = \"etcd\"\n"),
+        &format!(
+            "[client]\nmemory_total = \"65536GiB\"\nmax_live_allocs = {per_node}\n[cluster]\nmode = \"etcd\"\n"
+        ),
     );
     let endpoints = etcd.endpoints().join(",");
     let mut agents: Vec<Option<Agent>> = (1..=3)

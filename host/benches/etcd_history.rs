@@ -92,7 +92,7 @@ fn config(dir: &std::path::Path, compact_interval: &str, allocs: usize) -> std::
     std::fs::write(
         &path,
         format!(
-            "[client]\nmax_live_allocs = {}\n[cluster]\nmode = \"etcd\"\nnode_name = \"node-1\"\n\
+            "[client]\nmemory_total = \"65536GiB\"\nmax_live_allocs = {}\n[cluster]\nmode = \"etcd\"\nnode_name = \"node-1\"\n\
              compact_interval = \"{compact_interval}\"\n",
             allocs + 100
         ),

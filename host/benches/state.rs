@@ -47,7 +47,10 @@ fn restore(allocs: u32, rounds: usize) {
     let config = work.path().join("agent.toml");
     std::fs::write(
         &config,
-        format!("[client]\nmax_live_allocs = {}\n", allocs + 100),
+        format!(
+            "[client]\nmemory_total = \"65536GiB\"\nmax_live_allocs = {}\n",
+            allocs + 100
+        ),
     )
     .unwrap();
     let (saved, empty) = (work.path().join("saved"), work.path().join("empty"));

@@ -36,7 +36,7 @@ fn main() {
     let config = work.path().join("agent.toml");
     std::fs::write(
         &config,
-        "[client]\nmax_live_allocs = 4096\n[cluster]\nmode = \"etcd\"\nnode_ttl = \"2s\"\n",
+        "[client]\nmemory_total = \"65536GiB\"\nmax_live_allocs = 4096\n[cluster]\nmode = \"etcd\"\nnode_ttl = \"2s\"\n",
     )
     .unwrap();
     let start_agent = |n: usize| {

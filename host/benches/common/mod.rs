@@ -143,6 +143,8 @@ pub struct Agent {
     pub addr: String,
     /// The agent's last log lines (JSON), at most [`KEPT_LINES`].
     lines: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    /// How many lines the agent logged with each message, over its whole run.
+    messages: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
 }
 
 /// How many of an agent's last log lines a bench keeps.
@@ -167,13 +169,21 @@ pub fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path, extra: 
     let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let lines = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
-    let kept = lines.clone();
+    let messages = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let (kept, counted) = (lines.clone(), messages.clone());
     std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
-            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line)
-                && value["fields"]["message"] == "agent started"
-            {
-                let _ = addr_tx.send(value["fields"]["addr"].as_str().unwrap().to_string());
+            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) {
+                if value["fields"]["message"] == "agent started" {
+                    let _ = addr_tx.send(value["fields"]["addr"].as_str().unwrap().to_string());
+                }
+                if let Some(message) = value["fields"]["message"].as_str() {
+                    *counted
+                        .lock()
+                        .unwrap()
+                        .entry(message.to_string())
+                        .or_insert(0) += 1;
+                }
             }
             let mut kept = kept.lock().unwrap();
             if kept.len() == KEPT_LINES {
@@ -185,7 +195,12 @@ pub fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path, extra: 
     let addr = addr_rx
         .recv_timeout(Duration::from_secs(120))
         .expect("the agent starts");
-    Agent { child, addr, lines }
+    Agent {
+        child,
+        addr,
+        lines,
+        messages,
+    }
 }
 
 impl Agent {
@@ -232,6 +247,22 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The kept log lines (see [`KEPT_LINES`]) with `message`, as JSON.
+    pub fn kept_lines_with(&self, message: &str) -> Vec<serde_json::Value> {
+        let lines = self.lines.lock().unwrap();
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|value| value["fields"]["message"] == message)
+            .collect()
+    }
+
+    /// How many lines the agent logged with `message` so far.
+    pub fn count_logged(&self, message: &str) -> u64 {
+        let messages = self.messages.lock().unwrap();
+        messages.get(message).copied().unwrap_or(0)
     }
 
     pub fn instantiations(&self) -> u64 {

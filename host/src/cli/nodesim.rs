@@ -77,8 +77,8 @@ pub struct NodesimCommand {
     /// said, so memory never keeps an alloc off a simulated node).
     #[arg(long, value_parser = parse_bytes, value_name = "SIZE")]
     node_memory: Option<u64>,
-    /// How many allocs each node says it runs at once (default: none said; placement
-    /// counts such a node as holding 1,000).
+    /// How many allocs each node says it runs at once (default: none said, so slots never
+    /// keep an alloc off a simulated node).
     #[arg(long, value_name = "N")]
     node_slots: Option<u32>,
     /// Each node's class, for job constraints on `${node.class}`.

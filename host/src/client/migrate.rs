@@ -6,7 +6,9 @@
 //! - **Leaving.** An alloc the server evicts (desired status `evict`) is shut down rather
 //!   than killed: its runner saves a checkpoint and stops, and the client reports it
 //!   complete. From then on [`Client::migration_checkpoint`] serves that checkpoint to the
-//!   node of the alloc that replaces it (the agent's HTTP API carries it there).
+//!   node of the alloc that replaces it (the agent's HTTP API carries it there). The alloc
+//!   is not collected (which would delete the checkpoint) until it was served once, or for
+//!   at most ten minutes.
 //! - **Arriving.** An alloc with a [`PreviousAlloc`] fetches that alloc's checkpoint through
 //!   the client's [`CheckpointSource`], saves it as its own, and starts its runner from it
 //!   (`restored`). While the previous alloc is still shutting down it waits; when the
@@ -58,6 +60,19 @@ pub enum CheckpointUnavailable {
 /// How long an arriving alloc waits for its previous alloc's checkpoint: past its kill
 /// timeout (the most a shutdown takes) with room for a slow network.
 const FETCH_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How long a moved alloc is kept from collection for its replacement to fetch its
+/// checkpoint, at most: past the replacement's own patience.
+const HOLD_FOR_REPLACEMENT: Duration = Duration::from_secs(600);
+
+/// Where an alloc leaving this node stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Leaving {
+    /// Its runner has stopped: the checkpoint is final.
+    stopped: bool,
+    /// Its checkpoint was served, or the hold ran out: it may be collected.
+    released: bool,
+}
 /// Between two asks.
 const FETCH_EVERY: Duration = Duration::from_millis(250);
 
@@ -75,8 +90,10 @@ impl Client {
         &self,
         alloc_id: &str,
     ) -> Result<Option<Vec<u8>>, CheckpointUnavailable> {
+        let leaving = self.inner.moved_lock().get(alloc_id).copied();
         let status = match self.inner.runners_lock().get(alloc_id) {
-            Some(_) if self.inner.moved_lock().contains(alloc_id) => ClientStatus::Complete,
+            Some(_) if leaving.is_some_and(|l| l.stopped) => ClientStatus::Complete,
+            Some(_) if leaving.is_some() => ClientStatus::Running,
             Some(runner) => runner.client_status(),
             None => match self.inner.runnerless_lock().get(alloc_id) {
                 Some((_, state)) => state.client_status,
@@ -87,8 +104,11 @@ impl Client {
             return Err(CheckpointUnavailable::NotFinal(alloc_id.to_string()));
         }
         let db = self.inner.persister.db();
-        crate::state::call_store(db.as_ref(), || db.client_checkpoint(alloc_id))
-            .map_err(|e| CheckpointUnavailable::Store(alloc_id.to_string(), e.to_string()))
+        let checkpoint =
+            crate::state::call_store(db.as_ref(), || db.client_checkpoint(alloc_id))
+                .map_err(|e| CheckpointUnavailable::Store(alloc_id.to_string(), e.to_string()))?;
+        self.inner.release(alloc_id);
+        Ok(checkpoint)
     }
 }
 
@@ -100,18 +120,29 @@ impl ClientInner {
         let Some(runner) = self.runners_lock().get(&alloc.id).cloned() else {
             return false;
         };
-        if runner.client_status().is_terminal() || !self.moved_lock().insert(alloc.id.clone()) {
+        if runner.client_status().is_terminal() {
             return false;
+        }
+        {
+            let mut moved = self.moved_lock();
+            if moved.contains_key(&alloc.id) {
+                return false;
+            }
+            moved.insert(alloc.id.clone(), Leaving::default());
         }
         tracing::info!(alloc_id = %alloc.id, "moving the allocation to another node: shutting it down with a checkpoint");
         runner.shutdown();
         let client = Arc::downgrade(self);
+        let client_after_hold = client.clone();
         let alloc_id = alloc.id.clone();
         tokio::spawn(async move {
             runner.shutdown_done().wait().await;
             let Some(client) = client.upgrade() else {
                 return;
             };
+            if let Some(leaving) = client.moved_lock().get_mut(&alloc_id) {
+                leaving.stopped = true;
+            }
             let ended = AllocState {
                 client_status: ClientStatus::Complete,
                 description: "moved to another node: shut down with a checkpoint for the \
@@ -120,8 +151,36 @@ impl ClientInner {
                 task_states: runner.alloc_state().task_states,
             };
             client.report_state(&alloc_id, &ended);
+            drop((client, runner));
+            tokio::time::sleep(HOLD_FOR_REPLACEMENT).await;
+            if let Some(client) = client_after_hold.upgrade() {
+                client.release(&alloc_id);
+            }
         });
         true
+    }
+
+    /// Whether a terminal alloc is kept from collection for its replacement (see
+    /// [`Leaving`]).
+    pub(super) fn holds_for_its_replacement(&self, alloc_id: &str) -> bool {
+        self.moved_lock().get(alloc_id).is_some_and(|l| !l.released)
+    }
+
+    /// A moved alloc's checkpoint was served, or its hold ran out: it is collected as any
+    /// terminal alloc from now on.
+    fn release(&self, alloc_id: &str) {
+        {
+            let mut moved = self.moved_lock();
+            match moved.get_mut(alloc_id) {
+                Some(leaving) if leaving.stopped && !leaving.released => leaving.released = true,
+                _ => return,
+            }
+        }
+        let runner = self.runners_lock().get(alloc_id).cloned();
+        if let Some(runner) = runner {
+            self.gc.mark_for_collection(alloc_id, runner);
+            self.gc.trigger();
+        }
     }
 
     /// The checkpoint an alloc moved here starts from: its previous alloc's, fetched and

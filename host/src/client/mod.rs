@@ -114,9 +114,11 @@ struct ClientInner {
     stopping: std::sync::atomic::AtomicBool,
     /// Where the checkpoints of allocs moved here from other nodes come from (`migrate`).
     checkpoint_source: Mutex<Option<migrate::CheckpointSource>>,
-    /// Allocs evicted and shut down to move elsewhere, whose final checkpoint this node
-    /// serves once they stopped.
-    moved: Mutex<std::collections::HashSet<String>>,
+    /// Allocs evicted to move elsewhere, whose final checkpoint this node serves once they
+    /// stopped (see `migrate`).
+    moved: Mutex<HashMap<String, migrate::Leaving>>,
+    /// Allocs moved here whose checkpoint is being fetched: their runner starts after.
+    arriving: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Drop for ClientInner {
@@ -186,6 +188,7 @@ impl Client {
                 stopping: std::sync::atomic::AtomicBool::new(false),
                 checkpoint_source: Mutex::new(None),
                 moved: Mutex::new(Default::default()),
+                arriving: Mutex::new(Default::default()),
             }
         });
         Client { inner }
@@ -431,7 +434,7 @@ impl ClientInner {
         self.runners.lock_unpoisoned()
     }
 
-    fn moved_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+    fn moved_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, migrate::Leaving>> {
         self.moved.lock_unpoisoned()
     }
 
@@ -453,7 +456,9 @@ impl ClientInner {
     fn state_saved(&self, alloc_id: &str, state: Arc<AllocState>) {
         let terminal = state.client_status.is_terminal();
         self.sync.put(alloc_id, state);
-        if terminal {
+        // A moved alloc is collected once its checkpoint was served (or its hold ran out):
+        // collecting it deletes the checkpoint its replacement starts from.
+        if terminal && !self.holds_for_its_replacement(alloc_id) {
             let runner = self.runners_lock().get(alloc_id).cloned();
             if let Some(runner) = runner {
                 self.gc.mark_for_collection(alloc_id, runner);

@@ -43,12 +43,20 @@ impl ClientInner {
                 // Moved here from a drained node: it starts once its checkpoint is here, on
                 // a task of its own, so that the others do not wait for it.
                 Some(previous) if alloc.desired_status == DesiredStatus::Run => {
+                    // Until its runner is in the map, each watch answer names it as new:
+                    // one fetch for it, not one per answer.
+                    if self.runners_lock().contains_key(&alloc.id)
+                        || !self.arriving.lock_unpoisoned().insert(alloc.id.clone())
+                    {
+                        continue;
+                    }
                     let (client, alloc, previous) = (self.clone(), alloc.clone(), previous.clone());
                     let arriving = tokio::spawn(async move {
                         let checkpoint = client.arriving_checkpoint(&alloc, &previous).await;
                         let mut config = client.runner_config(&alloc, None);
                         config.restored = checkpoint;
                         client.start_built(vec![config]).await;
+                        client.arriving.lock_unpoisoned().remove(&alloc.id);
                     });
                     self.tasks.lock_unpoisoned().push(arriving.abort_handle());
                 }

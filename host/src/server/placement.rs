@@ -34,8 +34,9 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 /// The registered nodes, by id, with what each said of itself.
 pub type Nodes = BTreeMap<String, NodeInfo>;
 
-/// The slots of a node that does not say how many allocs it runs: the agent's default
-/// `max_live_allocs`, so that load still counts on such a node.
+/// How many allocs ranking takes a node that does not say how many it runs to hold (the
+/// agent's default `max_live_allocs`), so that load still counts on such a node; it is
+/// never full.
 const UNSAID_SLOTS: u32 = 1_000;
 
 /// What a node's non-terminal allocs hold.
@@ -272,8 +273,11 @@ impl<'a> Placer<'a> {
 
 /// The dimension `node` lacks to hold one more alloc reserving `memory` bytes, if any.
 fn exhausted(node: &NodeInfo, used: Usage, memory: u64) -> Option<Dimension> {
-    let slots = node.resources.alloc_slots.unwrap_or(UNSAID_SLOTS);
-    if used.allocs >= slots {
+    if node
+        .resources
+        .alloc_slots
+        .is_some_and(|slots| used.allocs >= slots)
+    {
         return Some(Dimension::Slots);
     }
     match node.resources.memory_bytes {

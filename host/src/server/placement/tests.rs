@@ -123,7 +123,12 @@ fn terminal_allocs_hold_nothing_and_unknown_nodes_are_never_chosen() {
 }
 
 #[test]
-fn a_node_that_says_nothing_holds_any_memory_and_a_thousand_allocs() {
+fn a_node_that_says_nothing_holds_any_memory_and_any_number_of_allocs() {
+    let crowded: Vec<AllocRecord> = (1..=1_500)
+        .map(|n| alloc_on("other", n, Some("a")))
+        .collect();
+    let one = nodes(&["a"]);
+    assert_eq!(names(&placed(&one, &crowded, &job("web", 1, 64))), ["a"]);
     let nodes = nodes(&["a", "b"]);
     let huge = job("web", 4, 1 << 20);
     assert_eq!(names(&placed(&nodes, &[], &huge)), ["a", "b", "a", "b"]);
