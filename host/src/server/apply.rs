@@ -310,17 +310,12 @@ impl State {
                 .map(|d| crate::util::units::format_duration(d.lost_after))
                 .unwrap_or_default();
             if let Some(record) = self.alloc_mut(id) {
-                record.client_state = Some(AllocState {
-                    client_status: ClientStatus::Unknown,
-                    description: format!(
+                record.set_decided_state(
+                    ClientStatus::Unknown,
+                    format!(
                         "node {node_id} stopped answering; lost in {lost_after} unless it returns"
                     ),
-                    task_states: record
-                        .client_state
-                        .take()
-                        .map(|s| s.task_states)
-                        .unwrap_or_default(),
-                });
+                );
                 record.disconnected_unix_ms = Some(now_unix_ms);
                 record.alloc = Arc::new(Alloc {
                     modify_index: index,
@@ -346,15 +341,10 @@ impl State {
         for id in &loss.lost {
             self.stop_alloc(id, index);
             if let Some(record) = self.alloc_mut(id) {
-                record.client_state = Some(AllocState {
-                    client_status: ClientStatus::Lost,
-                    description: format!("node {node_id} stopped answering"),
-                    task_states: record
-                        .client_state
-                        .take()
-                        .map(|s| s.task_states)
-                        .unwrap_or_default(),
-                });
+                record.set_decided_state(
+                    ClientStatus::Lost,
+                    format!("node {node_id} stopped answering"),
+                );
                 record.terminal_since = Some(Instant::now());
             }
         }
@@ -412,17 +402,10 @@ impl State {
             };
             self.stop_alloc(&id, index);
             if let Some(record) = self.alloc_mut(&id) {
-                record.client_state = Some(AllocState {
-                    client_status: ClientStatus::Lost,
-                    description: format!(
-                        "node {node} stopped answering for longer than the job's lost_after"
-                    ),
-                    task_states: record
-                        .client_state
-                        .take()
-                        .map(|s| s.task_states)
-                        .unwrap_or_default(),
-                });
+                record.set_decided_state(
+                    ClientStatus::Lost,
+                    format!("node {node} stopped answering for longer than the job's lost_after"),
+                );
                 record.terminal_since = Some(Instant::now());
                 record.disconnected_unix_ms = None;
             }

@@ -11,7 +11,7 @@
 //!   and the job GC threshold must keep counting across a restart.
 
 use crate::model::jobspec::JobSpec;
-use crate::model::structs::{Alloc, AllocState, DesiredStatus};
+use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -66,6 +66,21 @@ impl AllocRecord {
         self.client_state
             .as_ref()
             .is_some_and(|s| s.client_status.is_terminal())
+    }
+
+    /// Sets the state the scheduler decided for it (`lost`, `unknown`: its client cannot
+    /// say), keeping the tasks its client last reported.
+    pub fn set_decided_state(&mut self, client_status: ClientStatus, description: String) {
+        let task_states = self
+            .client_state
+            .take()
+            .map(|s| s.task_states)
+            .unwrap_or_default();
+        self.client_state = Some(AllocState {
+            client_status,
+            description,
+            task_states,
+        });
     }
 
     /// Desired to run, not terminal, not replaced: counts toward the job's count.

@@ -350,8 +350,8 @@ fn status_of(server: &EmbeddedServer, id: &str) -> Option<ClientStatus> {
     record.client_state.map(|s| s.client_status)
 }
 
-#[tokio::test]
-async fn a_node_back_within_lost_after_keeps_one_of_each_pair_by_its_jobs_rule() {
+/// A server with nodes n1 and n2 running `jobs`, every alloc reported running.
+async fn running_on_two_nodes(jobs: Vec<JobSpec>) -> Arc<EmbeddedServer> {
     let server = EmbeddedServer::new(ServerConfig::default());
     for node in ["n1", "n2"] {
         server
@@ -359,15 +359,22 @@ async fn a_node_back_within_lost_after_keeps_one_of_each_pair_by_its_jobs_rule()
             .await
             .unwrap();
     }
-    server
-        .register_job(disconnecting("orig", 2, "keep_original", true))
-        .unwrap();
-    server
-        .register_job(disconnecting("repl", 2, "keep_replacement", true))
-        .unwrap();
+    for job in jobs {
+        server.register_job(job).unwrap();
+    }
     for alloc in server.allocs() {
         report(&server, &alloc.alloc.id, ClientStatus::Running).await;
     }
+    server
+}
+
+#[tokio::test]
+async fn a_node_back_within_lost_after_keeps_one_of_each_pair_by_its_jobs_rule() {
+    let server = running_on_two_nodes(vec![
+        disconnecting("orig", 2, "keep_original", true),
+        disconnecting("repl", 2, "keep_replacement", true),
+    ])
+    .await;
     let on_n2 = |job: &str| {
         let allocs = server.job_allocs(job).into_iter();
         allocs
@@ -409,19 +416,7 @@ async fn a_node_back_within_lost_after_keeps_one_of_each_pair_by_its_jobs_rule()
 
 #[tokio::test]
 async fn an_unknown_alloc_past_lost_after_is_lost_and_replaced_when_it_had_no_stand_in() {
-    let server = EmbeddedServer::new(ServerConfig::default());
-    for node in ["n1", "n2"] {
-        server
-            .register_node(node, &Default::default())
-            .await
-            .unwrap();
-    }
-    server
-        .register_job(disconnecting("web", 2, "best_score", false))
-        .unwrap();
-    for alloc in server.allocs() {
-        report(&server, &alloc.alloc.id, ClientStatus::Running).await;
-    }
+    let server = running_on_two_nodes(vec![disconnecting("web", 2, "best_score", false)]).await;
     server.node_down("n2").unwrap();
     assert_eq!(server.allocs().len(), 2, "replace = false: no stand-in");
     assert_eq!(wanted(&server, "web"), 2, "the unknown alloc still counts");
