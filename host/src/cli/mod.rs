@@ -21,6 +21,7 @@ pub mod check;
 pub mod client;
 pub mod nodesim;
 pub mod run;
+pub mod tls;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -73,6 +74,13 @@ pub enum Command {
     ///
     /// Prints a summary line every second and a report on Ctrl-C or SIGTERM, then stops.
     Nodesim(nodesim::NodesimCommand),
+    /// A certificate authority and certificates for a cluster's agents, nodes and
+    /// operators, as `nomad tls` makes them.
+    Tls {
+        /// What to make.
+        #[command(subcommand)]
+        command: tls::TlsCommand,
+    },
     /// Tools for runner authors.
     Runner {
         /// Which tool.
@@ -89,7 +97,11 @@ impl Command {
     /// usable) for the local commands, 1 for the client commands.
     pub fn error_exit_code(&self) -> u8 {
         match self {
-            Command::Run(_) | Command::Agent(_) | Command::Nodesim(_) | Command::Runner { .. } => 2,
+            Command::Run(_)
+            | Command::Agent(_)
+            | Command::Nodesim(_)
+            | Command::Runner { .. }
+            | Command::Tls { .. } => 2,
             Command::Client(_) => 1,
         }
     }
@@ -102,6 +114,7 @@ impl Command {
             Command::Agent(command) => command.execute(global).await,
             Command::Nodesim(command) => command.execute(global).await,
             Command::Runner { command } => command.execute(global).await,
+            Command::Tls { command } => command.execute(),
             Command::Client(command) => command.execute().await.map(|()| ExitCode::SUCCESS),
         }
     }

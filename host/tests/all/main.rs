@@ -46,6 +46,7 @@ mod runner_new;
 mod sim;
 mod sleeper;
 mod stateful;
+mod tls_cli;
 mod web_ui;
 
 /// Every guest in `guests/` must have a test module of the same name: a guest nobody tests
