@@ -42,7 +42,9 @@ impl ClientInner {
             match &alloc.previous_alloc {
                 // Moved here from a drained node: it starts once its checkpoint is here, on
                 // a task of its own, so that the others do not wait for it.
-                Some(previous) if alloc.desired_status == DesiredStatus::Run => {
+                Some(previous)
+                    if previous.checkpoint && alloc.desired_status == DesiredStatus::Run =>
+                {
                     // Until its runner is in the map, each watch answer names it as new:
                     // one fetch for it, not one per answer.
                     if self.runners_lock().contains_key(&alloc.id)
@@ -190,7 +192,11 @@ impl ClientInner {
     }
 
     pub(super) fn update_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
-        if alloc.desired_status == DesiredStatus::Evict && self.evict(&alloc) {
+        // An evicted alloc is shut down, not killed; a later answer naming it again must not
+        // turn that shutdown into a kill.
+        if alloc.desired_status == DesiredStatus::Evict
+            && (self.evict(&alloc) || self.moved_lock().contains_key(&alloc.id))
+        {
             return;
         }
         let Some(runner) = self.runners_lock().get(&alloc.id).cloned() else {

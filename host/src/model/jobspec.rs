@@ -99,8 +99,8 @@ pub struct JobSpec {
 /// How a job's allocs move off a drained node (`[job.migrate]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigratePolicy {
-    /// The moved alloc is shut down, saving a checkpoint, and its replacement starts from
-    /// it (the default); false: it is killed, and its replacement starts afresh.
+    /// The replacement starts from the moved alloc's checkpoint (the default); false: it
+    /// starts afresh. Either way the moved alloc is shut down, not killed.
     pub checkpoint: bool,
 }
 

@@ -82,7 +82,8 @@ pub struct Alloc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<crate::model::restart::RestartPolicy>,
     /// Set on an alloc made to take over from one moved off a drained node: its client
-    /// fetches that alloc's last checkpoint from its node and starts the runner from it.
+    /// fetches that alloc's last checkpoint from its node and starts the runner from it
+    /// (unless its job said not to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_alloc: Option<PreviousAlloc>,
 }
@@ -94,6 +95,13 @@ pub struct PreviousAlloc {
     pub alloc_id: String,
     /// The node it ran on, which keeps its checkpoint.
     pub node_id: String,
+    /// Whether to start from its checkpoint (its job's `[job.migrate] checkpoint`).
+    #[serde(default = "starts_from_checkpoint")]
+    pub checkpoint: bool,
+}
+
+fn starts_from_checkpoint() -> bool {
+    true
 }
 
 /// What an alloc made to replace a failed one carries (Nomad's reschedule tracker).

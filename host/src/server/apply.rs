@@ -212,12 +212,27 @@ impl State {
             if let Some(node) = &record.node_id {
                 reporting_nodes.insert(node.clone());
             }
+            if matches!(
+                update.state.client_status,
+                ClientStatus::Unknown | ClientStatus::Lost
+            ) {
+                // The scheduler's to decide, never a client's: dropped, and not asked again.
+                accepted.push(update.alloc_id.clone());
+                continue;
+            }
             let unknown = record
                 .client_state
                 .as_ref()
                 .is_some_and(|s| s.client_status == ClientStatus::Unknown);
             if unknown {
-                self.reconnect(&update.alloc_id, &update.state, index);
+                let node = record.node_id.clone();
+                let node_back = node.is_some_and(|node| self.nodes.contains_key(&node));
+                // A report sent before its node went silent, delivered late, says nothing of
+                // now: only how the alloc ended is taken from it.
+                if node_back || update.state.client_status.is_terminal() {
+                    self.reconnect(&update.alloc_id, &update.state, index);
+                    self.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
+                }
                 accepted.push(update.alloc_id.clone());
                 continue;
             }
@@ -284,7 +299,17 @@ impl State {
             .reschedule
             .as_ref()
             .map_or(0, |r| r.start_after_unix_ms);
+        let stands_in_for = self
+            .allocs
+            .get(alloc_id)
+            .and_then(|r| r.stands_in_for.clone());
         let replacement = self.apply(plan, &spec, version, index);
+        if let (Some(original), Some(new)) = (stands_in_for, replacement.first())
+            && let Some(record) = self.alloc_mut(new)
+        {
+            // It stands in for the same unknown alloc, for the same reconnect.
+            record.stands_in_for = Some(original);
+        }
         let replacement = replacement.first().map_or("", String::as_str);
         tracing::info!(job = %spec.id, alloc_id, replacement, attempt, start_after_unix_ms, "replacing failed allocation");
     }
@@ -472,13 +497,25 @@ impl State {
         let stand_in = self
             .allocs
             .values()
-            .find(|a| a.stands_in_for.as_deref() == Some(alloc_id) && !a.is_terminal())
+            .find(|a| a.stands_in_for.as_deref() == Some(alloc_id) && a.is_wanted())
             .cloned();
         let ended = state.client_status.is_terminal();
+        let stand_in_runs = stand_in.as_ref().is_some_and(|s| {
+            s.node_id.is_some()
+                && s.client_state
+                    .as_ref()
+                    .is_some_and(|c| c.client_status == ClientStatus::Running)
+        });
         let keep_original = match (&current, &stand_in) {
             _ if ended => false,
             (None, _) => false,
-            (Some(_), None) => true,
+            // Its stand-in is gone (failed and replaced, scaled away): the original comes
+            // back only into a place the job still lacks.
+            (Some(job), None) => {
+                !original.replaced || self.wanted_of(&job.spec.id) < job.spec.count as usize
+            }
+            // A stand-in not running yet never wins over the one that runs.
+            (Some(_), Some(_)) if !stand_in_runs => true,
             (Some(job), Some(stand_in)) => reconcile::keep_original(
                 job.spec.disconnect.map(|d| d.reconcile).unwrap_or_default(),
                 &job.spec,
@@ -510,6 +547,9 @@ impl State {
         match (&stand_in, keep_original || batch_done) {
             (Some(stand_in), true) => {
                 self.stop_alloc(&stand_in.alloc.id, index);
+                if let Some(record) = self.alloc_mut(&stand_in.alloc.id) {
+                    record.stands_in_for = None;
+                }
                 tracing::info!(alloc_id, stand_in = %stand_in.alloc.id, node, "node returned: keeping the original allocation, stopping its stand-in");
             }
             (Some(stand_in), false) => {
@@ -521,9 +561,17 @@ impl State {
                 }
                 tracing::info!(alloc_id, stand_in = %stand_in.alloc.id, node, "node returned: keeping the stand-in, stopping the original allocation");
             }
-            (None, _) if current.is_none() && !ended => self.stop_alloc(alloc_id, index),
+            (None, _) if !keep_original && !ended => self.stop_alloc(alloc_id, index),
             (None, _) => {}
         }
+    }
+
+    /// How many allocs `job_id` wants now (desired to run, not terminal, not replaced).
+    fn wanted_of(&self, job_id: &str) -> usize {
+        let allocs = self.allocs.values();
+        allocs
+            .filter(|a| a.alloc.job_id == job_id && a.is_wanted())
+            .count()
     }
 
     /// Takes every drain one step on (see [`drain::drain_step`]): moves what is due, and
@@ -588,13 +636,14 @@ impl State {
             });
         }
         let replacement = self.create_alloc(&spec, version, node.clone(), None, index);
-        if spec.migrate.checkpoint
-            && let Some(record) = self.alloc_mut(&replacement)
-        {
+        // Named even when it starts afresh: the drain waits for it to run before the job's
+        // next move.
+        if let Some(record) = self.alloc_mut(&replacement) {
             record.alloc = Arc::new(Alloc {
                 previous_alloc: Some(PreviousAlloc {
                     alloc_id: alloc_id.to_string(),
                     node_id: from_node.clone(),
+                    checkpoint: spec.migrate.checkpoint,
                 }),
                 ..Alloc::clone(&record.alloc)
             });

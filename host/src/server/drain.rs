@@ -6,8 +6,9 @@
 //! Rules, each for the reason given:
 //! - A node that is ineligible or draining gets no new alloc; what runs there runs on.
 //! - A drain moves a service job's allocs one at a time per job (Nomad's `migrate {
-//!   max_parallel = 1 }`): the next waits until the last one's replacement runs, so a job
-//!   never has more than one alloc in flight. A moved alloc is evicted, and its replacement
+//!   max_parallel = 1 }`): the next waits until the last one's replacement runs (every
+//!   replacement names the alloc it takes over from, checkpoint or not), so a job never has
+//!   more than one alloc in flight. A moved alloc is evicted, and its replacement
 //!   elsewhere starts from its checkpoint ([`crate::model::structs::DesiredStatus::Evict`]).
 //! - Batch allocs may finish until the drain's deadline; at the deadline every alloc still
 //!   on the node is moved at once, batch or service, room elsewhere or not (a replacement

@@ -163,6 +163,9 @@ impl EmbeddedServer {
                         answer,
                     } if state.nodes.contains_key(&node_id) => {
                         state.add_node(&node_id, info);
+                        // Registered all along at a new leader, its allocs unknown since an
+                        // earlier one: they are known again too.
+                        state.reconnect_node(&node_id, index);
                         Reply::Known(answer)
                     }
                     Request::Register {

@@ -255,6 +255,10 @@ impl State {
     pub(super) fn remove_node(&mut self, node: &str) {
         if let Some(info) = self.nodes.remove(node) {
             self.dirty_nodes = true;
+            // As many as could be registered: names that come and go cannot grow it for ever.
+            if self.departed.len() >= super::MAX_NODES {
+                self.departed.pop_first();
+            }
             self.departed.insert(node.to_string(), info);
         }
         self.placeable.remove(node);

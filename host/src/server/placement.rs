@@ -231,7 +231,10 @@ impl<'a> Placer<'a> {
         // binpack prefers little free (a full node scores 1), spread much.
         let free = |used: f64, total: f64| (1.0 - used / total).clamp(0.0, 1.0);
         let free_memory = info.resources.memory_bytes.map_or(1.0, |total| {
-            free((used.memory_bytes + memory) as f64, total as f64)
+            free(
+                used.memory_bytes.saturating_add(memory) as f64,
+                total as f64,
+            )
         });
         let slots = info.resources.alloc_slots.unwrap_or(UNSAID_SLOTS);
         let free_slots = free(f64::from(used.allocs + 1), f64::from(slots));

@@ -26,10 +26,12 @@
 //!   took care of the others.
 //! - Only wanted allocs (desired to run, not terminal, not replaced) count toward the job's
 //!   count, so a stopping or failed alloc never hides a missing one.
-//! - When a node goes down (cluster mode), every alloc on it that is not terminal is lost and
-//!   asked to stop, so that its node kills it if it comes back; each one its job still wanted
-//!   is replaced on a live node, batch or service, without using a restart (its runner did
-//!   not fail). A batch alloc that completed stays complete.
+//! - When a node goes down (its lease expired in a cluster; no watch for `node_ttl` for a
+//!   single agent), every alloc on it that is not terminal is lost and asked to stop, so that
+//!   its node kills it if it comes back; each one its job still wanted is replaced on a live
+//!   node, batch or service, without using a restart (its runner did not fail). A batch alloc
+//!   that completed stays complete. An alloc of a job with `[job.disconnect]` is `unknown`
+//!   instead, with a stand-in, until its node returns or `lost_after` passes.
 
 use super::placement::{Ask, Nodes, Placer};
 use super::records::{AllocRecord, JobRecord};
@@ -310,10 +312,10 @@ fn nodes_failed_on<'r>(failed: &'r AllocRecord, allocs: &[&'r AllocRecord]) -> V
 }
 
 /// Whether an unknown alloc whose node returned (`original`) is kept rather than its
-/// `stand_in`, by `rule` (see [`Reconcile`]): `best_score` ranks their nodes as placement
-/// would for one more alloc of `job` over `nodes` (a node that is gone or ineligible ranks
-/// last); `longest_running` keeps the one whose last restart is older, the older alloc on
-/// a tie. Ties keep the original.
+/// running `stand_in`, by `rule` (see [`Reconcile`]): `best_score` ranks their nodes as
+/// placement would for one more alloc of `job` over `nodes` (a node that is gone or
+/// ineligible ranks last); `longest_running` keeps the one whose tasks last started or
+/// restarted earlier. Ties keep the original.
 pub fn keep_original<'a>(
     rule: Reconcile,
     job: &JobSpec,
@@ -326,8 +328,10 @@ pub fn keep_original<'a>(
         Reconcile::KeepOriginal => true,
         Reconcile::KeepReplacement => false,
         Reconcile::LongestRunning => {
-            let since = |record: &AllocRecord| (last_restart_unix_ms(record), record.sequence);
-            since(original) <= since(stand_in)
+            // Unknown start: the original by its age, a stand-in as just started.
+            let original_since = running_since_unix_ms(original).unwrap_or(0);
+            let stand_in_since = running_since_unix_ms(stand_in).unwrap_or(u64::MAX);
+            original_since <= stand_in_since
         }
         Reconcile::BestScore => {
             let placer = Placer::new(nodes, allocs);
@@ -342,17 +346,17 @@ pub fn keep_original<'a>(
     }
 }
 
-/// When the alloc's runner last restarted (Unix ms), from its tasks' events; 0 if never.
-fn last_restart_unix_ms(record: &AllocRecord) -> u64 {
+/// Since when the alloc's tasks have run without a restart (Unix ms): its tasks' last
+/// `Started` or `Restarting` event; `None` when its client reported none.
+fn running_since_unix_ms(record: &AllocRecord) -> Option<u64> {
     let states = record.client_state.as_ref().map(|s| &s.task_states[..]);
     states
         .unwrap_or_default()
         .iter()
         .flat_map(|task| &task.events)
-        .filter(|event| event.kind == "Restarting")
+        .filter(|event| event.kind == "Started" || event.kind == "Restarting")
         .map(|event| event.time_unix_ms)
         .max()
-        .unwrap_or(0)
 }
 
 /// How many allocs `job` lacks when a new leader takes over: its count, less every alloc of
@@ -402,6 +406,13 @@ pub fn lose_node<'a>(
         .iter()
         .copied()
         .filter(|a| a.node_id.as_deref() == Some(node_id) && !a.is_terminal())
+        // Already unknown (a node down again at a new leader's takeover): its `lost_after`
+        // runs on from when its node first went silent.
+        .filter(|a| {
+            a.client_state
+                .as_ref()
+                .is_none_or(|s| s.client_status != ClientStatus::Unknown)
+        })
         .collect();
     // Per job, the lost allocs to replace in one plan; a replacement of a failed alloc gets a
     // plan of its own, which carries its reschedule record to the alloc that takes its place:

@@ -395,6 +395,9 @@ async fn a_node_back_within_lost_after_keeps_one_of_each_pair_by_its_jobs_rule()
             .unwrap()
     };
     let (orig_stand_in, repl_stand_in) = (stand_in("orig", &orig), stand_in("repl", &repl));
+    // A stand-in counts only once it runs: one that has not started never wins.
+    report(&server, &orig_stand_in, ClientStatus::Running).await;
+    report(&server, &repl_stand_in, ClientStatus::Running).await;
     assert_eq!(
         wanted(&server, "orig"),
         2,
@@ -432,4 +435,33 @@ async fn an_unknown_alloc_past_lost_after_is_lost_and_replaced_when_it_had_no_st
     assert!(statuses.contains(&Some(ClientStatus::Lost)), "{statuses:?}");
     assert_eq!(server.allocs().len(), 3, "replaced once lost");
     assert_eq!(wanted(&server, "web"), 2);
+}
+
+#[tokio::test]
+async fn a_late_report_from_a_node_still_away_does_not_bring_its_unknown_alloc_back() {
+    let server = running_on_two_nodes(vec![disconnecting("web", 2, "keep_original", true)]).await;
+    let on_n2 = server
+        .job_allocs("web")
+        .into_iter()
+        .find(|a| a.node_id.as_deref() == Some("n2"))
+        .unwrap()
+        .alloc
+        .id
+        .clone();
+    server.node_down("n2").unwrap();
+    report(&server, &on_n2, ClientStatus::Running).await;
+    assert_eq!(
+        status_of(&server, &on_n2),
+        Some(ClientStatus::Unknown),
+        "sent before n2 went silent: it says nothing of now"
+    );
+    report(&server, &on_n2, ClientStatus::Unknown).await;
+    assert_eq!(status_of(&server, &on_n2), Some(ClientStatus::Unknown));
+    report(&server, &on_n2, ClientStatus::Complete).await;
+    assert_eq!(
+        status_of(&server, &on_n2),
+        Some(ClientStatus::Complete),
+        "how it ended is taken whenever it comes"
+    );
+    assert_eq!(wanted(&server, "web"), 2, "its stand-in runs on");
 }

@@ -69,6 +69,7 @@ fn the_next_alloc_of_a_job_waits_until_the_last_ones_replacement_runs() {
             previous_alloc: Some(PreviousAlloc {
                 alloc_id: "web-1".into(),
                 node_id: "n1".into(),
+                checkpoint: true,
             }),
             ..Alloc::clone(&alloc_on("web", 3, Some("n2")).alloc)
         }),

@@ -570,7 +570,7 @@ fn each_reconcile_rule_picks_which_of_a_returning_alloc_and_its_stand_in_stays()
         keep(Reconcile::LongestRunning, &original, &stand_in, &both),
         "neither restarted: the older alloc"
     );
-    let restarted = AllocRecord {
+    let since = |record: &AllocRecord, kind: &str, time_unix_ms| AllocRecord {
         client_state: Some(AllocState {
             client_status: ClientStatus::Running,
             description: String::new(),
@@ -578,19 +578,39 @@ fn each_reconcile_rule_picks_which_of_a_returning_alloc_and_its_stand_in_stays()
                 name: "main".into(),
                 state: TaskLifecycle::Running,
                 failed: false,
-                restarts: 1,
+                restarts: 0,
                 events: vec![TaskEvent {
-                    kind: "Restarting".into(),
+                    kind: kind.into(),
                     message: String::new(),
-                    time_unix_ms: 5_000,
+                    time_unix_ms,
                 }],
             }],
         }),
-        ..original.clone()
+        ..record.clone()
     };
+    let restarted = since(&original, "Restarting", 5_000);
+    let started_before = since(&stand_in, "Started", 3_000);
     assert!(
-        !keep(Reconcile::LongestRunning, &restarted, &stand_in, &both),
-        "the original restarted while away: the stand-in ran longer"
+        !keep(
+            Reconcile::LongestRunning,
+            &restarted,
+            &started_before,
+            &both
+        ),
+        "the original restarted after the stand-in started: the stand-in ran longer"
+    );
+    assert!(
+        keep(
+            Reconcile::LongestRunning,
+            &since(&original, "Started", 1_000),
+            &started_before,
+            &both
+        ),
+        "the original started first and never restarted"
+    );
+    assert!(
+        keep(Reconcile::LongestRunning, &restarted, &stand_in, &both),
+        "a stand-in that said nothing of its start counts as just started"
     );
     assert!(
         keep(Reconcile::BestScore, &original, &stand_in, &both),
