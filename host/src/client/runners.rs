@@ -60,7 +60,9 @@ impl ClientInner {
                         client.start_built(vec![config]).await;
                         client.arriving.lock_unpoisoned().remove(&alloc.id);
                     });
-                    self.tasks.lock_unpoisoned().push(arriving.abort_handle());
+                    let mut tasks = self.tasks.lock_unpoisoned();
+                    tasks.retain(|task| !task.is_finished());
+                    tasks.push(arriving.abort_handle());
                 }
                 _ => configs.push(self.runner_config(alloc, None)),
             }

@@ -34,8 +34,9 @@ pub const MAX_CONSTRAINTS: usize = 32;
 /// The longest value a constraint may have, in bytes (a regexp or a version requirement).
 pub const MAX_CONSTRAINT_VALUE_BYTES: usize = 1024;
 /// The most memory a constraint's compiled regexp may take: a regexp is the submitter's
-/// program run by the scheduler against every node.
-const MAX_REGEX_BYTES: usize = 1 << 20;
+/// program, compiled by the scheduler at each placement of its job and run against every
+/// node, under the server's lock.
+const MAX_REGEX_BYTES: usize = 64 << 10;
 
 /// One constraint, as written and stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -23,9 +23,10 @@ pub const MAX_NODE_VALUE_BYTES: usize = 512;
 
 /// A node's own account of itself, sent at registration. Every field has a default, so a
 /// registration from before nodes advertised anything (an empty body, an old live key) is a
-/// node of unknown capacity in the default pool.
+/// node of unknown capacity in the default pool; a field this build does not know (from a
+/// newer agent) is ignored, so a cluster can be upgraded one agent at a time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct NodeInfo {
     /// `[client] node_class`: a free-form class constraints can pick nodes by (empty: none).
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -57,7 +58,7 @@ impl Default for NodeInfo {
 /// What a node can hold. `None` is "not said": a node that does not say is never full in
 /// that dimension.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct NodeResources {
     /// Bytes of memory allocs may reserve (`[client] memory_total` less `reserved_memory`).
     /// Each alloc reserves its memory limit.
