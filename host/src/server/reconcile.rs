@@ -487,4 +487,6 @@ pub fn lose_node<'a>(
 }
 
 #[cfg(test)]
+mod reconnect_tests;
+#[cfg(test)]
 mod tests;

@@ -57,9 +57,8 @@
 use crate::client::gc::GcConfig;
 use crate::model::capabilities::{CapabilityError, CapabilityPolicy};
 use crate::model::limits::{LimitCaps, LimitError, LimitOverrides, Limits, RawLimits};
-use crate::model::node::{NodeInfo, NodeResources};
 use crate::server::ServerConfig;
-use crate::util::units::{UnitError, format_bytes, parse_bytes, parse_duration};
+use crate::util::units::{UnitError, parse_duration};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use std::collections::BTreeMap;
@@ -341,41 +340,6 @@ impl Default for AgentConfig {
     }
 }
 
-/// The share of the machine's memory allocs may reserve when `[client] memory_total` is
-/// not set, in percent: the rest is the agent's, the OS's and its page cache's.
-pub const DEFAULT_MEMORY_SHARE_PERCENT: u64 = 80;
-
-impl AgentConfig {
-    /// What this agent's node says of itself when it registers: its class, pool and meta,
-    /// the machine's attributes, and what it can hold: `memory_total` (by default
-    /// [`DEFAULT_MEMORY_SHARE_PERCENT`] of the machine's memory) less `reserved_memory`,
-    /// `max_live_allocs` slots, and the memory limit of an alloc whose job sets none.
-    pub fn node_info(&self) -> NodeInfo {
-        let total = self.memory_total.or_else(|| {
-            machine_memory_bytes().map(|bytes| bytes / 100 * DEFAULT_MEMORY_SHARE_PERCENT)
-        });
-        NodeInfo {
-            class: self.node_class.clone(),
-            pool: self.node_pool.clone(),
-            meta: self.node_meta.clone(),
-            attributes: NodeInfo::machine_attributes(),
-            resources: NodeResources {
-                memory_bytes: total.map(|t| t.saturating_sub(self.reserved_memory)),
-                default_alloc_memory_bytes: Some(self.limits.memory_bytes),
-                alloc_slots: Some(self.max_live_allocs),
-            },
-        }
-    }
-}
-
-/// The machine's memory (`MemTotal` of `/proc/meminfo`); `None` where there is no such file.
-fn machine_memory_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
@@ -387,7 +351,7 @@ struct FileConfig {
     #[serde(default)]
     client: ClientSection,
     #[serde(default)]
-    server: ServerSection,
+    server: server::ServerSection,
     cluster: Option<super::cluster_config::ClusterSection>,
 }
 
@@ -422,14 +386,7 @@ struct ClientSection {
     node_pool: Option<String>,
     meta: Option<BTreeMap<String, String>>,
     memory_total: Option<String>,
-    reserved: Option<ReservedSection>,
-}
-
-/// `[client.reserved]`: what allocs may not have of the node (Nomad's block).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReservedSection {
-    memory: Option<String>,
+    reserved: Option<node::ReservedSection>,
 }
 
 impl ClientSection {
@@ -456,14 +413,6 @@ struct CapabilitiesSection {
     network: Vec<String>,
     #[serde(default)]
     volumes: BTreeMap<String, PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ServerSection {
-    job_gc_threshold: Option<String>,
-    restart_limit: Option<u32>,
-    node_ttl: Option<String>,
 }
 
 /// Parses a config file's text into `config`, keeping what the file leaves out. `path` names
@@ -569,52 +518,17 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
         }
         config.max_live_allocs = v;
     }
-    if let Some(class) = client.node_class {
-        config.node_class = class;
-    }
-    if let Some(pool) = client.node_pool {
-        config.node_pool = pool;
-    }
-    if let Some(meta) = client.meta {
-        config.node_meta = meta;
-    }
-    let bytes = |key: &'static str, value: &str| parse_bytes(value).map_err(unit(key));
-    if let Some(total) = client.memory_total {
-        let total = bytes("client.memory_total", &total)?;
-        if total == 0 {
-            return Err(out_of_range(
-                "client.memory_total",
-                "must be above 0".into(),
-            ));
-        }
-        config.memory_total = Some(total);
-    }
-    if let Some(memory) = client.reserved.and_then(|r| r.memory) {
-        config.reserved_memory = bytes("client.reserved.memory", &memory)?;
-    }
-    if let Some(total) = config.memory_total
-        && config.reserved_memory >= total
-    {
-        return Err(out_of_range(
-            "client.reserved.memory",
-            format!(
-                "{} leaves nothing of client.memory_total ({})",
-                format_bytes(config.reserved_memory),
-                format_bytes(total)
-            ),
-        ));
-    }
-    if let Err(problem) = config.node_info().check() {
-        // The node's fields as this file names them.
-        let problem = ["class", "pool"]
-            .iter()
-            .find_map(|field| Some(format!("node_{field}{}", problem.strip_prefix(field)?)))
-            .unwrap_or(problem);
-        return Err(ConfigError::Node {
-            path: path.into(),
-            problem,
-        });
-    }
+    node::read_keys(
+        config,
+        path,
+        node::NodeKeys {
+            class: client.node_class,
+            pool: client.node_pool,
+            meta: client.meta,
+            memory_total: client.memory_total,
+            reserved: client.reserved,
+        },
+    )?;
     let section = |key: &'static str| {
         move |e: LimitError| ConfigError::Limit {
             path: path.into(),
@@ -660,22 +574,7 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
                 }
             })?;
     }
-    if let Some(v) = file.server.job_gc_threshold {
-        config.server.job_gc_threshold = duration("server.job_gc_threshold", &v)?;
-    }
-    if let Some(v) = file.server.restart_limit {
-        config.server.restart_limit = v;
-    }
-    if let Some(v) = file.server.node_ttl {
-        let ttl = duration("server.node_ttl", &v)?;
-        if ttl < std::time::Duration::from_secs(1) {
-            return Err(out_of_range(
-                "server.node_ttl",
-                format!("{v} is under the least, 1s"),
-            ));
-        }
-        config.server.node_ttl = ttl;
-    }
+    file.server.read_into(config, path)?;
     if let Some(cluster) = file.cluster {
         config.cluster_settings.read_file(path, cluster)?;
     }
@@ -686,6 +585,11 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
 pub fn parse_bind(text: &str) -> Result<SocketAddr, BindError> {
     text.parse().map_err(|_| BindError { text: text.into() })
 }
+
+mod node;
+mod server;
+
+pub use node::DEFAULT_MEMORY_SHARE_PERCENT;
 
 #[cfg(test)]
 mod tests;
