@@ -137,7 +137,11 @@ async fn reach_all(
                 .unwrap()
                 .with_registries(registries.clone());
             if let Some(peer) = peer {
-                store.fetch_from(fixed_peers(vec![peer.to_string()]), None);
+                store.fetch_from(
+                    fixed_peers(vec![peer.to_string()]),
+                    None,
+                    caravan_host::rpc::transport::AgentPool::new(),
+                );
             }
             store
         })

@@ -31,6 +31,7 @@
 //! - [`util`]: leaf helpers: backoff, locks, units, timestamps, guest text, histograms,
 //!   directory trees.
 //! - [`alloc_fs`]: an alloc dir read for its operator, confined to it (`alloc fs`).
+//! - [`tls`]: the PEM files, rustls configurations and certificate roles of TLS on the API.
 //! - [`shutdown`]: Ctrl-C and SIGTERM as shutdown stages the commands wait on.
 //! - [`scaffold`]: the files of a new runner, behind `caravan runner new`.
 //! - `testing` (feature `testing` only): seams that fail on demand, an in-memory server.
@@ -62,4 +63,5 @@ pub mod state;
 pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tls;
 pub mod util;

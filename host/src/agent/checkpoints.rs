@@ -30,8 +30,8 @@ const ADDRESSES_FRESH_FOR: Duration = Duration::from_secs(1);
 type Addresses = Option<(tokio::time::Instant, Arc<HashMap<String, String>>)>;
 
 /// A source that finds the previous alloc's node among the cluster's live agents.
-pub fn from_cluster(store: EtcdStore, token: Option<String>) -> CheckpointSource {
-    let pool = Arc::new(AgentPool::new());
+pub fn from_cluster(store: EtcdStore, token: Option<String>, pool: AgentPool) -> CheckpointSource {
+    let pool = Arc::new(pool);
     let addresses: Arc<tokio::sync::Mutex<Addresses>> = Arc::default();
     Arc::new(move |previous: PreviousAlloc| {
         let (store, token, pool) = (store.clone(), token.clone(), pool.clone());

@@ -159,12 +159,13 @@ impl ClusterSettings {
             })?,
         };
         if let Some((url, at)) = &self.advertise
-            && !valid_endpoint(url)
+            && !valid_api_url(url)
         {
             return bad(
                 at,
                 format!(
-                    "{url:?} is not a URL other agents can reach, such as http://10.0.0.11:4646"
+                    "{url:?} is not a URL other agents can reach, such as http://10.0.0.11:4646 \
+                     (https:// with [tls])"
                 ),
             );
         }
@@ -182,12 +183,21 @@ impl ClusterSettings {
     }
 }
 
-/// `http://HOST:PORT`, the only form agents dial (no TLS yet).
+/// `http://HOST:PORT`, the only form of etcd endpoint agents dial (no TLS to etcd yet).
 pub fn valid_endpoint(endpoint: &str) -> bool {
-    endpoint.strip_prefix("http://").is_some_and(|rest| {
-        rest.rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-    })
+    endpoint.strip_prefix("http://").is_some_and(host_and_port)
+}
+
+/// `http://HOST:PORT` or `https://HOST:PORT`: an agent's API, as others dial it.
+fn valid_api_url(url: &str) -> bool {
+    url.strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .is_some_and(host_and_port)
+}
+
+fn host_and_port(rest: &str) -> bool {
+    rest.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 /// The host's name, when it can be a node name.

@@ -12,6 +12,7 @@ use crate::cluster::{
 };
 use crate::model::node::NodeInfo;
 use crate::rpc::ServerApi;
+use crate::rpc::transport::AgentPool;
 use crate::server::{EmbeddedServer, ServerConfig};
 use crate::util::backoff::Backoff;
 use std::net::SocketAddr;
@@ -38,20 +39,31 @@ pub(super) struct ClusterMode {
 impl ClusterMode {
     /// Connects to etcd, checks the schema, joins as `config.node_name` with its HTTP API at
     /// `api`, and starts scheduling whenever this agent wins the leadership.
+    /// `tls`: whether the API serves HTTPS, which the address advertised must then say.
     pub(super) async fn join(
         config: &ClusterConfig,
         server: &ServerConfig,
-        bound: SocketAddr,
+        (bound, tls): (SocketAddr, bool),
         data_dir: &Path,
         node_info: NodeInfo,
     ) -> anyhow::Result<ClusterMode> {
+        let scheme = if tls { "https" } else { "http" };
         let api = match &config.advertise {
+            Some(url) if !url.starts_with(&format!("{scheme}://")) => anyhow::bail!(
+                "cluster.advertise {url:?} must be {scheme}://HOST:PORT: this agent's API \
+                 serves {}",
+                if tls {
+                    "HTTPS only ([tls] http = true)"
+                } else {
+                    "plain HTTP (no [tls])"
+                }
+            ),
             Some(url) => url.clone(),
             None if bound.ip().is_unspecified() => anyhow::bail!(
                 "the API listens on {bound}, which other agents cannot dial as such: give \
                  the URL they reach it at with --advertise (or cluster.advertise)"
             ),
-            None => format!("http://{bound}"),
+            None => format!("{scheme}://{bound}"),
         };
         let store = EtcdStore::connect(&config.etcd_endpoints).await?;
         store.check_schema().await?;
@@ -111,11 +123,12 @@ impl ClusterMode {
     }
 
     /// What the HTTP API forwards by.
-    pub(super) fn forwarding(&self) -> Arc<Forwarding> {
+    pub(super) fn forwarding(&self, pool: AgentPool) -> Arc<Forwarding> {
         Arc::new(Forwarding::new(
             self.member.view(),
             self.store.clone(),
             self.node.clone(),
+            pool,
         ))
     }
 
@@ -155,8 +168,9 @@ impl ClusterMode {
     pub(super) fn checkpoint_source(
         &self,
         token: Option<String>,
+        pool: AgentPool,
     ) -> crate::client::migrate::CheckpointSource {
-        super::checkpoints::from_cluster(self.store.clone(), token)
+        super::checkpoints::from_cluster(self.store.clone(), token, pool)
     }
 
     pub(super) fn runner_builds(&self) -> super::runner_builds::ClusterBuilds {

@@ -58,6 +58,9 @@ pub struct ApiState {
     pub client: Client,
     /// The token writes need, if any.
     pub acl_token: Option<String>,
+    /// Whether the API serves TLS, so that the routes only agents call (node RPC, runner
+    /// builds by hash, checkpoints) need an agent's certificate (see `auth`).
+    pub agent_routes_need_certs: bool,
     /// The runtime, for its instantiation latency and to load a job's runner.
     pub runtime: crate::runtime::Runtime,
     /// This agent's runner builds by hash: what a job's runner is kept as, uploaded to,
@@ -146,6 +149,12 @@ pub fn router(state: ApiState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             forward::to_leader,
+        ))
+        // Outside forwarding: a request an agent would relay with its own certificate is
+        // checked for the caller's first.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_agent_certificate,
         ))
         .with_state(state)
 }

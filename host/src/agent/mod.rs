@@ -7,6 +7,7 @@
 //! - [`http`]: the HTTP API.
 //! - [`descriptors`]: the process's open-file limit, raised at start.
 //! - `listener`: the listening socket, with a backlog for thousands of nodes at once.
+//! - `serve`: the connections on it, plain or TLS, each request told its caller's role.
 //!
 //! The agent is the composition root: the only place that knows every layer. It may use all
 //! of them; none of them knows it, and only the CLI's `agent` command starts it.
@@ -19,14 +20,17 @@ pub mod descriptors;
 pub mod http;
 mod listener;
 mod runner_builds;
+mod serve;
 
 use crate::alloc_logs::AllocLogs;
 use crate::client::{Client, ClientConfig};
 use crate::model::admission::Admission;
 use crate::rpc::ServerApi;
+use crate::rpc::transport::AgentPool;
 use crate::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
 use crate::server::EmbeddedServer;
 use crate::state::{RedbStateDb, StateDb};
+use crate::tls::{Expect, ServeTls};
 use anyhow::Context;
 use config::AgentConfig;
 use std::net::SocketAddr;
@@ -99,6 +103,21 @@ impl Agent {
                 config.bind
             );
         }
+        // Before anything starts: a certificate or key the agent cannot use is one line.
+        let (serve_tls, agents) = match &config.tls {
+            None => (None, AgentPool::new()),
+            Some(tls) => (
+                Some(ServeTls::new(
+                    &tls.files,
+                    &config.region,
+                    tls.verify_https_client,
+                )?),
+                AgentPool::with_tls(crate::tls::dial_config(
+                    &tls.files,
+                    &Expect::AgentOf(config.region.clone()),
+                )?),
+            ),
+        };
         let descriptor_limit = descriptors::raise_open_files_limit();
         // An agent without a client runs no allocs, and needs no budget for them.
         let runner_descriptors = if config.client_enabled {
@@ -167,7 +186,7 @@ impl Agent {
                 let mode = cluster_mode::ClusterMode::join(
                     cluster,
                     &config.server,
-                    addr,
+                    (addr, serve_tls.is_some()),
                     &config.data_dir,
                     config.node_info(),
                 )
@@ -195,7 +214,11 @@ impl Agent {
         let builds = match &cluster {
             None => runner_builds::embedded_builds(servers.clone()),
             Some(mode) => {
-                runners.fetch_from(mode.runner_peers(), config.acl_token.clone());
+                runners.fetch_from(
+                    mode.runner_peers(),
+                    config.acl_token.clone(),
+                    agents.clone(),
+                );
                 mode.runner_builds()
             }
         };
@@ -205,7 +228,9 @@ impl Agent {
             .into_factory();
         let client = Client::with_disk_stats(client_config, server_api, factory, db);
         if let Some(mode) = &cluster {
-            client.fetch_checkpoints_from(mode.checkpoint_source(config.acl_token.clone()));
+            client.fetch_checkpoints_from(
+                mode.checkpoint_source(config.acl_token.clone(), agents.clone()),
+            );
         }
         // A client that never starts never registers its node: nothing is placed here.
         let restored = if config.client_enabled {
@@ -219,7 +244,8 @@ impl Agent {
 
         let api = http::router(http::ApiState {
             servers: servers.clone(),
-            forwarding: cluster.as_ref().map(|c| c.forwarding()),
+            forwarding: cluster.as_ref().map(|c| c.forwarding(agents.clone())),
+            agent_routes_need_certs: serve_tls.is_some(),
             etcd: cluster.as_ref().map(|c| c.etcd_health()),
             client: client.clone(),
             acl_token: config.acl_token.clone(),
@@ -236,16 +262,11 @@ impl Agent {
             client.clone(),
         ));
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
-        let http = tokio::spawn(async move {
-            let serve = axum::serve(listener, api).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-            if let Err(error) = serve.await {
-                tracing::error!(error = %error, "the HTTP API stopped");
-            }
-        });
+        let tls = serve_tls.is_some();
+        let http = tokio::spawn(serve::serve(listener, api, serve_tls, stopped));
         tracing::info!(
             addr = %addr,
+            tls,
             data_dir = %config.data_dir.display(),
             dev = config.dev,
             restored,

@@ -34,6 +34,10 @@ pub struct NodesimCommand {
     /// The agent's ACL token, if it has one.
     #[arg(long, env = "CARAVAN_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// How the nodes reach agents that serve HTTPS (a node's certificate: `caravan tls cert
+    /// create --client`).
+    #[command(flatten)]
+    tls: crate::cli::client::DialTlsArgs,
     /// `etcd`: the nodes join the cluster whose state lives in etcd (each with a lease and a
     /// live key, as an agent's node, but never leading), instead of registering with --server.
     #[arg(long, value_name = "MODE")]
@@ -146,6 +150,7 @@ impl NodesimCommand {
         config.runner_peers = Some(crate::nodesim::RunnerPeers {
             peers: runner_peers,
             token: self.token.clone(),
+            pool: self.tls.pool()?,
         });
         let shutdown = Shutdown::new();
         shutdown.on_signals()?;
@@ -211,7 +216,7 @@ impl NodesimCommand {
     async fn servers(&self, config: &NodeSimConfig) -> anyhow::Result<Servers> {
         match self.cluster.as_deref() {
             None | Some("embedded") => {
-                let server = HttpServer::new(&self.server, self.token.clone())?;
+                let server = HttpServer::new(&self.tls.pool()?, &self.server, self.token.clone())?;
                 let agent = server.clone();
                 let nodes: NodeServers =
                     Arc::new(move |node: &str| server.node(node) as Arc<dyn ServerApi>);

@@ -301,11 +301,8 @@ fn check_days(days: u32) -> anyhow::Result<()> {
 
 /// A region or node name, as it goes into a DNS name.
 fn check_label(flag: &str, text: &str) -> anyhow::Result<()> {
-    let ok = |c: char| c.is_ascii_alphanumeric() || c == '-';
-    if text.is_empty() || text.len() > 63 || !text.chars().all(ok) {
-        bail!("{flag}: {text:?} must be 1 to 63 letters, digits or '-' (it goes into a DNS name)");
-    }
-    Ok(())
+    crate::agent::config::tls::check_dns_label(text)
+        .map_err(|problem| anyhow::anyhow!("{flag}: {problem}"))
 }
 
 fn set_lifetime(params: &mut CertificateParams, days: u32) {

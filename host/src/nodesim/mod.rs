@@ -73,6 +73,8 @@ pub struct RunnerPeers {
     pub peers: crate::runner_store::PeerList,
     /// The agents' ACL token, if they have one.
     pub token: Option<String>,
+    /// How the agents are dialled (TLS in a TLS cluster).
+    pub pool: crate::rpc::transport::AgentPool,
 }
 
 impl std::fmt::Debug for RunnerPeers {
@@ -175,7 +177,7 @@ impl NodeSim {
                 let store = crate::runner_store::RunnerStore::open(&root)
                     .context("cannot open the simulation's runner store")?;
                 if let Some(from) = &config.runner_peers {
-                    store.fetch_from(from.peers.clone(), from.token.clone());
+                    store.fetch_from(from.peers.clone(), from.token.clone(), from.pool.clone());
                 }
                 WasmAllocRunnerFactory::new(runtime)
                     .with_store(store)

@@ -99,10 +99,11 @@ pub struct HttpServerApi {
 }
 
 impl HttpServer {
-    /// A server at `addr` (`http://HOST:PORT`), sending `token` with every call if given.
-    pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Self> {
+    /// A server at `addr` (`http://HOST:PORT`, `https://` on a TLS pool), dialled on
+    /// `pool`, sending `token` with every call if given.
+    pub fn new(pool: &AgentPool, addr: &str, token: Option<String>) -> anyhow::Result<Self> {
         Ok(HttpServer {
-            api: AgentPool::new().agent(addr, token)?,
+            api: pool.agent(addr, token)?,
         })
     }
 
@@ -236,14 +237,17 @@ mod tests {
 
     #[test]
     fn a_server_address_must_be_an_http_url() {
-        assert!(HttpServer::new("http://127.0.0.1:4646", None).is_ok());
+        assert!(HttpServer::new(&AgentPool::new(), "http://127.0.0.1:4646", None).is_ok());
         for bad in [
             "127.0.0.1:4646",
             "https://example.com",
             "http://",
             "not a url",
         ] {
-            let error = HttpServer::new(bad, None).err().expect(bad).to_string();
+            let error = HttpServer::new(&AgentPool::new(), bad, None)
+                .err()
+                .expect(bad)
+                .to_string();
             assert!(error.contains(bad), "{error}");
         }
     }

@@ -2,7 +2,8 @@
 //! process (node RPC) and an agent forwarding to another all go through it, so that what a
 //! call to an agent needs (its address checked, the token, a time limit, a cap on what is
 //! read, the API's error shape, the root cause of a connection failure) is written once, and
-//! TLS, when it comes, is added once.
+//! so is TLS: a pool dials plain HTTP or TLS only, with the configuration [`crate::tls`]
+//! builds.
 //!
 //! [`AgentPool`] is one pool of connections (cheap to clone, shared by every node of a
 //! nodesim and every request an agent forwards); [`AgentApi`] is one agent's API on it, by
@@ -12,9 +13,11 @@ use axum::body::Body;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a call got no usable answer: the agent could not be reached, did not answer in time,
@@ -30,10 +33,12 @@ pub struct Unanswered {
     pub timed_out: bool,
 }
 
-/// One pool of HTTP/1 connections to agents. Cheap to clone.
+/// One pool of HTTP/1 connections to agents, plain or TLS. Cheap to clone.
 #[derive(Clone)]
 pub struct AgentPool {
-    http: HttpClient<HttpConnector, Body>,
+    http: HttpClient<HttpsConnector<HttpConnector>, Body>,
+    /// Whether this pool dials `https://` (and only that) rather than `http://`.
+    tls: bool,
 }
 
 impl Default for AgentPool {
@@ -43,20 +48,38 @@ impl Default for AgentPool {
 }
 
 impl AgentPool {
-    /// A new pool: no delay on small writes (node RPC and the CLI send small requests),
-    /// idle connections kept 90 s.
+    /// A pool that dials plain HTTP: no delay on small writes (node RPC and the CLI send
+    /// small requests), idle connections kept 90 s.
     pub fn new() -> AgentPool {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+        AgentPool::with(crate::tls::plain_only_dial_config(), false)
+    }
+
+    /// A pool that dials agents over TLS only, with `config` (from [`crate::tls::dial_config`]):
+    /// a plain `http://` address is refused, so nothing meant for a TLS cluster goes out
+    /// in the clear.
+    pub fn with_tls(config: Arc<rustls::ClientConfig>) -> AgentPool {
+        AgentPool::with(config, true)
+    }
+
+    fn with(config: Arc<rustls::ClientConfig>, tls: bool) -> AgentPool {
+        let connector =
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config((*config).clone());
+        let connector = if tls {
+            connector.https_only()
+        } else {
+            connector.https_or_http()
+        };
         AgentPool {
             http: HttpClient::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(90))
-                .build(connector),
+                .build(connector.enable_http1().wrap_connector(http_connector())),
+            tls,
         }
     }
 
-    /// The API of the agent at `addr` (`http://HOST:PORT`), sending `token` (when given and
-    /// not empty) with every call; refuses an address of any other form, naming it.
+    /// The API of the agent at `addr` (`http://HOST:PORT`, or `https://` for a TLS pool),
+    /// sending `token` (when given and not empty) with every call; refuses an address of any
+    /// other form, naming it.
     pub fn agent(&self, addr: &str, token: Option<String>) -> anyhow::Result<AgentApi> {
         let base = addr.trim_end_matches('/').to_string();
         let uri: hyper::Uri = base
@@ -65,8 +88,20 @@ impl AgentPool {
         let bare = uri.path() == "/"
             && uri.query().is_none()
             && uri.authority().is_some_and(|a| !a.as_str().contains('@'));
-        if uri.scheme_str() != Some("http") || uri.host().is_none() || !bare {
-            anyhow::bail!("agent address {addr:?} must look like http://HOST:PORT");
+        let scheme = if self.tls { "https" } else { "http" };
+        if uri.host().is_none() || !bare {
+            anyhow::bail!("agent address {addr:?} must look like {scheme}://HOST:PORT");
+        }
+        match uri.scheme_str() {
+            Some(given) if given == scheme => {}
+            Some("http") => anyhow::bail!(
+                "agent address {addr:?} is plain HTTP, but TLS is configured: use https://HOST:PORT"
+            ),
+            Some("https") => anyhow::bail!(
+                "agent address {addr:?} is HTTPS, but no CA certificate is configured to check it \
+                 (--ca-cert or CARAVAN_CACERT; an agent's tls.ca_file)"
+            ),
+            _ => anyhow::bail!("agent address {addr:?} must look like {scheme}://HOST:PORT"),
         }
         Ok(AgentApi {
             base,
@@ -74,6 +109,15 @@ impl AgentPool {
             pool: self.clone(),
         })
     }
+}
+
+/// The TCP side of every pool's connector: no delay on small writes, and `https://` let
+/// through to the TLS layer above it.
+fn http_connector() -> HttpConnector {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.enforce_http(false);
+    connector
 }
 
 /// One agent's API. Cheap to clone.

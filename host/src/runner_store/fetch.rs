@@ -77,12 +77,8 @@ pub(super) struct Peers {
 }
 
 impl Peers {
-    pub(super) fn new(list: PeerList, token: Option<String>) -> Peers {
-        Peers {
-            list,
-            token,
-            pool: AgentPool::new(),
-        }
+    pub(super) fn new(list: PeerList, token: Option<String>, pool: AgentPool) -> Peers {
+        Peers { list, token, pool }
     }
 
     /// Asks each peer in turn for build `sha256` and stores the first that hashes right;

@@ -179,9 +179,15 @@ impl RunnerStore {
     }
 
     /// Where missing builds are fetched from from now on (cluster mode): `peers` lists the
-    /// other agents' APIs, the leader first, and `token` is sent to them.
-    pub fn fetch_from(&self, peers: PeerList, token: Option<String>) {
-        *self.inner.peers.lock_unpoisoned() = Some(fetch::Peers::new(peers, token));
+    /// other agents' APIs, the leader first, dialled on `pool` (TLS in a TLS cluster), and
+    /// `token` is sent to them.
+    pub fn fetch_from(
+        &self,
+        peers: PeerList,
+        token: Option<String>,
+        pool: crate::rpc::transport::AgentPool,
+    ) {
+        *self.inner.peers.lock_unpoisoned() = Some(fetch::Peers::new(peers, token, pool));
     }
 
     /// The file of build `sha256`, if the store has it.

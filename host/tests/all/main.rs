@@ -46,6 +46,7 @@ mod runner_new;
 mod sim;
 mod sleeper;
 mod stateful;
+mod tls_api;
 mod tls_cli;
 mod web_ui;
 

@@ -29,6 +29,7 @@ const LEVELS: &[(&str, u32)] = &[
     ("alloc_fs", 0),
     ("shutdown", 0),
     ("scaffold", 0),
+    ("tls", 0),
 ];
 
 /// Test tools (feature `testing`): any room's tests may use them, and they may use any room;

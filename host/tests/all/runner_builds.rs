@@ -258,6 +258,7 @@ async fn a_fetch_passes_over_peers_that_lack_the_build_or_serve_wrong_bytes_and_
     store.fetch_from(
         fixed_peers(vec![liar.clone(), without.clone(), gone.clone()]),
         None,
+        AgentPool::new(),
     );
     let error = store.get_or_fetch(&sha256, None).await.unwrap_err();
     let minimal = sha256_hex(&std::fs::read(MINIMAL).unwrap());
@@ -274,7 +275,11 @@ async fn a_fetch_passes_over_peers_that_lack_the_build_or_serve_wrong_bytes_and_
         "nothing kept"
     );
 
-    store.fetch_from(fixed_peers(vec![liar, without, honest]), None);
+    store.fetch_from(
+        fixed_peers(vec![liar, without, honest]),
+        None,
+        AgentPool::new(),
+    );
     let path = store.get_or_fetch(&sha256, None).await.unwrap();
     assert!(
         std::fs::read(path).unwrap() == wanted,

@@ -39,6 +39,13 @@
 //! restart_limit = 3               # a service job's reschedule attempts when it states none
 //! node_ttl = "30s"                # a node with no watch open this long is down (nodesim's)
 //!
+//! [tls]                           # optional: HTTPS only, certificates (see `tls`)
+//! http = true
+//! ca_file = "caravan-agent-ca.pem"
+//! cert_file = "global-server-caravan.pem"
+//! key_file = "global-server-caravan-key.pem"
+//! verify_https_client = true
+//!
 //! [cluster]                       # optional: many agents, one cluster (docs/cluster.md)
 //! mode = "etcd"                   # "embedded" (the default) or "etcd"
 //! etcd_endpoints = ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]  # every member
@@ -145,6 +152,14 @@ pub enum ConfigError {
     /// line, naming the key or flag.
     #[error("{0}")]
     Cluster(String),
+    /// `region` or `[tls]` is not usable.
+    #[error("{path}: {problem}")]
+    Tls {
+        /// The file.
+        path: String,
+        /// What is wrong, naming the key.
+        problem: String,
+    },
     /// A `[client.capabilities]` entry is not usable.
     #[error("{path}: {problem}")]
     Capability {
@@ -304,6 +319,10 @@ pub struct AgentConfig {
     /// Whether the agent runs a client node of its own (`client.enabled`, default true). A
     /// single agent without one only schedules, for nodes elsewhere (`caravan nodesim`).
     pub client_enabled: bool,
+    /// The cluster's region (`region`, default `global`): names its agents' certificates.
+    pub region: String,
+    /// `[tls]`: HTTPS on the API and TLS to other agents; `None` for plain HTTP.
+    pub tls: Option<tls::AgentTls>,
     /// Cluster mode on etcd; `None` for the single-node embedded mode.
     pub cluster: Option<super::cluster_config::ClusterConfig>,
     /// The cluster settings as given, file then flags, each with where it came from.
@@ -334,6 +353,8 @@ impl Default for AgentConfig {
             memory_total: None,
             reserved_memory: 0,
             client_enabled: true,
+            region: crate::tls::DEFAULT_REGION.into(),
+            tls: None,
             cluster: None,
             cluster_settings: Default::default(),
         }
@@ -348,6 +369,8 @@ struct FileConfig {
     log_level: Option<String>,
     log_json: Option<bool>,
     acl_token: Option<String>,
+    region: Option<String>,
+    tls: Option<tls::TlsSection>,
     #[serde(default)]
     client: ClientSection,
     #[serde(default)]
@@ -575,6 +598,7 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
             })?;
     }
     file.server.read_into(config, path)?;
+    tls::read(config, path, file.region, file.tls)?;
     if let Some(cluster) = file.cluster {
         config.cluster_settings.read_file(path, cluster)?;
     }
@@ -588,6 +612,7 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr, BindError> {
 
 mod node;
 mod server;
+pub mod tls;
 
 pub use node::DEFAULT_MEMORY_SHARE_PERCENT;
 

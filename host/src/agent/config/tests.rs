@@ -336,7 +336,7 @@ fn bad_cluster_settings_name_the_key_or_flag_at_fault() {
                 advertise: Some("10.0.0.1".into()),
                 ..etcd("http://127.0.0.1:2379", "n1")
             },
-            "--advertise: \"10.0.0.1\" is not a URL other agents can reach, such as http://10.0.0.11:4646",
+            "--advertise: \"10.0.0.1\" is not a URL other agents can reach, such as http://10.0.0.11:4646 (https:// with [tls])",
         ),
         (
             "[cluster]\nnode_ttl = \"1s\"\n",
@@ -417,4 +417,48 @@ fn a_nodes_class_meta_and_memory_are_read_and_what_it_says_of_itself_follows() {
         refused("[client]\nnode_class = \"a\\nb\"\n"),
         "agent.toml: client.node_class: \"a\\nb\" has a control character"
     );
+}
+
+#[test]
+fn tls_is_read_with_its_files_and_a_missing_one_or_a_bad_region_is_named() {
+    let mut config = AgentConfig::default();
+    assert_eq!(
+        (config.region.as_str(), config.tls.is_none()),
+        ("global", true)
+    );
+    let text = "region = \"EU-west\"\n[tls]\nhttp = true\nca_file = \"ca.pem\"\n\
+                cert_file = \"server.pem\"\nkey_file = \"server-key.pem\"\nverify_https_client = true\n";
+    apply_file(&mut config, "agent.toml", text).unwrap();
+    assert_eq!(config.region, "eu-west");
+    let tls = config.tls.clone().expect("TLS on");
+    assert!(tls.verify_https_client);
+    assert_eq!(tls.files.ca.path, std::path::Path::new("ca.pem"));
+    let (cert, key) = tls.files.identity.expect("the agent's certificate");
+    assert_eq!(
+        (cert.setting.as_str(), key.setting.as_str()),
+        ("tls.cert_file", "tls.key_file")
+    );
+
+    // Files without `http = true` leave TLS off, as in Nomad.
+    let mut off = AgentConfig::default();
+    apply_file(&mut off, "agent.toml", "[tls]\nca_file = \"ca.pem\"\n").unwrap();
+    assert!(off.tls.is_none());
+
+    for (text, expected) in [
+        (
+            "[tls]\nhttp = true\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\n",
+            "agent.toml: tls.key_file is required with tls.http = true (caravan tls ... writes one)",
+        ),
+        (
+            "region = \"eu.west\"\n",
+            "agent.toml: region: \"eu.west\" must be 1 to 63 letters, digits or '-' (it goes into a DNS name)",
+        ),
+        (
+            "[tls]\nhttps = true\n",
+            "agent.toml: unknown field `https`, expected one of `http`, `ca_file`, `cert_file`, `key_file`, `verify_https_client`",
+        ),
+    ] {
+        let error = apply_file(&mut AgentConfig::default(), "agent.toml", text).unwrap_err();
+        assert_eq!(error.to_string(), expected, "{text}");
+    }
 }

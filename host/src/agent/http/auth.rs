@@ -14,8 +14,15 @@
 //!
 //! A request forwarded to the leader is checked by the leader, where it is answered: this
 //! layer runs only on routes this agent answers itself.
+//!
+//! With TLS on, the routes only agents and nodes call ([`agent_only`]: node RPC, a runner
+//! build fetched by hash, an alloc's checkpoint) also need the caller's connection to carry
+//! an agent's or a node's certificate ([`PeerRole::Agent`]), checked before anything is
+//! forwarded ([`require_agent_certificate`]): an operator's certificate from the same CA, or
+//! none, gets a 403 or 401 there whatever its token.
 
 use super::{ApiError, ApiState};
+use crate::tls::PeerRole;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
@@ -30,6 +37,45 @@ pub(super) fn needs_token(method: &Method, path: &str) -> bool {
     let read = *method == Method::GET || *method == Method::HEAD;
     let checkpoint = path.starts_with("/v1/client/allocation/") && path.ends_with("/checkpoint");
     !read || checkpoint || GUARDED_READS.iter().any(|prefix| path.starts_with(prefix))
+}
+
+/// Whether a request of `method` on `path` is one only agents and nodes make.
+pub(super) fn agent_only(method: &Method, path: &str) -> bool {
+    let read = *method == Method::GET || *method == Method::HEAD;
+    let node_schedule = path.ends_with("/drain") || path.ends_with("/eligibility");
+    let node_rpc = path.starts_with("/v1/node/") && !node_schedule;
+    let build = read && path.starts_with("/v1/runner/");
+    let checkpoint =
+        read && path.starts_with("/v1/client/allocation/") && path.ends_with("/checkpoint");
+    node_rpc || build || checkpoint
+}
+
+/// The layer over everything: with TLS on, refuses an [`agent_only`] request whose
+/// connection did not present an agent's or a node's certificate.
+pub(super) async fn require_agent_certificate(
+    State(state): State<ApiState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !state.agent_routes_need_certs || !agent_only(request.method(), request.uri().path()) {
+        return next.run(request).await;
+    }
+    let role = request.extensions().get::<PeerRole>().copied();
+    match role.unwrap_or(PeerRole::Anonymous) {
+        PeerRole::Agent => next.run(request).await,
+        PeerRole::Anonymous => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "only agents call this route: connect with an agent's certificate \
+             (server.REGION.caravan or client.REGION.caravan, from the cluster's CA)",
+        )
+        .into_response(),
+        PeerRole::Operator => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "only agents call this route, and this connection's certificate is not an \
+             agent's (server.REGION.caravan or client.REGION.caravan of this region)",
+        )
+        .into_response(),
+    }
 }
 
 /// The route layer: refuses a request that needs the token and lacks it (401) or carries
@@ -117,6 +163,32 @@ mod tests {
         ] {
             assert!(needs_token(&Method::GET, path), "{path}");
             assert!(needs_token(&Method::HEAD, path), "{path}");
+        }
+    }
+
+    #[test]
+    fn only_node_rpc_build_fetches_and_checkpoints_are_agents_own() {
+        for (method, path) in [
+            (Method::PUT, "/v1/node/n1/register"),
+            (Method::GET, "/v1/node/n1/allocations"),
+            (Method::POST, "/v1/node/n1/allocations/fetch"),
+            (Method::POST, "/v1/node/n1/allocations/update"),
+            (Method::GET, "/v1/runner/00ff"),
+            (Method::HEAD, "/v1/runner/00ff"),
+            (Method::GET, "/v1/client/allocation/abc/checkpoint"),
+        ] {
+            assert!(agent_only(&method, path), "{method} {path}");
+        }
+        for (method, path) in [
+            (Method::POST, "/v1/node/n1/drain"),
+            (Method::POST, "/v1/node/n1/eligibility"),
+            (Method::PUT, "/v1/runner/00ff"),
+            (Method::GET, "/v1/runners"),
+            (Method::GET, "/v1/nodes"),
+            (Method::GET, "/v1/client/allocation/abc/logs"),
+            (Method::POST, "/v1/jobs"),
+        ] {
+            assert!(!agent_only(&method, path), "{method} {path}");
         }
     }
 

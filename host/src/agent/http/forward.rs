@@ -37,10 +37,16 @@ pub struct Forwarding {
 
 impl Forwarding {
     /// Forwarding for the agent of `node`, by what `members` says of the leader.
-    pub fn new(members: watch::Receiver<MemberView>, store: EtcdStore, node: String) -> Forwarding {
+    /// `pool` dials the other agents (over TLS in a TLS cluster).
+    pub fn new(
+        members: watch::Receiver<MemberView>,
+        store: EtcdStore,
+        node: String,
+        pool: AgentPool,
+    ) -> Forwarding {
         Forwarding {
             members,
-            pool: AgentPool::new(),
+            pool,
             store,
             node,
         }

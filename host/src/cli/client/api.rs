@@ -25,11 +25,11 @@ pub struct Api {
 }
 
 impl Api {
-    /// A client of the agent at `addr` (`http://HOST:PORT`), sending `token` if given;
-    /// refuses an address of another form, naming it.
-    pub fn new(addr: &str, token: Option<String>) -> anyhow::Result<Self> {
+    /// A client of the agent at `addr` (`http://HOST:PORT`, or `https://` on a TLS pool),
+    /// on `pool`, sending `token` if given; refuses an address of another form, naming it.
+    pub fn new(pool: &AgentPool, addr: &str, token: Option<String>) -> anyhow::Result<Self> {
         Ok(Api {
-            api: AgentPool::new().agent(addr, token)?,
+            api: pool.agent(addr, token)?,
         })
     }
 

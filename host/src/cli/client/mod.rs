@@ -17,8 +17,11 @@ pub mod server;
 pub mod system;
 pub mod table;
 
+use crate::rpc::transport::AgentPool;
+use crate::tls::{Expect, PemFile, TlsFiles, dial_config};
 use api::Api;
 use serde_json::Value;
+use std::path::PathBuf;
 
 /// Where the agent is when `CARAVAN_ADDR` is not set.
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:4646";
@@ -99,16 +102,69 @@ pub struct RemoteArgs {
     /// Print the API's JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// How to reach an agent that serves HTTPS.
+    #[command(flatten)]
+    tls: DialTlsArgs,
 }
 
 impl RemoteArgs {
     /// The client of the agent these flags name. Sends nothing yet; refuses an address
-    /// that is not `http://HOST:PORT`.
+    /// that is not `http://HOST:PORT` (`https://` with a CA certificate).
     fn connect(self) -> anyhow::Result<Remote> {
         Ok(Remote {
-            api: Api::new(&self.address, self.token)?,
+            api: Api::new(&self.tls.pool()?, &self.address, self.token)?,
             json: self.json,
         })
+    }
+}
+
+/// The certificates an operator's command reaches a TLS agent with (Nomad's flags and
+/// variables): the agent's certificate is checked against the CA and the address's host.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DialTlsArgs {
+    /// The CA certificate the agent's certificate must chain to (for an https:// address).
+    #[arg(long, global = true, env = "CARAVAN_CACERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
+    /// The certificate to present, for an agent that requires one (verify_https_client).
+    #[arg(long, global = true, env = "CARAVAN_CLIENT_CERT", value_name = "FILE")]
+    client_cert: Option<PathBuf>,
+    /// The key of --client-cert.
+    #[arg(long, global = true, env = "CARAVAN_CLIENT_KEY", value_name = "FILE")]
+    client_key: Option<PathBuf>,
+}
+
+impl DialTlsArgs {
+    /// The pool these flags dial with: plain HTTP without --ca-cert, else TLS only.
+    pub fn pool(&self) -> anyhow::Result<AgentPool> {
+        let identity = match (&self.client_cert, &self.client_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((
+                PemFile::new("--client-cert", cert),
+                PemFile::new("--client-key", key),
+            )),
+            (Some(_), None) => {
+                anyhow::bail!("--client-cert needs --client-key (CARAVAN_CLIENT_KEY)")
+            }
+            (None, Some(_)) => {
+                anyhow::bail!("--client-key needs --client-cert (CARAVAN_CLIENT_CERT)")
+            }
+        };
+        let Some(ca) = &self.ca_cert else {
+            if identity.is_some() {
+                anyhow::bail!(
+                    "--client-cert needs --ca-cert (CARAVAN_CACERT) to check the agent with"
+                );
+            }
+            return Ok(AgentPool::new());
+        };
+        let files = TlsFiles {
+            ca: PemFile::new("--ca-cert", ca),
+            identity,
+        };
+        Ok(AgentPool::with_tls(dial_config(
+            &files,
+            &Expect::AddressHost,
+        )?))
     }
 }
 

@@ -7,6 +7,7 @@ mod bad_input;
 mod etcd_failure;
 mod failover;
 mod runner_builds;
+mod tls;
 
 use crate::etcd::EtcdCluster;
 use crate::support::{AgentProcess, eventually_async, http};

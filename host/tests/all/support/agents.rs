@@ -43,7 +43,7 @@ const AGENT_CONFIG_IGNORING_THIS_DISK: &str =
 /// A real `caravan agent` on a free port, killed when dropped.
 pub struct AgentProcess {
     child: std::process::Child,
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` when the agent serves TLS).
     pub addr: String,
     lines: std::sync::mpsc::Receiver<String>,
     _config: tempfile::NamedTempFile,
@@ -108,7 +108,12 @@ impl AgentProcess {
             serde_json::from_str::<Value>(line).is_ok_and(|l| message(&l) == "agent started")
         });
         let parsed: Value = serde_json::from_str(&line).unwrap();
-        let addr = format!("http://{}", parsed["fields"]["addr"].as_str().unwrap());
+        let scheme = if parsed["fields"]["tls"] == true {
+            "https"
+        } else {
+            "http"
+        };
+        let addr = format!("{scheme}://{}", parsed["fields"]["addr"].as_str().unwrap());
         AgentProcess {
             child,
             addr,
@@ -125,7 +130,11 @@ impl AgentProcess {
 
     /// The address as a socket address, for [`http`].
     pub fn socket_addr(&self) -> std::net::SocketAddr {
-        self.addr.trim_start_matches("http://").parse().unwrap()
+        let host_port = self
+            .addr
+            .split_once("://")
+            .map_or(&*self.addr, |(_, rest)| rest);
+        host_port.parse().unwrap()
     }
 
     /// Runs a client command against this agent.

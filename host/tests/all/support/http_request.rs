@@ -18,9 +18,29 @@ pub async fn http(
     body: Option<&str>,
     token: Option<&str>,
 ) -> (u16, Value) {
-    let api = AgentPool::new()
-        .agent(&format!("http://{addr}"), token.map(str::to_string))
-        .expect("a loopback address");
+    http_via(
+        &AgentPool::new(),
+        &format!("http://{addr}"),
+        method,
+        path,
+        body,
+        token,
+    )
+    .await
+}
+
+/// [`http`] to the agent at `base` (`https://...` on a TLS pool) through `pool`.
+pub async fn http_via(
+    pool: &AgentPool,
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> (u16, Value) {
+    let api = pool
+        .agent(base, token.map(str::to_string))
+        .expect("an agent's address");
     let verb = hyper::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
     let body = axum::body::Body::from(body.unwrap_or("").to_string());
     let exchange = api.exchange(verb, path, body, DEADLINE, MAX_ANSWER_BYTES);

@@ -6,13 +6,14 @@ mod agents;
 mod cluster_views;
 pub mod hosts;
 mod http_request;
+pub mod pki;
 mod runner;
 
 pub use agents::{AgentProcess, agent, gc_ignoring_this_disk, wasm_client};
 pub use cluster_views::{
     assert_succeeded, live_by_node, ready_nodes, running, service_job_file, unique_ids,
 };
-pub use http_request::http;
+pub use http_request::{http, http_via};
 pub use runner::{
     Recorder, Started, alloc, descriptors_open_on, hostile_attack, start, start_on, start_with,
 };

@@ -1,0 +1,228 @@
+//! What TLS costs the API: requests per second of a read route (`GET /v1/jobs`) and of a
+//! node's status report (`POST /v1/node/{node}/allocations/update`, an empty report: the
+//! transport, the certificate check and the JSON, not the server's work), from one agent
+//! over plain HTTP, one serving TLS, and one requiring client certificates (mutual TLS), in
+//! the same run; and of a read on a new connection per request, where the handshake is paid
+//! each time.
+//!
+//! Run: `cargo bench -p caravan-host --bench api_tls` (see `scripts/bench`). Options after
+//! `--`: `--workers N` (concurrent callers, default 16), `--seconds S` (per measurement,
+//! default 2), `--rounds R` (default 3; the median is reported).
+//!
+//! The three agents are real `caravan agent` processes on loopback with certificates made as
+//! `caravan tls` makes them; the callers are the host's own client ([`AgentPool`]), kept-alive
+//! connections shared by the workers, as the CLI, nodes and agents call. Rounds go through the
+//! three agents in turn, so the machine's noise falls on all of them alike.
+
+mod common;
+
+use caravan_host::cli::tls::{CertRequest, Role, create_ca, create_cert};
+use caravan_host::rpc::transport::AgentPool;
+use caravan_host::tls::{Expect, PemFile, TlsFiles, dial_config};
+use common::{count_arg, scoreboard, spawn_agent};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The three ways an agent is called.
+#[derive(Clone, Copy, PartialEq)]
+enum Transport {
+    Plain,
+    Tls,
+    Mutual,
+}
+
+const TRANSPORTS: [(Transport, &str); 3] = [
+    (Transport::Plain, "plain HTTP"),
+    (Transport::Tls, "TLS"),
+    (Transport::Mutual, "mutual TLS"),
+];
+
+/// The routes measured: a read, and a node's report.
+const READ: (&str, &str, &str) = ("GET", "/v1/jobs", "");
+const REPORT: (&str, &str, &str) = (
+    "POST",
+    "/v1/node/bench-node/allocations/update",
+    r#"{"updates":[]}"#,
+);
+
+fn write_pem(dir: &Path, name: &str, (cert, key): (String, String)) -> (PemFile, PemFile) {
+    let (cert_path, key_path) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}-key.pem")),
+    );
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    (
+        PemFile::new("cert", cert_path),
+        PemFile::new("key", key_path),
+    )
+}
+
+/// How a caller dials one of the agents.
+type MakePool = Arc<dyn Fn() -> AgentPool + Send + Sync>;
+
+/// Requests per second that `workers` callers get from `base` in `seconds`: sharing one
+/// pool of kept-alive connections, or (`new_connections`) with a pool of their own for each
+/// request, so that each pays a connection and a handshake.
+async fn rate(
+    make_pool: &MakePool,
+    new_connections: bool,
+    base: &str,
+    (method, path, body): (&'static str, &'static str, &'static str),
+    workers: usize,
+    seconds: u64,
+) -> f64 {
+    let shared = make_pool();
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..workers {
+        let (shared, make_pool, base) = (shared.clone(), make_pool.clone(), base.to_string());
+        tasks.spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < until {
+                let pool = if new_connections {
+                    make_pool()
+                } else {
+                    shared.clone()
+                };
+                let api = pool.agent(&base, None).unwrap();
+                let method = hyper::Method::from_bytes(method.as_bytes()).unwrap();
+                let (status, _) = api
+                    .exchange(method, path, axum::body::Body::from(body), TIMEOUT, 1 << 20)
+                    .await
+                    .unwrap();
+                assert!(status.is_success(), "{path}: {status}");
+                done += 1;
+            }
+            done
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done.unwrap();
+    }
+    total as f64 / seconds as f64
+}
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let workers = count_arg("--workers", 16);
+    let seconds = count_arg("--seconds", 2) as u64;
+    let rounds = count_arg("--rounds", 3);
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+
+    let (ca_pem, ca_key) = create_ca("Caravan bench CA", 1).unwrap();
+    let ca_path = dir.join("ca.pem");
+    std::fs::write(&ca_path, &ca_pem).unwrap();
+    let issue = |role: Role, name: &str| {
+        let request = CertRequest {
+            role,
+            region: "global".into(),
+            node: None,
+            dns_names: Vec::new(),
+            ip_addresses: Vec::new(),
+            days: 1,
+        };
+        write_pem(dir, name, create_cert(&ca_pem, &ca_key, &request).unwrap())
+    };
+    let server = issue(Role::Server, "server");
+    // The callers present a node's certificate: the report is an agent route.
+    let node = issue(Role::Client, "node");
+
+    let mut agents = Vec::new();
+    let mut pools: Vec<MakePool> = Vec::new();
+    for (transport, name) in TRANSPORTS {
+        let config = dir.join(format!("{}.toml", name.replace(' ', "-")));
+        let tls = match transport {
+            Transport::Plain => String::new(),
+            Transport::Tls | Transport::Mutual => format!(
+                "[tls]\nhttp = true\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\nverify_https_client = {}\n",
+                ca_path,
+                server.0.path,
+                server.1.path,
+                transport == Transport::Mutual
+            ),
+        };
+        std::fs::write(&config, tls).unwrap();
+        let agent = spawn_agent(&dir.join(name.replace(' ', "-")), &config, &[]);
+        let scheme = if transport == Transport::Plain {
+            "http"
+        } else {
+            "https"
+        };
+        agents.push((format!("{scheme}://{}", agent.addr), agent));
+        let make_pool: MakePool = match transport {
+            Transport::Plain => Arc::new(AgentPool::new),
+            Transport::Tls | Transport::Mutual => {
+                let files = TlsFiles {
+                    ca: PemFile::new("ca", &ca_path),
+                    identity: Some(node.clone()),
+                };
+                let config = dial_config(&files, &Expect::AddressHost).unwrap();
+                Arc::new(move || AgentPool::with_tls(config.clone()))
+            }
+        };
+        pools.push(make_pool);
+    }
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // [transport][measure] -> samples; measures: read, report, read on new connections.
+    let mut samples = vec![vec![Vec::new(); 3]; TRANSPORTS.len()];
+    runtime.block_on(async {
+        for _ in 0..rounds {
+            for (i, ((base, _), make_pool)) in agents.iter().zip(&pools).enumerate() {
+                samples[i][0].push(rate(make_pool, false, base, READ, workers, seconds).await);
+                samples[i][1].push(rate(make_pool, false, base, REPORT, workers, seconds).await);
+                samples[i][2].push(rate(make_pool, true, base, READ, workers, seconds).await);
+            }
+        }
+    });
+    for (_, agent) in agents {
+        agent.stop();
+    }
+
+    let medians: Vec<[f64; 3]> = samples
+        .into_iter()
+        .map(|m| {
+            [
+                median(m[0].clone()),
+                median(m[1].clone()),
+                median(m[2].clone()),
+            ]
+        })
+        .collect();
+    println!(
+        "API over TLS: requests/s, {workers} callers, median of {rounds} rounds of {seconds} s"
+    );
+    println!(
+        "  {:<12} {:>14} {:>16} {:>22}",
+        "", "GET /v1/jobs", "status report", "GET, new connection"
+    );
+    for ((_, name), [read, report, fresh]) in TRANSPORTS.iter().zip(&medians) {
+        println!("  {name:<12} {read:>14.0} {report:>16.0} {fresh:>22.0}");
+    }
+    let [plain, _, mutual] = [&medians[0], &medians[1], &medians[2]];
+    println!(
+        "  ratio mutual TLS / plain: read {:.2}, report {:.2}, read on new connections {:.2}",
+        mutual[0] / plain[0],
+        mutual[1] / plain[1],
+        mutual[2] / plain[2]
+    );
+    scoreboard(
+        "api_tls",
+        &format!(
+            "{:.0} reads/s, {:.0} reports/s (mutual TLS)",
+            mutual[0], mutual[1]
+        ),
+        &format!("{:.0} reads/s, {:.0} reports/s (plain)", plain[0], plain[1]),
+        &format!("{:.2}x, {:.2}x", mutual[0] / plain[0], mutual[1] / plain[1]),
+    );
+}

@@ -1,0 +1,85 @@
+//! A cluster with TLS everywhere on the API: three agents on a real etcd, each serving HTTPS
+//! with its own server certificate from the cluster's CA and requiring one of every caller.
+//! An operator's CLI submits a job through an agent that does not lead: the request is
+//! forwarded to the leader over mutual TLS, and every node fetches the runner build by hash
+//! from another agent over mutual TLS before running its alloc.
+
+use super::{live_by_node, running};
+use crate::etcd::EtcdCluster;
+use crate::support::pki::Pki;
+use crate::support::{AgentProcess, eventually_async, http_via};
+use caravan_host::cli::tls::Role;
+use caravan_test_artifacts::SLEEPER;
+use serde_json::Value;
+
+#[tokio::test]
+async fn an_operator_runs_a_job_through_any_agent_of_a_cluster_with_mutual_tls() {
+    let pki = Pki::new("cluster");
+    let etcd = EtcdCluster::start().await;
+    let endpoints = etcd.endpoints().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let agents: Vec<AgentProcess> = (1..=3)
+        .map(|n| {
+            let name = format!("node-{n}");
+            let certificate = pki.issue(Role::Server, &name);
+            let data_dir = dir.path().join(&name);
+            AgentProcess::start_configured(
+                &[
+                    "--cluster",
+                    "etcd",
+                    "--etcd-endpoints",
+                    &endpoints,
+                    "--node-name",
+                    &name,
+                    "--data-dir",
+                    data_dir.to_str().unwrap(),
+                ],
+                &format!(
+                    "max_live_allocs = 64\n{}[cluster]\nnode_ttl = \"4s\"\n",
+                    pki.agent_config(&certificate, true)
+                ),
+            )
+        })
+        .collect();
+    let cli = pki.issue(Role::Cli, "cli");
+    let pool = pki.pool(Some(&cli));
+    let get = |i: usize, path: String| {
+        let (pool, base) = (pool.clone(), agents[i].addr.clone());
+        async move { http_via(&pool, &base, "GET", &path, None, None).await }
+    };
+    eventually_async("three nodes ready, and a leader", || async {
+        let (_, nodes) = get(0, "/v1/nodes".into()).await;
+        let ready = nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"] == "ready")
+            .count();
+        let (_, leader) = get(0, "/v1/status/leader".into()).await;
+        ready == 3 && leader["leader"]["node"].is_string()
+    })
+    .await;
+    let (_, leader) = get(0, "/v1/status/leader".into()).await;
+    let leader = leader["leader"]["node"].as_str().unwrap().to_string();
+    let via = (0..3)
+        .find(|i| format!("node-{}", i + 1) != leader)
+        .unwrap();
+
+    let jobs = tempfile::tempdir().unwrap();
+    std::fs::copy(SLEEPER, jobs.path().join("web.wasm")).unwrap();
+    let job = crate::support::service_job_file(jobs.path(), "web", 3, "web.wasm");
+    let mut args: Vec<String> = ["job", "run", "--detach", job.to_str().unwrap()]
+        .map(String::from)
+        .to_vec();
+    args.extend(pki.cli_flags(Some(&cli)));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    crate::support::assert_succeeded(&agents[via].caravan(&args));
+
+    eventually_async("one alloc running on each node", || async {
+        let (_, allocs) = get(via, "/v1/job/web/allocations".into()).await;
+        let allocs: Vec<Value> = allocs.as_array().cloned().unwrap_or_default();
+        running(&allocs) == 3 && live_by_node(&allocs).len() == 3
+    })
+    .await;
+    drop(etcd);
+}
