@@ -68,6 +68,11 @@ impl PemFile {
         }
     }
 
+    /// The file's bytes, as given to a library that parses PEM itself (etcd's client).
+    pub fn bytes(&self) -> Result<Vec<u8>, TlsError> {
+        self.read()
+    }
+
     /// The file's bytes: a PEM file is small, so more than this is not one.
     fn read(&self) -> Result<Vec<u8>, TlsError> {
         const MAX_PEM_BYTES: u64 = 1 << 20;

@@ -36,6 +36,8 @@ pub struct ClusterConfig {
     /// How often the leader compacts etcd's history (`None`: never, `compact_interval =
     /// "0s"`, for an etcd run with its own `--auto-compaction-retention`).
     pub compact_interval: Option<Duration>,
+    /// TLS to etcd and the etcd user, as configured (read when the agent joins).
+    pub etcd_security: super::etcd_security::EtcdSecurity,
 }
 
 /// `[cluster]` as written in the file.
@@ -48,6 +50,11 @@ pub(super) struct ClusterSection {
     node_ttl: Option<String>,
     advertise: Option<String>,
     compact_interval: Option<String>,
+    etcd_ca_file: Option<std::path::PathBuf>,
+    etcd_cert_file: Option<std::path::PathBuf>,
+    etcd_key_file: Option<std::path::PathBuf>,
+    etcd_username: Option<String>,
+    etcd_password_file: Option<std::path::PathBuf>,
 }
 
 /// The cluster settings as given, each value with the key or flag it came from.
@@ -59,6 +66,7 @@ pub struct ClusterSettings {
     pub(super) node_ttl: Option<Duration>,
     pub(super) advertise: Option<(String, String)>,
     pub(super) compact_interval: Option<Duration>,
+    pub(super) etcd_security: super::etcd_security::EtcdSecurity,
 }
 
 impl ClusterSettings {
@@ -79,6 +87,19 @@ impl ClusterSettings {
         }
         if let Some(url) = section.advertise {
             self.advertise = Some((url, at("advertise")));
+        }
+        let security = &mut self.etcd_security;
+        let file = |key: &str, value: Option<std::path::PathBuf>| {
+            value.map(|file| crate::tls::PemFile::new(&at(key), file))
+        };
+        security.ca = file("etcd_ca_file", section.etcd_ca_file).or(security.ca.take());
+        security.cert = file("etcd_cert_file", section.etcd_cert_file).or(security.cert.take());
+        security.key = file("etcd_key_file", section.etcd_key_file).or(security.key.take());
+        if let Some(name) = section.etcd_username {
+            security.username = Some((name, at("etcd_username")));
+        }
+        if let Some(file) = section.etcd_password_file {
+            security.password_file = Some((file, at("etcd_password_file")));
         }
         if let Some(ttl) = section.node_ttl {
             let ttl = parse_duration(&ttl).map_err(|problem| {
@@ -139,12 +160,18 @@ impl ClusterSettings {
         if endpoints.iter().all(|e| e.is_empty()) {
             return bad(at, "names no endpoint".into());
         }
-        if let Some(endpoint) = endpoints.iter().find(|e| !valid_endpoint(e)) {
+        if let Some(endpoint) = endpoints.iter().find(|e| !valid_api_url(e)) {
             return bad(
                 at,
-                format!("{endpoint:?} is not an etcd client URL such as http://127.0.0.1:2379"),
+                format!(
+                    "{endpoint:?} is not an etcd client URL such as http://127.0.0.1:2379 \
+                     (https:// with cluster.etcd_ca_file)"
+                ),
             );
         }
+        self.etcd_security
+            .check(endpoints, at)
+            .map_err(ConfigError::Cluster)?;
         let node_name = match &self.node_name {
             Some((name, at)) => {
                 if let Err(problem) = valid_node_name(name) {
@@ -179,6 +206,7 @@ impl ClusterSettings {
                 Some(interval) => Some(interval),
                 None => Some(DEFAULT_COMPACT_INTERVAL),
             },
+            etcd_security: self.etcd_security.clone(),
         }))
     }
 }
@@ -188,7 +216,8 @@ pub fn valid_endpoint(endpoint: &str) -> bool {
     endpoint.strip_prefix("http://").is_some_and(host_and_port)
 }
 
-/// `http://HOST:PORT` or `https://HOST:PORT`: an agent's API, as others dial it.
+/// `http://HOST:PORT` or `https://HOST:PORT`: an agent's API, as others dial it, or an etcd
+/// member's client URL.
 fn valid_api_url(url: &str) -> bool {
     url.strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))

@@ -65,7 +65,8 @@ impl ClusterMode {
             ),
             None => format!("{scheme}://{bound}"),
         };
-        let store = EtcdStore::connect(&config.etcd_endpoints).await?;
+        let access = config.etcd_security.access()?;
+        let store = EtcdStore::connect_with(&config.etcd_endpoints, &access).await?;
         store.check_schema().await?;
         let record = MemberRecord {
             node: config.node_name.clone(),

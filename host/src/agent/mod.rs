@@ -17,6 +17,7 @@ pub mod cluster_config;
 mod cluster_mode;
 pub mod config;
 pub mod descriptors;
+pub mod etcd_security;
 pub mod http;
 mod listener;
 mod runner_builds;

@@ -19,6 +19,7 @@
 //! It knows the embedded server's records and the seam; it must not know the client core,
 //! runners or HTTP (the agent wires those to it).
 
+mod access;
 mod history;
 pub mod keys;
 mod lease;
@@ -29,6 +30,7 @@ mod scheduler_db;
 mod store;
 mod watch;
 
+pub use access::{EtcdAccess, EtcdTls};
 pub use history::{
     Compactor, DEFAULT_COMPACT_INTERVAL, EtcdAlarm, EtcdHealth, EtcdSpace, HistoryStats,
     SPACE_PROBE_INTERVAL, SpaceProbe, compact_every, watch_space,

@@ -212,7 +212,7 @@ impl EtcdSchedulerDb {
             ),
         ]);
         let db = EtcdSchedulerDb {
-            writer: Writer::start(store.endpoint_list().to_vec(), fence).await?,
+            writer: Writer::start(store.clone(), fence).await?,
             loaded: Mutex::new(loaded),
             written: Mutex::new(written),
             deposed: watch::channel(false).0,
@@ -400,10 +400,12 @@ struct Writer {
 }
 
 impl Writer {
-    async fn start(endpoints: Vec<String>, fence: Fence) -> Result<Writer, StoreError> {
+    /// `like`: the store whose cluster and access the writer's own connection copies (made
+    /// on the writer's thread's runtime, which its calls must run on).
+    async fn start(like: EtcdStore, fence: Fence) -> Result<Writer, StoreError> {
         let (saves, mut pending) = tokio::sync::mpsc::unbounded_channel::<Save>();
         let (connected, connection) = tokio::sync::oneshot::channel();
-        let joined = endpoints.join(",");
+        let joined = like.endpoints();
         let unreachable = |reason: String| StoreError::Unreachable {
             endpoints: joined.clone(),
             reason,
@@ -416,7 +418,7 @@ impl Writer {
             .name("caravan-scheduler-writer".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let store = match EtcdStore::connect(&endpoints).await {
+                    let store = match like.connect_again().await {
                         Ok(store) => {
                             let _ = connected.send(Ok(()));
                             store

@@ -36,6 +36,24 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// An etcd error as one line: a failed connection (a TLS alert, a reset) is named by its
+/// root cause ("received fatal alert: BadCertificate") rather than by gRPC's nested debug
+/// output of every layer.
+fn described(error: &etcd_client::Error) -> String {
+    let source: Option<&(dyn std::error::Error + 'static)> = match error {
+        etcd_client::Error::GRpcStatus(status) => std::error::Error::source(status),
+        etcd_client::Error::TransportError(transport) => Some(transport),
+        _ => None,
+    };
+    let Some(mut root) = source else {
+        return error.to_string();
+    };
+    while let Some(deeper) = root.source() {
+        root = deeper;
+    }
+    format!("cannot connect: {root}")
+}
+
 /// The waits between retries of one call: from 50 ms, doubling to 1 s, jittered.
 const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
@@ -159,12 +177,21 @@ pub struct GuardedPut {
 pub struct EtcdStore {
     pub(super) client: Client,
     endpoints: Vec<String>,
+    access: std::sync::Arc<super::EtcdAccess>,
 }
 
 impl EtcdStore {
     /// Connects to the cluster at `endpoints` (every member: a client given one endpoint is
     /// down while that member is) and checks that a member answers.
     pub async fn connect(endpoints: &[String]) -> Result<EtcdStore, StoreError> {
+        EtcdStore::connect_with(endpoints, &super::EtcdAccess::default()).await
+    }
+
+    /// Connects as [`EtcdStore::connect`] does, with `access`'s TLS and user.
+    pub async fn connect_with(
+        endpoints: &[String],
+        access: &super::EtcdAccess,
+    ) -> Result<EtcdStore, StoreError> {
         // Watches fail when their member loses the cluster's leader, rather than staying open
         // and silent for ever; no timeout on the client itself, which would end every watch.
         // HTTP/2 keep-alive pings find a member that froze or was cut off, which could
@@ -174,24 +201,37 @@ impl EtcdStore {
             .with_connect_timeout(CALL_TIMEOUT)
             .with_keep_alive(CALL_TIMEOUT, CALL_TIMEOUT)
             .with_keep_alive_while_idle(true);
+        let options = access.apply(options);
         let unreachable = |reason: String| StoreError::Unreachable {
             endpoints: endpoints.join(","),
-            reason,
+            reason: access.explain(reason),
         };
         let client = Client::connect(endpoints, Some(options))
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| unreachable(described(&e)))?;
         let store = EtcdStore {
             client,
             endpoints: endpoints.to_vec(),
+            access: std::sync::Arc::new(access.clone()),
         };
-        store.revision().await?;
-        Ok(store)
+        match store.revision().await {
+            Ok(_) => Ok(store),
+            Err(StoreError::Unreachable { endpoints, reason }) => Err(StoreError::Unreachable {
+                endpoints,
+                reason: access.explain(reason),
+            }),
+            Err(other) => Err(other),
+        }
     }
 
     /// Every member's endpoint, as given.
     pub fn endpoint_list(&self) -> &[String] {
         &self.endpoints
+    }
+
+    /// A connection of its own to the same cluster, with the same access.
+    pub async fn connect_again(&self) -> Result<EtcdStore, StoreError> {
+        EtcdStore::connect_with(&self.endpoints, &self.access).await
     }
 
     /// The endpoints, comma-separated, for messages.
@@ -233,7 +273,7 @@ impl EtcdStore {
                         reason: error.to_string(),
                     });
                 }
-                Ok(Err(error)) => error.to_string(),
+                Ok(Err(error)) => described(&error),
                 Err(_) => format!("{what} took longer than {CALL_TIMEOUT:?}"),
             };
             if started.elapsed() >= RETRY_FOR {

@@ -44,6 +44,8 @@ pub struct EtcdCluster {
     initial_cluster: String,
     /// Flags every member is started with, beyond its name, ports and data dir.
     extra_flags: Vec<String>,
+    /// How the harness itself connects: TLS (and later a user) for a secured cluster.
+    access: Option<etcd_client::ConnectOptions>,
     _dir: tempfile::TempDir,
 }
 
@@ -70,6 +72,46 @@ impl EtcdCluster {
     /// Starts `count` members, each with `extra_flags` (`--quota-backend-bytes=N`, say), and
     /// waits until the cluster answers.
     pub async fn start_with(count: usize, extra_flags: &[&str]) -> EtcdCluster {
+        EtcdCluster::start_as(count, extra_flags, "http", None).await
+    }
+
+    /// Three members serving `https://` with `server`'s certificate (and key), trusting
+    /// `ca` and requiring a client certificate from it (`--client-cert-auth`); the harness
+    /// connects with `client`'s.
+    pub async fn start_secured(
+        ca: &std::path::Path,
+        server: (&std::path::Path, &std::path::Path),
+        client: (&std::path::Path, &std::path::Path),
+    ) -> EtcdCluster {
+        let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
+        let flags = [
+            "--cert-file".into(),
+            text(server.0),
+            "--key-file".into(),
+            text(server.1),
+            "--trusted-ca-file".into(),
+            text(ca),
+            "--client-cert-auth".into(),
+        ];
+        let tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(
+                std::fs::read(ca).unwrap(),
+            ))
+            .identity(etcd_client::Identity::from_pem(
+                std::fs::read(client.0).unwrap(),
+                std::fs::read(client.1).unwrap(),
+            ));
+        let access = etcd_client::ConnectOptions::new().with_tls(tls);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        EtcdCluster::start_as(3, &flags, "https", Some(access)).await
+    }
+
+    async fn start_as(
+        count: usize,
+        extra_flags: &[&str],
+        scheme: &str,
+        access: Option<etcd_client::ConnectOptions>,
+    ) -> EtcdCluster {
         assert!(
             std::path::Path::new(ETCD).exists(),
             "{ETCD} is missing: run scripts/setup (it installs Debian's etcd-server)"
@@ -79,14 +121,14 @@ impl EtcdCluster {
             .map(|n| Member {
                 name: format!("m{n}"),
                 netns: None,
-                client_url: format!("http://127.0.0.1:{}", free_port()),
+                client_url: format!("{scheme}://127.0.0.1:{}", free_port()),
                 peer_url: format!("http://127.0.0.1:{}", free_port()),
                 data_dir: dir.path().join(format!("m{n}")),
                 log: dir.path().join(format!("m{n}.log")),
                 process: None,
             })
             .collect();
-        EtcdCluster::launch_all(members, extra_flags, dir).await
+        EtcdCluster::launch_all(members, extra_flags, access, dir).await
     }
 
     /// One member on each host, given as its network namespace, its address (the member
@@ -107,12 +149,13 @@ impl EtcdCluster {
                 process: None,
             })
             .collect();
-        EtcdCluster::launch_all(members, &[], dir).await
+        EtcdCluster::launch_all(members, &[], None, dir).await
     }
 
     async fn launch_all(
         members: Vec<Member>,
         extra_flags: &[&str],
+        access: Option<etcd_client::ConnectOptions>,
         dir: tempfile::TempDir,
     ) -> EtcdCluster {
         let initial_cluster = members
@@ -125,6 +168,7 @@ impl EtcdCluster {
             members,
             initial_cluster,
             extra_flags: extra_flags.iter().map(|f| f.to_string()).collect(),
+            access,
             _dir: dir,
         };
         for i in 0..count {
@@ -158,7 +202,7 @@ impl EtcdCluster {
     async fn serves(&self, i: usize) -> bool {
         let endpoint = [self.members[i].client_url.as_str()];
         let read = async {
-            let mut client = etcd_client::Client::connect(endpoint, None).await?;
+            let mut client = etcd_client::Client::connect(endpoint, self.access.clone()).await?;
             client.get("/", None).await
         };
         matches!(
@@ -242,6 +286,34 @@ impl EtcdCluster {
             }
         }
         panic!("no etcd member says it leads")
+    }
+
+    /// Turns etcd's authentication on, as an operator would: a root user, and `user` with
+    /// `password` and a role that may read and write `/caravan/` only (docs/cluster.md's).
+    pub async fn enable_auth(&mut self, user: &str, password: &str) {
+        use etcd_client::Permission;
+        let mut client = etcd_client::Client::connect(self.endpoints(), self.access.clone())
+            .await
+            .unwrap();
+        client.role_add("root").await.unwrap();
+        client
+            .user_add("root", "root-password", None)
+            .await
+            .unwrap();
+        client.user_grant_role("root", "root").await.unwrap();
+        client.role_add("caravan").await.unwrap();
+        let prefix = Permission::read_write("/caravan/").with_prefix();
+        client
+            .role_grant_permission("caravan", prefix)
+            .await
+            .unwrap();
+        client.user_add(user, password, None).await.unwrap();
+        client.user_grant_role(user, "caravan").await.unwrap();
+        client.auth_enable().await.unwrap();
+        self.access = self
+            .access
+            .take()
+            .map(|options| options.with_user("root", "root-password"));
     }
 
     /// Compacts etcd's history up to its current revision, as an operator's retention would.

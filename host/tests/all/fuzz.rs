@@ -21,7 +21,7 @@ use std::sync::Arc;
 const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz-corpus");
 
 /// Runs per target, times `CARAVAN_FUZZ_RUNS` (default 1).
-fn runs(base: usize) -> usize {
+pub(crate) fn runs(base: usize) -> usize {
     let factor = std::env::var("CARAVAN_FUZZ_RUNS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -30,10 +30,10 @@ fn runs(base: usize) -> usize {
 }
 
 /// A small, fast, deterministic generator (xorshift64*): the same seed, the same inputs.
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn new(target: &str) -> Rng {
+    pub(crate) fn new(target: &str) -> Rng {
         let seed = std::env::var("CARAVAN_FUZZ_SEED")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
@@ -45,14 +45,14 @@ impl Rng {
         Rng(mixed | 1)
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
 }
@@ -104,7 +104,7 @@ const DICTIONARY: &[&str] = &[
 ];
 
 /// One mutation of `input`: flip, overwrite, insert, delete, duplicate, splice or a token.
-fn mutate(rng: &mut Rng, input: &[u8], others: &[Vec<u8>]) -> Vec<u8> {
+pub(crate) fn mutate(rng: &mut Rng, input: &[u8], others: &[Vec<u8>]) -> Vec<u8> {
     let mut out = input.to_vec();
     for _ in 0..=rng.below(4) {
         let at = rng.below(out.len() + 1);
@@ -158,7 +158,7 @@ fn corpus(name: &str) -> Vec<Vec<u8>> {
 }
 
 /// Runs `check` on `input`, keeping the input on disk if it panics.
-fn guarded(target: &str, run: usize, input: &[u8], check: impl FnOnce()) {
+pub(crate) fn guarded(target: &str, run: usize, input: &[u8], check: impl FnOnce()) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check));
     if let Err(panic) = outcome {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fuzz-failures");

@@ -26,6 +26,7 @@ mod fixture_trap;
 mod fixture_unknown_import;
 mod fixture_wrong_world;
 mod fuzz;
+mod fuzz_credentials;
 mod hostile_agent;
 mod live_upgrade;
 mod loading;

@@ -307,7 +307,7 @@ fn bad_cluster_settings_name_the_key_or_flag_at_fault() {
         (
             "",
             etcd("localhost:2379", "n1"),
-            "--etcd-endpoints: \"localhost:2379\" is not an etcd client URL such as http://127.0.0.1:2379",
+            "--etcd-endpoints: \"localhost:2379\" is not an etcd client URL such as http://127.0.0.1:2379 (https:// with cluster.etcd_ca_file)",
         ),
         (
             "",
@@ -461,4 +461,42 @@ fn tls_is_read_with_its_files_and_a_missing_one_or_a_bad_region_is_named() {
         let error = apply_file(&mut AgentConfig::default(), "agent.toml", text).unwrap_err();
         assert_eq!(error.to_string(), expected, "{text}");
     }
+}
+
+#[test]
+fn etcd_tls_and_user_settings_must_agree_with_each_other_and_the_endpoints() {
+    let etcd = "[cluster]\nmode = \"etcd\"\nnode_name = \"n1\"\n";
+    let cases = [
+        (
+            "etcd_endpoints = [\"https://127.0.0.1:2379\"]\n",
+            "DIR/agent.toml: cluster.etcd_endpoints: https:// endpoints need cluster.etcd_ca_file (the CA etcd's certificates chain to)",
+        ),
+        (
+            "etcd_endpoints = [\"https://127.0.0.1:2379\", \"http://127.0.0.1:22379\"]\netcd_ca_file = \"ca.pem\"\n",
+            "DIR/agent.toml: cluster.etcd_ca_file: given, but not every endpoint of DIR/agent.toml: cluster.etcd_endpoints is https://",
+        ),
+        (
+            "etcd_endpoints = [\"https://127.0.0.1:2379\"]\netcd_ca_file = \"ca.pem\"\netcd_cert_file = \"c.pem\"\n",
+            "DIR/agent.toml: cluster.etcd_cert_file: needs cluster.etcd_key_file too",
+        ),
+        (
+            "etcd_endpoints = [\"http://127.0.0.1:2379\"]\netcd_password_file = \"pw\"\n",
+            "DIR/agent.toml: cluster.etcd_password_file: needs cluster.etcd_username",
+        ),
+    ];
+    for (keys, expected) in cases {
+        let error = cluster_of(&format!("{etcd}{keys}"), AgentFlags::default()).unwrap_err();
+        assert_eq!(error, expected, "{keys}");
+    }
+    let secured = format!(
+        "{etcd}etcd_endpoints = [\"https://127.0.0.1:2379\"]\netcd_ca_file = \"ca.pem\"\n\
+         etcd_cert_file = \"c.pem\"\netcd_key_file = \"k.pem\"\netcd_username = \"caravan\"\n"
+    );
+    let config = cluster_of(&secured, AgentFlags::default()).unwrap();
+    let security = &config.cluster.expect("cluster mode").etcd_security;
+    assert_eq!(
+        format!("{security:?}").matches("PemFile").count(),
+        3,
+        "{security:?}"
+    );
 }

@@ -5,6 +5,7 @@
 
 mod bad_input;
 mod etcd_failure;
+mod etcd_security;
 mod failover;
 mod runner_builds;
 mod tls;

@@ -1,0 +1,125 @@
+//! Fuzzing what an operator or a caller hands the agent as credentials, bounded as the other
+//! targets in `fuzz` are (same mutator, same `CARAVAN_FUZZ_RUNS`/`CARAVAN_FUZZ_SEED`): the
+//! PEM files of `[tls]` (a CA, a certificate, a key, their base64 and DER mutated) loaded as
+//! the agent and the CLI load them, which must refuse or accept without a panic; and the
+//! token a request carries, mutated, against an agent with a token, which must answer 401 or
+//! 403 (or the route's own answer for the token itself), never a 5xx.
+
+use crate::fuzz::{Rng, guarded, mutate, runs};
+use crate::support::pki::Pki;
+use crate::support::*;
+use caravan_host::cli::tls::Role;
+use caravan_host::tls::{Expect, PemFile, ServeTls, TlsFiles, dial_config};
+
+#[test]
+fn fuzz_certificate_and_key_files() {
+    let pki = Pki::new("fuzz");
+    let server = pki.issue(Role::Server, "server");
+    let seeds: Vec<Vec<u8>> = [&pki.ca, &server.cert, &server.key]
+        .iter()
+        .map(|path| std::fs::read(path).unwrap())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng::new("tls-files");
+    let (total, mut loaded) = (runs(300), 0);
+    for run in 0..total {
+        // Which file is mutated; the other two stay valid, so the mutant is what is tested.
+        let which = rng.below(3);
+        let mutant = mutate(&mut rng, &seeds[which], &seeds);
+        let paths: Vec<_> = (0..3)
+            .map(|i| {
+                let path = dir.path().join(format!("{run}-{i}.pem"));
+                std::fs::write(&path, if i == which { &mutant } else { &seeds[i] }).unwrap();
+                path
+            })
+            .collect();
+        let files = TlsFiles {
+            ca: PemFile::new("tls.ca_file", &paths[0]),
+            identity: Some((
+                PemFile::new("tls.cert_file", &paths[1]),
+                PemFile::new("tls.key_file", &paths[2]),
+            )),
+        };
+        guarded("tls-files", run, &mutant, || {
+            let serve = ServeTls::new(&files, "global", true);
+            let dial = dial_config(&files, &Expect::AgentOf("global".into()));
+            if let Err(error) = &serve {
+                let line = error.to_string();
+                assert!(
+                    !line.contains('\n') && line.starts_with("tls."),
+                    "one line naming the setting: {line}"
+                );
+            }
+            if serve.is_ok() && dial.is_ok() {
+                loaded += 1;
+            }
+        });
+    }
+    println!("tls-files: {total} inputs, {loaded} loaded, no panic");
+}
+
+#[tokio::test]
+async fn fuzz_tokens() {
+    let _logs = LogCapture::start();
+    let (agent, _data_dir) = agent(|config| config.acl_token = Some("s3cret-token".into())).await;
+    let seeds: Vec<Vec<u8>> = [
+        "Bearer s3cret-token",
+        "Bearer ",
+        "bearer s3cret-token",
+        "Basic czNjcmV0",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    let mut rng = Rng::new("tokens");
+    let mut statuses = std::collections::BTreeMap::new();
+    let total = runs(300);
+    for run in 0..total {
+        let seed = &seeds[rng.below(seeds.len())];
+        let mutant = mutate(&mut rng, seed, &seeds);
+        // What an HTTP client can put in a header line: no line breaks.
+        let header: String = String::from_utf8_lossy(&mutant)
+            .chars()
+            .filter(|c| *c != '\r' && *c != '\n')
+            .collect();
+        let status = token_request(agent.addr, &header).await;
+        *statuses.entry(status).or_insert(0) += 1;
+        assert!(
+            status < 500,
+            "run {run}: Authorization: {header:?} answered {status}"
+        );
+        if header != "Bearer s3cret-token" {
+            assert!(
+                status == 400 || status == 401 || status == 403,
+                "run {run}: Authorization: {header:?} let in ({status})"
+            );
+        }
+    }
+    let (health, _) = http(agent.addr, "GET", "/v1/agent/health", None, None).await;
+    assert_eq!(health, 200);
+    println!("tokens: {total} requests, statuses {statuses:?}, no 5xx");
+    agent.stop().await;
+}
+
+/// `PUT /v1/system/gc` (a write: it needs the token) with `authorization` as its header,
+/// written byte for byte: the status.
+async fn token_request(addr: std::net::SocketAddr, authorization: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!(
+        "PUT /v1/system/gc HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Authorization: {authorization}\r\nContent-Length: 0\r\n\r\n"
+    );
+    let answer = within("a request with a fuzzed token", async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    })
+    .await;
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+}
