@@ -14,7 +14,7 @@
 //! `alloc_actions` for signals and restarts and `alloc_fs` for an alloc's files), `nodes`,
 //! `node_rpc` (what nodes call), `gc`, `runners` (runner builds by hash), `status` (leader,
 //! health, etcd, metrics) and `ui` (the web UI's static files). Beside them: `auth`, the one place the token is checked (a route
-//! layer over every route); `body`, the one way a JSON body is read; `forward`, cluster
+//! layer over every route); `audit`, the line each operator's write leaves; `body`, the one way a JSON body is read; `forward`, cluster
 //! mode's forwarding to the leader; `views`, what the API shows of jobs and allocs.
 
 use crate::alloc_logs::AllocLogs;
@@ -30,6 +30,7 @@ use std::sync::Arc;
 mod alloc_actions;
 mod alloc_fs;
 mod allocs;
+mod audit;
 mod auth;
 mod body;
 pub mod forward;
@@ -41,6 +42,7 @@ mod runners;
 mod status;
 mod ui;
 mod views;
+pub use audit::{AuditRecord, CallerAddr};
 pub use views::{AllocView, JobView, LocalAllocView, TimedJson};
 
 /// What every handler can reach.
@@ -58,6 +60,8 @@ pub struct ApiState {
     pub client: Client,
     /// The token writes need, if any.
     pub acl_token: Option<String>,
+    /// `[audit] path`'s file, when configured (every write is also a `caravan::audit` line).
+    pub audit_log: Option<Arc<crate::agent::audit_log::AuditLog>>,
     /// Whether the API serves TLS, so that the routes only agents call (node RPC, runner
     /// builds by hash, checkpoints) need an agent's certificate (see `auth`).
     pub agent_routes_need_certs: bool,
@@ -155,6 +159,11 @@ pub fn router(state: ApiState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_agent_certificate,
+        ))
+        // Outermost: a write is recorded where its caller sent it, however it ends.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            audit::record_writes,
         ))
         .with_state(state)
 }

@@ -12,6 +12,7 @@
 //! The agent is the composition root: the only place that knows every layer. It may use all
 //! of them; none of them knows it, and only the CLI's `agent` command starts it.
 
+pub mod audit_log;
 mod checkpoints;
 pub mod cluster_config;
 mod cluster_mode;
@@ -118,6 +119,10 @@ impl Agent {
                     &Expect::AgentOf(config.region.clone()),
                 )?),
             ),
+        };
+        let audit_log = match &config.audit_path {
+            Some(path) => Some(Arc::new(audit_log::AuditLog::open(path)?)),
+            None => None,
         };
         let descriptor_limit = descriptors::raise_open_files_limit();
         // An agent without a client runs no allocs, and needs no budget for them.
@@ -247,6 +252,7 @@ impl Agent {
             servers: servers.clone(),
             forwarding: cluster.as_ref().map(|c| c.forwarding(agents.clone())),
             agent_routes_need_certs: serve_tls.is_some(),
+            audit_log,
             etcd: cluster.as_ref().map(|c| c.etcd_health()),
             client: client.clone(),
             acl_token: config.acl_token.clone(),

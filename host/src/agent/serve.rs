@@ -9,10 +9,12 @@
 //!
 //! Owns only connections: what is answered is the router's.
 
+use super::http::CallerAddr;
 use crate::tls::{PeerRole, ServeTls};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -38,10 +40,10 @@ pub async fn serve(
     let (open, mut all_closed) = mpsc::channel::<()>(1);
     tokio::pin!(stop);
     loop {
-        let stream = tokio::select! {
+        let (stream, caller) = tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) if is_one_connections(&error) => continue,
                 Err(error) => {
                     tracing::error!(error = %error, "cannot accept connections; retrying");
@@ -55,8 +57,8 @@ pub async fn serve(
         let (closing, open) = (closing_seen.clone(), open.clone());
         tokio::spawn(async move {
             match tls {
-                None => connection(stream, router, PeerRole::Anonymous, closing).await,
-                Some(tls) => tls_connection(stream, router, &tls, closing).await,
+                None => connection(stream, router, (PeerRole::Anonymous, caller), closing).await,
+                Some(tls) => tls_connection(stream, caller, router, &tls, closing).await,
             }
             drop(open);
         });
@@ -84,6 +86,7 @@ fn is_one_connections(error: &std::io::Error) -> bool {
 
 async fn tls_connection(
     stream: tokio::net::TcpStream,
+    caller: SocketAddr,
     router: Router,
     tls: &ServeTls,
     mut closing: watch::Receiver<bool>,
@@ -108,7 +111,7 @@ async fn tls_connection(
         () = stopping(&mut closing) => return,
     };
     let role = tls.role_of(stream.get_ref().1.peer_certificates());
-    connection(stream, router, role, closing).await
+    connection(stream, router, (role, caller), closing).await
 }
 
 /// Whether the caller's first byte is not a TLS handshake record's (22): a plain HTTP
@@ -136,18 +139,19 @@ async fn answer_plain_http(mut stream: tokio::net::TcpStream) {
     let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, write).await;
 }
 
-/// Serves one connection's requests, each carrying `role`, until the caller closes it or
-/// the agent stops (then the request being answered is finished first).
+/// Serves one connection's requests, each carrying the caller's role and address, until the
+/// caller closes it or the agent stops (then the request being answered is finished first).
 async fn connection<S>(
     stream: S,
     router: Router,
-    role: PeerRole,
+    (role, caller): (PeerRole, SocketAddr),
     mut closing: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(role);
+        request.extensions_mut().insert(CallerAddr(caller));
         let mut router = router.clone();
         async move { tower_service::Service::call(&mut router, request).await }
     });

@@ -8,6 +8,7 @@ mod agent_api;
 mod agent_cli;
 mod agent_restart;
 mod alloc_actions;
+mod audit;
 mod batch;
 mod capabilities;
 mod cli;

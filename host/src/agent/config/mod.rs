@@ -46,6 +46,9 @@
 //! key_file = "global-server-caravan-key.pem"
 //! verify_https_client = true
 //!
+//! [audit]                         # optional: each operator's write as a JSON line here too
+//! path = "/var/log/caravan/audit.log"
+//!
 //! [cluster]                       # optional: many agents, one cluster (docs/cluster.md)
 //! mode = "etcd"                   # "embedded" (the default) or "etcd"
 //! etcd_endpoints = ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]  # every member
@@ -219,6 +222,8 @@ pub struct AgentConfig {
     pub region: String,
     /// `[tls]`: HTTPS on the API and TLS to other agents; `None` for plain HTTP.
     pub tls: Option<tls::AgentTls>,
+    /// `[audit] path`: a file each operator's write is also appended to, as a JSON line.
+    pub audit_path: Option<PathBuf>,
     /// Cluster mode on etcd; `None` for the single-node embedded mode.
     pub cluster: Option<super::cluster_config::ClusterConfig>,
     /// The cluster settings as given, file then flags, each with where it came from.
@@ -251,6 +256,7 @@ impl Default for AgentConfig {
             client_enabled: true,
             region: crate::tls::DEFAULT_REGION.into(),
             tls: None,
+            audit_path: None,
             cluster: None,
             cluster_settings: Default::default(),
         }
@@ -267,6 +273,7 @@ struct FileConfig {
     acl_token: Option<String>,
     region: Option<String>,
     tls: Option<tls::TlsSection>,
+    audit: Option<AuditSection>,
     #[serde(default)]
     client: ClientSection,
     #[serde(default)]
@@ -322,6 +329,13 @@ impl ClientSection {
         .into_iter()
         .find_map(|(key, value)| value.is_some().then_some(key))
     }
+}
+
+/// `[audit]`: where the audit trail is also written (Nomad's block, its file sink only).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditSection {
+    path: Option<PathBuf>,
 }
 
 /// `[client.capabilities]`: see [`CapabilityPolicy::parse`].
@@ -495,6 +509,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     file.server.read_into(config, path)?;
     tls::read(config, path, file.region, file.tls)?;
+    if let Some(audit) = file.audit {
+        config.audit_path = audit.path;
+    }
     if let Some(cluster) = file.cluster {
         config.cluster_settings.read_file(path, cluster)?;
     }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// Marks a request an agent forwarded.
-const FORWARDED: &str = "x-caravan-forwarded";
+pub(super) const FORWARDED: &str = "x-caravan-forwarded";
 
 /// How long a forwarded request may take: the cluster's requests are all short.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);

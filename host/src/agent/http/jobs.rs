@@ -95,18 +95,22 @@ async fn pin_registry_build(state: &ApiState, spec: &mut JobSpec) -> ApiResult<(
 pub(super) async fn register_job(
     State(state): State<ApiState>,
     body: String,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(axum::Extension<super::audit::AuditJob>, Json<Value>)> {
     let server = state.server()?;
     let (spec, _) = check_job(&state, &body).await?;
     let job_id = spec.id.clone();
     let registration = server.register_job(spec)?;
-    Ok(Json(json!({
-        "job_id": job_id,
-        "created": registration.created,
-        "placed": registration.placed,
-        "stopped": registration.stopped,
-        "upgraded": registration.upgraded,
-    })))
+    let audited = axum::Extension(super::audit::AuditJob(job_id.clone()));
+    Ok((
+        audited,
+        Json(json!({
+            "job_id": job_id,
+            "created": registration.created,
+            "placed": registration.placed,
+            "stopped": registration.stopped,
+            "upgraded": registration.upgraded,
+        })),
+    ))
 }
 
 /// `POST /v1/validate/job`: the checks a registration gets, and nothing else. A write as far
