@@ -135,14 +135,34 @@ fn end_quietly_on_a_closed_pipe() {
     }
 }
 
+/// Keeps SIGPIPE from the runtime's threads, where the connections to agents and registries
+/// are written: a socket its peer closed (an agent answering an upload before reading all of
+/// it) fails that write with EPIPE, which the request reports, rather than killing the
+/// command. Writes to sockets go through `writev`, which has no `MSG_NOSIGNAL`. Only the main
+/// thread, which prints, ends on a closed pipe.
+fn keep_sigpipe_from_this_thread() {
+    // SAFETY: pthread_sigmask changes only this thread's signal mask, with a set built here;
+    // it has no memory-safety precondition.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 impl Cli {
     /// Runs the parsed command line to its exit status.
     pub fn execute(self) -> ExitCode {
         let Cli { global, command } = self;
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.enable_all();
         if matches!(command, Command::Client(_) | Command::Runner { .. }) {
             end_quietly_on_a_closed_pipe();
+            builder.on_thread_start(keep_sigpipe_from_this_thread);
         }
-        let runtime = match tokio::runtime::Runtime::new() {
+        let runtime = match builder.build() {
             Ok(runtime) => runtime,
             Err(error) => {
                 eprintln!("error: cannot start the async runtime: {error}");

@@ -63,6 +63,22 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// The harness's own connection options for members that require a client certificate.
+fn client_tls(
+    ca: &std::path::Path,
+    client: (&std::path::Path, &std::path::Path),
+) -> etcd_client::ConnectOptions {
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(
+            std::fs::read(ca).unwrap(),
+        ))
+        .identity(etcd_client::Identity::from_pem(
+            std::fs::read(client.0).unwrap(),
+            std::fs::read(client.1).unwrap(),
+        ));
+    etcd_client::ConnectOptions::new().with_tls(tls)
+}
+
 impl EtcdCluster {
     /// Starts three members and waits until the cluster answers.
     pub async fn start() -> EtcdCluster {
@@ -93,17 +109,8 @@ impl EtcdCluster {
             text(ca),
             "--client-cert-auth".into(),
         ];
-        let tls = etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(
-                std::fs::read(ca).unwrap(),
-            ))
-            .identity(etcd_client::Identity::from_pem(
-                std::fs::read(client.0).unwrap(),
-                std::fs::read(client.1).unwrap(),
-            ));
-        let access = etcd_client::ConnectOptions::new().with_tls(tls);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        EtcdCluster::start_as(3, &flags, "https", Some(access)).await
+        EtcdCluster::start_as(3, &flags, "https", Some(client_tls(ca, client))).await
     }
 
     async fn start_as(
@@ -133,8 +140,25 @@ impl EtcdCluster {
 
     /// One member on each host, given as its network namespace, its address (the member
     /// listens on ports 2379 and 2380 there) and its own directory (the member's data and
-    /// log go there); waits until the cluster answers.
-    pub async fn start_on_hosts(hosts: &[(String, std::net::Ipv4Addr, PathBuf)]) -> EtcdCluster {
+    /// log go there), serving clients over TLS with `member`'s certificate (valid for every
+    /// host's address) and requiring a certificate from `ca` (`--client-cert-auth`); the
+    /// harness connects with `member`'s too. Waits until the cluster answers.
+    pub async fn start_on_hosts(
+        hosts: &[(String, std::net::Ipv4Addr, PathBuf)],
+        ca: &std::path::Path,
+        member: (&std::path::Path, &std::path::Path),
+    ) -> EtcdCluster {
+        let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
+        let flags = [
+            "--cert-file".into(),
+            text(member.0),
+            "--key-file".into(),
+            text(member.1),
+            "--trusted-ca-file".into(),
+            text(ca),
+            "--client-cert-auth".into(),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let dir = tempfile::tempdir().unwrap();
         let members = hosts
             .iter()
@@ -142,14 +166,15 @@ impl EtcdCluster {
             .map(|(i, (netns, addr, host_dir))| Member {
                 name: format!("m{}", i + 1),
                 netns: Some(netns.clone()),
-                client_url: format!("http://{addr}:2379"),
+                client_url: format!("https://{addr}:2379"),
                 peer_url: format!("http://{addr}:2380"),
                 data_dir: host_dir.join("etcd"),
                 log: host_dir.join("etcd.log"),
                 process: None,
             })
             .collect();
-        EtcdCluster::launch_all(members, &[], None, dir).await
+        let access = client_tls(ca, member);
+        EtcdCluster::launch_all(members, &flags, Some(access), dir).await
     }
 
     async fn launch_all(

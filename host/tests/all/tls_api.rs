@@ -168,3 +168,33 @@ fn an_agent_does_not_start_with_a_key_that_is_not_its_certificates_or_a_missing_
         assert!(!stderr.contains("agent started"), "{stderr}");
     }
 }
+
+/// An agent that answers an upload before reading it (here: the token is missing) closes
+/// the connection under the CLI's feet; over TLS the CLI's writes go through `writev`, which
+/// raised SIGPIPE and killed it without a word. It must say what the agent answered.
+#[test]
+fn the_cli_reports_an_upload_refused_before_it_was_read_rather_than_dying_of_sigpipe() {
+    let pki = Pki::new("cluster");
+    let server = pki.issue(Role::Server, "server");
+    let cli = pki.issue(Role::Cli, "cli");
+    let agent = AgentProcess::start_configured(
+        &["--dev", "--acl-token", "s3cret"],
+        &pki.agent_config(&server, true),
+    );
+    let laptop = tempfile::tempdir().unwrap();
+    // Large enough that the CLI is still sending when the agent answers.
+    let bytes: Vec<u8> = (0..8u32 << 20).map(|i| i.wrapping_mul(7919) as u8).collect();
+    std::fs::write(laptop.path().join("big.wasm"), bytes).unwrap();
+    let job = crate::support::service_job_file(laptop.path(), "big", 1, "big.wasm");
+    let mut args = vec![
+        "job".to_string(),
+        "run".into(),
+        job.to_str().unwrap().into(),
+    ];
+    args.extend(pki.cli_flags(Some(&cli)));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = run_caravan(&args, Some(&agent.addr));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("needs a token"), "{stderr}");
+}

@@ -16,7 +16,8 @@
 //! layer runs only on routes this agent answers itself.
 //!
 //! With TLS on, the routes only agents and nodes call ([`agent_only`]: node RPC, a runner
-//! build fetched by hash, an alloc's checkpoint) also need the caller's connection to carry
+//! build fetched by hash (a HEAD, which only says whether it is here, is anyone's), an
+//! alloc's checkpoint) also need the caller's connection to carry
 //! an agent's or a node's certificate ([`PeerRole::Agent`]), checked before anything is
 //! forwarded ([`require_agent_certificate`]): an operator's certificate from the same CA, or
 //! none, gets a 403 or 401 there whatever its token.
@@ -44,7 +45,9 @@ pub(super) fn agent_only(method: &Method, path: &str) -> bool {
     let read = *method == Method::GET || *method == Method::HEAD;
     let node_schedule = path.ends_with("/drain") || path.ends_with("/eligibility");
     let node_rpc = path.starts_with("/v1/node/") && !node_schedule;
-    let build = read && path.starts_with("/v1/runner/");
+    // A HEAD says only whether a build is here, as the list of builds does: the CLI asks
+    // before uploading.
+    let build = *method == Method::GET && path.starts_with("/v1/runner/");
     let checkpoint =
         read && path.starts_with("/v1/client/allocation/") && path.ends_with("/checkpoint");
     node_rpc || build || checkpoint
@@ -174,7 +177,6 @@ mod tests {
             (Method::POST, "/v1/node/n1/allocations/fetch"),
             (Method::POST, "/v1/node/n1/allocations/update"),
             (Method::GET, "/v1/runner/00ff"),
-            (Method::HEAD, "/v1/runner/00ff"),
             (Method::GET, "/v1/client/allocation/abc/checkpoint"),
         ] {
             assert!(agent_only(&method, path), "{method} {path}");
@@ -183,6 +185,7 @@ mod tests {
             (Method::POST, "/v1/node/n1/drain"),
             (Method::POST, "/v1/node/n1/eligibility"),
             (Method::PUT, "/v1/runner/00ff"),
+            (Method::HEAD, "/v1/runner/00ff"),
             (Method::GET, "/v1/runners"),
             (Method::GET, "/v1/nodes"),
             (Method::GET, "/v1/client/allocation/abc/logs"),

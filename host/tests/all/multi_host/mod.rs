@@ -3,24 +3,36 @@
 //! directory, and nothing shared but the network. The test itself stands for the operator's
 //! laptop, outside every host: the runner file exists only there, and is deleted once the job
 //! is submitted. A failing test prints what every agent logged.
+//!
+//! Secured as `docs/cluster.md` says an operator secures a cluster, with certificates made as
+//! `caravan tls` makes them: etcd serves clients over TLS only, takes only certificates from
+//! the cluster's CA, and lets in the `caravan` user (read and write on `/caravan/`) only; the
+//! agents serve HTTPS only, require a certificate of every caller, and reach each other
+//! (forwarding, builds by hash, checkpoints) over mutual TLS; the laptop's CLI and the test's
+//! own calls present an operator's certificate.
 
 use crate::etcd::EtcdCluster;
 use crate::registry::Registry;
 use crate::support::hosts::Hosts;
+use crate::support::pki::{Identity, Pki};
 use crate::support::{
-    AgentProcess, assert_succeeded, eventually_async, http, live_by_node, run_caravan, running,
+    AgentProcess, assert_succeeded, eventually_async, http_via, live_by_node, run_caravan, running,
     service_job_file,
 };
+use caravan_host::cli::tls::Role;
+use caravan_host::rpc::transport::AgentPool;
 use caravan_host::runner_store::sha256_hex;
 use caravan_test_artifacts::SLEEPER;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 
 mod scheduling;
 
 /// Nodes' lease TTL: as in the loopback cluster tests.
 const NODE_TTL: &str = "4s";
+
+/// The etcd user `caravan`'s password.
+const ETCD_PASSWORD: &str = "hosts-s3cret";
 
 /// Three hosts, an etcd member and an agent on each. Fields drop in order: the processes
 /// before the namespaces they run in.
@@ -31,6 +43,12 @@ struct HostCluster {
     endpoints: String,
     /// On a fourth host of its own, when asked for.
     registry: Option<Registry>,
+    /// The test's (the laptop's) calls: the CA, an operator's certificate.
+    pool: AgentPool,
+    /// The cluster's CA and every certificate made from it, and etcd's password file.
+    pki: Pki,
+    password_file: std::path::PathBuf,
+    cli: Identity,
     hosts: Hosts,
 }
 
@@ -56,36 +74,35 @@ impl HostCluster {
         let spots: Vec<_> = (0..NODES)
             .map(|i| (hosts.namespace(i), hosts.addr(i), hosts.dir(i)))
             .collect();
-        let etcd = EtcdCluster::start_on_hosts(&spots).await;
+        let pki = Pki::new("hosts");
+        let member_ips: Vec<std::net::IpAddr> = spots.iter().map(|s| s.1.into()).collect();
+        let member = pki.issue_for_ips(Role::Server, "etcd-member", &member_ips);
+        let mut etcd =
+            EtcdCluster::start_on_hosts(&spots, &pki.ca, (&member.cert, &member.key)).await;
+        etcd.enable_auth("caravan", ETCD_PASSWORD).await;
+        let password_file = hosts.dir(0).with_file_name("etcd-password");
+        std::fs::write(&password_file, format!("{ETCD_PASSWORD}\n")).unwrap();
         let endpoints = etcd.endpoints().join(",");
         let insecure = registry
             .as_ref()
             .map(|r| format!("insecure_registries = [{:?}]\n", r.host))
             .unwrap_or_default();
-        let config = agent_config(&format!("{insecure}{}", layout.client_config));
-        let agents = (0..NODES)
-            .map(|i| {
-                let (name, data_dir) = (format!("host-{}", i + 1), hosts.dir_arg(i, "agent"));
-                let args = [
-                    "--cluster",
-                    "etcd",
-                    "--etcd-endpoints",
-                    &endpoints,
-                    "--node-name",
-                    &name,
-                    "--data-dir",
-                    &data_dir,
-                ];
-                AgentProcess::start_on_host(&hosts, i, &args, &config)
-            })
-            .collect();
-        let cluster = HostCluster {
-            agents,
+        let cli = pki.issue(Role::Cli, "laptop");
+        let mut cluster = HostCluster {
+            agents: Vec::new(),
             _etcd: etcd,
             endpoints,
             registry,
+            pool: pki.pool(Some(&cli)),
+            pki,
+            password_file,
+            cli,
             hosts,
         };
+        let client_config = format!("{insecure}{}", layout.client_config);
+        for i in 0..NODES {
+            cluster.join(i, &client_config);
+        }
         eventually_async("three hosts ready", || async {
             cluster.ready_nodes(0).await.len() == 3
         })
@@ -93,8 +110,9 @@ impl HostCluster {
         Some(cluster)
     }
 
-    /// Starts an agent named `host-N` on spare host `host` (N is `host` + 1), with
-    /// `client_config` in its `[client]` block, joining the cluster.
+    /// Starts an agent named `host-N` on host `host` (N is `host` + 1), with
+    /// `client_config` in its `[client]` block, joining the cluster: its own certificate
+    /// (valid for its host's address), TLS on its API, etcd reached as `caravan`.
     fn join(&mut self, host: usize, client_config: &str) {
         let (name, data_dir) = (
             format!("host-{}", host + 1),
@@ -110,21 +128,38 @@ impl HostCluster {
             "--data-dir",
             &data_dir,
         ];
-        let agent =
-            AgentProcess::start_on_host(&self.hosts, host, &args, &agent_config(client_config));
+        let certificate = self.pki.issue_for_ips(
+            Role::Server,
+            &format!("host-{}", host + 1),
+            &[self.hosts.addr(host).into()],
+        );
+        let config = format!(
+            "{}{}{}",
+            agent_config(client_config),
+            self.pki.etcd_keys(&certificate, &self.password_file),
+            self.pki.agent_config(&certificate, true)
+        );
+        let agent = AgentProcess::start_on_host(&self.hosts, host, &args, &config)
+            .with_cli_env(self.pki.cli_env(&self.cli));
         self.agents.push(agent);
     }
 
-    fn api(&self, i: usize) -> SocketAddr {
-        self.agents[i].socket_addr()
-    }
-
     async fn get(&self, i: usize, path: &str) -> (u16, Value) {
-        http(self.api(i), "GET", path, None, None).await
+        http_via(&self.pool, &self.agents[i].addr, "GET", path, None, None).await
     }
 
     async fn ready_nodes(&self, via: usize) -> BTreeSet<String> {
-        crate::support::ready_nodes(self.api(via)).await
+        let (status, nodes) = self.get(via, "/v1/nodes").await;
+        if status != 200 {
+            return BTreeSet::new();
+        }
+        nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"] == "ready")
+            .filter_map(|n| n["id"].as_str().map(str::to_string))
+            .collect()
     }
 
     async fn allocs(&self, via: usize, job: &str) -> Vec<Value> {
@@ -142,10 +177,7 @@ impl HostCluster {
         let runner = laptop.path().join("web.wasm");
         std::fs::copy(SLEEPER, &runner).unwrap();
         let job = service_job_file(laptop.path(), "web", count, "web.wasm");
-        let run = run_caravan(
-            &["job", "run", "--detach", job.to_str().unwrap()],
-            Some(&self.agents[via].addr),
-        );
+        let run = self.agents[via].caravan(&["job", "run", "--detach", job.to_str().unwrap()]);
         assert_succeeded(&run);
         std::fs::remove_file(&runner).unwrap();
         sha256_hex(&std::fs::read(SLEEPER).unwrap())
@@ -304,10 +336,7 @@ async fn every_host_pulls_a_registry_build_and_a_moved_tag_upgrades_every_alloc_
     push(std::path::Path::new(SLEEPER));
     let job = service_job_file(laptop.path(), "web", 3, &reference);
     let submit = || {
-        let run = run_caravan(
-            &["job", "run", "--detach", job.to_str().unwrap()],
-            Some(&cluster.agents[0].addr),
-        );
+        let run = cluster.agents[0].caravan(&["job", "run", "--detach", job.to_str().unwrap()]);
         assert_succeeded(&run);
         String::from_utf8_lossy(&run.stdout).to_string()
     };

@@ -30,22 +30,16 @@ async fn a_job_no_host_can_hold_waits_says_why_and_runs_on_a_fourth_host_when_it
         "edge",
         "[[job.constraint]]\nattribute = \"${node.class}\"\nvalue = \"edge\"\n",
     );
-    let run = run_caravan(
-        &["job", "run", big.to_str().unwrap()],
-        Some(&cluster.agents[0].addr),
-    );
+    let run = cluster.agents[0].caravan(&["job", "run", big.to_str().unwrap()]);
     let said = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(2), "{said}");
     assert!(
         said.contains("2 allocs not placed: no node has 512 MiB free: 3 nodes exhausted memory"),
         "{said}"
     );
-    let run = run_caravan(
-        &["job", "run", "--detach", edge.to_str().unwrap()],
-        Some(&cluster.agents[1].addr),
-    );
+    let run = cluster.agents[1].caravan(&["job", "run", "--detach", edge.to_str().unwrap()]);
     assert_succeeded(&run);
-    let status = run_caravan(&["job", "status", "edge"], Some(&cluster.agents[2].addr));
+    let status = cluster.agents[2].caravan(&["job", "status", "edge"]);
     let shown = String::from_utf8_lossy(&status.stdout);
     assert!(
         shown.contains(
@@ -90,11 +84,8 @@ async fn a_drained_hosts_service_allocs_resume_elsewhere_from_their_checkpoints(
          [[job.tasks]]\nname = \"counter\"\nconfig = { tick_every = \"100\" }\n",
     )
     .unwrap();
-    let agent = |i: usize| Some(cluster.agents[i].addr.as_str());
-    assert_succeeded(&run_caravan(
-        &["job", "run", "--detach", job.to_str().unwrap()],
-        agent(0),
-    ));
+    let agent = |i: usize| &cluster.agents[i];
+    assert_succeeded(&agent(0).caravan(&["job", "run", "--detach", job.to_str().unwrap()]));
     let cluster = &cluster;
     eventually_async("two counters running", || async move {
         running(&cluster.allocs(0, "counter").await) == 2
@@ -120,7 +111,7 @@ async fn a_drained_hosts_service_allocs_resume_elsewhere_from_their_checkpoints(
     .await;
 
     // The operator drains host-1: the command returns once nothing runs there.
-    let drained = run_caravan(&["node", "drain", "host-1", "--enable"], agent(1));
+    let drained = agent(1).caravan(&["node", "drain", "host-1", "--enable"]);
     assert_succeeded(&drained);
     assert!(
         String::from_utf8_lossy(&drained.stdout).contains("node host-1: drain complete"),
@@ -167,14 +158,14 @@ async fn a_drained_hosts_service_allocs_resume_elsewhere_from_their_checkpoints(
     );
 
     // The drained host stays out of placement: a scale-up goes elsewhere.
-    let status = run_caravan(&["node", "status"], agent(2));
+    let status = agent(2).caravan(&["node", "status"]);
     let table = String::from_utf8_lossy(&status.stdout);
     let host_1 = table
         .lines()
         .find(|l| l.starts_with("host-1"))
         .unwrap_or_default();
     assert!(host_1.contains("ineligible"), "{table}");
-    assert_succeeded(&run_caravan(&["job", "scale", "counter", "4"], agent(2)));
+    assert_succeeded(&agent(2).caravan(&["job", "scale", "counter", "4"]));
     eventually_async("four counters, none on host-1", || async move {
         let allocs = cluster.allocs(0, "counter").await;
         running(&allocs) == 4 && !live_by_node(&allocs).contains_key("host-1")
@@ -225,10 +216,12 @@ async fn a_host_cut_off_and_back_leaves_one_of_each_pair_by_each_jobs_disconnect
              [job.disconnect]\n{block}\n"
         );
         std::fs::write(&path, text).unwrap();
-        assert_succeeded(&run_caravan(
-            &["job", "run", "--detach", path.to_str().unwrap()],
-            Some(&cluster.agents[0].addr),
-        ));
+        assert_succeeded(&cluster.agents[0].caravan(&[
+            "job",
+            "run",
+            "--detach",
+            path.to_str().unwrap(),
+        ]));
     }
     let cluster = &cluster;
     for (job, _, _) in JOBS {

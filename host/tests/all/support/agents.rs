@@ -1,7 +1,7 @@
 //! Agents as tests start them: a real `caravan agent` process, an agent in process, and a
 //! client built as the agent builds its own, each with a GC blind to this machine's disk.
 
-use super::{caravan_command, message, run_caravan, runtime, stderr_lines, wait_for_line};
+use super::{caravan_command, message, runtime, stderr_lines, wait_for_line};
 use caravan_host::agent::Agent;
 use caravan_host::agent::config::AgentConfig;
 use caravan_host::runtime::WasmAllocRunnerFactory;
@@ -49,6 +49,8 @@ pub struct AgentProcess {
     _config: tempfile::NamedTempFile,
     /// Lines logged before "agent started" (a restore logs there), not yet handed out.
     early: std::cell::RefCell<std::collections::VecDeque<String>>,
+    /// What [`AgentProcess::caravan`] sets for the CLI to reach this agent over TLS.
+    cli_env: Vec<(String, String)>,
 }
 
 impl AgentProcess {
@@ -120,6 +122,7 @@ impl AgentProcess {
             lines,
             _config: config,
             early: std::cell::RefCell::new(early.into()),
+            cli_env: Vec::new(),
         }
     }
 
@@ -137,9 +140,17 @@ impl AgentProcess {
         host_port.parse().unwrap()
     }
 
-    /// Runs a client command against this agent.
+    /// Runs a client command against this agent (over TLS with what
+    /// [`AgentProcess::with_cli_env`] gave).
     pub fn caravan(&self, args: &[&str]) -> std::process::Output {
-        run_caravan(args, Some(&self.addr))
+        super::run_caravan_with(args, Some(&self.addr), &self.cli_env)
+    }
+
+    /// This agent, with `env` (the CLI's CA and certificate variables) set for every command
+    /// [`AgentProcess::caravan`] runs.
+    pub fn with_cli_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.cli_env = env;
+        self
     }
 
     /// Reads the agent's log until a line satisfies `found`; returns it and the lines before.

@@ -197,8 +197,18 @@ pub fn test_cache_dir() -> std::path::PathBuf {
 /// Runs the real `caravan` binary with `args` (and `CARAVAN_ADDR` when given), printing what
 /// it wrote, which the test harness shows only when the test fails.
 pub fn run_caravan(args: &[&str], agent_addr: Option<&str>) -> std::process::Output {
+    run_caravan_with(args, agent_addr, &[])
+}
+
+/// [`run_caravan`] with `env` set too (a TLS agent's CA and the CLI's certificate).
+pub fn run_caravan_with(
+    args: &[&str],
+    agent_addr: Option<&str>,
+    env: &[(String, String)],
+) -> std::process::Output {
     let mut command = caravan_command();
     command.args(args);
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     if let Some(addr) = agent_addr {
         command.env("CARAVAN_ADDR", addr);
     }

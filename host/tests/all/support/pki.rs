@@ -57,12 +57,28 @@ impl Pki {
 
     /// A certificate of `role` in `region`, valid for 127.0.0.1, written as `name`.
     pub fn issue_in_region(&self, role: Role, region: &str, name: &str) -> Identity {
+        self.issue_full(role, region, name, &[])
+    }
+
+    /// A certificate of `role` in region `global`, valid for 127.0.0.1 and `ips` (a host's
+    /// addresses, which callers that check the address need), written as `name`.
+    pub fn issue_for_ips(&self, role: Role, name: &str, ips: &[std::net::IpAddr]) -> Identity {
+        self.issue_full(role, "global", name, ips)
+    }
+
+    fn issue_full(
+        &self,
+        role: Role,
+        region: &str,
+        name: &str,
+        ips: &[std::net::IpAddr],
+    ) -> Identity {
         let request = CertRequest {
             role,
             region: region.into(),
             node: None,
             dns_names: Vec::new(),
-            ip_addresses: Vec::new(),
+            ip_addresses: ips.to_vec(),
             days: 1,
         };
         let (cert, key) = create_cert(&self.ca_pem, &self.ca_key_pem, &request).unwrap();
@@ -97,6 +113,25 @@ impl Pki {
     /// A pool that trusts this CA, checks the address's host, and presents `identity`.
     pub fn pool(&self, identity: Option<&Identity>) -> AgentPool {
         pool_trusting(&self.ca, identity)
+    }
+
+    /// The CLI's variables for this CA and `identity` (Nomad's names).
+    pub fn cli_env(&self, identity: &Identity) -> Vec<(String, String)> {
+        vec![
+            ("CARAVAN_CACERT".into(), path_text(&self.ca)),
+            ("CARAVAN_CLIENT_CERT".into(), path_text(&identity.cert)),
+            ("CARAVAN_CLIENT_KEY".into(), path_text(&identity.key)),
+        ]
+    }
+
+    /// The `[cluster]` keys of an agent reaching a secured etcd as `identity`, user
+    /// `caravan` with the password in `password_file`.
+    pub fn etcd_keys(&self, identity: &Identity, password_file: &Path) -> String {
+        format!(
+            "etcd_ca_file = {:?}\netcd_cert_file = {:?}\netcd_key_file = {:?}\n\
+             etcd_username = \"caravan\"\netcd_password_file = {password_file:?}\n",
+            self.ca, identity.cert, identity.key
+        )
     }
 
     /// The CLI's flags for this CA and `identity`.
