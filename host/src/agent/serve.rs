@@ -4,8 +4,9 @@
 //!
 //! With TLS, a connection that does not complete the handshake (a certificate from another
 //! CA, an expired one, none where `verify_https_client` needs one) is closed before any
-//! request is read; one that speaks plain HTTP is answered 400, saying to use HTTPS. Stopping stops accepting, lets each connection finish the
-//! request it is answering, and returns once every connection has closed.
+//! request is read; one that speaks plain HTTP is answered 400, saying to use HTTPS.
+//! Stopping stops accepting, lets each connection finish the request it is answering, and
+//! returns once every connection has closed.
 //!
 //! Owns only connections: what is answered is the router's.
 

@@ -487,3 +487,46 @@ async fn simulated_nodes_join_an_etcd_cluster_run_its_allocs_and_are_replaced_wh
     .await;
     agent.stop();
 }
+
+/// Simulated nodes reach an agent that serves HTTPS only and requires client certificates,
+/// with a node's certificate (`caravan tls cert create --client`), as nodes in another process
+/// do: they register, run a job's allocs and report them. With an operator's certificate
+/// instead, the node routes refuse them (an operator's certificate cannot pose as a node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_nodes_join_a_tls_agent_with_a_nodes_certificate_only() {
+    use caravan_host::cli::tls::Role;
+    let pki = crate::support::pki::Pki::new("nodesim");
+    let server = pki.issue(Role::Server, "server");
+    let agent = AgentProcess::start_configured(
+        &["--dev"],
+        &format!("enabled = false\n{}", pki.agent_config(&server, true)),
+    );
+    let cli = pki.issue(Role::Cli, "cli");
+    let pool = pki.pool(Some(&cli));
+    let node = pki.issue(Role::Client, "node");
+    let flags = |identity: &crate::support::pki::Identity| pki.cli_flags(Some(identity));
+    let as_node = flags(&node);
+    let mut args: Vec<&str> = vec!["--nodes", "3"];
+    args.extend(as_node.iter().map(String::as_str));
+    let mut sim = Nodesim::start(&agent, &args);
+    sim.wait_for("every node registered", |l| {
+        l.contains("nodes 3/3 registered")
+    });
+    let job = serde_json::json!({ "job": {
+        "id": "web", "type": "service", "count": 3, "runner": SIM,
+    }})
+    .to_string();
+    let (status, answer) =
+        crate::support::http_via(&pool, &agent.addr, "POST", "/v1/jobs", Some(&job), None).await;
+    assert_eq!(status, 200, "{answer}");
+    sim.wait_for("3 allocs running", |l| l.contains("allocs 3 (running 3)"));
+    drop(sim);
+
+    let as_operator = flags(&cli);
+    let mut args: Vec<&str> = vec!["--nodes", "1", "--name-prefix", "posing"];
+    args.extend(as_operator.iter().map(String::as_str));
+    let mut posing = Nodesim::start(&agent, &args);
+    posing.wait_for("a refused registration counted", |l| {
+        l.contains("nodes 0/1 registered") && !l.contains("| 0 server errors")
+    });
+}

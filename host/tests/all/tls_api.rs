@@ -169,9 +169,11 @@ fn an_agent_does_not_start_with_a_key_that_is_not_its_certificates_or_a_missing_
     }
 }
 
-/// An agent that answers an upload before reading it (here: the token is missing) closes
-/// the connection under the CLI's feet; over TLS the CLI's writes go through `writev`, which
-/// raised SIGPIPE and killed it without a word. It must say what the agent answered.
+/// An upload the agent refuses (here: the token is missing) is said in one line. It was
+/// answered before its body was read, closing the connection under the CLI's feet; over TLS
+/// the CLI's writes go through `writev`, which raised SIGPIPE and killed it without a word.
+/// The CLI now stops at its HEAD's refusal, and keeps SIGPIPE off the threads that write to
+/// agents for the uploads still answered early (a build another upload just stored).
 #[test]
 fn the_cli_reports_an_upload_refused_before_it_was_read_rather_than_dying_of_sigpipe() {
     let pki = Pki::new("cluster");
@@ -183,7 +185,9 @@ fn the_cli_reports_an_upload_refused_before_it_was_read_rather_than_dying_of_sig
     );
     let laptop = tempfile::tempdir().unwrap();
     // Large enough that the CLI is still sending when the agent answers.
-    let bytes: Vec<u8> = (0..8u32 << 20).map(|i| i.wrapping_mul(7919) as u8).collect();
+    let bytes: Vec<u8> = (0..8u32 << 20)
+        .map(|i| i.wrapping_mul(7919) as u8)
+        .collect();
     std::fs::write(laptop.path().join("big.wasm"), bytes).unwrap();
     let job = crate::support::service_job_file(laptop.path(), "big", 1, "big.wasm");
     let mut args = vec![
@@ -196,5 +200,8 @@ fn the_cli_reports_an_upload_refused_before_it_was_read_rather_than_dying_of_sig
     let run = run_caravan(&args, Some(&agent.addr));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("needs a token"), "{stderr}");
+    assert!(
+        stderr.contains("the agent needs a token: --token or CARAVAN_TOKEN (401)"),
+        "{stderr}"
+    );
 }

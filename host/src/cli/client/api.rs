@@ -8,7 +8,7 @@ use crate::rpc::transport::{AgentApi, AgentPool, Unanswered, error_message, read
 use anyhow::{Context, bail};
 use axum::body::Body;
 use http_body_util::BodyExt;
-use hyper::Method;
+use hyper::{Method, StatusCode};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -113,6 +113,20 @@ impl Api {
             .map_err(|error| self.unreachable(error))?;
         if status.is_success() {
             return Ok(sha256);
+        }
+        // The upload would be refused the same way, and answered before its body was read:
+        // said now, from the HEAD's status (a HEAD answer has no body to quote).
+        let refusal = match status {
+            StatusCode::UNAUTHORIZED => Some("the agent needs a token: --token or CARAVAN_TOKEN"),
+            StatusCode::FORBIDDEN => Some("the agent refused this token"),
+            _ => None,
+        };
+        if let Some(refusal) = refusal {
+            bail!(
+                "uploading runner {}: {refusal} ({})",
+                path.display(),
+                status.as_u16()
+            );
         }
         let (status, answer) = self
             .api

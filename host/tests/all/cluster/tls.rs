@@ -48,13 +48,9 @@ async fn an_operator_runs_a_job_through_any_agent_of_a_cluster_with_mutual_tls()
         async move { http_via(&pool, &base, "GET", &path, None, None).await }
     };
     eventually_async("three nodes ready, and a leader", || async {
-        let (_, nodes) = get(0, "/v1/nodes".into()).await;
-        let ready = nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| n["status"] == "ready")
-            .count();
+        let ready = crate::support::ready_nodes_via(&pool, &agents[0].addr)
+            .await
+            .len();
         let (_, leader) = get(0, "/v1/status/leader".into()).await;
         ready == 3 && leader["leader"]["node"].is_string()
     })

@@ -149,17 +149,7 @@ impl HostCluster {
     }
 
     async fn ready_nodes(&self, via: usize) -> BTreeSet<String> {
-        let (status, nodes) = self.get(via, "/v1/nodes").await;
-        if status != 200 {
-            return BTreeSet::new();
-        }
-        nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| n["status"] == "ready")
-            .filter_map(|n| n["id"].as_str().map(str::to_string))
-            .collect()
+        crate::support::ready_nodes_via(&self.pool, &self.agents[via].addr).await
     }
 
     async fn allocs(&self, via: usize, job: &str) -> Vec<Value> {

@@ -9,7 +9,16 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The nodes the cluster places on (`ready`), as the agent at `addr` answers; none while it
 /// cannot answer.
 pub async fn ready_nodes(addr: std::net::SocketAddr) -> BTreeSet<String> {
-    let (status, nodes) = super::http(addr, "GET", "/v1/nodes", None, None).await;
+    let plain = caravan_host::rpc::transport::AgentPool::new();
+    ready_nodes_via(&plain, &format!("http://{addr}")).await
+}
+
+/// [`ready_nodes`] of the agent at `base` (`https://...` on a TLS pool) through `pool`.
+pub async fn ready_nodes_via(
+    pool: &caravan_host::rpc::transport::AgentPool,
+    base: &str,
+) -> BTreeSet<String> {
+    let (status, nodes) = super::http_via(pool, base, "GET", "/v1/nodes", None, None).await;
     if status != 200 {
         return BTreeSet::new();
     }

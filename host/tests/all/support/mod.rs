@@ -11,7 +11,8 @@ mod runner;
 
 pub use agents::{AgentProcess, agent, gc_ignoring_this_disk, wasm_client};
 pub use cluster_views::{
-    assert_succeeded, live_by_node, ready_nodes, running, service_job_file, unique_ids,
+    assert_succeeded, live_by_node, ready_nodes, ready_nodes_via, running, service_job_file,
+    unique_ids,
 };
 pub use http_request::{http, http_via};
 pub use runner::{
