@@ -14,10 +14,16 @@
 //!   run (read back from etcd's history), per placed alloc, and the transactions they took.
 //! - node death: SIGKILL of an agent that does not lead, until the two others have started a
 //!   replacement for each of its allocs.
+//! - etcd over TLS: the cluster run again on members that serve TLS only and require a client
+//!   certificate, with authentication on and the `caravan` user (docs/cluster.md, "Securing a
+//!   cluster"), against the plain cluster's rate in the same run.
 
 #[path = "../tests/all/etcd.rs"]
 #[allow(dead_code)]
 mod etcd;
+#[path = "../tests/all/support/pki.rs"]
+#[allow(dead_code)]
+mod pki;
 
 mod common;
 
@@ -36,7 +42,74 @@ fn main() {
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let baseline = embedded(allocs);
-    runtime.block_on(cluster(allocs, baseline));
+    let plain = runtime.block_on(cluster(allocs, baseline));
+    runtime.block_on(secured_cluster(allocs, plain));
+}
+
+/// Allocs per second placed and running on three agents reaching etcd over TLS, with client
+/// certificates and etcd's authentication, printed against `plain`, the same run's cluster.
+async fn secured_cluster(allocs: u64, plain: f64) {
+    let pki = pki::Pki::new("bench");
+    let member = pki.issue(caravan_host::cli::tls::Role::Server, "etcd-member");
+    let agent_identity = pki.issue(caravan_host::cli::tls::Role::Server, "agent");
+    let mut etcd = etcd::EtcdCluster::start_secured(
+        &pki.ca,
+        (&member.cert, &member.key),
+        (&agent_identity.cert, &agent_identity.key),
+    )
+    .await;
+    etcd.enable_auth("caravan", "bench-password").await;
+    let work = tempfile::tempdir().unwrap();
+    let password = work.path().join("etcd-password");
+    std::fs::write(&password, "bench-password\n").unwrap();
+    let config = config(
+        work.path(),
+        &format!(
+            "[client]\nmemory_total = \"65536GiB\"\nmax_live_allocs = {}\n[cluster]\nmode = \"etcd\"\n{}",
+            allocs / 2 + 200,
+            pki.etcd_keys(&agent_identity, &password)
+        ),
+    );
+    let endpoints = etcd.endpoints().join(",");
+    let agents: Vec<Option<Agent>> = (1..=3)
+        .map(|n| {
+            let name = format!("node-{n}");
+            let data = work.path().join(&name);
+            Some(spawn_agent(
+                &data,
+                &config,
+                &["--etcd-endpoints", &endpoints, "--node-name", &name],
+            ))
+        })
+        .collect();
+    let first = agents[0].as_ref().unwrap();
+    wait_for("three nodes ready", || {
+        first
+            .request("GET", "/v1/nodes", "")
+            .matches("\"ready\"")
+            .count()
+            == 3
+    });
+    let started = submit(first, allocs);
+    wait_for("every alloc running", || {
+        total_instantiations(&agents) >= allocs
+    });
+    let rate = allocs as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "cluster: 3 agents on etcd over TLS with client certificates and a user: {allocs} allocs \
+         running in {:.2} s, {rate:.0} allocs/s; {:.2}x the plain cluster's rate in the same run",
+        started.elapsed().as_secs_f64(),
+        rate / plain
+    );
+    common::scoreboard(
+        "cluster_tls",
+        &format!("{rate:.0} allocs/s"),
+        &format!("{plain:.0} allocs/s"),
+        &format!("{:.2}x", rate / plain),
+    );
+    for agent in agents.into_iter().flatten() {
+        agent.stop();
+    }
 }
 
 fn job(allocs: u64) -> String {
@@ -85,7 +158,8 @@ fn total_instantiations(agents: &[Option<Agent>]) -> u64 {
     agents.iter().flatten().map(Agent::instantiations).sum()
 }
 
-async fn cluster(allocs: u64, baseline: f64) {
+/// The cluster's run (and a node's death); returns its placement rate.
+async fn cluster(allocs: u64, baseline: f64) -> f64 {
     let etcd = etcd::EtcdCluster::start().await;
     let work = tempfile::tempdir().unwrap();
     // Two nodes must hold every alloc once the third is killed.
@@ -179,6 +253,7 @@ async fn cluster(allocs: u64, baseline: f64) {
     for agent in agents.into_iter().flatten() {
         agent.stop();
     }
+    rate
 }
 
 /// Keys written or deleted under Caravan's prefix between two revisions, from etcd's
