@@ -44,3 +44,34 @@ async fn a_trap_fails_the_alloc_naming_the_trap_and_the_guest_function() {
     );
     assert_eq!(main.events.last().unwrap().kind, "Terminated");
 }
+
+/// A runner that traps before its first report still leaves every task of its alloc: dead,
+/// failed, with a `Terminated` event naming the trap (an alloc that ended with no tasks at all
+/// misled its operator).
+#[tokio::test]
+async fn a_trap_before_any_report_ends_every_task_dead_naming_the_trap() {
+    let _logs = LogCapture::start();
+    let started = start(
+        alloc(FIXTURE_TRAP, &["main", "sidecar"], &[("when", "start")]),
+        None,
+    );
+    let state = started.stopped().await;
+    assert_eq!(state.client_status, ClientStatus::Failed);
+    let tasks: Vec<_> = state
+        .task_states
+        .iter()
+        .map(|t| (t.name.as_str(), t.state, t.failed))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("main", TaskLifecycle::Dead, true),
+            ("sidecar", TaskLifecycle::Dead, true)
+        ]
+    );
+    for task in &state.task_states {
+        let event = task.events.last().expect("a Terminated event");
+        assert_eq!(event.kind, "Terminated");
+        assert!(event.message.starts_with("wasm trap"), "{}", event.message);
+    }
+}

@@ -4,7 +4,7 @@
 
 use crate::model::limits::as_len;
 use crate::model::structs::{
-    AllocState, ClientStatus, Limits, TaskEvent, TaskLifecycle, TaskState,
+    AllocState, ClientStatus, Limits, Task, TaskEvent, TaskLifecycle, TaskState,
 };
 use crate::runtime::StoreData;
 use crate::runtime::imports::bindings::{self, RunnerError};
@@ -138,12 +138,14 @@ fn is_runtime_frame(name: &str) -> bool {
 /// The state an alloc ends in. A terminal report from the guest stands; otherwise the way the
 /// run ended decides (see the contract in `wit/runner.wit`), and every task the guest left
 /// unfinished ends `dead` (failed, if the alloc failed) with a `Terminated` event at
-/// `now_unix_ms` giving the reason, as Nomad's tasks do when their alloc ends.
+/// `now_unix_ms` giving the reason, as Nomad's tasks do when their alloc ends: the alloc's
+/// `tasks` the guest never reported too (it trapped before its first report, say), so no
+/// task is missing from an alloc that ended.
 pub(in crate::runtime) fn final_state(
     last: AllocState,
     outcome: RunOutcome,
     shut_down: bool,
-    limits: &Limits,
+    (limits, tasks): (&Limits, &[Task]),
     now_unix_ms: u64,
 ) -> AllocState {
     if last.client_status.is_terminal() {
@@ -186,6 +188,7 @@ pub(in crate::runtime) fn final_state(
         ),
     };
     let mut task_states = last.task_states;
+    add_unreported_tasks(&mut task_states, tasks);
     end_unfinished_tasks(
         &mut task_states,
         status == ClientStatus::Failed,
@@ -196,6 +199,22 @@ pub(in crate::runtime) fn final_state(
         client_status: status,
         description,
         task_states,
+    }
+}
+
+/// Adds each of the alloc's `tasks` the guest never reported, `pending`, in the alloc's
+/// order after the reported ones.
+pub(in crate::runtime) fn add_unreported_tasks(task_states: &mut Vec<TaskState>, tasks: &[Task]) {
+    for task in tasks {
+        if !task_states.iter().any(|state| state.name == task.name) {
+            task_states.push(TaskState {
+                name: task.name.clone(),
+                state: TaskLifecycle::Pending,
+                failed: false,
+                restarts: 0,
+                events: Vec::new(),
+            });
+        }
     }
 }
 
@@ -316,7 +335,7 @@ mod tests {
             task("later", TaskLifecycle::Pending, false),
         ]);
         let outcome = RunOutcome::Failed("wasm trap: unreachable".into());
-        let ended = final_state(last, outcome, false, &Limits::default(), 42);
+        let ended = final_state(last, outcome, false, (&Limits::default(), &[]), 42);
         assert_eq!(ended.client_status, ClientStatus::Failed);
         let summary: Vec<_> = ended
             .task_states
@@ -357,7 +376,7 @@ mod tests {
             running_with(vec![main]),
             RunOutcome::Returned(Ok(())),
             false,
-            &Limits::default(),
+            (&Limits::default(), &[]),
             7,
         );
         let events = &ended.task_states[0].events;
@@ -378,9 +397,52 @@ mod tests {
             last.clone(),
             RunOutcome::Failed("late trap".into()),
             false,
-            &Limits::default(),
+            (&Limits::default(), &[]),
             1,
         );
         assert_eq!(ended, last);
+    }
+
+    #[test]
+    fn tasks_a_runner_never_reported_end_dead_with_a_terminated_event_too() {
+        let tasks: Vec<Task> = ["main", "sidecar"]
+            .iter()
+            .map(|name| Task {
+                name: name.to_string(),
+                config: Vec::new(),
+            })
+            .collect();
+        let never_reported = AllocState {
+            client_status: ClientStatus::Pending,
+            description: String::new(),
+            task_states: Vec::new(),
+        };
+        let outcome = RunOutcome::Failed("wasm trap: unreachable".into());
+        let ended = final_state(
+            never_reported,
+            outcome,
+            false,
+            (&Limits::default(), &tasks),
+            9,
+        );
+        let summary: Vec<_> = ended
+            .task_states
+            .iter()
+            .map(|t| {
+                let event = t
+                    .events
+                    .last()
+                    .map(|e| (e.kind.as_str(), e.message.as_str()));
+                (t.name.as_str(), t.state, t.failed, event)
+            })
+            .collect();
+        let terminated = Some(("Terminated", "wasm trap: unreachable"));
+        assert_eq!(
+            summary,
+            [
+                ("main", TaskLifecycle::Dead, true, terminated),
+                ("sidecar", TaskLifecycle::Dead, true, terminated),
+            ]
+        );
     }
 }

@@ -19,7 +19,9 @@ use crate::runtime::imports::bindings::Event;
 use crate::runtime::imports::event_queue::{EventReceiver, EventSender, event_queue};
 use crate::runtime::imports::host_api::StateCell;
 use crate::runtime::runner::lifecycle::{Lifecycle, Phase, StopStep};
-use crate::runtime::runner::outcome::{RunOutcome, end_unfinished_tasks, final_state};
+use crate::runtime::runner::outcome::{
+    RunOutcome, add_unreported_tasks, end_unfinished_tasks, final_state,
+};
 use crate::runtime::sandbox::alloc_dir::remove_alloc_files;
 use crate::runtime::sandbox::store_limits::UsageGauges;
 use crate::runtime::{LoadedComponent, Runtime};
@@ -227,9 +229,11 @@ impl Shared {
                 // Stopped already (after a shutdown, say) but not terminal: a kill makes it so.
                 // (Most are terminal, and are not copied: the GC's destroy kills every
                 // finished alloc.)
+                let alloc = self.alloc();
                 self.state.finish_unless_terminal(|last| {
                     let description = "alloc was stopped";
                     let mut task_states = last.task_states.clone();
+                    add_unreported_tasks(&mut task_states, &alloc.tasks);
                     end_unfinished_tasks(
                         &mut task_states,
                         false,
@@ -364,11 +368,12 @@ impl Shared {
             ),
             _ => {}
         }
+        let alloc = self.alloc();
         let final_state = final_state(
             last,
             outcome,
             shut_down_only,
-            &self.limits,
+            (&self.limits, &alloc.tasks),
             crate::util::timestamp::unix_ms_now(),
         );
         tracing::info!(
