@@ -475,7 +475,7 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
 }
 
 /// A `[job.reschedule]` block's `attempts` when it leaves it out (a job without the block
-/// takes the agent's `[server] restart_limit`, 3 by default, for a service job).
+/// takes the agent's `[server] reschedule_limit`, 3 by default, for a service job).
 pub const DEFAULT_RESCHEDULE_ATTEMPTS: u32 = 3;
 
 /// The largest job, as stored. A job and each of its allocs (which carry its tasks, meta and

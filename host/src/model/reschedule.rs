@@ -105,7 +105,7 @@ pub const MAX_HISTORY: usize = 64;
 
 impl ReschedulePolicy {
     /// A service job's policy when it states none: `attempts` (the agent's
-    /// `[server] restart_limit`, 3 by default) replacements an hour, 5 s apart at first,
+    /// `[server] reschedule_limit`, 3 by default) replacements an hour, 5 s apart at first,
     /// doubling up to 5 minutes.
     pub fn service_default(attempts: u32) -> Self {
         ReschedulePolicy {
@@ -190,7 +190,7 @@ pub enum Decision {
 }
 
 /// A `[job.reschedule]` block as written; unset keys take the service default's values, its
-/// `attempts` being the one the parser is given (not the agent's `restart_limit`, which only
+/// `attempts` being the one the parser is given (not the agent's `reschedule_limit`, which only
 /// a job without the block takes).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

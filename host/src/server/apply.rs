@@ -203,7 +203,7 @@ impl State {
         &mut self,
         updates: &[AllocUpdate],
         index: u64,
-        restart_limit: u32,
+        reschedule_limit: u32,
         now_unix_ms: u64,
         reporting_nodes: &mut BTreeSet<String>,
     ) -> Vec<String> {
@@ -234,7 +234,7 @@ impl State {
                 // now: only how the alloc ended is taken from it.
                 if node_back || update.state.client_status.is_terminal() {
                     self.reconnect(&update.alloc_id, &update.state, index);
-                    self.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
+                    self.replace_if_failed(&update.alloc_id, reschedule_limit, now_unix_ms, index);
                 }
                 accepted.push(update.alloc_id.clone());
                 continue;
@@ -255,7 +255,7 @@ impl State {
             // What it held on its node is free for the allocs waiting for room.
             self.room_made |= ended;
             accepted.push(update.alloc_id.clone());
-            self.replace_if_failed(&update.alloc_id, restart_limit, now_unix_ms, index);
+            self.replace_if_failed(&update.alloc_id, reschedule_limit, now_unix_ms, index);
         }
         accepted
     }
@@ -265,7 +265,7 @@ impl State {
     pub(super) fn replace_if_failed(
         &mut self,
         alloc_id: &str,
-        restart_limit: u32,
+        reschedule_limit: u32,
         now_unix_ms: u64,
         index: u64,
     ) {
@@ -276,7 +276,7 @@ impl State {
         let decision = reconcile::replace_failed(
             record,
             job,
-            restart_limit,
+            reschedule_limit,
             now_unix_ms,
             &self.placeable,
             self.allocs.values(),
@@ -288,7 +288,7 @@ impl State {
                     alloc_id,
                     attempts,
                     interval = %crate::util::units::format_duration(interval),
-                    "not replacing failed allocation: restart limit reached"
+                    "not replacing failed allocation: reschedule limit reached"
                 );
             }
             return;

@@ -148,7 +148,7 @@ impl EmbeddedServer {
 
     /// One change and one save for every request in `group`; each caller hears its own part.
     fn take_group(&self, group: Vec<Request>) {
-        let restart_limit = self.config.restart_limit;
+        let reschedule_limit = self.config.reschedule_limit;
         let now_unix_ms = crate::util::timestamp::unix_ms_now();
         let mut reporting_nodes = BTreeSet::new();
         let (replies, saved) = self.change(|state, index| {
@@ -177,7 +177,7 @@ impl EmbeddedServer {
                         let accepted = state.take_updates(
                             &updates,
                             index,
-                            restart_limit,
+                            reschedule_limit,
                             now_unix_ms,
                             &mut reporting_nodes,
                         );

@@ -67,7 +67,7 @@ pub struct ServerConfig {
     pub job_gc_threshold: Duration,
     /// The `attempts` of a service job without a `[job.reschedule]` block: replacements of a
     /// failed alloc within an hour, per chain (default 3; see [`crate::model::reschedule`]).
-    pub restart_limit: u32,
+    pub reschedule_limit: u32,
     /// How long a node may go without a watch open before it is down (`node_ttl`, default
     /// 30s); see [`EmbeddedServer::down_silent_nodes`].
     pub node_ttl: Duration,
@@ -77,7 +77,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             job_gc_threshold: Duration::from_secs(4 * 3600),
-            restart_limit: 3,
+            reschedule_limit: 3,
             node_ttl: Duration::from_secs(30),
         }
     }
@@ -272,8 +272,8 @@ impl EmbeddedServer {
     }
 
     /// The attempts of a service job without a reschedule policy of its own.
-    pub fn restart_limit(&self) -> u32 {
-        self.config.restart_limit
+    pub fn reschedule_limit(&self) -> u32 {
+        self.config.reschedule_limit
     }
 
     /// What registering `spec` would do, changing nothing: the job's current version (`None`

@@ -214,10 +214,11 @@ pub fn stop_job<'a>(job_id: &str, allocs: impl IntoIterator<Item = &'a AllocReco
 }
 
 /// The reschedule policy `job` runs under: its own, or its type's default, in which a
-/// service job gets `restart_limit` attempts (the agent's `[server] restart_limit`).
-pub fn reschedule_policy(job: &JobSpec, restart_limit: u32) -> Option<ReschedulePolicy> {
-    job.reschedule
-        .or_else(|| ReschedulePolicy::default_for(job.job_type == JobType::Service, restart_limit))
+/// service job gets `reschedule_limit` attempts (the agent's `[server] reschedule_limit`).
+pub fn reschedule_policy(job: &JobSpec, reschedule_limit: u32) -> Option<ReschedulePolicy> {
+    job.reschedule.or_else(|| {
+        ReschedulePolicy::default_for(job.job_type == JobType::Service, reschedule_limit)
+    })
 }
 
 /// Whether `reported`, just updated by its client at `now_unix_ms`, is a failed alloc to
@@ -227,7 +228,7 @@ pub fn reschedule_policy(job: &JobSpec, restart_limit: u32) -> Option<Reschedule
 pub fn replace_failed<'a>(
     reported: &AllocRecord,
     job: Option<&JobRecord>,
-    restart_limit: u32,
+    reschedule_limit: u32,
     now_unix_ms: u64,
     nodes: &Nodes,
     allocs: impl IntoIterator<Item = &'a AllocRecord>,
@@ -245,7 +246,7 @@ pub fn replace_failed<'a>(
     if job.stopped || reported.job_version != job.version {
         return Replacement::NotNeeded;
     }
-    let Some(policy) = reschedule_policy(&job.spec, restart_limit) else {
+    let Some(policy) = reschedule_policy(&job.spec, reschedule_limit) else {
         return Replacement::NotNeeded;
     };
     if !policy.unlimited && policy.attempts == 0 {

@@ -129,9 +129,9 @@ async fn a_changed_runner_upgrades_every_alloc_in_place_and_other_changes_replac
 }
 
 #[tokio::test]
-async fn a_failed_service_alloc_is_replaced_up_to_the_restart_limit() {
+async fn a_failed_service_alloc_is_replaced_up_to_the_reschedule_limit() {
     let server = EmbeddedServer::new(ServerConfig {
-        restart_limit: 1,
+        reschedule_limit: 1,
         ..ServerConfig::default()
     });
     server

@@ -413,6 +413,9 @@ async fn the_logs_endpoint_serves_the_alloc_log_file_and_follows_it_until_the_al
         "kept outside the alloc dir, under the data dir"
     );
     wait_for_allocs(&agent, "/v1/allocations", "complete", 1).await;
+    // A batch job whose allocs all completed reads as complete, not as dead or stopped.
+    let (_, job) = http(agent.addr, "GET", "/v1/job/talky", None, None).await;
+    assert_eq!(job["status"], "complete", "{job}");
     http(agent.addr, "PUT", "/v1/system/gc", None, None).await;
     eventually("the log file goes with the collected alloc", || {
         !log_file.exists()

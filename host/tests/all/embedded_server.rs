@@ -163,7 +163,7 @@ async fn a_crashing_service_alloc_is_replaced_after_growing_delays_until_its_att
     assert!(replacement_of(&failed).is_none(), "a third replacement");
     assert_eq!(server.job_allocs("crashy").len(), 3);
     assert_eq!(
-        logs.with_message("not replacing failed allocation: restart limit reached")
+        logs.with_message("not replacing failed allocation: reschedule limit reached")
             .len(),
         1
     );

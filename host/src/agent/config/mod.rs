@@ -36,7 +36,7 @@
 //!
 //! [server]
 //! job_gc_threshold = "4h"
-//! restart_limit = 3               # a service job's reschedule attempts when it states none
+//! reschedule_limit = 3               # a service job's reschedule attempts when it states none
 //! node_ttl = "30s"                # a node with no watch open this long is down (nodesim's)
 //!
 //! [tls]                           # optional: HTTPS only, certificates (see `tls`)

@@ -9,6 +9,9 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub(super) struct ServerSection {
     job_gc_threshold: Option<String>,
+    reschedule_limit: Option<u32>,
+    /// `reschedule_limit`'s name before restarts in place and reschedules were told apart;
+    /// still read.
     restart_limit: Option<u32>,
     node_ttl: Option<String>,
 }
@@ -26,8 +29,15 @@ impl ServerSection {
         if let Some(v) = self.job_gc_threshold {
             config.server.job_gc_threshold = duration("server.job_gc_threshold", &v)?;
         }
-        if let Some(v) = self.restart_limit {
-            config.server.restart_limit = v;
+        if self.reschedule_limit.is_some() && self.restart_limit.is_some() {
+            return Err(ConfigError::OutOfRange {
+                path: path.into(),
+                key: "server.restart_limit",
+                expected: "the old name of server.reschedule_limit: give only that one".into(),
+            });
+        }
+        if let Some(v) = self.reschedule_limit.or(self.restart_limit) {
+            config.server.reschedule_limit = v;
         }
         if let Some(v) = self.node_ttl {
             let ttl = duration("server.node_ttl", &v)?;

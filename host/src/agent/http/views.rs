@@ -27,16 +27,22 @@ pub struct JobView {
     /// the agents' runner stores (absent for a job saved before builds were named).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_sha256: Option<String>,
-    /// `running`, `dead` (a batch job whose allocs all finished) or `stopped`.
+    /// As Nomad's job summary reads: `running` (an alloc runs), `pending` (allocs wanted,
+    /// none running yet: placed, waiting for a node, or restarting), `complete` (a batch job
+    /// whose allocs all completed), `dead` (every alloc ended and none will run again: a
+    /// batch job with a failure, a service job whose allocs all failed), or `stopped`. The
+    /// counts of each alloc status are beside it, in `allocs`.
     pub status: String,
     /// Bumped by each change that replaced allocs.
     pub version: u64,
     /// The job's allocs by client status.
     pub allocs: BTreeMap<String, usize>,
-    /// When an alloc of the job failed: what happens next, and why (`restart 2/3 in 8s
-    /// (alloc 1a2b3c4d failed: ...)`, `restart limit reached: ...`).
+    /// When an alloc of the job failed: what happens next, and why. Its runner restarting in
+    /// place (`alloc 1a2b3c4d restarting in 5s (restart 1, ...)`, the client's, same alloc),
+    /// or a new alloc from the server (`reschedule 2/3 in 8s (alloc 1a2b3c4d failed: ...)`,
+    /// `reschedule limit reached: ...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restarts: Option<String>,
+    pub recovery: Option<String>,
     /// When allocs of the job wait for a node that can hold them: how many, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked: Option<BlockedView>,
@@ -177,21 +183,14 @@ pub(super) fn job_view(
     allocs: &[AllocRecord],
     now_unix_ms: u64,
 ) -> JobView {
-    let restart_limit = server.restart_limit();
+    let reschedule_limit = server.reschedule_limit();
     let views: Vec<AllocView> = allocs.iter().map(alloc_view).collect();
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     for view in &views {
         *by_status.entry(view.client_status.to_string()).or_default() += 1;
     }
-    // A finished batch job stays dead after its allocs are collected.
-    let finished = views.iter().all(|v| v.client_status.is_terminal());
-    let status = if job.stopped {
-        "stopped"
-    } else if job.spec.job_type == JobType::Batch && finished {
-        "dead"
-    } else {
-        "running"
-    };
+    let blocked = server.blocked(&job.spec.id);
+    let status = job_status(job, &views, blocked.is_some());
     JobView {
         id: job.spec.id.clone(),
         job_type: job.spec.job_type,
@@ -201,23 +200,45 @@ pub(super) fn job_view(
         status: status.into(),
         version: job.version,
         allocs: by_status,
-        restarts: restarts_line(job, allocs, restart_limit, now_unix_ms),
-        blocked: server
-            .blocked(&job.spec.id)
-            .map(|(allocs, why)| BlockedView {
-                allocs,
-                reason: why.to_string(),
-                nodes: why.nodes + why.ineligible,
-            }),
+        recovery: recovery_line(job, allocs, reschedule_limit, now_unix_ms),
+        blocked: blocked.map(|(allocs, why)| BlockedView {
+            allocs,
+            reason: why.to_string(),
+            nodes: why.nodes + why.ineligible,
+        }),
+    }
+}
+
+/// A job's status from its allocs, as Nomad's job summary reads (see [`JobView::status`]).
+/// `waiting`: some of its allocs wait for a node. A batch job whose allocs were collected
+/// reads `dead`: how they ended is not known any more.
+fn job_status(job: &JobRecord, allocs: &[AllocView], waiting: bool) -> &'static str {
+    let any = |status: ClientStatus| allocs.iter().any(|a| a.client_status == status);
+    let live = allocs.iter().any(|a| !a.client_status.is_terminal());
+    if job.stopped {
+        "stopped"
+    } else if any(ClientStatus::Running) {
+        "running"
+    } else if live || waiting || (allocs.is_empty() && job.spec.job_type == JobType::Service) {
+        "pending"
+    } else if job.spec.job_type == JobType::Batch
+        && !allocs.is_empty()
+        && allocs
+            .iter()
+            .all(|a| a.client_status == ClientStatus::Complete)
+    {
+        "complete"
+    } else {
+        "dead"
     }
 }
 
 /// What `job status` says of a job whose allocs failed: the next restart, or that there will
 /// be none, with the failure that caused it.
-fn restarts_line(
+fn recovery_line(
     job: &JobRecord,
     allocs: &[AllocRecord],
-    restart_limit: u32,
+    reschedule_limit: u32,
     now_unix_ms: u64,
 ) -> Option<String> {
     // A runner restarting in place (`[job.restart]`) says so in its alloc's description.
@@ -236,7 +257,7 @@ fn restarts_line(
     if in_place.is_some() {
         return in_place;
     }
-    let policy = reconcile::reschedule_policy(&job.spec, restart_limit)?;
+    let policy = reconcile::reschedule_policy(&job.spec, reschedule_limit)?;
     let failure = |alloc_id: &str| {
         let failed = allocs.iter().find(|a| a.alloc.id == alloc_id);
         let description = failed
@@ -257,7 +278,7 @@ fn restarts_line(
     if let Some(next) = waiting {
         let wait = Duration::from_millis(next.start_after_unix_ms - now_unix_ms);
         return Some(format!(
-            "restart {}/{} in {}s ({})",
+            "reschedule {}/{} in {}s ({})",
             next.attempt,
             policy.attempts_text(),
             wait.as_secs_f64().ceil() as u64,
@@ -274,7 +295,7 @@ fn restarts_line(
                 .is_some_and(|s| s.client_status == ClientStatus::Failed)
     })?;
     Some(format!(
-        "restart limit reached: {} in {} ({})",
+        "reschedule limit reached: {} in {} ({})",
         policy.attempts_text(),
         format_duration(policy.interval),
         failure(&given_up.alloc.id)

@@ -144,7 +144,7 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         rows.push((
             "Replaces",
             format!(
-                "alloc {previous} (restart {}, not before {})",
+                "alloc {previous} (reschedule {}, not before {})",
                 text(&reschedule["attempt"]),
                 local_time(&reschedule["start_after_unix_ms"])
             ),

@@ -97,8 +97,8 @@ async fn status(remote: &Remote, id: &str) -> anyhow::Result<()> {
         );
     } else {
         print_jobs(&Value::Array(vec![job.clone()]));
-        if let Some(restarts) = job["restarts"].as_str() {
-            println!("Restarts: {}", crate::util::text::escape_controls(restarts));
+        if let Some(recovery) = job["recovery"].as_str() {
+            println!("Recovery: {}", crate::util::text::escape_controls(recovery));
         }
         if let Some(line) = blocked_line(&job) {
             println!("Placement: {line}");

@@ -101,7 +101,7 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
             let job = stdout(&agent.caravan(&["job", "status", "crashy"]));
             let line = job
                 .lines()
-                .find(|l| l.starts_with("Restarts: restart limit"));
+                .find(|l| l.starts_with("Recovery: reschedule limit"));
             line.map(str::to_string).or_else(|| {
                 std::thread::sleep(std::time::Duration::from_millis(50));
                 None
@@ -109,9 +109,19 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
         })
         .expect("the restart limit is reached within 15 s");
     assert!(
-        restarts.starts_with("Restarts: restart limit reached: 1 in 60m (alloc ")
+        restarts.starts_with("Recovery: reschedule limit reached: 1 in 60m (alloc ")
             && restarts.contains(" failed: wasm trap: "),
         "{restarts}"
+    );
+    // None runs and none will: the job reads dead (not running), its failures beside it.
+    let table = stdout(&agent.caravan(&["job", "status", "crashy"]));
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("crashy"))
+        .unwrap_or_default();
+    assert!(
+        row.contains(" dead ") && row.contains("failed=2"),
+        "{table}"
     );
     let allocs = agent.caravan(&["job", "status", "crashy", "--json"]);
     let allocs: Value = serde_json::from_slice(&allocs.stdout).unwrap();
@@ -125,7 +135,7 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
     let replacement_status = stdout(&agent.caravan(&["alloc", "status", replacement_id]));
     assert!(
         replacement_status.contains(&format!(
-            "Replaces           = alloc {} (restart 1, not before ",
+            "Replaces           = alloc {} (reschedule 1, not before ",
             &alloc_id[..8]
         )),
         "{replacement_status}"
@@ -164,7 +174,7 @@ fn a_crashed_runner_waiting_to_restart_says_what_is_next_and_why() {
     let expected = " restarting in 60m (restart 1, at most 1 in 120m) after: wasm trap";
     let waiting = stdout_once_it_says(&agent, &["job", "status", "waiting"], expected);
     assert!(
-        waiting.contains("Restarts: alloc ") && waiting.contains(expected),
+        waiting.contains("Recovery: alloc ") && waiting.contains(expected),
         "{waiting}"
     );
 }

@@ -191,10 +191,10 @@ function jobsPage() {
   }), (data) => {
     fill(gc, drawGc(data.gc));
     fill(nodes, drawNodes(data.nodes));
-    return table(["Job", "Type", "Status", "Version", "Count", "Allocs", "Restarts"],
+    return table(["Job", "Type", "Status", "Version", "Count", "Allocs", "Recovery"],
       data.jobs.map((job) => [
         el("a", { href: `#/job/${enc(job.id)}` }, job.id), job.type, statusText(job.status),
-        job.version, job.count, byStatus(job.allocs), job.restarts || "",
+        job.version, job.count, byStatus(job.allocs), job.recovery || "",
       ]),
       "No jobs yet. Run one with: caravan job run FILE");
   });
@@ -263,7 +263,7 @@ function jobPage(jobId) {
     return facts([
       ["Status", statusText(job.status)], ["Type", job.type], ["Version", job.version],
       ["Count", job.count], ["Allocs", byStatus(job.allocs)], ["Runner", el("code", {}, job.runner)],
-      ["Restarts", job.restarts], ["Placement", blockedText(job.blocked)],
+      ["Recovery", job.recovery], ["Placement", blockedText(job.blocked)],
     ]);
   });
 }
@@ -352,7 +352,7 @@ function drawAlloc(alloc) {
       ["Desired", alloc.desired_status], ["Client status", statusText(alloc.client_status)],
       ["Description", alloc.description],
       ["Replaces", replaces ? el("span", {}, el("a", { href: `#/alloc/${enc(replaces.previous_alloc_id)}`, class: "id" },
-        short(replaces.previous_alloc_id)), ` (restart ${replaces.attempt}, not before `,
+        short(replaces.previous_alloc_id)), ` (reschedule ${replaces.attempt}, not before `,
       localTime(replaces.start_after_unix_ms), ")") : ""],
       ["Alloc dir", local.alloc_dir ? el("code", {}, local.alloc_dir) : ""],
       ["CPU used", local.cpu_used_us !== undefined ? `${(local.cpu_used_us / 1e6).toFixed(3)} s` : ""],
