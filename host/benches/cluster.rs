@@ -70,26 +70,8 @@ async fn secured_cluster(allocs: u64, plain: f64) {
             pki.etcd_keys(&agent_identity, &password)
         ),
     );
-    let endpoints = etcd.endpoints().join(",");
-    let agents: Vec<Option<Agent>> = (1..=3)
-        .map(|n| {
-            let name = format!("node-{n}");
-            let data = work.path().join(&name);
-            Some(spawn_agent(
-                &data,
-                &config,
-                &["--etcd-endpoints", &endpoints, "--node-name", &name],
-            ))
-        })
-        .collect();
+    let agents = three_agents(&etcd, work.path(), &config);
     let first = agents[0].as_ref().unwrap();
-    wait_for("three nodes ready", || {
-        first
-            .request("GET", "/v1/nodes", "")
-            .matches("\"ready\"")
-            .count()
-            == 3
-    });
     let started = submit(first, allocs);
     wait_for("every alloc running", || {
         total_instantiations(&agents) >= allocs
@@ -154,6 +136,36 @@ fn embedded(allocs: u64) -> f64 {
     rate
 }
 
+/// Three agents in cluster mode on `etcd`, `node-1` to `node-3`, each with its data under
+/// `work` and `config`, once all three are ready: every node live before the job, so that
+/// the job spreads.
+fn three_agents(
+    etcd: &etcd::EtcdCluster,
+    work: &std::path::Path,
+    config: &std::path::Path,
+) -> Vec<Option<Agent>> {
+    let endpoints = etcd.endpoints().join(",");
+    let agents: Vec<Option<Agent>> = (1..=3)
+        .map(|n| {
+            let name = format!("node-{n}");
+            Some(spawn_agent(
+                &work.join(&name),
+                config,
+                &["--etcd-endpoints", &endpoints, "--node-name", &name],
+            ))
+        })
+        .collect();
+    let first = agents[0].as_ref().unwrap();
+    wait_for("three nodes ready", || {
+        first
+            .request("GET", "/v1/nodes", "")
+            .matches("\"ready\"")
+            .count()
+            == 3
+    });
+    agents
+}
+
 fn total_instantiations(agents: &[Option<Agent>]) -> u64 {
     agents.iter().flatten().map(Agent::instantiations).sum()
 }
@@ -170,27 +182,8 @@ async fn cluster(allocs: u64, baseline: f64) -> f64 {
             "[client]\nmemory_total = \"65536GiB\"\nmax_live_allocs = {per_node}\n[cluster]\nmode = \"etcd\"\n"
         ),
     );
-    let endpoints = etcd.endpoints().join(",");
-    let mut agents: Vec<Option<Agent>> = (1..=3)
-        .map(|n| {
-            let name = format!("node-{n}");
-            let data = work.path().join(&name);
-            Some(spawn_agent(
-                &data,
-                &config,
-                &["--etcd-endpoints", &endpoints, "--node-name", &name],
-            ))
-        })
-        .collect();
+    let mut agents = three_agents(&etcd, work.path(), &config);
     let first = agents[0].as_ref().unwrap();
-    // Every node live before the job, so that the job spreads.
-    wait_for("three nodes ready", || {
-        first
-            .request("GET", "/v1/nodes", "")
-            .matches("\"ready\"")
-            .count()
-            == 3
-    });
     let store = etcd.store().await;
     let before = store.list("/caravan/v1/").await.unwrap().1;
     let started = submit(first, allocs);
