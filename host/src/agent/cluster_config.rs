@@ -211,14 +211,9 @@ impl ClusterSettings {
     }
 }
 
-/// `http://HOST:PORT`, the only form of etcd endpoint agents dial (no TLS to etcd yet).
-pub fn valid_endpoint(endpoint: &str) -> bool {
-    endpoint.strip_prefix("http://").is_some_and(host_and_port)
-}
-
 /// `http://HOST:PORT` or `https://HOST:PORT`: an agent's API, as others dial it, or an etcd
 /// member's client URL.
-fn valid_api_url(url: &str) -> bool {
+pub fn valid_api_url(url: &str) -> bool {
     url.strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
         .is_some_and(host_and_port)

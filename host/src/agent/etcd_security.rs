@@ -19,25 +19,62 @@ pub struct EtcdSecurity {
     pub(super) key: Option<PemFile>,
     pub(super) username: Option<(String, String)>,
     pub(super) password_file: Option<(PathBuf, String)>,
+    /// Given as `caravan nodesim`'s flags rather than `[cluster]` keys: messages name those.
+    pub(super) as_flags: bool,
 }
 
 impl EtcdSecurity {
+    /// The settings as `caravan nodesim`'s flags give them (`--etcd-ca-file`, ...).
+    pub fn from_flags(
+        (ca, cert, key): (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>),
+        username: Option<String>,
+        password_file: Option<PathBuf>,
+    ) -> EtcdSecurity {
+        let file = |flag: &str, path: Option<PathBuf>| path.map(|p| PemFile::new(flag, p));
+        EtcdSecurity {
+            ca: file("--etcd-ca-file", ca),
+            cert: file("--etcd-cert-file", cert),
+            key: file("--etcd-key-file", key),
+            username: username.map(|name| (name, "--etcd-username".into())),
+            password_file: password_file.map(|path| (path, "--etcd-password-file".into())),
+            as_flags: true,
+        }
+    }
+
+    /// How a setting is named where it was given: `cluster.etcd_ca_file` or `--etcd-ca-file`.
+    fn name(&self, key: &str) -> String {
+        if self.as_flags {
+            format!("--etcd-{}", key.replace('_', "-"))
+        } else {
+            format!("cluster.etcd_{key}")
+        }
+    }
+
     /// Whether the settings agree with each other and with `endpoints` (named by `at`): TLS
     /// for `https://` endpoints only, a certificate with its key, a password with a user.
-    pub(super) fn check(&self, endpoints: &[String], at: &str) -> Result<(), String> {
+    pub fn check(&self, endpoints: &[String], at: &str) -> Result<(), String> {
         match (&self.cert, &self.key) {
             (Some(cert), None) => {
-                return Err(format!("{}: needs cluster.etcd_key_file too", cert.setting));
+                return Err(format!(
+                    "{}: needs {} too",
+                    cert.setting,
+                    self.name("key_file")
+                ));
             }
             (None, Some(key)) => {
-                return Err(format!("{}: needs cluster.etcd_cert_file too", key.setting));
+                return Err(format!(
+                    "{}: needs {} too",
+                    key.setting,
+                    self.name("cert_file")
+                ));
             }
             _ => {}
         }
         if let (Some(cert), None) = (&self.cert, &self.ca) {
             return Err(format!(
-                "{}: needs cluster.etcd_ca_file, to check etcd's certificate with",
-                cert.setting
+                "{}: needs {}, to check etcd's certificate with",
+                cert.setting,
+                self.name("ca_file")
             ));
         }
         let https = endpoints
@@ -47,8 +84,8 @@ impl EtcdSecurity {
         match &self.ca {
             None if https > 0 => {
                 return Err(format!(
-                    "{at}: https:// endpoints need cluster.etcd_ca_file (the CA etcd's \
-                     certificates chain to)"
+                    "{at}: https:// endpoints need {} (the CA etcd's certificates chain to)",
+                    self.name("ca_file")
                 ));
             }
             Some(ca) if https < endpoints.len() => {
@@ -60,7 +97,7 @@ impl EtcdSecurity {
             _ => {}
         }
         if let (Some((_, at)), None) = (&self.password_file, &self.username) {
-            return Err(format!("{at}: needs cluster.etcd_username"));
+            return Err(format!("{at}: needs {}", self.name("username")));
         }
         Ok(())
     }
@@ -104,7 +141,8 @@ impl EtcdSecurity {
         match std::env::var(PASSWORD_ENV) {
             Ok(password) => Ok(password),
             Err(_) => anyhow::bail!(
-                "{username_at}: needs a password: cluster.etcd_password_file, or {PASSWORD_ENV}"
+                "{username_at}: needs a password: {}, or {PASSWORD_ENV}",
+                self.name("password_file")
             ),
         }
     }

@@ -73,7 +73,7 @@ pub enum Command {
     /// testing a scheduler at scale (docs/nodesim.md).
     ///
     /// Prints a summary line every second and a report on Ctrl-C or SIGTERM, then stops.
-    Nodesim(nodesim::NodesimCommand),
+    Nodesim(Box<nodesim::NodesimCommand>),
     /// A certificate authority and certificates for a cluster's agents, nodes and
     /// operators, as `nomad tls` makes them.
     Tls {

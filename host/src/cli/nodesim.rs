@@ -4,7 +4,7 @@
 
 use super::GlobalArgs;
 use super::client::DEFAULT_ADDR;
-use crate::agent::cluster_config::{MIN_NODE_TTL, valid_endpoint};
+use crate::agent::cluster_config::{MIN_NODE_TTL, valid_api_url};
 use crate::cluster::{EtcdServerApi, EtcdStore, Member, MemberRecord};
 use crate::model::node::{NodeInfo, NodeResources};
 use crate::nodesim::{NodeServers, NodeSim, NodeSimConfig, SimRunner, Summary, node_name};
@@ -45,6 +45,22 @@ pub struct NodesimCommand {
     /// Every etcd member's client URL, comma-separated (with --cluster etcd).
     #[arg(long, value_name = "URL,URL,...")]
     etcd_endpoints: Option<String>,
+    /// The CA etcd's certificates chain to, for https:// endpoints (with --cluster etcd).
+    #[arg(long, value_name = "FILE")]
+    etcd_ca_file: Option<PathBuf>,
+    /// The nodes' certificate for etcd members run with --client-cert-auth.
+    #[arg(long, value_name = "FILE")]
+    etcd_cert_file: Option<PathBuf>,
+    /// The key of --etcd-cert-file.
+    #[arg(long, value_name = "FILE")]
+    etcd_key_file: Option<PathBuf>,
+    /// An etcd user, for an etcd with authentication on; its password from
+    /// --etcd-password-file or CARAVAN_ETCD_PASSWORD.
+    #[arg(long, value_name = "NAME")]
+    etcd_username: Option<String>,
+    /// A file holding the etcd user's password (its last line break dropped).
+    #[arg(long, value_name = "FILE")]
+    etcd_password_file: Option<PathBuf>,
     /// Each node's lease TTL in the cluster: a node silent this long is down (with
     /// --cluster etcd; at least 2s).
     #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
@@ -233,16 +249,28 @@ impl NodesimCommand {
                     Some(list) => list.split(',').map(|e| e.trim().to_string()).collect(),
                     None => bail!("--cluster etcd needs --etcd-endpoints URL,URL,..."),
                 };
-                if let Some(bad) = endpoints.iter().find(|e| !valid_endpoint(e)) {
-                    bail!("--etcd-endpoints: {bad:?} is not http://HOST:PORT");
+                if let Some(bad) = endpoints.iter().find(|e| !valid_api_url(e)) {
+                    bail!("--etcd-endpoints: {bad:?} is not http://HOST:PORT (or https://)");
                 }
+                let security = crate::agent::etcd_security::EtcdSecurity::from_flags(
+                    (
+                        self.etcd_ca_file.clone(),
+                        self.etcd_cert_file.clone(),
+                        self.etcd_key_file.clone(),
+                    ),
+                    self.etcd_username.clone(),
+                    self.etcd_password_file.clone(),
+                );
+                security
+                    .check(&endpoints, "--etcd-endpoints")
+                    .map_err(|problem| anyhow::anyhow!(problem))?;
                 if self.node_ttl < MIN_NODE_TTL {
                     bail!(
                         "--node-ttl must be at least {}",
                         format_duration(MIN_NODE_TTL)
                     );
                 }
-                let store = EtcdStore::connect(&endpoints).await?;
+                let store = EtcdStore::connect_with(&endpoints, &security.access()?).await?;
                 store.check_schema().await?;
                 let members = (1..=config.nodes)
                     .map(|number| {

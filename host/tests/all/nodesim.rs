@@ -396,6 +396,18 @@ fn nodesim_refuses_bad_flags_with_one_line() {
             &["nodesim", "--nodes", "5", "--name-prefix", "a/b"][..],
             "--name-prefix",
         ),
+        (
+            &[
+                "nodesim",
+                "--nodes",
+                "5",
+                "--cluster",
+                "etcd",
+                "--etcd-endpoints",
+                "https://127.0.0.1:1",
+            ][..],
+            "https:// endpoints need --etcd-ca-file",
+        ),
     ] {
         let output = run_caravan(args, None);
         assert_eq!(output.status.code(), Some(2), "{args:?}");
@@ -529,4 +541,93 @@ async fn simulated_nodes_join_a_tls_agent_with_a_nodes_certificate_only() {
     posing.wait_for("a refused registration counted", |l| {
         l.contains("nodes 0/1 registered") && !l.contains("| 0 server errors")
     });
+}
+
+/// Simulated nodes join a cluster whose etcd serves TLS only, requires a client certificate
+/// and has authentication on, with the flags an operator gives them (the same settings an
+/// agent's `[cluster]` has); without a certificate, nodesim stops in one line saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_nodes_join_an_etcd_that_requires_certificates_and_a_user() {
+    use caravan_host::cli::tls::Role;
+    let pki = crate::support::pki::Pki::new("etcd");
+    let member = pki.issue(Role::Server, "etcd-member");
+    let nodes = pki.issue(Role::Client, "nodes");
+    let mut etcd = crate::etcd::EtcdCluster::start_secured(
+        &pki.ca,
+        (&member.cert, &member.key),
+        (&member.cert, &member.key),
+    )
+    .await;
+    etcd.enable_auth("caravan", "s3cret").await;
+    let endpoints = etcd.endpoints().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("etcd-password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let agent = AgentProcess::start_configured(
+        &[
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--node-name",
+            "agent",
+            "--data-dir",
+            dir.path().join("agent").to_str().unwrap(),
+        ],
+        &format!(
+            "max_live_allocs = 64\n[cluster]\nnode_ttl = \"4s\"\n{}",
+            pki.etcd_keys(&member, &password)
+        ),
+    );
+    let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
+    let flags = |with_certificate: bool| {
+        let mut flags = vec![
+            "--cluster".to_string(),
+            "etcd".into(),
+            "--etcd-endpoints".into(),
+            endpoints.clone(),
+            "--node-ttl".into(),
+            "4s".into(),
+            "--etcd-ca-file".into(),
+            text(&pki.ca),
+            "--etcd-username".into(),
+            "caravan".into(),
+            "--etcd-password-file".into(),
+            text(&password),
+        ];
+        if with_certificate {
+            flags.extend([
+                "--etcd-cert-file".into(),
+                text(&nodes.cert),
+                "--etcd-key-file".into(),
+                text(&nodes.key),
+            ]);
+        }
+        flags
+    };
+    let joined = flags(true);
+    let mut args: Vec<&str> = vec!["--nodes", "2"];
+    args.extend(joined.iter().map(String::as_str));
+    let mut sim = Nodesim::start(&agent, &args);
+    sim.wait_for("the nodes registered", |l| {
+        l.contains("nodes 2/2 registered")
+    });
+    eventually_async("the simulated nodes live in the cluster", || async {
+        let (_, nodes) = http(agent.socket_addr(), "GET", "/v1/nodes", None, None).await;
+        let nodes = nodes.as_array().cloned().unwrap_or_default();
+        nodes.iter().filter(|n| n["status"] == "ready").count() == 3
+    })
+    .await;
+    drop(sim);
+
+    let refused = flags(false);
+    let output = crate::support::caravan_command()
+        .args(["nodesim", "--nodes", "1"])
+        .args(&refused)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_ne!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("presented no certificate"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
 }
