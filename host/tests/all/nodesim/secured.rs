@@ -1,0 +1,137 @@
+//! `caravan nodesim` where its agent or etcd lets no one in without credentials: nodes
+//! with a node's certificate on an agent that serves HTTPS only, and nodes joined to an etcd
+//! that requires a client certificate and a user.
+
+use super::*;
+
+/// Simulated nodes reach an agent that serves HTTPS only and requires client certificates,
+/// with a node's certificate (`caravan tls cert create --client`), as nodes in another process
+/// do: they register, run a job's allocs and report them. With an operator's certificate
+/// instead, the node routes refuse them (an operator's certificate cannot pose as a node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_nodes_join_a_tls_agent_with_a_nodes_certificate_only() {
+    use caravan_host::cli::tls::Role;
+    let pki = crate::support::pki::Pki::new("nodesim");
+    let server = pki.issue(Role::Server, "server");
+    let agent = AgentProcess::start_configured(
+        &["--dev"],
+        &format!("enabled = false\n{}", pki.agent_config(&server, true)),
+    );
+    let cli = pki.issue(Role::Cli, "cli");
+    let pool = pki.pool(Some(&cli));
+    let node = pki.issue(Role::Client, "node");
+    let flags = |identity: &crate::support::pki::Identity| pki.cli_flags(Some(identity));
+    let as_node = flags(&node);
+    let mut args: Vec<&str> = vec!["--nodes", "3"];
+    args.extend(as_node.iter().map(String::as_str));
+    let mut sim = Nodesim::start(&agent, &args);
+    sim.wait_for("every node registered", |l| {
+        l.contains("nodes 3/3 registered")
+    });
+    let job = serde_json::json!({ "job": {
+        "id": "web", "type": "service", "count": 3, "runner": SIM,
+    }})
+    .to_string();
+    let (status, answer) =
+        crate::support::http_via(&pool, &agent.addr, "POST", "/v1/jobs", Some(&job), None).await;
+    assert_eq!(status, 200, "{answer}");
+    sim.wait_for("3 allocs running", |l| l.contains("allocs 3 (running 3)"));
+    drop(sim);
+
+    let as_operator = flags(&cli);
+    let mut args: Vec<&str> = vec!["--nodes", "1", "--name-prefix", "posing"];
+    args.extend(as_operator.iter().map(String::as_str));
+    let mut posing = Nodesim::start(&agent, &args);
+    posing.wait_for("a refused registration counted", |l| {
+        l.contains("nodes 0/1 registered") && !l.contains("| 0 server errors")
+    });
+}
+
+/// Simulated nodes join a cluster whose etcd serves TLS only, requires a client certificate
+/// and has authentication on, with the flags an operator gives them (the same settings an
+/// agent's `[cluster]` has); without a certificate, nodesim stops in one line saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_nodes_join_an_etcd_that_requires_certificates_and_a_user() {
+    use caravan_host::cli::tls::Role;
+    let pki = crate::support::pki::Pki::new("etcd");
+    let member = pki.issue(Role::Server, "etcd-member");
+    let nodes = pki.issue(Role::Client, "nodes");
+    let mut etcd = crate::etcd::EtcdCluster::start_secured(
+        &pki.ca,
+        (&member.cert, &member.key),
+        (&member.cert, &member.key),
+    )
+    .await;
+    etcd.enable_auth("caravan", "s3cret").await;
+    let endpoints = etcd.endpoints().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("etcd-password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let agent = AgentProcess::start_configured(
+        &[
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--node-name",
+            "agent",
+            "--data-dir",
+            dir.path().join("agent").to_str().unwrap(),
+        ],
+        &format!(
+            "max_live_allocs = 64\n[cluster]\nnode_ttl = \"4s\"\n{}",
+            pki.etcd_keys(&member, &password)
+        ),
+    );
+    let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
+    let flags = |with_certificate: bool| {
+        let mut flags = vec![
+            "--cluster".to_string(),
+            "etcd".into(),
+            "--etcd-endpoints".into(),
+            endpoints.clone(),
+            "--node-ttl".into(),
+            "4s".into(),
+            "--etcd-ca-file".into(),
+            text(&pki.ca),
+            "--etcd-username".into(),
+            "caravan".into(),
+            "--etcd-password-file".into(),
+            text(&password),
+        ];
+        if with_certificate {
+            flags.extend([
+                "--etcd-cert-file".into(),
+                text(&nodes.cert),
+                "--etcd-key-file".into(),
+                text(&nodes.key),
+            ]);
+        }
+        flags
+    };
+    let joined = flags(true);
+    let mut args: Vec<&str> = vec!["--nodes", "2"];
+    args.extend(joined.iter().map(String::as_str));
+    let mut sim = Nodesim::start(&agent, &args);
+    sim.wait_for("the nodes registered", |l| {
+        l.contains("nodes 2/2 registered")
+    });
+    eventually_async("the simulated nodes live in the cluster", || async {
+        let (_, nodes) = http(agent.socket_addr(), "GET", "/v1/nodes", None, None).await;
+        let nodes = nodes.as_array().cloned().unwrap_or_default();
+        nodes.iter().filter(|n| n["status"] == "ready").count() == 3
+    })
+    .await;
+    drop(sim);
+
+    let refused = flags(false);
+    let output = crate::support::caravan_command()
+        .args(["nodesim", "--nodes", "1"])
+        .args(&refused)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_ne!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("presented no certificate"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
