@@ -68,9 +68,16 @@ impl PemFile {
         }
     }
 
-    /// The file's bytes, as given to a library that parses PEM itself (etcd's client).
-    pub fn bytes(&self) -> Result<Vec<u8>, TlsError> {
-        self.read()
+    /// The file's bytes, read once and checked to hold certificates (`certificates`) or a
+    /// private key (not), for a library that parses PEM itself (etcd's client).
+    pub fn checked_bytes(&self, certificates: bool) -> Result<Vec<u8>, TlsError> {
+        let bytes = self.read()?;
+        if certificates {
+            self.parse_certificates(&bytes)?;
+        } else {
+            self.parse_private_key(&bytes)?;
+        }
+        Ok(bytes)
     }
 
     /// The file's bytes: a PEM file is small, so more than this is not one.
@@ -90,8 +97,16 @@ impl PemFile {
 
     /// Every certificate in the file, in order; none is an error.
     pub fn certificates(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-        let bytes = self.read()?;
-        let certs = CertificateDer::pem_slice_iter(&bytes)
+        self.parse_certificates(&self.read()?)
+    }
+
+    /// The private key in the file.
+    pub fn private_key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
+        self.parse_private_key(&self.read()?)
+    }
+
+    fn parse_certificates(&self, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let certs = CertificateDer::pem_slice_iter(bytes)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.error(format!("not PEM certificates: {e}")))?;
         if certs.is_empty() {
@@ -100,10 +115,8 @@ impl PemFile {
         Ok(certs)
     }
 
-    /// The private key in the file.
-    pub fn private_key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
-        let bytes = self.read()?;
-        PrivateKeyDer::from_pem_slice(&bytes)
+    fn parse_private_key(&self, bytes: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+        PrivateKeyDer::from_pem_slice(bytes)
             .map_err(|e| self.error(format!("holds no PEM private key: {e}")))
     }
 }
@@ -346,14 +359,19 @@ impl ServerCertVerifier for AgentNameVerifier {
 }
 
 /// A configuration that trusts no one: for a pool that dials plain HTTP only, whose
-/// connector must still have one.
+/// connector must still have one. Built once per process: every plain pool shares it.
 pub fn plain_only_dial_config() -> Arc<ClientConfig> {
-    let config = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map(|b| {
-            b.with_root_certificates(RootCertStore::empty())
-                .with_no_client_auth()
-        });
-    // ring's defaults always include the safe versions.
-    Arc::new(config.expect("ring supports TLS 1.2 and 1.3"))
+    static TRUSTS_NO_ONE: std::sync::OnceLock<Arc<ClientConfig>> = std::sync::OnceLock::new();
+    TRUSTS_NO_ONE
+        .get_or_init(|| {
+            let config = ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .map(|b| {
+                    b.with_root_certificates(RootCertStore::empty())
+                        .with_no_client_auth()
+                });
+            // ring's defaults always include the safe versions.
+            Arc::new(config.expect("ring supports TLS 1.2 and 1.3"))
+        })
+        .clone()
 }

@@ -8,7 +8,7 @@
 use crate::client::migrate::{CheckpointFetch, CheckpointSource};
 use crate::cluster::EtcdStore;
 use crate::model::structs::PreviousAlloc;
-use crate::rpc::transport::{AgentPool, error_message, read_body};
+use crate::rpc::transport::{AgentPool, error_message};
 use hyper::{Method, StatusCode};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,19 +90,16 @@ async fn fetch(
         .agent(api, token)
         .map_err(|e| CheckpointFetch::Gone(format!("the agent address is not usable: {e}")))?;
     let path = format!("/v1/client/allocation/{alloc_id}/checkpoint");
-    let response = agent
-        .send(
+    let (status, body) = agent
+        .exchange(
             Method::GET,
             &path,
             axum::body::Body::empty(),
             ANSWER_TIMEOUT,
+            MAX_CHECKPOINT_BYTES,
         )
         .await
         .map_err(|unanswered| CheckpointFetch::NotYet(unanswered.reason))?;
-    let status = response.status();
-    let body = read_body(response.into_body(), MAX_CHECKPOINT_BYTES)
-        .await
-        .map_err(CheckpointFetch::NotYet)?;
     let said = || crate::util::text::cut(&error_message(&body), 200).into_owned();
     match status {
         StatusCode::OK => Ok(Some(body.to_vec())),

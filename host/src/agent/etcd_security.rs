@@ -108,19 +108,14 @@ impl EtcdSecurity {
         let tls = match &self.ca {
             None => None,
             Some(ca) => {
-                ca.certificates()?;
+                let ca_pem = ca.checked_bytes(true)?;
                 let identity = match (&self.cert, &self.key) {
                     (Some(cert), Some(key)) => {
-                        cert.certificates()?;
-                        key.private_key()?;
-                        Some((cert.bytes()?, key.bytes()?))
+                        Some((cert.checked_bytes(true)?, key.checked_bytes(false)?))
                     }
                     _ => None,
                 };
-                Some(EtcdTls {
-                    ca_pem: ca.bytes()?,
-                    identity,
-                })
+                Some(EtcdTls { ca_pem, identity })
             }
         };
         let user = match &self.username {

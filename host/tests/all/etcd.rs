@@ -63,6 +63,24 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A member's flags to serve clients over TLS with `member`'s certificate and key, taking
+/// only clients with a certificate from `ca`.
+fn secured_member_flags(
+    ca: &std::path::Path,
+    member: (&std::path::Path, &std::path::Path),
+) -> [String; 7] {
+    let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
+    [
+        "--cert-file".into(),
+        text(member.0),
+        "--key-file".into(),
+        text(member.1),
+        "--trusted-ca-file".into(),
+        text(ca),
+        "--client-cert-auth".into(),
+    ]
+}
+
 /// The harness's own connection options for members that require a client certificate.
 fn client_tls(
     ca: &std::path::Path,
@@ -99,16 +117,7 @@ impl EtcdCluster {
         server: (&std::path::Path, &std::path::Path),
         client: (&std::path::Path, &std::path::Path),
     ) -> EtcdCluster {
-        let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
-        let flags = [
-            "--cert-file".into(),
-            text(server.0),
-            "--key-file".into(),
-            text(server.1),
-            "--trusted-ca-file".into(),
-            text(ca),
-            "--client-cert-auth".into(),
-        ];
+        let flags = secured_member_flags(ca, server);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         EtcdCluster::start_as(3, &flags, "https", Some(client_tls(ca, client))).await
     }
@@ -148,16 +157,7 @@ impl EtcdCluster {
         ca: &std::path::Path,
         member: (&std::path::Path, &std::path::Path),
     ) -> EtcdCluster {
-        let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
-        let flags = [
-            "--cert-file".into(),
-            text(member.0),
-            "--key-file".into(),
-            text(member.1),
-            "--trusted-ca-file".into(),
-            text(ca),
-            "--client-cert-auth".into(),
-        ];
+        let flags = secured_member_flags(ca, member);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let dir = tempfile::tempdir().unwrap();
         let members = hosts

@@ -5,7 +5,7 @@
 //! has; and an agent with a key that is not its certificate's does not start.
 
 use crate::support::pki::{Identity, Pki, pool_trusting};
-use crate::support::{AgentProcess, DEADLINE, caravan_command, run_caravan};
+use crate::support::{AgentProcess, DEADLINE, agent_refusing_to_start, run_caravan};
 use caravan_host::cli::tls::Role;
 use caravan_host::rpc::transport::{AgentPool, Unanswered};
 
@@ -154,15 +154,9 @@ fn an_agent_does_not_start_with_a_key_that_is_not_its_certificates_or_a_missing_
         ),
     ];
     for (identity, expected) in cases {
-        let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(config.path(), pki.agent_config(&identity, true)).unwrap();
-        let output = caravan_command()
-            .args(["agent", "--dev", "--bind", "127.0.0.1:0", "--config"])
-            .arg(config.path())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        let (code, stderr) =
+            agent_refusing_to_start(&["--dev"], &pki.agent_config(&identity, true));
+        assert_eq!(code, Some(2), "{stderr}");
         let last = stderr.lines().last().unwrap_or_default();
         assert!(last.contains(expected), "{stderr}");
         assert!(!stderr.contains("agent started"), "{stderr}");

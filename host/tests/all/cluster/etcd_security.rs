@@ -8,7 +8,7 @@
 use super::running;
 use crate::etcd::EtcdCluster;
 use crate::support::pki::{Identity, Pki};
-use crate::support::{AgentProcess, caravan_command, eventually_async, http};
+use crate::support::{AgentProcess, agent_refusing_to_start, eventually_async, http};
 use caravan_host::cli::tls::Role;
 use caravan_test_artifacts::SLEEPER;
 
@@ -118,22 +118,12 @@ async fn agents_need_etcds_ca_their_certificate_and_the_users_password_to_join()
             "presented no certificate",
         ),
     ] {
-        let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(
-            config.path(),
-            cluster_block(&etcd, "node-3", &pki.ca, identity, password_file),
-        )
-        .unwrap();
         let data_dir = dir.path().join("node-3");
-        let output = caravan_command()
-            .args(["agent", "--bind", "127.0.0.1:0", "--data-dir"])
-            .arg(&data_dir)
-            .arg("--config")
-            .arg(config.path())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_ne!(output.status.code(), Some(0), "{what}: {stderr}");
+        let (code, stderr) = agent_refusing_to_start(
+            &["--data-dir", data_dir.to_str().unwrap()],
+            &cluster_block(&etcd, "node-3", &pki.ca, identity, password_file),
+        );
+        assert_ne!(code, Some(0), "{what}: {stderr}");
         let last = stderr.lines().last().unwrap_or_default();
         assert!(
             last.to_lowercase().contains(expected),

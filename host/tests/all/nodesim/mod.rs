@@ -10,6 +10,24 @@ use std::sync::mpsc::Receiver;
 
 mod secured;
 
+/// An agent named `agent` in cluster mode on the etcd at `endpoints`, its data in
+/// `data_dir`, with `etcd_keys` (how it reaches a secured etcd) in its `[cluster]` block.
+fn agent_on_etcd(endpoints: &str, data_dir: &std::path::Path, etcd_keys: &str) -> AgentProcess {
+    AgentProcess::start_configured(
+        &[
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            endpoints,
+            "--node-name",
+            "agent",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+        ],
+        &format!("max_live_allocs = 64\n[cluster]\nnode_ttl = \"4s\"\n{etcd_keys}"),
+    )
+}
+
 const NODES: usize = 50;
 
 /// A running `caravan nodesim`, killed when dropped; what it printed is shown on failure.
@@ -437,19 +455,7 @@ async fn simulated_nodes_join_an_etcd_cluster_run_its_allocs_and_are_replaced_wh
     let etcd = crate::etcd::EtcdCluster::start().await;
     let endpoints = etcd.endpoints().join(",");
     let data_dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start_configured(
-        &[
-            "--cluster",
-            "etcd",
-            "--etcd-endpoints",
-            &endpoints,
-            "--node-name",
-            "agent",
-            "--data-dir",
-            data_dir.path().to_str().unwrap(),
-        ],
-        "max_live_allocs = 64\n[cluster]\nnode_ttl = \"4s\"\n",
-    );
+    let agent = agent_on_etcd(&endpoints, data_dir.path(), "");
     eventually_async("the agent to lead", || async {
         let (_, leader) = http(agent.socket_addr(), "GET", "/v1/status/leader", None, None).await;
         leader["this_agent_leads"] == true

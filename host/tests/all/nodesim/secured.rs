@@ -67,21 +67,10 @@ async fn simulated_nodes_join_an_etcd_that_requires_certificates_and_a_user() {
     let dir = tempfile::tempdir().unwrap();
     let password = dir.path().join("etcd-password");
     std::fs::write(&password, "s3cret\n").unwrap();
-    let agent = AgentProcess::start_configured(
-        &[
-            "--cluster",
-            "etcd",
-            "--etcd-endpoints",
-            &endpoints,
-            "--node-name",
-            "agent",
-            "--data-dir",
-            dir.path().join("agent").to_str().unwrap(),
-        ],
-        &format!(
-            "max_live_allocs = 64\n[cluster]\nnode_ttl = \"4s\"\n{}",
-            pki.etcd_keys(&member, &password)
-        ),
+    let agent = agent_on_etcd(
+        &endpoints,
+        &dir.path().join("agent"),
+        &pki.etcd_keys(&member, &password),
     );
     let text = |path: &std::path::Path| path.to_str().unwrap().to_string();
     let flags = |with_certificate: bool| {

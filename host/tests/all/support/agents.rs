@@ -245,3 +245,21 @@ pub async fn agent(configure: impl FnOnce(&mut AgentConfig)) -> (Agent, tempfile
         data_dir,
     )
 }
+
+/// `caravan agent ARGS --bind 127.0.0.1:0 --config FILE` with `config_text` in FILE, for an
+/// agent that must refuse to start: its exit code and what it wrote to stderr.
+pub fn agent_refusing_to_start(args: &[&str], config_text: &str) -> (Option<i32>, String) {
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), config_text).unwrap();
+    let output = caravan_command()
+        .arg("agent")
+        .args(args)
+        .args(["--bind", "127.0.0.1:0", "--config"])
+        .arg(config.path())
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

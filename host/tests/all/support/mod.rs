@@ -9,7 +9,9 @@ mod http_request;
 pub mod pki;
 mod runner;
 
-pub use agents::{AgentProcess, agent, gc_ignoring_this_disk, wasm_client};
+pub use agents::{
+    AgentProcess, agent, agent_refusing_to_start, gc_ignoring_this_disk, wasm_client,
+};
 pub use cluster_views::{
     assert_succeeded, live_by_node, ready_nodes, ready_nodes_via, running, service_job_file,
     unique_ids,
