@@ -37,12 +37,22 @@ impl EtcdAccess {
     /// `reason` (why a connection failed) with a hint at the likely cause when it is TLS's:
     /// a member run with `--client-cert-auth` ends the handshake of a client without a
     /// certificate, or with one its CA did not sign, and the client may read only that the
-    /// connection closed.
+    /// connection closed, or that a write found it broken.
     pub(super) fn explain(&self, reason: String) -> String {
         let Some(tls) = &self.tls else {
             return reason;
         };
-        let refused_by_peer = reason.contains("alert") || reason.contains("connection closed");
+        // How the peer's refusal reaches the client depends on timing: its alert, or only the
+        // stream closing under a write.
+        let lower = reason.to_ascii_lowercase();
+        let refused_by_peer = [
+            "alert",
+            "connection closed",
+            "broken pipe",
+            "connection reset",
+        ]
+        .iter()
+        .any(|sign| lower.contains(sign));
         if !refused_by_peer {
             return reason;
         }
@@ -77,5 +87,37 @@ impl EtcdAccess {
                 .with_auto_token_refresh(true);
         }
         options
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_tls_connection_says_what_this_agent_presented_however_it_surfaced() {
+        let without_certificate = EtcdAccess {
+            tls: Some(EtcdTls {
+                ca_pem: Vec::new(),
+                identity: None,
+            }),
+            user: None,
+        };
+        for reason in [
+            "cannot connect: received fatal alert: BadCertificate",
+            "cannot connect: connection closed",
+            "cannot connect: stream closed because of a broken pipe",
+        ] {
+            let explained = without_certificate.explain(reason.into());
+            assert!(
+                explained.starts_with(reason) && explained.contains("presented no certificate"),
+                "{explained}"
+            );
+        }
+        let refused = "cannot connect: Connection refused (os error 111)";
+        assert_eq!(without_certificate.explain(refused.into()), refused);
+        let plain = EtcdAccess::default();
+        let closed = "cannot connect: connection closed";
+        assert_eq!(plain.explain(closed.into()), closed);
     }
 }
