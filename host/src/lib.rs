@@ -17,6 +17,8 @@
 //!   [`rpc::ServerApi`], which the agent hosts.
 //! - [`runner_store`]: runner components by content (SHA-256) under the data dir, fetched
 //!   from the cluster's other agents when missing, collected when no job uses them.
+//! - [`acl`]: ACL tokens, their roles and what each may do, and where a single agent keeps
+//!   them.
 //! - [`allocrunner`]: the seam: the [`allocrunner::AllocRunner`] trait, its config and factory,
 //!   and the native [`allocrunner::EmptyAllocRunner`].
 //! - [`state`]: the state store ([`state::StateDb`]) the client and server save to, so a
@@ -42,6 +44,7 @@
 //! each other); `allocrunner`, `runtime`, `client` and the agent's HTTP API -> `alloc_logs`;
 //! everything -> `util`, which uses nothing.
 
+pub mod acl;
 pub mod agent;
 pub mod alloc_fs;
 pub mod alloc_logs;

@@ -163,8 +163,11 @@ impl ClusterMode {
         })
     }
 
-    /// The builds the cluster's jobs name: the leader's server knows them and their allocs;
-    /// another agent reads every job from etcd.
+    /// The cluster's ACL tokens, on etcd: every agent reads and writes them itself.
+    pub(super) fn acl_tokens(&self) -> Arc<dyn crate::acl::TokenStore> {
+        Arc::new(crate::cluster::EtcdTokens::new(self.store.clone()))
+    }
+
     /// Where this node's client fetches the checkpoints of allocs moved to it (drains).
     pub(super) fn checkpoint_source(
         &self,
@@ -174,6 +177,8 @@ impl ClusterMode {
         super::checkpoints::from_cluster(self.store.clone(), token, pool)
     }
 
+    /// The builds the cluster's jobs name: the leader's server knows them and their allocs;
+    /// another agent reads every job from etcd.
     pub(super) fn runner_builds(&self) -> super::runner_builds::ClusterBuilds {
         let (slot, store) = (self.slot.subscribe(), self.store.clone());
         Arc::new(move || {

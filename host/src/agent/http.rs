@@ -17,16 +17,19 @@
 //! layer over every route); `audit`, the line each operator's write leaves; `body`, the one way a JSON body is read; `forward`, cluster
 //! mode's forwarding to the leader; `views`, what the API shows of jobs and allocs.
 
+use crate::acl::Permission;
 use crate::alloc_logs::AllocLogs;
 use crate::client::Client;
 use crate::server::{EmbeddedServer, RequestError};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
+use routes::Routes;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod acl;
 mod alloc_actions;
 mod alloc_fs;
 mod allocs;
@@ -38,11 +41,14 @@ mod gc;
 mod jobs;
 mod node_rpc;
 mod nodes;
+mod routes;
 mod runners;
 mod status;
 mod ui;
 mod views;
 pub use audit::{AuditRecord, CallerAddr};
+pub use auth::{AclSettings, Caller, TOKEN_HEADER};
+pub use routes::{Rule, RuleBook};
 pub use views::{AllocView, JobView, LocalAllocView, TimedJson};
 
 /// What every handler can reach.
@@ -58,8 +64,8 @@ pub struct ApiState {
     pub etcd: Option<crate::cluster::EtcdHealth>,
     /// This node's client.
     pub client: Client,
-    /// The token writes need, if any.
-    pub acl_token: Option<String>,
+    /// How callers are told apart: ACL tokens, the shared token, or neither (see `auth`).
+    pub acl: AclSettings,
     /// `[audit] path`'s file, when configured (every write is also a `caravan::audit` line).
     pub audit_log: Option<Arc<crate::agent::audit_log::AuditLog>>,
     /// Whether the API serves TLS, so that the routes only agents call (node RPC, runner
@@ -80,92 +86,195 @@ pub struct ApiState {
     pub admission: crate::model::admission::Admission,
 }
 
-/// The API's routes, by resource: each handler lives in the file of its resource.
+/// The API's routes, by resource, each with what its caller needs (see `auth`): each
+/// handler lives in the file of its resource.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/v1/jobs", get(jobs::list_jobs).post(jobs::register_job))
-        .route("/v1/validate/job", post(jobs::validate_job))
-        .route("/v1/job/{id}/plan", post(jobs::plan_job))
-        .route("/v1/job/{id}", get(jobs::get_job).delete(jobs::stop_job))
-        .route("/v1/job/{id}/allocations", get(jobs::job_allocations))
-        .route("/v1/job/{id}/scale", post(jobs::scale_job))
-        .route("/v1/allocations", get(allocs::list_allocations))
-        .route("/v1/allocation/{id}", get(allocs::get_allocation))
-        .route("/v1/allocation/{id}/stop", post(allocs::stop_allocation))
-        .route(
-            "/v1/client/allocation/{id}",
-            get(allocs::get_local_allocation),
-        )
-        .route(
-            "/v1/client/allocation/{id}/gc",
-            post(allocs::collect_allocation),
-        )
-        .route(
-            "/v1/client/allocation/{id}/logs",
-            get(allocs::allocation_logs),
-        )
-        .route(
-            "/v1/client/allocation/{id}/checkpoint",
-            get(allocs::allocation_checkpoint),
-        )
-        .route(
-            "/v1/client/allocation/{id}/signal",
-            post(alloc_actions::signal_allocation),
-        )
-        .route(
-            "/v1/client/allocation/{id}/restart",
-            post(alloc_actions::restart_allocation),
-        )
-        .route("/v1/client/fs/ls/{id}", get(alloc_fs::list))
-        .route("/v1/client/fs/cat/{id}", get(alloc_fs::cat))
-        .route("/v1/client/gc", get(gc::gc_status).post(gc::collect_all))
-        .route("/v1/system/gc", put(gc::system_gc))
-        .route("/v1/nodes", get(nodes::list_nodes))
-        .route("/v1/node/{node}/drain", post(nodes::drain_node))
-        .route("/v1/node/{node}/eligibility", post(nodes::set_eligibility))
-        .route("/v1/node/{node}/register", put(node_rpc::register_node))
-        .route("/v1/node/{node}/allocations", get(node_rpc::watch_allocs))
-        .route(
-            "/v1/node/{node}/allocations/fetch",
-            post(node_rpc::fetch_allocs).layer(node_body_limit()),
-        )
-        .route(
-            "/v1/node/{node}/allocations/update",
-            post(node_rpc::update_allocs).layer(node_body_limit()),
-        )
-        .route("/v1/runners", get(runners::list_builds))
-        .route(
-            "/v1/runner/{sha256}",
-            get(runners::get_build).put(runners::put_build),
-        )
-        .route("/v1/agent/health", get(status::health))
-        .route("/v1/status/leader", get(status::leader))
-        .route("/v1/status/etcd", get(status::etcd_status))
-        .route("/v1/metrics", get(status::metrics))
-        .merge(ui::routes())
-        // Over every route above, so that no route can forget it (see `auth`).
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ))
+    let (router, rules) = routes().finish();
+    let guard = auth::Guard {
+        api: state.clone(),
+        rules: Arc::new(rules),
+    };
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             forward::to_leader,
         ))
-        // Outside forwarding: a request an agent would relay with its own certificate is
-        // checked for the caller's first.
+        // Outside forwarding: nothing is relayed for a caller this agent would refuse.
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            guard.clone(),
+            auth::authorize,
+        ))
+        // A request an agent would relay with its own certificate is checked for the
+        // caller's first.
+        .layer(axum::middleware::from_fn_with_state(
+            guard.clone(),
             auth::require_agent_certificate,
         ))
         // Outermost: a write is recorded where its caller sent it, however it ends.
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            guard,
             audit::record_writes,
         ))
         .with_state(state)
+}
+
+/// Every route, with its rule (the route-role test walks them: `rules`).
+fn routes() -> Routes<ApiState> {
+    use Permission::{Management, Node, Operator, Public, Read, Submit, Token};
+    use axum::http::Method as M;
+    let api = Routes::new()
+        .at(Read, M::GET, "/v1/jobs", get(jobs::list_jobs))
+        .at(Submit, M::POST, "/v1/jobs", post(jobs::register_job))
+        .at(
+            Submit,
+            M::POST,
+            "/v1/validate/job",
+            post(jobs::validate_job),
+        )
+        .at(Submit, M::POST, "/v1/job/{id}/plan", post(jobs::plan_job))
+        .at(Read, M::GET, "/v1/job/{id}", get(jobs::get_job))
+        .at(Submit, M::DELETE, "/v1/job/{id}", delete(jobs::stop_job))
+        .at(
+            Read,
+            M::GET,
+            "/v1/job/{id}/allocations",
+            get(jobs::job_allocations),
+        )
+        .at(Submit, M::POST, "/v1/job/{id}/scale", post(jobs::scale_job))
+        .at(
+            Read,
+            M::GET,
+            "/v1/allocations",
+            get(allocs::list_allocations),
+        )
+        .at(
+            Read,
+            M::GET,
+            "/v1/allocation/{id}",
+            get(allocs::get_allocation),
+        )
+        .at(
+            Operator,
+            M::POST,
+            "/v1/allocation/{id}/stop",
+            post(allocs::stop_allocation),
+        )
+        .at(
+            Read,
+            M::GET,
+            "/v1/client/allocation/{id}",
+            get(allocs::get_local_allocation),
+        )
+        .at(
+            Operator,
+            M::POST,
+            "/v1/client/allocation/{id}/gc",
+            post(allocs::collect_allocation),
+        )
+        .at(
+            Read,
+            M::GET,
+            "/v1/client/allocation/{id}/logs",
+            get(allocs::allocation_logs),
+        )
+        .at(
+            Node,
+            M::GET,
+            "/v1/client/allocation/{id}/checkpoint",
+            get(allocs::allocation_checkpoint),
+        )
+        .at(
+            Operator,
+            M::POST,
+            "/v1/client/allocation/{id}/signal",
+            post(alloc_actions::signal_allocation),
+        )
+        .at(
+            Operator,
+            M::POST,
+            "/v1/client/allocation/{id}/restart",
+            post(alloc_actions::restart_allocation),
+        )
+        .at(Read, M::GET, "/v1/client/fs/ls/{id}", get(alloc_fs::list))
+        .at(Read, M::GET, "/v1/client/fs/cat/{id}", get(alloc_fs::cat))
+        .at(Read, M::GET, "/v1/client/gc", get(gc::gc_status))
+        .at(Operator, M::POST, "/v1/client/gc", post(gc::collect_all))
+        .at(Operator, M::PUT, "/v1/system/gc", put(gc::system_gc))
+        .at(Read, M::GET, "/v1/nodes", get(nodes::list_nodes))
+        .at(
+            Operator,
+            M::POST,
+            "/v1/node/{node}/drain",
+            post(nodes::drain_node),
+        )
+        .at(
+            Operator,
+            M::POST,
+            "/v1/node/{node}/eligibility",
+            post(nodes::set_eligibility),
+        )
+        .at(
+            Node,
+            M::PUT,
+            "/v1/node/{node}/register",
+            put(node_rpc::register_node),
+        )
+        .at(
+            Node,
+            M::GET,
+            "/v1/node/{node}/allocations",
+            get(node_rpc::watch_allocs),
+        )
+        .at(
+            Node,
+            M::POST,
+            "/v1/node/{node}/allocations/fetch",
+            post(node_rpc::fetch_allocs).layer(node_body_limit()),
+        )
+        .at(
+            Node,
+            M::POST,
+            "/v1/node/{node}/allocations/update",
+            post(node_rpc::update_allocs).layer(node_body_limit()),
+        )
+        .at(Read, M::GET, "/v1/runners", get(runners::list_builds))
+        .at(Node, M::GET, "/v1/runner/{sha256}", get(runners::get_build))
+        // A HEAD says only whether a build is here, as the list does: the CLI asks before
+        // it uploads.
+        .rule(Read, M::HEAD, "/v1/runner/{sha256}")
+        .at(
+            Submit,
+            M::PUT,
+            "/v1/runner/{sha256}",
+            put(runners::put_build),
+        )
+        .at(Public, M::POST, "/v1/acl/bootstrap", post(acl::bootstrap))
+        .at(Management, M::GET, "/v1/acl/tokens", get(acl::list_tokens))
+        .at(
+            Management,
+            M::POST,
+            "/v1/acl/token",
+            post(acl::create_token),
+        )
+        .at(Token, M::GET, "/v1/acl/token/self", get(acl::token_self))
+        .at(
+            Management,
+            M::DELETE,
+            "/v1/acl/token/{accessor}",
+            delete(acl::revoke_token),
+        )
+        .at(Public, M::GET, "/v1/agent/health", get(status::health))
+        .at(Read, M::GET, "/v1/status/leader", get(status::leader))
+        .at(Read, M::GET, "/v1/status/etcd", get(status::etcd_status))
+        .at(Read, M::GET, "/v1/metrics", get(status::metrics));
+    ui::routes(api)
+}
+
+/// The rule of every route, as the router has them: what the route-role test walks.
+pub fn route_rules() -> RuleBook {
+    routes().finish().1
 }
 
 fn node_body_limit() -> axum::extract::DefaultBodyLimit {

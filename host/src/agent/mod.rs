@@ -232,7 +232,7 @@ impl Agent {
             .admitting(admission.clone())
             .with_store(runners.clone())
             .into_factory();
-        let client = Client::with_disk_stats(client_config, server_api, factory, db);
+        let client = Client::with_disk_stats(client_config, server_api, factory, db.clone());
         if let Some(mode) = &cluster {
             client.fetch_checkpoints_from(
                 mode.checkpoint_source(config.acl_token.clone(), agents.clone()),
@@ -248,6 +248,24 @@ impl Agent {
             0
         };
 
+        let acl = http::AclSettings {
+            tokens: match (&cluster, config.acl_enabled) {
+                (_, false) => None,
+                (None, true) => Some(Arc::new(crate::acl::LocalTokens::open(db.clone())?)),
+                (Some(mode), true) => Some(mode.acl_tokens()),
+            },
+            shared_token: config.acl_token.clone(),
+        };
+        if config.acl_token.is_some() {
+            tracing::warn!(
+                "acl_token is deprecated: {}",
+                if config.acl_enabled {
+                    "it works as a management token; make tokens with roles (caravan acl token create) and remove it"
+                } else {
+                    "turn on [acl] enabled = true and make tokens with roles (caravan acl bootstrap)"
+                }
+            );
+        }
         let api = http::router(http::ApiState {
             servers: servers.clone(),
             forwarding: cluster.as_ref().map(|c| c.forwarding(agents.clone())),
@@ -255,7 +273,7 @@ impl Agent {
             audit_log,
             etcd: cluster.as_ref().map(|c| c.etcd_health()),
             client: client.clone(),
-            acl_token: config.acl_token.clone(),
+            acl,
             runtime,
             runners: runners.clone(),
             alloc_logs: alloc_logs.clone(),

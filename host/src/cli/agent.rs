@@ -28,9 +28,14 @@ pub struct AgentCommand {
     /// Use a fresh temporary data dir and destroy everything on exit.
     #[arg(long)]
     dev: bool,
-    /// Require this bearer token for every write request.
+    /// Deprecated: a management token with ACLs on; without them, the one token every
+    /// write needs.
     #[arg(long, env = "CARAVAN_ACL_TOKEN", value_name = "TOKEN")]
     acl_token: Option<String>,
+    /// Turn ACL tokens with roles on (`[acl] enabled = true`): every request but public
+    /// ones then needs a token; `caravan acl bootstrap` makes the first.
+    #[arg(long)]
+    acl_enabled: bool,
     /// `etcd` to join a cluster whose state lives in etcd; `embedded` (the default) runs
     /// one node with its own server (docs/cluster.md).
     #[arg(long, value_name = "MODE")]
@@ -61,6 +66,7 @@ impl AgentCommand {
             bind: self.bind,
             dev: self.dev,
             acl_token: self.acl_token,
+            acl_enabled: self.acl_enabled,
             cluster: self.cluster,
             etcd_endpoints: self.etcd_endpoints,
             node_name: self.node_name,

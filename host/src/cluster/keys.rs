@@ -3,6 +3,21 @@
 
 use super::KEY_PREFIX;
 
+/// The key of the ACL token whose secret has the SHA-256 `digest` (hex).
+pub fn acl_token_key(digest: &str) -> String {
+    format!("{KEY_PREFIX}acl/tokens/{digest}")
+}
+
+/// The prefix of every ACL token.
+pub fn acl_tokens_prefix() -> String {
+    format!("{KEY_PREFIX}acl/tokens/")
+}
+
+/// The key that says the ACLs were bootstrapped (it holds the first token's accessor id).
+pub fn acl_bootstrap_key() -> String {
+    format!("{KEY_PREFIX}acl/bootstrapped")
+}
+
 /// The key of `alloc_id`'s desired state on `node_id` (written by the scheduler).
 pub fn alloc_key(node_id: &str, alloc_id: &str) -> String {
     format!("{KEY_PREFIX}allocs/{node_id}/{alloc_id}")

@@ -8,6 +8,7 @@
 //! - [`PrefixWatch`] (`watch`): a watch of one prefix that survives a member's death and a
 //!   compaction without missing or repeating a change.
 //! - [`keys`]: every key, in one place.
+//! - [`EtcdTokens`] (`acl_tokens`): the cluster's ACL tokens, read and written by any agent.
 //! - `history`: the leader's compaction of etcd's history ([`Compactor`]), and what etcd
 //!   says of its space and alarms ([`EtcdSpace`]).
 //! - [`Member`] (`member`): an agent's lease, its node's live key, and its campaign for the
@@ -20,6 +21,7 @@
 //! runners or HTTP (the agent wires those to it).
 
 mod access;
+mod acl_tokens;
 mod history;
 pub mod keys;
 mod lease;
@@ -31,6 +33,7 @@ mod store;
 mod watch;
 
 pub use access::{EtcdAccess, EtcdTls};
+pub use acl_tokens::EtcdTokens;
 pub use history::{
     Compactor, DEFAULT_COMPACT_INTERVAL, EtcdAlarm, EtcdHealth, EtcdSpace, HistoryStats,
     SPACE_PROBE_INTERVAL, SpaceProbe, compact_every, watch_space,

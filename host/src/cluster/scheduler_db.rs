@@ -83,6 +83,8 @@ fn table_name(table: ServerTable) -> &'static str {
         ServerTable::Jobs => "jobs",
         ServerTable::Allocs => "allocs",
         ServerTable::Meta => "meta",
+        // Never the scheduler's: tokens are kept apart, by `crate::cluster::EtcdTokens`.
+        ServerTable::AclTokens => "acl",
     }
 }
 

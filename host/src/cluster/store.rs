@@ -384,6 +384,49 @@ impl EtcdStore {
         .await
     }
 
+    /// Writes every pair of `puts` in one transaction if `key` does not exist yet (creating
+    /// it with `value`); returns false, writing nothing, when it does. Safe to retry only when
+    /// `value` is the caller's own (an earlier attempt that landed reads as false).
+    pub async fn create_with(
+        &self,
+        key: &str,
+        value: &[u8],
+        puts: &[(String, Vec<u8>)],
+    ) -> Result<bool, StoreError> {
+        let held = self
+            .retrying("creating keys", |mut client| async move {
+                let mut ops = vec![TxnOp::put(key, value, None)];
+                ops.extend(
+                    puts.iter()
+                        .map(|(k, v)| TxnOp::put(k.as_str(), v.clone(), None)),
+                );
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                    .and_then(ops)
+                    .or_else([TxnOp::get(key, None)]);
+                let response = client.txn(txn).await?;
+                if response.succeeded() {
+                    return Ok(value.to_vec());
+                }
+                Ok(read_in(response)
+                    .into_iter()
+                    .next()
+                    .map(|kv| kv.value)
+                    .unwrap_or_default())
+            })
+            .await?;
+        Ok(held == value)
+    }
+
+    /// Deletes `key`; returns whether it existed. A retry after a lost answer finds it gone
+    /// and says false: callers that must know use [`EtcdStore::get_many`] first.
+    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        self.retrying("deleting a key", |mut client| async move {
+            Ok(client.delete(key, None).await?.deleted() > 0)
+        })
+        .await
+    }
+
     /// Writes `value` at `key`, whatever was there: retried, so callers pass only writes
     /// whose repeat changes nothing (the same value again).
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {

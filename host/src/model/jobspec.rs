@@ -45,11 +45,34 @@ pub enum JobType {
     Batch,
 }
 
+/// The namespace of a job that names none, as Nomad's.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_string()
+}
+
+/// Whether `namespace` may name a namespace: 1 to 64 lower-case letters, digits, '-' or '_'.
+pub fn check_namespace(namespace: &str) -> Result<(), String> {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_';
+    if namespace.is_empty() || namespace.len() > 64 || !namespace.chars().all(ok) {
+        return Err(format!(
+            "{:?} is not a namespace: 1 to 64 lower-case letters, digits, '-' or '_'",
+            crate::util::text::cut(namespace, 64)
+        ));
+    }
+    Ok(())
+}
+
 /// A validated job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
-    /// Unique job id.
+    /// Unique job id (in the whole cluster, whatever its namespace).
     pub id: String,
+    /// The namespace it belongs to (`[job] namespace`, default `default`): what a `submit`
+    /// token may be confined to, and what lists filter by.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
     /// Service or batch.
     pub job_type: JobType,
     /// How many allocs to run.
@@ -178,6 +201,7 @@ struct RawDocument {
 #[serde(deny_unknown_fields)]
 struct RawJob {
     id: Option<String>,
+    namespace: Option<String>,
     #[serde(rename = "type")]
     job_type: Option<String>,
     count: Option<i64>,
@@ -438,8 +462,16 @@ fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
             config: Vec::new(),
         });
     }
+    let namespace = match raw.namespace {
+        None => DEFAULT_NAMESPACE.to_string(),
+        Some(namespace) => {
+            check_namespace(&namespace).map_err(|problem| error("job.namespace", problem))?;
+            namespace
+        }
+    };
     let spec = JobSpec {
         id,
+        namespace,
         job_type,
         count,
         runner,

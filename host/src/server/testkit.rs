@@ -11,6 +11,7 @@ use tokio::time::Instant;
 /// A job spec of one task running `r.wasm`.
 pub fn spec(id: &str, job_type: JobType, count: u32) -> JobSpec {
     JobSpec {
+        namespace: "default".into(),
         id: id.into(),
         job_type,
         count,

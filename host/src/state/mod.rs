@@ -116,6 +116,8 @@ pub enum ServerTable {
     Allocs,
     /// Indexes and the node list.
     Meta,
+    /// ACL tokens by their secret's digest (`crate::acl`), and the bootstrap marker.
+    AclTokens,
 }
 
 /// Everything saved about one client alloc. A record that is present but does not decode is
@@ -213,6 +215,7 @@ impl Table {
             Table::Server(ServerTable::Jobs) => "server_jobs",
             Table::Server(ServerTable::Allocs) => "server_allocs",
             Table::Server(ServerTable::Meta) => "server_meta",
+            Table::Server(ServerTable::AclTokens) => "acl_tokens",
         }
     }
 }

@@ -237,7 +237,7 @@ async fn health_nodes_and_metrics_answer() {
     let (agent, _dir) = agent(|_| {}).await;
     assert_eq!(
         http(agent.addr, "GET", "/v1/agent/health", None, None).await,
-        (200, serde_json::json!({"ok": true}))
+        (200, serde_json::json!({"ok": true, "acl": "off"}))
     );
     eventually_async("the node registered", || async {
         http(agent.addr, "GET", "/v1/nodes", None, None)

@@ -23,6 +23,7 @@ async fn a_batch_job_runs_to_completion_and_server_gc_then_client_pruning_remove
     client.start();
 
     let job = JobSpec {
+        namespace: "default".into(),
         id: "sleepy".into(),
         job_type: JobType::Batch,
         count: 3,
@@ -93,6 +94,7 @@ async fn a_crashing_service_alloc_is_replaced_after_growing_delays_until_its_att
         ..ReschedulePolicy::service_default(3)
     };
     let job = JobSpec {
+        namespace: "default".into(),
         id: "crashy".into(),
         job_type: JobType::Service,
         count: 1,

@@ -2,8 +2,9 @@
 //! targets in `fuzz` are (same mutator, same `CARAVAN_FUZZ_RUNS`/`CARAVAN_FUZZ_SEED`): the
 //! PEM files of `[tls]` (a CA, a certificate, a key, their base64 and DER mutated) loaded as
 //! the agent and the CLI load them, which must refuse or accept without a panic; and the
-//! token a request carries, mutated, against an agent with a token, which must answer 401 or
-//! 403 (or the route's own answer for the token itself), never a 5xx.
+//! token a request carries, mutated, against an agent with a token and one with ACL tokens,
+//! which must answer 401 or 403 (or the route's own answer for the token itself), never a
+//! 5xx; and the body that asks for a new ACL token, which is made or refused with a 400.
 
 use crate::fuzz::{Rng, guarded, mutate, runs};
 use crate::support::pki::Pki;
@@ -82,7 +83,7 @@ async fn fuzz_tokens() {
             .chars()
             .filter(|c| *c != '\r' && *c != '\n')
             .collect();
-        let status = token_request(agent.addr, &header).await;
+        let status = token_request(agent.addr, &format!("Authorization: {header}")).await;
         *statuses.entry(status).or_insert(0) += 1;
         assert!(
             status < 500,
@@ -101,13 +102,100 @@ async fn fuzz_tokens() {
     agent.stop().await;
 }
 
-/// `PUT /v1/system/gc` (a write: it needs the token) with `authorization` as its header,
-/// written byte for byte: the status.
-async fn token_request(addr: std::net::SocketAddr, authorization: &str) -> u16 {
+#[tokio::test]
+async fn fuzz_acl_tokens_and_token_requests() {
+    let _logs = LogCapture::start();
+    let (agent, _data_dir) = agent(|config| config.acl_enabled = true).await;
+    let (_, bootstrap) = http(agent.addr, "POST", "/v1/acl/bootstrap", None, None).await;
+    let management = bootstrap["secret_id"].as_str().unwrap().to_string();
+    let request = r#"{"name": "ci", "role": "read", "ttl": "1h"}"#;
+    let (_, read) = http(
+        agent.addr,
+        "POST",
+        "/v1/acl/token",
+        Some(request),
+        Some(&management),
+    )
+    .await;
+    let read = read["secret_id"].as_str().unwrap().to_string();
+    // The only header lines that may pass: the management token's (PUT /v1/system/gc needs
+    // an operator), in either header.
+    let passing = [
+        format!("X-Caravan-Token: {management}"),
+        format!("Authorization: Bearer {management}"),
+    ];
+    let seeds: Vec<Vec<u8>> = [
+        passing[0].clone(),
+        passing[1].clone(),
+        format!("X-Caravan-Token: {read}"),
+        format!("Authorization: Bearer {read}"),
+        "X-Caravan-Token: ".to_string(),
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    let mut rng = Rng::new("acl-tokens");
+    let mut statuses = std::collections::BTreeMap::new();
+    let total = runs(300);
+    for run in 0..total {
+        let seed = &seeds[rng.below(seeds.len())];
+        let mutant = mutate(&mut rng, seed, &seeds);
+        let header: String = String::from_utf8_lossy(&mutant)
+            .chars()
+            .filter(|c| *c != '\r' && *c != '\n')
+            .collect();
+        let status = token_request(agent.addr, &header).await;
+        *statuses.entry(status).or_insert(0) += 1;
+        assert!(status < 500, "run {run}: {header:?} answered {status}");
+        if !passing.contains(&header) {
+            assert!(
+                status == 400 || status == 401 || status == 403,
+                "run {run}: {header:?} let in ({status})"
+            );
+        }
+    }
+    println!("acl tokens: {total} requests, statuses {statuses:?}, no 5xx");
+
+    // What a management token's holder sends to make a token: refused or made, never more.
+    let seeds: Vec<Vec<u8>> = [
+        request,
+        r#"{"name": "ns", "role": "submit", "namespace": "ci"}"#,
+        r#"{"name": "n", "role": "node", "ttl": "90s"}"#,
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    let mut statuses = std::collections::BTreeMap::new();
+    for run in 0..total {
+        let seed = &seeds[rng.below(seeds.len())];
+        let body = String::from_utf8_lossy(&mutate(&mut rng, seed, &seeds)).into_owned();
+        let (status, answer) = http(
+            agent.addr,
+            "POST",
+            "/v1/acl/token",
+            Some(&body),
+            Some(&management),
+        )
+        .await;
+        *statuses.entry(status).or_insert(0) += 1;
+        assert!(
+            status == 200 || status == 400,
+            "run {run}: {body:?} answered {status}: {answer}"
+        );
+    }
+    let (health, _) = http(agent.addr, "GET", "/v1/agent/health", None, None).await;
+    assert_eq!(health, 200);
+    println!("token requests: {total} bodies, statuses {statuses:?}");
+    agent.stop().await;
+}
+
+/// `PUT /v1/system/gc` (a write: it needs the token) with `header` as one of its header
+/// lines, written byte for byte: the status.
+async fn token_request(addr: std::net::SocketAddr, header: &str) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let request = format!(
         "PUT /v1/system/gc HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Authorization: {authorization}\r\nContent-Length: 0\r\n\r\n"
+         {header}\r\nContent-Length: 0\r\n\r\n"
     );
     let answer = within("a request with a fuzzed token", async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();

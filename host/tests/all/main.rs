@@ -4,6 +4,7 @@
 mod etcd;
 mod support;
 
+mod acl;
 mod agent_api;
 mod agent_cli;
 mod agent_restart;

@@ -18,6 +18,7 @@ const LEVELS: &[(&str, u32)] = &[
     ("runtime", 5),
     ("client", 4),
     ("server", 4),
+    ("acl", 3),
     ("allocrunner", 3),
     ("runner_store", 3),
     ("state", 2),

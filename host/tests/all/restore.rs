@@ -69,6 +69,7 @@ impl Node {
 
 fn stateful_job(id: &str, job_type: JobType, count: u32, config: &[(&str, &str)]) -> JobSpec {
     JobSpec {
+        namespace: "default".into(),
         id: id.into(),
         job_type,
         count,

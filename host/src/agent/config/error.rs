@@ -15,6 +15,13 @@ pub enum ConfigError {
          only a single agent can run without a client"
     )]
     ClientNeededInCluster,
+    /// ACLs on in cluster mode without TLS: agents would have nothing to prove to each other
+    /// who they are with.
+    #[error(
+        "[acl] enabled in cluster mode needs [tls] http = true: agents fetch runner builds and \
+         checkpoints from each other with their certificates"
+    )]
+    AclNeedsTlsInCluster,
     /// The config file could not be read.
     #[error("cannot read config file {path}: {error}")]
     Read {

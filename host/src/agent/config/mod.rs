@@ -5,7 +5,11 @@
 //! bind = "127.0.0.1:4646"
 //! log_level = "info"
 //! log_json = false
-//! acl_token = "secret"            # optional: every write then needs it as a bearer token
+//! acl_token = "secret"            # deprecated: a management token (with [acl]) or the one
+//!                                 # token writes need (without)
+//!
+//! [acl]                           # ACL tokens with roles (see `crate::acl`)
+//! enabled = true                  # every request but public ones then needs a token
 //!
 //! [client]
 //! enabled = true                  # false: run no allocs here, only schedule (single agent)
@@ -91,6 +95,8 @@ pub struct AgentFlags {
     pub dev: bool,
     /// `--acl-token`: an empty token counts as not given.
     pub acl_token: Option<String>,
+    /// `--acl-enabled`: can turn ACLs on, never off.
+    pub acl_enabled: bool,
     /// `--log-level`.
     pub log_level: Option<String>,
     /// `--log-json`: can turn JSON lines on, never off.
@@ -125,6 +131,9 @@ impl AgentFlags {
         if !config.client_enabled && config.cluster.is_some() {
             return Err(ConfigError::ClientNeededInCluster);
         }
+        if config.acl_enabled && config.cluster.is_some() && config.tls.is_none() {
+            return Err(ConfigError::AclNeedsTlsInCluster);
+        }
         Ok(config)
     }
 
@@ -141,6 +150,7 @@ impl AgentFlags {
             config.bind = parse_bind(&bind).map_err(ConfigError::FlagBind)?;
         }
         config.dev |= self.dev;
+        config.acl_enabled |= self.acl_enabled;
         if let Some(token) = self.acl_token.filter(|t| !t.is_empty()) {
             config.acl_token = Some(token);
         }
@@ -184,8 +194,11 @@ pub struct AgentConfig {
     pub log_level: String,
     /// JSON log lines.
     pub log_json: bool,
-    /// When set, every write request needs `Authorization: Bearer <token>`.
+    /// The shared token of earlier releases (`acl_token`): with ACLs on, a management
+    /// token; without, the token every write needs.
     pub acl_token: Option<String>,
+    /// `[acl] enabled`: ACL tokens with roles; every request but public ones needs one.
+    pub acl_enabled: bool,
     /// The garbage collector's knobs.
     pub gc: GcConfig,
     /// How long a runner build no job uses stays in the runner store (`client.runner_gc_grace`).
@@ -240,6 +253,7 @@ impl Default for AgentConfig {
             log_level: "info".into(),
             log_json: false,
             acl_token: None,
+            acl_enabled: false,
             gc: GcConfig::default(),
             runner_gc_grace: crate::runner_store::gc::DEFAULT_GRACE,
             insecure_registries: Vec::new(),
@@ -271,6 +285,7 @@ struct FileConfig {
     log_level: Option<String>,
     log_json: Option<bool>,
     acl_token: Option<String>,
+    acl: Option<AclSection>,
     region: Option<String>,
     tls: Option<tls::TlsSection>,
     audit: Option<AuditSection>,
@@ -331,6 +346,13 @@ impl ClientSection {
     }
 }
 
+/// `[acl]`: ACL tokens with roles (Nomad's block, its `enabled` key).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AclSection {
+    enabled: Option<bool>,
+}
+
 /// `[audit]`: where the audit trail is also written (Nomad's block, its file sink only).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -385,6 +407,9 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     if let Some(token) = file.acl_token.filter(|t| !t.is_empty()) {
         config.acl_token = Some(token);
+    }
+    if let Some(enabled) = file.acl.and_then(|acl| acl.enabled) {
+        config.acl_enabled = enabled;
     }
     let client = file.client;
     if let Some(key) = client.moved_limit_key() {

@@ -1,6 +1,6 @@
 //! The audit trail: one structured line per write an operator makes (any method but GET and
 //! HEAD, on any route but those only agents call), saying who (the token presented, the
-//! connection's certificate role and address), what (the method, the path, the job, alloc or
+//! connection's certificate role and address; with ACLs on, the token's name and accessor), what (the method, the path, the job, alloc or
 //! node it names) and how it ended (the status, accepted or refused). Each line is a tracing
 //! event on the target `caravan::audit`, so it reaches the agent's log in its format, and
 //! an operator filters it there (`log_level = "info,caravan::audit=off"`); with `[audit]
@@ -15,10 +15,10 @@
 //! Node RPC and the other agent routes are not operators' writes, and are not recorded: a
 //! cluster's nodes report thousands of times a second.
 
-use super::ApiState;
+use super::auth::{Caller, Guard};
 use crate::tls::PeerRole;
 use axum::extract::{Request, State};
-use axum::http::{Method, header};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use std::net::SocketAddr;
@@ -40,8 +40,14 @@ pub(super) struct AuditJob(pub String);
 pub struct AuditRecord {
     /// When it was answered, in milliseconds since the Unix epoch.
     pub time_unix_ms: u64,
-    /// The token presented: `none`, `valid` (the agent's token), or `invalid`.
+    /// The token presented: `none`, `valid`, `invalid` (unknown or revoked) or `expired`.
     pub token: &'static str,
+    /// The ACL token's name, when a valid one was presented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_name: Option<String>,
+    /// The ACL token's accessor id, when a valid one was presented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_accessor: Option<String>,
     /// What the connection's certificate made the caller: `anonymous` (none, or plain
     /// HTTP), `operator` or `agent`.
     pub peer: &'static str,
@@ -67,13 +73,16 @@ pub struct AuditRecord {
 
 /// The layer: records every operator's write once it is answered.
 pub(super) async fn record_writes(
-    State(state): State<ApiState>,
+    State(guard): State<Guard>,
     request: Request,
     next: Next,
 ) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
-    if method == Method::GET || method == Method::HEAD || super::auth::agent_only(&method, &path) {
+    if method == Method::GET
+        || method == Method::HEAD
+        || super::auth::agent_only(&guard.rules, &method, &path)
+    {
         return next.run(request).await;
     }
     let role = request
@@ -89,14 +98,22 @@ pub(super) async fn record_writes(
         .extensions()
         .get::<CallerAddr>()
         .map(|a| a.0.to_string());
-    let token = token_presented(&request, state.acl_token.as_deref());
     let response = next.run(request).await;
+    let caller = response.extensions().get::<Caller>();
+    let token = caller.map_or("none", Caller::token_word);
+    let (token_name, token_accessor) = match caller {
+        Some(Caller::Token(token)) => (Some(clean(&token.name)), Some(token.accessor_id.clone())),
+        Some(Caller::SharedToken) => (Some("acl_token".to_string()), None),
+        _ => (None, None),
+    };
     let (job, alloc, node) = subjects(&path);
     let job = job.or_else(|| response.extensions().get::<AuditJob>().map(|j| j.0.clone()));
     let status = response.status();
     let record = AuditRecord {
         time_unix_ms: crate::util::timestamp::unix_ms_now(),
         token,
+        token_name,
+        token_accessor,
         peer: match role {
             PeerRole::Anonymous => "anonymous",
             PeerRole::Operator => "operator",
@@ -120,6 +137,8 @@ pub(super) async fn record_writes(
     tracing::info!(
         target: "caravan::audit",
         token = record.token,
+        token_name = record.token_name.as_deref().unwrap_or("-"),
+        token_accessor = record.token_accessor.as_deref().unwrap_or("-"),
         peer = record.peer,
         addr = record.addr.as_deref().unwrap_or("-"),
         method = %record.method,
@@ -132,7 +151,7 @@ pub(super) async fn record_writes(
         forwarded = record.forwarded,
         "audit"
     );
-    if let Some(log) = &state.audit_log {
+    if let Some(log) = &guard.api.audit_log {
         log.append(&record);
     }
     response
@@ -141,22 +160,6 @@ pub(super) async fn record_writes(
 /// An id from a path, as a line may show it.
 fn clean(id: &str) -> String {
     crate::util::text::escape_controls(&crate::util::text::cut(id, 128)).into_owned()
-}
-
-/// Which token the request presents, compared as `auth` compares it.
-fn token_presented(request: &Request, expected: Option<&str>) -> &'static str {
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match (given, expected) {
-        (None, _) => "none",
-        (Some(given), Some(expected)) if super::auth::tokens_match(given, expected) => "valid",
-        (Some(_), Some(_)) => "invalid",
-        // No token is configured: whatever was sent means nothing.
-        (Some(_), None) => "none",
-    }
 }
 
 /// The job, alloc and node a write's path names.

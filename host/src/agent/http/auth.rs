@@ -1,66 +1,256 @@
-//! Who may call what: the one place the API's token is checked.
+//! Who may call what: the one place a caller's token and certificate are checked.
 //!
-//! [`require_token`] is a route layer over every route, so a route added later is covered
-//! without its handler doing anything; handlers never look at the token. The rule
-//! ([`needs_token`]) is by method and path: every write (any method but GET and HEAD) needs
-//! the token, and so do the reads that hand out more than the cluster's state: an alloc's
-//! files (`/v1/client/fs/...`) and checkpoint (`/v1/client/allocation/{id}/checkpoint`, the
-//! guest's own state, fetched by the node its drained alloc moves to), node RPC
-//! (`/v1/node/...`, which streams every alloc of a node) and runner builds (`/v1/runner/...`,
-//! a job's code; agents fetching one send their own token). Everything else is readable without one, as in Nomad without ACLs.
+//! Every route is added with what it needs ([`Permission`], `routes`), and [`authorize`], a
+//! layer over the whole router, checks each request against its route's rule before
+//! anything else answers it; handlers never look at the token, but for the namespace a
+//! `submit` token is confined to ([`Caller::may_change_namespace`]). A request no rule
+//! matches is a 404 here, so a route without a rule cannot be reached.
 //!
-//! The token is compared in constant time (both sides hashed, the digests compared without
-//! an early exit), so its bytes cannot be guessed one at a time from response times.
+//! Who the caller is ([`Caller`]) depends on the agent's settings:
+//! - ACLs on (`[acl] enabled`): the token presented (`X-Caravan-Token`, or `Authorization:
+//!   Bearer`) is looked up by its secret's digest in the token store on every request, so a
+//!   revocation holds at once; without one, only public routes answer (401 else), and a
+//!   token whose role falls short gets a 403 naming the role needed. The old `acl_token`, if
+//!   set, is a management token.
+//! - ACLs off, `acl_token` set (the single shared token of earlier releases): that token may
+//!   do everything; without it, the reads are open but an alloc's files, runner builds and
+//!   node routes.
+//! - Neither: everything is open, as in Nomad without ACLs.
 //!
-//! A request forwarded to the leader is checked by the leader, where it is answered: this
-//! layer runs only on routes this agent answers itself.
+//! A node's routes ([`Permission::Node`]) take a `node` token or, with TLS on, an agent's
+//! or node's certificate ([`PeerRole::Agent`]); with TLS on they need that certificate
+//! whatever the token ([`require_agent_certificate`], outside forwarding, so nothing is
+//! relayed for a caller without one).
 //!
-//! With TLS on, the routes only agents and nodes call ([`agent_only`]: node RPC, a runner
-//! build fetched by hash (a HEAD, which only says whether it is here, is anyone's), an
-//! alloc's checkpoint) also need the caller's connection to carry
-//! an agent's or a node's certificate ([`PeerRole::Agent`]), checked before anything is
-//! forwarded ([`require_agent_certificate`]): an operator's certificate from the same CA, or
-//! none, gets a 403 or 401 there whatever its token.
+//! The check runs where the caller's request arrives, before forwarding; the leader a
+//! request is forwarded to checks it again (it has the same tokens) to know the caller's
+//! namespace.
 
+use super::routes::RuleBook;
 use super::{ApiError, ApiState};
+use crate::acl::{AclToken, Permission, Resolution, TokenStore};
 use crate::tls::PeerRole;
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
-/// Reads that need the token like writes do, by path prefix.
-const GUARDED_READS: [&str; 3] = ["/v1/client/fs/", "/v1/node/", "/v1/runner/"];
+/// The header a token may come in, as Nomad's `X-Nomad-Token`.
+pub const TOKEN_HEADER: &str = "x-caravan-token";
 
-/// Whether a request of `method` on `path` needs the token (when one is configured).
-pub(super) fn needs_token(method: &Method, path: &str) -> bool {
-    let read = *method == Method::GET || *method == Method::HEAD;
-    let checkpoint = path.starts_with("/v1/client/allocation/") && path.ends_with("/checkpoint");
-    !read || checkpoint || GUARDED_READS.iter().any(|prefix| path.starts_with(prefix))
+/// How this agent tells callers apart.
+#[derive(Clone, Default)]
+pub struct AclSettings {
+    /// ACL tokens (`[acl] enabled`); `None`: ACLs off.
+    pub tokens: Option<Arc<dyn TokenStore>>,
+    /// The single shared token of earlier releases (`acl_token`): with ACLs on, a
+    /// management token; with them off, the one token writes need.
+    pub shared_token: Option<String>,
 }
 
-/// Whether a request of `method` on `path` is one only agents and nodes make.
-pub(super) fn agent_only(method: &Method, path: &str) -> bool {
-    let read = *method == Method::GET || *method == Method::HEAD;
-    let node_schedule = path.ends_with("/drain") || path.ends_with("/eligibility");
-    let node_rpc = path.starts_with("/v1/node/") && !node_schedule;
-    // A HEAD says only whether a build is here, as the list of builds does: the CLI asks
-    // before uploading.
-    let build = *method == Method::GET && path.starts_with("/v1/runner/");
-    let checkpoint =
-        read && path.starts_with("/v1/client/allocation/") && path.ends_with("/checkpoint");
-    node_rpc || build || checkpoint
+impl AclSettings {
+    /// Whether anything is checked at all.
+    fn is_open(&self) -> bool {
+        self.tokens.is_none() && self.shared_token.is_none()
+    }
 }
 
-/// The layer over everything: with TLS on, refuses an [`agent_only`] request whose
-/// connection did not present an agent's or a node's certificate.
+/// Who made a request, as the check found it; put on the request for handlers and on the
+/// answer for the audit line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// Nothing is checked on this agent.
+    Open,
+    /// The shared `acl_token`.
+    SharedToken,
+    /// An ACL token.
+    Token(AclToken),
+    /// No token, or (recorded for the audit) one that is not valid.
+    Anonymous(Presented),
+}
+
+/// What an anonymous caller presented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presented {
+    /// No token.
+    Nothing,
+    /// A token no one has (never made, revoked, or not the shared one).
+    Unknown,
+    /// A token past its TTL.
+    Expired,
+}
+
+impl Caller {
+    /// Whether this caller may change jobs of `namespace` (a `submit` token may be confined
+    /// to one).
+    pub fn may_change_namespace(&self, namespace: &str) -> bool {
+        match self {
+            Caller::Token(token) => token.covers_namespace(namespace),
+            _ => true,
+        }
+    }
+
+    /// For the audit line: `none`, `valid`, `invalid` or `expired`.
+    pub fn token_word(&self) -> &'static str {
+        match self {
+            Caller::Open | Caller::Anonymous(Presented::Nothing) => "none",
+            Caller::SharedToken | Caller::Token(_) => "valid",
+            Caller::Anonymous(Presented::Unknown) => "invalid",
+            Caller::Anonymous(Presented::Expired) => "expired",
+        }
+    }
+}
+
+/// The secret a request presents: `X-Caravan-Token`, else `Authorization: Bearer`.
+pub fn presented_secret(headers: &HeaderMap) -> Option<&str> {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    header(TOKEN_HEADER)
+        .or_else(|| header(header::AUTHORIZATION.as_str())?.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|secret| !secret.is_empty())
+}
+
+/// The layer's state: the API's, and the rules of its routes.
+#[derive(Clone)]
+pub(super) struct Guard {
+    pub(super) api: ApiState,
+    pub(super) rules: Arc<RuleBook>,
+}
+
+/// The layer over every route: finds the caller and the route's rule, and refuses what the
+/// one may not do of the other (see the module docs).
+pub(super) async fn authorize(
+    State(guard): State<Guard>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(rule) = guard
+        .rules
+        .find(request.method(), request.uri().path())
+        .cloned()
+    else {
+        // No route has a rule here: the router's fallbacks say 404 or 405.
+        return next.run(request).await;
+    };
+    let settings = &guard.api.acl;
+    let caller = match identify(settings, request.headers()).await {
+        Ok(caller) => caller,
+        Err(error) => return error.into_response(),
+    };
+    let peer = request.extensions().get::<PeerRole>().copied();
+    if let Err(refusal) = check(settings, &caller, peer, rule.needs, request.uri().path()) {
+        let mut response = refusal.into_response();
+        response.extensions_mut().insert(caller);
+        return response;
+    }
+    request.extensions_mut().insert(caller.clone());
+    let mut response = next.run(request).await;
+    response.extensions_mut().insert(caller);
+    response
+}
+
+/// Who the caller of a request with `headers` is.
+async fn identify(settings: &AclSettings, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    if settings.is_open() {
+        return Ok(Caller::Open);
+    }
+    let Some(secret) = presented_secret(headers) else {
+        return Ok(Caller::Anonymous(Presented::Nothing));
+    };
+    if let Some(shared) = &settings.shared_token
+        && tokens_match(secret, shared)
+    {
+        return Ok(Caller::SharedToken);
+    }
+    let Some(store) = &settings.tokens else {
+        return Ok(Caller::Anonymous(Presented::Unknown));
+    };
+    let now = crate::util::timestamp::unix_ms_now();
+    match crate::acl::resolve(&**store, secret, now).await {
+        Ok(Resolution::Token(token)) => Ok(Caller::Token(token)),
+        Ok(Resolution::Unknown) => Ok(Caller::Anonymous(Presented::Unknown)),
+        Ok(Resolution::Expired) => Ok(Caller::Anonymous(Presented::Expired)),
+        Err(error) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot check the token now: {error}; retry"),
+        )),
+    }
+}
+
+/// Whether `caller`, over a connection whose certificate made it `peer`, may do what a
+/// route needing `needs` does; the refusal to answer if not.
+fn check(
+    settings: &AclSettings,
+    caller: &Caller,
+    peer: Option<PeerRole>,
+    needs: Permission,
+    path: &str,
+) -> Result<(), ApiError> {
+    if needs == Permission::Public {
+        return Ok(());
+    }
+    match caller {
+        Caller::Open | Caller::SharedToken => Ok(()),
+        Caller::Token(token) if token.role.allows(needs) => Ok(()),
+        Caller::Token(token) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this needs a token with role {}{}; token {:?} has role {}",
+                needs.least_role(),
+                if needs == Permission::Management || needs == Permission::Node {
+                    ""
+                } else {
+                    " or above"
+                },
+                crate::util::text::escape_controls(&token.name),
+                token.role
+            ),
+        )),
+        Caller::Anonymous(_) if needs == Permission::Node && peer == Some(PeerRole::Agent) => {
+            Ok(())
+        }
+        Caller::Anonymous(presented) => {
+            // Without ACLs, the shared token guards writes, an alloc's files and runner
+            // builds; other reads are open, as before ACLs.
+            let open_read = settings.tokens.is_none()
+                && needs == Permission::Read
+                && !path.starts_with("/v1/client/fs/")
+                && !path.starts_with("/v1/runner/");
+            if open_read {
+                return Ok(());
+            }
+            Err(match presented {
+                Presented::Nothing => ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!(
+                        "this needs a token (role {} or above): send X-Caravan-Token: <secret> \
+                         or Authorization: Bearer <secret>",
+                        needs.least_role()
+                    ),
+                ),
+                Presented::Unknown => ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "the token is not valid here: unknown, or revoked",
+                ),
+                Presented::Expired => ApiError::new(StatusCode::FORBIDDEN, "the token has expired"),
+            })
+        }
+    }
+}
+
+/// The layer over everything: with TLS on, refuses a node's route
+/// ([`Permission::Node`]) whose connection did not present an agent's or a node's
+/// certificate.
 pub(super) async fn require_agent_certificate(
-    State(state): State<ApiState>,
+    State(guard): State<Guard>,
     request: Request,
     next: Next,
 ) -> Response {
-    if !state.agent_routes_need_certs || !agent_only(request.method(), request.uri().path()) {
+    if !guard.api.agent_routes_need_certs
+        || !agent_only(&guard.rules, request.method(), request.uri().path())
+    {
         return next.run(request).await;
     }
     let role = request.extensions().get::<PeerRole>().copied();
@@ -81,40 +271,11 @@ pub(super) async fn require_agent_certificate(
     }
 }
 
-/// The route layer: refuses a request that needs the token and lacks it (401) or carries
-/// another (403), before any extractor reads its body.
-pub(super) async fn require_token(
-    State(state): State<ApiState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if let Some(expected) = &state.acl_token
-        && needs_token(request.method(), request.uri().path())
-    {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        match given {
-            None => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "this agent needs a token: send Authorization: Bearer <token>",
-                )
-                .into_response();
-            }
-            Some(token) if !tokens_match(token, expected) => {
-                return ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "the token is not valid for this agent",
-                )
-                .into_response();
-            }
-            Some(_) => {}
-        }
-    }
-    next.run(request).await
+/// Whether a request of `method` on `path` is one only agents and nodes make.
+pub(super) fn agent_only(rules: &RuleBook, method: &Method, path: &str) -> bool {
+    rules
+        .find(method, path)
+        .is_some_and(|rule| rule.needs == Permission::Node)
 }
 
 /// Whether `given` is `expected`, in time that depends on neither: both are hashed to a fixed
@@ -133,66 +294,144 @@ pub(super) fn tokens_match(given: &str, expected: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::acl::{Role, TokenRequest};
 
-    #[test]
-    fn every_write_needs_the_token() {
-        for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH] {
-            for path in [
-                "/v1/jobs",
-                "/v1/job/web",
-                "/v1/system/gc",
-                "/v1/anything-new",
-            ] {
-                assert!(needs_token(&method, path), "{method} {path}");
-            }
+    fn token(role: Role) -> Caller {
+        let request = TokenRequest {
+            name: "t".into(),
+            role,
+            namespace: None,
+            ttl: None,
+        };
+        Caller::Token(request.make(0).unwrap().0)
+    }
+
+    fn acls_on() -> AclSettings {
+        let db: Arc<dyn crate::state::StateDb> = Arc::new(crate::state::MemoryStateDb::new());
+        AclSettings {
+            tokens: Some(Arc::new(crate::acl::LocalTokens::open(db).unwrap())),
+            shared_token: None,
+        }
+    }
+
+    fn status(result: Result<(), ApiError>) -> u16 {
+        match result {
+            Ok(()) => 200,
+            Err(error) => error.into_response().status().as_u16(),
         }
     }
 
     #[test]
-    fn reads_are_open_but_for_an_allocs_files_and_node_rpc() {
-        for path in [
-            "/v1/jobs",
-            "/v1/allocations",
-            "/v1/client/allocation/abc/logs",
-            "/v1/metrics",
-            "/ui/",
-        ] {
-            assert!(!needs_token(&Method::GET, path), "{path}");
+    fn with_acls_on_nothing_but_public_routes_answer_without_a_token() {
+        let on = acls_on();
+        let anonymous = Caller::Anonymous(Presented::Nothing);
+        assert_eq!(
+            status(check(&on, &anonymous, None, Permission::Public, "/ui")),
+            200
+        );
+        for needs in [Permission::Read, Permission::Submit, Permission::Node] {
+            assert_eq!(status(check(&on, &anonymous, None, needs, "/v1/jobs")), 401);
         }
-        for path in [
-            "/v1/client/fs/ls/abc",
-            "/v1/client/fs/cat/abc",
-            "/v1/node/n1/allocations",
-        ] {
-            assert!(needs_token(&Method::GET, path), "{path}");
-            assert!(needs_token(&Method::HEAD, path), "{path}");
-        }
+        let revoked = Caller::Anonymous(Presented::Unknown);
+        assert_eq!(
+            status(check(&on, &revoked, None, Permission::Read, "/v1/jobs")),
+            403
+        );
     }
 
     #[test]
-    fn only_node_rpc_build_fetches_and_checkpoints_are_agents_own() {
-        for (method, path) in [
-            (Method::PUT, "/v1/node/n1/register"),
-            (Method::GET, "/v1/node/n1/allocations"),
-            (Method::POST, "/v1/node/n1/allocations/fetch"),
-            (Method::POST, "/v1/node/n1/allocations/update"),
-            (Method::GET, "/v1/runner/00ff"),
-            (Method::GET, "/v1/client/allocation/abc/checkpoint"),
-        ] {
-            assert!(agent_only(&method, path), "{method} {path}");
-        }
-        for (method, path) in [
-            (Method::POST, "/v1/node/n1/drain"),
-            (Method::POST, "/v1/node/n1/eligibility"),
-            (Method::PUT, "/v1/runner/00ff"),
-            (Method::HEAD, "/v1/runner/00ff"),
-            (Method::GET, "/v1/runners"),
-            (Method::GET, "/v1/nodes"),
-            (Method::GET, "/v1/client/allocation/abc/logs"),
-            (Method::POST, "/v1/jobs"),
-        ] {
-            assert!(!agent_only(&method, path), "{method} {path}");
-        }
+    fn a_role_that_falls_short_is_told_which_it_needs() {
+        let refusal = check(
+            &acls_on(),
+            &token(Role::Read),
+            None,
+            Permission::Submit,
+            "/",
+        );
+        let text = format!("{refusal:?}");
+        assert!(text.contains("role submit or above"), "{text}");
+        assert_eq!(status(refusal), 403);
+    }
+
+    #[test]
+    fn a_node_route_takes_a_node_token_or_an_agents_certificate() {
+        let on = acls_on();
+        let anonymous = Caller::Anonymous(Presented::Nothing);
+        let agent = Some(PeerRole::Agent);
+        assert_eq!(
+            status(check(&on, &anonymous, agent, Permission::Node, "/")),
+            200
+        );
+        assert_eq!(
+            status(check(&on, &anonymous, agent, Permission::Read, "/")),
+            401
+        );
+        assert_eq!(
+            status(check(&on, &token(Role::Node), None, Permission::Node, "/")),
+            200
+        );
+        assert_eq!(
+            status(check(&on, &token(Role::Node), None, Permission::Read, "/")),
+            403
+        );
+        assert_eq!(
+            status(check(
+                &on,
+                &token(Role::Operator),
+                None,
+                Permission::Node,
+                "/"
+            )),
+            403
+        );
+    }
+
+    #[test]
+    fn without_acls_the_shared_token_guards_writes_and_files() {
+        let shared = AclSettings {
+            tokens: None,
+            shared_token: Some("s3cret".into()),
+        };
+        let anonymous = Caller::Anonymous(Presented::Nothing);
+        assert_eq!(
+            status(check(
+                &shared,
+                &anonymous,
+                None,
+                Permission::Read,
+                "/v1/jobs"
+            )),
+            200
+        );
+        let files = "/v1/client/fs/cat/abc";
+        assert_eq!(
+            status(check(&shared, &anonymous, None, Permission::Read, files)),
+            401
+        );
+        assert_eq!(
+            status(check(&shared, &anonymous, None, Permission::Submit, "/")),
+            401
+        );
+        assert_eq!(
+            status(check(
+                &shared,
+                &Caller::SharedToken,
+                None,
+                Permission::Node,
+                "/"
+            )),
+            200
+        );
+    }
+
+    #[test]
+    fn a_token_comes_in_either_header() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(presented_secret(&headers), Some("abc"));
+        headers.insert(TOKEN_HEADER, "xyz".parse().unwrap());
+        assert_eq!(presented_secret(&headers), Some("xyz"));
+        assert_eq!(presented_secret(&HeaderMap::new()), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! registers. In a cluster every node loads the build from its own runner store, fetching it
 //! by hash from another agent when it lacks it.
 
+use super::auth::Caller;
 use super::body::{JsonBody, RequestBody};
 use super::views::{alloc_view, job_view};
 use super::{AllocView, ApiError, ApiResult, ApiState, JobView, TimedJson, flag};
@@ -19,10 +20,10 @@ use crate::model::jobspec::{self, JobSpec};
 use crate::runner_store::oci;
 use crate::server::reconcile::JobChange;
 use crate::util::timestamp::unix_ms_now;
-use axum::Json;
 use axum::extract::Query;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -91,13 +92,49 @@ async fn pin_registry_build(state: &ApiState, spec: &mut JobSpec) -> ApiResult<(
     Ok(())
 }
 
+/// Refuses a change to a job of `namespace` by a caller confined to another (403), and a
+/// job id another namespace holds (409: ids are unique in the cluster, whatever their
+/// namespace, so that every path and key that names a job stays as it is).
+fn check_namespace(
+    server: &crate::server::EmbeddedServer,
+    caller: &Caller,
+    job_id: &str,
+    namespace: &str,
+) -> ApiResult<()> {
+    if let Ok(existing) = server.job(job_id)
+        && existing.spec.namespace != namespace
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "job {job_id:?} exists in namespace {:?}: job ids are unique across namespaces",
+                existing.spec.namespace
+            ),
+        ));
+    }
+    if !caller.may_change_namespace(namespace) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("this token may change jobs of its own namespace only, not of {namespace:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The namespace of the job `job_id`, if it exists (a missing job is the server's 404).
+fn namespace_of(server: &crate::server::EmbeddedServer, job_id: &str) -> Option<String> {
+    server.job(job_id).ok().map(|job| job.spec.namespace)
+}
+
 /// `POST /v1/jobs`: registers the job (or updates it when its id exists).
 pub(super) async fn register_job(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     body: String,
 ) -> ApiResult<(axum::Extension<super::audit::AuditJob>, Json<Value>)> {
     let server = state.server()?;
     let (spec, _) = check_job(&state, &body).await?;
+    check_namespace(&server, &caller, &spec.id, &spec.namespace)?;
     let job_id = spec.id.clone();
     let registration = server.register_job(spec)?;
     let audited = axum::Extension(super::audit::AuditJob(job_id.clone()));
@@ -171,12 +208,18 @@ pub(super) async fn plan_job(
     })))
 }
 
-pub(super) async fn list_jobs(State(state): State<ApiState>) -> ApiResult<Json<Vec<JobView>>> {
+/// `GET /v1/jobs`, every job, or those of one namespace (`?namespace=NS`; `*`: all).
+pub(super) async fn list_jobs(
+    State(state): State<ApiState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Vec<JobView>>> {
     let server = state.server()?;
+    let namespace = query.get("namespace").filter(|ns| ns.as_str() != "*");
     Ok(Json(
         server
             .jobs()
             .iter()
+            .filter(|job| namespace.is_none_or(|ns| job.spec.namespace == *ns))
             .map(|job| {
                 let allocs = server.job_allocs(&job.spec.id);
                 job_view(&server, job, &allocs, unix_ms_now())
@@ -197,11 +240,15 @@ pub(super) async fn get_job(
 
 pub(super) async fn stop_job(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let purge = flag(&query, "purge")?;
     let server = state.server()?;
+    if let Some(namespace) = namespace_of(&server, &id) {
+        check_namespace(&server, &caller, &id, &namespace)?;
+    }
     let stopped = server.stop_job(&id, purge)?;
     // A purged job goes with its last alloc: at once when it has none left.
     let removed = purge && server.job_allocs(&id).is_empty();
@@ -221,6 +268,7 @@ impl RequestBody for ScaleRequest {
 
 pub(super) async fn scale_job(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(request): JsonBody<ScaleRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
@@ -234,7 +282,11 @@ pub(super) async fn scale_job(
                 request.count
             ))
         })?;
-    let registration = state.server()?.scale_job(&id, count)?;
+    let server = state.server()?;
+    if let Some(namespace) = namespace_of(&server, &id) {
+        check_namespace(&server, &caller, &id, &namespace)?;
+    }
+    let registration = server.scale_job(&id, count)?;
     Ok(Json(
         serde_json::json!({ "job_id": id, "placed": registration.placed, "stopped": registration.stopped }),
     ))

@@ -28,8 +28,14 @@ pub(super) async fn leader(State(state): State<ApiState>) -> Json<serde_json::Va
 /// The agent's health: in cluster mode, unhealthy (503) while etcd has an alarm raised or
 /// did not answer the last probe, since then no write of the cluster can land.
 pub(super) async fn health(State(state): State<ApiState>) -> Response {
+    // What callers must present, for a page deciding whether to ask for a token.
+    let acl = match (&state.acl.tokens, &state.acl.shared_token) {
+        (Some(_), _) => "tokens",
+        (None, Some(_)) => "shared_token",
+        (None, None) => "off",
+    };
     let Some(etcd) = &state.etcd else {
-        return Json(serde_json::json!({ "ok": true })).into_response();
+        return Json(serde_json::json!({ "ok": true, "acl": acl })).into_response();
     };
     let problem = match &*etcd.space.borrow() {
         crate::cluster::SpaceProbe::NotYet => None,
@@ -37,10 +43,10 @@ pub(super) async fn health(State(state): State<ApiState>) -> Response {
         crate::cluster::SpaceProbe::Failed(reason) => Some(reason.clone()),
     };
     match problem {
-        None => Json(serde_json::json!({ "ok": true })).into_response(),
+        None => Json(serde_json::json!({ "ok": true, "acl": acl })).into_response(),
         Some(problem) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "ok": false, "problems": [problem] })),
+            Json(serde_json::json!({ "ok": false, "acl": acl, "problems": [problem] })),
         )
             .into_response(),
     }

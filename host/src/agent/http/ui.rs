@@ -6,8 +6,9 @@
 //! files and talk to nothing but this agent: a guest's string that slipped into the page as
 //! markup still could not run a script or send data elsewhere.
 
-use axum::Router;
-use axum::http::header;
+use super::routes::Routes;
+use crate::acl::Permission;
+use axum::http::{Method, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
@@ -20,27 +21,45 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
-/// The UI's routes, for the API's router to merge.
-pub(super) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
-        .route("/", get(|| async { Redirect::temporary("/ui") }))
-        .route(
-            "/ui",
-            get(|| async { page("text/html; charset=utf-8", INDEX_HTML) }),
-        )
-        .route("/ui/", get(|| async { Redirect::permanent("/ui") }))
-        .route(
-            "/ui/app.js",
-            get(|| async { page("text/javascript; charset=utf-8", APP_JS) }),
-        )
-        .route(
-            "/ui/style.css",
-            get(|| async { page("text/css; charset=utf-8", STYLE_CSS) }),
-        )
-        .route(
-            "/ui/favicon.svg",
-            get(|| async { page("image/svg+xml", FAVICON_SVG) }),
-        )
+/// The UI's routes, added to the API's: public, as the page asks for a token itself.
+pub(super) fn routes<S: Clone + Send + Sync + 'static>(api: Routes<S>) -> Routes<S> {
+    let public = Permission::Public;
+    api.at(
+        public,
+        Method::GET,
+        "/",
+        get(|| async { Redirect::temporary("/ui") }),
+    )
+    .at(
+        public,
+        Method::GET,
+        "/ui",
+        get(|| async { page("text/html; charset=utf-8", INDEX_HTML) }),
+    )
+    .at(
+        public,
+        Method::GET,
+        "/ui/",
+        get(|| async { Redirect::permanent("/ui") }),
+    )
+    .at(
+        public,
+        Method::GET,
+        "/ui/app.js",
+        get(|| async { page("text/javascript; charset=utf-8", APP_JS) }),
+    )
+    .at(
+        public,
+        Method::GET,
+        "/ui/style.css",
+        get(|| async { page("text/css; charset=utf-8", STYLE_CSS) }),
+    )
+    .at(
+        public,
+        Method::GET,
+        "/ui/favicon.svg",
+        get(|| async { page("image/svg+xml", FAVICON_SVG) }),
+    )
 }
 
 fn page(content_type: &'static str, body: &'static str) -> Response {

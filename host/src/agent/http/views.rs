@@ -11,11 +11,18 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+fn default_namespace() -> String {
+    crate::model::jobspec::DEFAULT_NAMESPACE.to_string()
+}
+
 /// A job as the API shows it.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobView {
     /// Job id.
     pub id: String,
+    /// Its namespace.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
     /// `service` or `batch`.
     #[serde(rename = "type")]
     pub job_type: JobType,
@@ -193,6 +200,7 @@ pub(super) fn job_view(
     let status = job_status(job, &views, blocked.is_some());
     JobView {
         id: job.spec.id.clone(),
+        namespace: job.spec.namespace.clone(),
         job_type: job.spec.job_type,
         count: job.spec.count,
         runner: job.spec.runner.clone(),

@@ -118,7 +118,9 @@ impl Api {
         // said now, from the HEAD's status (a HEAD answer has no body to quote).
         let refusal = match status {
             StatusCode::UNAUTHORIZED => Some("the agent needs a token: --token or CARAVAN_TOKEN"),
-            StatusCode::FORBIDDEN => Some("the agent refused this token"),
+            StatusCode::FORBIDDEN => {
+                Some("the agent refused this token (unknown, expired, or its role falls short)")
+            }
             _ => None,
         };
         if let Some(refusal) = refusal {

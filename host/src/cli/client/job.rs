@@ -40,6 +40,9 @@ pub enum JobCommand {
     Status {
         /// A job id.
         id: Option<String>,
+        /// List only this namespace's jobs (`*`, the default: every namespace).
+        #[arg(long)]
+        namespace: Option<String>,
     },
     /// Stop a job's allocs.
     Stop {
@@ -65,17 +68,35 @@ impl JobCommand {
             JobCommand::Run { file, detach } => run(remote, &file, detach).await,
             JobCommand::Validate { file } => validate(remote, &file).await,
             JobCommand::Plan { file } => plan(remote, &file).await,
-            JobCommand::Status { id: None } => list(remote).await,
-            JobCommand::Status { id: Some(id) } => status(remote, &id).await,
+            JobCommand::Status {
+                id: None,
+                namespace,
+            } => list(remote, namespace.as_deref()).await,
+            JobCommand::Status { id: Some(id), .. } => status(remote, &id).await,
             JobCommand::Stop { id, purge } => stop(remote, &id, purge).await,
             JobCommand::Scale { id, count } => scale(remote, &id, count).await,
         }
     }
 }
 
-/// `job status`: every job.
-async fn list(remote: &Remote) -> anyhow::Result<()> {
-    let jobs = remote.api.call("GET", "/v1/jobs", None).await?;
+/// `job status`: every job, or one namespace's.
+async fn list(remote: &Remote, namespace: Option<&str>) -> anyhow::Result<()> {
+    let path = match namespace {
+        Some(namespace) => {
+            crate::model::jobspec::check_namespace(namespace)
+                .or_else(|problem| {
+                    if namespace == "*" {
+                        Ok(())
+                    } else {
+                        Err(problem)
+                    }
+                })
+                .map_err(|problem| anyhow::anyhow!("--namespace: {problem}"))?;
+            format!("/v1/jobs?namespace={namespace}")
+        }
+        None => "/v1/jobs".to_string(),
+    };
+    let jobs = remote.api.call("GET", &path, None).await?;
     remote.print(&jobs, print_jobs);
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The client commands: `caravan job ...`, `alloc ...`, `node status`, `server members`,
-//! `system gc`. Each is
+//! `system gc`, `acl ...`. Each is
 //! one HTTP request (or a few) to the agent at `CARAVAN_ADDR`, printed as a table or, with
 //! `--json`, as the API's JSON.
 //!
@@ -9,6 +9,7 @@
 //! [`table`] the table printing. This module talks to the agent over HTTP only; it never
 //! links the server, the client core or the runtime.
 
+pub mod acl;
 pub mod alloc;
 pub mod api;
 pub mod job;
@@ -65,6 +66,15 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+    /// ACL tokens on the agent at CARAVAN_ADDR ([acl] enabled = true).
+    Acl {
+        /// What to do.
+        #[command(subcommand)]
+        command: acl::AclCommand,
+        /// Where the agent is.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Cluster-wide operations on the agent at CARAVAN_ADDR.
     System {
         /// What to do.
@@ -86,6 +96,7 @@ impl ClientCommand {
             ClientCommand::Node { command, remote } => command.execute(&remote.connect()?).await,
             ClientCommand::Server { command, remote } => command.execute(&remote.connect()?).await,
             ClientCommand::System { command, remote } => command.execute(&remote.connect()?).await,
+            ClientCommand::Acl { command, remote } => command.execute(&remote.connect()?).await,
         }
     }
 }
@@ -96,7 +107,7 @@ pub struct RemoteArgs {
     /// The agent's address.
     #[arg(long, global = true, env = "CARAVAN_ADDR", default_value = DEFAULT_ADDR)]
     address: String,
-    /// The agent's ACL token, if it has one.
+    /// The ACL token's secret to send (as Authorization: Bearer).
     #[arg(long, global = true, env = "CARAVAN_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Print the API's JSON instead of tables.

@@ -92,8 +92,12 @@ pub fn print_jobs(jobs: &Value) {
                 text(&j["count"]),
                 text(&j["status"]),
                 allocs.unwrap_or_default(),
+                text(&j["namespace"]),
             ]
         })
         .collect();
-    print_table(&["ID", "Type", "Count", "Status", "Allocs"], &rows);
+    print_table(
+        &["ID", "Type", "Count", "Status", "Allocs", "Namespace"],
+        &rows,
+    );
 }

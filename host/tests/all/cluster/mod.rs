@@ -3,6 +3,7 @@
 //! A failing test prints what every agent logged. This module holds the harness; the tests
 //! are in its submodules.
 
+mod acl;
 mod bad_input;
 mod etcd_failure;
 mod etcd_security;

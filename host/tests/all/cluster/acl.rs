@@ -1,0 +1,114 @@
+//! ACL tokens in a cluster: three agents with TLS and ACLs on, on a real etcd. The tokens are
+//! in etcd, read by every agent on every request, so a token made through one agent works on
+//! all, and a token revoked through one stops on all of them from the moment the revocation
+//! is answered.
+
+use crate::etcd::EtcdCluster;
+use crate::support::pki::Pki;
+use crate::support::{AgentProcess, http_via};
+use caravan_host::cli::tls::Role;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_token_made_through_one_agent_works_on_all_and_a_revoked_one_stops_at_once_on_all() {
+    let pki = Pki::new("acl");
+    let etcd = EtcdCluster::start().await;
+    let endpoints = etcd.endpoints().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let agents: Vec<AgentProcess> = (1..=3)
+        .map(|n| {
+            let name = format!("node-{n}");
+            let certificate = pki.issue(Role::Server, &name);
+            let data_dir = dir.path().join(&name);
+            AgentProcess::start_configured(
+                &[
+                    "--cluster",
+                    "etcd",
+                    "--etcd-endpoints",
+                    &endpoints,
+                    "--node-name",
+                    &name,
+                    "--data-dir",
+                    data_dir.to_str().unwrap(),
+                ],
+                &format!(
+                    "max_live_allocs = 8\n{}[acl]\nenabled = true\n[cluster]\nnode_ttl = \"4s\"\n",
+                    pki.agent_config(&certificate, true)
+                ),
+            )
+        })
+        .collect();
+    let cli = pki.issue(Role::Cli, "cli");
+    let pool = pki.pool(Some(&cli));
+    let call = |i: usize,
+                method: &'static str,
+                path: String,
+                body: Option<String>,
+                token: Option<String>| {
+        let (pool, base) = (pool.clone(), agents[i].addr.clone());
+        async move {
+            http_via(
+                &pool,
+                &base,
+                method,
+                &path,
+                body.as_deref(),
+                token.as_deref(),
+            )
+            .await
+        }
+    };
+
+    let (status, bootstrap) = call(0, "POST", "/v1/acl/bootstrap".into(), None, None).await;
+    assert_eq!(status, 200, "{bootstrap}");
+    let management = bootstrap["secret_id"].as_str().unwrap().to_string();
+    for i in 0..3 {
+        let (status, again) = call(i, "POST", "/v1/acl/bootstrap".into(), None, None).await;
+        assert_eq!(status, 400, "a second bootstrap on agent {i}: {again}");
+    }
+    let body = json!({ "name": "dashboard", "role": "read" }).to_string();
+    let (status, made) = call(
+        1,
+        "POST",
+        "/v1/acl/token".into(),
+        Some(body),
+        Some(management.clone()),
+    )
+    .await;
+    assert_eq!(status, 200, "{made}");
+    let read = made["secret_id"].as_str().unwrap().to_string();
+    let accessor = made["accessor_id"].as_str().unwrap().to_string();
+    for i in 0..3 {
+        let (status, answer) = call(
+            i,
+            "GET",
+            "/v1/acl/token/self".into(),
+            None,
+            Some(read.clone()),
+        )
+        .await;
+        assert_eq!(
+            (status, answer["name"].as_str()),
+            (200, Some("dashboard")),
+            "agent {i}"
+        );
+        let (status, answer) = call(i, "GET", "/v1/jobs".into(), None, None).await;
+        assert_eq!(status, 401, "no token on agent {i}: {answer}");
+    }
+
+    let path = format!("/v1/acl/token/{accessor}");
+    let (status, answer) = call(2, "DELETE", path, None, Some(management.clone())).await;
+    assert_eq!(status, 200, "{answer}");
+    for i in 0..3 {
+        let (status, answer) = call(
+            i,
+            "GET",
+            "/v1/acl/token/self".into(),
+            None,
+            Some(read.clone()),
+        )
+        .await;
+        assert_eq!(status, 403, "the revoked token on agent {i}: {answer}");
+    }
+    drop(etcd);
+}
