@@ -210,8 +210,28 @@ fn decode_base64(text: &str) -> Vec<u8> {
 async fn the_web_ui_shows_a_cli_job_follows_its_log_and_stops_it() {
     let agent = AgentProcess::start_configured(&["--dev", "--acl-token", TOKEN], "");
     let browser = Browser::start().await;
+    let screenshot = checked(&agent, &browser, the_web_ui_steps(&agent, &browser)).await;
+    if let Ok(path) = std::env::var("CARAVAN_UI_SCREENSHOT") {
+        std::fs::write(path, screenshot).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_read_token_the_web_ui_shows_the_job_and_offers_no_action() {
+    let agent = AgentProcess::start_configured(&["--dev", "--acl-enabled"], "");
+    let browser = Browser::start().await;
+    checked(&agent, &browser, read_token_steps(&agent, &browser)).await;
+}
+
+/// Runs `steps`, then fails the test if they failed or the page wrote to its console,
+/// printing the page's text, its console and the agent's log first.
+async fn checked<T>(
+    agent: &AgentProcess,
+    browser: &Browser,
+    steps: impl std::future::Future<Output = Result<T, String>>,
+) -> T {
     // A step that times out panics: caught, so the page and logs below are shown first.
-    let steps = std::panic::AssertUnwindSafe(the_web_ui_steps(&agent, &browser));
+    let steps = std::panic::AssertUnwindSafe(steps);
     let result = match futures_util::FutureExt::catch_unwind(steps).await {
         Ok(result) => result,
         Err(panic) => Err(panic
@@ -236,13 +256,93 @@ async fn the_web_ui_shows_a_cli_job_follows_its_log_and_stops_it() {
             println!("{line}");
         }
     }
-    if let Ok(path) = std::env::var("CARAVAN_UI_SCREENSHOT")
-        && let Ok(png) = &result
-    {
-        std::fs::write(path, png).unwrap();
-    }
-    result.unwrap();
+    let value = result.unwrap();
     assert!(console.is_empty(), "the page wrote to its console");
+    value
+}
+
+/// An operator with a read token: the page asks for it once (kept for the tab), shows the
+/// job, and every action is disabled, saying the role it needs.
+async fn read_token_steps(agent: &AgentProcess, browser: &Browser) -> Result<(), String> {
+    let (_, bootstrap) = http(agent.socket_addr(), "POST", "/v1/acl/bootstrap", None, None).await;
+    let management = bootstrap["secret_id"]
+        .as_str()
+        .ok_or("no bootstrap")?
+        .to_string();
+    let body = json!({ "name": "dashboard", "role": "read" }).to_string();
+    let (_, made) = http(
+        agent.socket_addr(),
+        "POST",
+        "/v1/acl/token",
+        Some(&body),
+        Some(&management),
+    )
+    .await;
+    let read = made["secret_id"]
+        .as_str()
+        .ok_or("no read token")?
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = crate::support::service_job_file(dir.path(), "watched", 1, SLEEPER);
+    let run = agent.caravan(&[
+        "job",
+        "run",
+        "--token",
+        &management,
+        job_file.to_str().unwrap(),
+    ]);
+    if !run.status.success() {
+        return Err("caravan job run failed".into());
+    }
+
+    // The token goes in before the page asks for anything (set from another page of the
+    // agent, as the tab keeps it): a page with no token would be refused its reads, and
+    // the browser would say so in its console.
+    browser
+        .open(&format!("{}/ui/favicon.svg", agent.addr))
+        .await;
+    browser
+        .run(&format!(
+            "sessionStorage.setItem('caravan-token', {read:?}); return true;"
+        ))
+        .await;
+    browser.console().await;
+    browser
+        .open(&format!("{}/ui#/job/watched", agent.addr))
+        .await;
+    browser
+        .wait_for_text("the job page with its alloc", "main", |t| {
+            t.contains("Job watched") && t.contains("running (1)")
+        })
+        .await;
+    if browser
+        .run("return document.getElementById('token-form').hidden;")
+        .await
+        != false
+    {
+        return Err("the token box is hidden on an agent with ACLs on".into());
+    }
+    let states = || async {
+        browser
+            .run("return [...document.querySelectorAll('button[data-needs]')].map(b => [b.textContent, b.disabled, b.title]);")
+            .await
+    };
+    eventually_async("every action disabled", || async {
+        let buttons = states().await;
+        let buttons = buttons.as_array().cloned().unwrap_or_default();
+        !buttons.is_empty() && buttons.iter().all(|b| b[1] == true)
+    })
+    .await;
+    let buttons = states().await;
+    if !buttons
+        .to_string()
+        .contains("needs a token with role submit or above")
+    {
+        return Err(format!(
+            "the disabled actions do not say what they need: {buttons}"
+        ));
+    }
+    Ok(())
 }
 
 /// The steps, returning the alloc page's screenshot (taken while its log runs).

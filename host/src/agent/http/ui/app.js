@@ -3,7 +3,9 @@
 //
 // Everything a page shows from a runner (descriptions, events, log lines, file names) came
 // from a guest, so it is only ever set as text, never as HTML. The ACL token is kept for the
-// browser tab only (sessionStorage) and sent as `Authorization: Bearer` on every call.
+// browser tab only (sessionStorage) and sent as `Authorization: Bearer` on every call; the
+// page asks the agent what the token may do (`/v1/acl/token/self`) and disables the actions
+// its role may not take, and hides the token box on an agent that checks no token.
 "use strict";
 
 const REFRESH_MS = 2000;
@@ -13,10 +15,53 @@ const SIGNALS = ["SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2"]
 
 const main = document.getElementById("main");
 const notice = document.getElementById("notice");
+const tokenForm = document.getElementById("token-form");
 const tokenInput = document.getElementById("token");
 tokenInput.value = sessionStorage.getItem("caravan-token") || "";
-document.getElementById("token-form").addEventListener("submit", (event) => event.preventDefault());
-tokenInput.addEventListener("input", () => sessionStorage.setItem("caravan-token", tokenInput.value.trim()));
+tokenForm.addEventListener("submit", (event) => event.preventDefault());
+tokenInput.addEventListener("input", () => {
+  sessionStorage.setItem("caravan-token", tokenInput.value.trim());
+  learnRole();
+});
+
+// What the token in use may do: `undefined` until known, `null` on an agent that checks no
+// token, else its role ("" for no valid token). Each role has the rights of those before it.
+let tokenRole;
+let aclMode;
+let roleAsked = 0;
+const ROLE_RANK = { read: 1, submit: 2, operator: 3, management: 4 };
+
+/** Learns what the agent checks (once) and what the token may do, then enables the actions
+ * it may take. Nothing is asked that the agent would refuse: no token, no question. */
+async function learnRole() {
+  const asked = ++roleAsked;
+  const token = tokenInput.value.trim();
+  let role;
+  try {
+    if (aclMode === undefined) aclMode = (await (await fetch("/v1/agent/health")).json()).acl;
+    if (aclMode === "off") role = null;
+    else if (!token) role = "";
+    // The shared token of earlier releases may do everything; the agent says if it is wrong.
+    else if (aclMode === "shared_token") role = "management";
+    else role = (await api("GET", "/v1/acl/token/self")).role;
+  } catch (_) {
+    role = "";
+  }
+  if (asked !== roleAsked) return;
+  tokenRole = role;
+  tokenForm.hidden = role === null;
+  for (const button of document.querySelectorAll("button[data-needs]")) applyRole(button);
+}
+
+function allowed(needs) {
+  return tokenRole === null || tokenRole === undefined || (ROLE_RANK[tokenRole] || 0) >= ROLE_RANK[needs];
+}
+
+function applyRole(button) {
+  const ok = allowed(button.dataset.needs);
+  button.disabled = !ok;
+  button.title = ok ? "" : `needs a token with role ${button.dataset.needs} or above`;
+}
 
 // ---- helpers ----
 
@@ -57,7 +102,9 @@ async function request(method, path, body, signal) {
   });
   if (!response.ok) {
     const refusal = await response.json().catch(() => ({}));
-    throw new Error(refusal.error || `${response.status} ${response.statusText}`);
+    const error = new Error(refusal.error || `${response.status} ${response.statusText}`);
+    error.status = response.status;
+    throw error;
   }
   return response;
 }
@@ -105,11 +152,13 @@ function facts(pairs) {
     .map(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
 }
 
-/** A button that runs `action`, then says what happened; `confirmText` asks for a second click. */
-function actionButton(label, action, { danger, confirmText } = {}) {
+/** A button that runs `action`, then says what happened; `confirmText` asks for a second
+ * click. It is enabled only while the token's role is at least `needs`. */
+function actionButton(label, needs, action, { danger, confirmText } = {}) {
   let armed = false;
-  const button = el("button", { type: "button", class: danger ? "danger" : undefined });
+  const button = el("button", { type: "button", class: danger ? "danger" : undefined, "data-needs": needs });
   button.textContent = label;
+  applyRole(button);
   button.addEventListener("click", async () => {
     if (confirmText && !armed) {
       armed = true;
@@ -126,7 +175,7 @@ function actionButton(label, action, { danger, confirmText } = {}) {
     } catch (error) {
       say(`${label} failed: ${error.message}`, true);
     } finally {
-      button.disabled = false;
+      applyRole(button);
     }
   });
   button.addEventListener("blur", () => {
@@ -175,11 +224,11 @@ function jobsPage() {
   fill(main, el("h1", {}, "Jobs"), jobs,
     el("h2", { id: "gc-heading" }, "Garbage collection"), gc,
     el("div", { class: "actions" },
-      actionButton("Collect terminal allocs on this node", async () => {
+      actionButton("Collect terminal allocs on this node", "operator", async () => {
         await api("POST", "/v1/client/gc");
         return "Collected every terminal alloc on this node.";
       }),
-      actionButton("Run the server's GC", async () => {
+      actionButton("Run the server's GC", "operator", async () => {
         await api("PUT", "/v1/system/gc");
         return "The server's GC ran.";
       })),
@@ -245,11 +294,11 @@ function jobPage(jobId) {
   fill(main, el("h1", {}, "Job ", el("span", { class: "id" }, jobId)), summary,
     el("div", { class: "actions" },
       el("label", { for: "scale-count" }, "Count"), count,
-      actionButton("Scale", async () => {
+      actionButton("Scale", "submit", async () => {
         const answer = await api("POST", `/v1/job/${enc(jobId)}/scale`, { count: Number(count.value) });
         return `Scaled ${jobId}: ${answer.placed} placed, ${answer.stopped} stopped.`;
       }),
-      actionButton("Stop job", async () => {
+      actionButton("Stop job", "submit", async () => {
         await api("DELETE", `/v1/job/${enc(jobId)}`);
         return `Stopped ${jobId}.`;
       }, { danger: true, confirmText: "Yes, stop the job" })),
@@ -300,20 +349,20 @@ function allocPage(allocId) {
   const id = () => main.dataset.allocId || allocId;
   fill(main, el("h1", {}, "Allocation ", el("span", { class: "id" }, short(allocId))), summary,
     el("div", { class: "actions" },
-      actionButton("Restart", async () => {
+      actionButton("Restart", "operator", async () => {
         await api("POST", `/v1/client/allocation/${enc(id())}/restart`);
         return "Restarting its tasks.";
       }),
       el("label", { for: "signal-name" }, "Signal"), signalChoice,
-      actionButton("Send", async () => {
+      actionButton("Send", "operator", async () => {
         await api("POST", `/v1/client/allocation/${enc(id())}/signal`, { signal: signalChoice.value });
         return `Sent ${signalChoice.value}.`;
       }),
-      actionButton("Collect", async () => {
+      actionButton("Collect", "operator", async () => {
         await api("POST", `/v1/client/allocation/${enc(id())}/gc`);
         return "Collected.";
       }),
-      actionButton("Stop alloc", async () => {
+      actionButton("Stop alloc", "operator", async () => {
         await api("POST", `/v1/allocation/${enc(id())}/stop`);
         return "Stopping it; the scheduler places a replacement if its job still wants one.";
       }, { danger: true, confirmText: "Yes, stop the alloc" })),
@@ -471,3 +520,4 @@ function route() {
 
 window.addEventListener("hashchange", () => { route(); main.focus(); });
 route();
+learnRole();
