@@ -1,9 +1,10 @@
 //! What TLS costs the API: requests per second of a read route (`GET /v1/jobs`) and of a
 //! node's status report (`POST /v1/node/{node}/allocations/update`, an empty report: the
 //! transport, the certificate check and the JSON, not the server's work), from one agent
-//! over plain HTTP, one serving TLS, and one requiring client certificates (mutual TLS), in
-//! the same run; and of a read on a new connection per request, where the handshake is paid
-//! each time.
+//! over plain HTTP, one serving TLS, one requiring client certificates (mutual TLS), and one
+//! with mutual TLS and ACL tokens on (each call sending a token, looked up on every request:
+//! a `read` token for the read, a `node` token for the report), in the same run; and of a
+//! read on a new connection per request, where the handshake is paid each time.
 //!
 //! Run: `cargo bench -p caravan-host --bench api_tls` (see `scripts/bench`). Options after
 //! `--`: `--workers N` (concurrent callers, default 16), `--seconds S` (per measurement,
@@ -24,19 +25,25 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The three ways an agent is called.
+/// The ways an agent is called.
 #[derive(Clone, Copy, PartialEq)]
 enum Transport {
     Plain,
     Tls,
     Mutual,
+    /// Mutual TLS, and ACL tokens on.
+    MutualAcl,
 }
 
-const TRANSPORTS: [(Transport, &str); 3] = [
+const TRANSPORTS: [(Transport, &str); 4] = [
     (Transport::Plain, "plain HTTP"),
     (Transport::Tls, "TLS"),
     (Transport::Mutual, "mutual TLS"),
+    (Transport::MutualAcl, "mTLS + ACL"),
 ];
+
+/// The tokens a caller sends: for the read, and for the report.
+type Tokens = (Option<String>, Option<String>);
 
 /// The routes measured: a read, and a node's report.
 const READ: (&str, &str, &str) = ("GET", "/v1/jobs", "");
@@ -69,6 +76,7 @@ async fn rate(
     make_pool: &MakePool,
     new_connections: bool,
     base: &str,
+    token: &Option<String>,
     (method, path, body): (&'static str, &'static str, &'static str),
     workers: usize,
     seconds: u64,
@@ -78,6 +86,7 @@ async fn rate(
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
         let (shared, make_pool, base) = (shared.clone(), make_pool.clone(), base.to_string());
+        let token = token.clone();
         tasks.spawn(async move {
             let mut done = 0u64;
             while Instant::now() < until {
@@ -86,7 +95,7 @@ async fn rate(
                 } else {
                     shared.clone()
                 };
-                let api = pool.agent(&base, None).unwrap();
+                let api = pool.agent(&base, token.clone()).unwrap();
                 let method = hyper::Method::from_bytes(method.as_bytes()).unwrap();
                 let (status, _) = api
                     .exchange(method, path, axum::body::Body::from(body), TIMEOUT, 1 << 20)
@@ -106,6 +115,35 @@ async fn rate(
 }
 
 const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Bootstraps the ACLs of the agent at `base` and makes a `read` and a `node` token: the
+/// secrets the read and the report send.
+async fn acl_tokens(pool: &AgentPool, base: &str) -> Tokens {
+    let call = |path: &'static str, body: String, token: Option<String>| {
+        let api = pool.agent(base, token).unwrap();
+        async move {
+            let (status, answer) = api
+                .exchange(
+                    hyper::Method::POST,
+                    path,
+                    axum::body::Body::from(body),
+                    TIMEOUT,
+                    1 << 20,
+                )
+                .await
+                .unwrap();
+            let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+            assert!(status.is_success(), "{path}: {status} {answer}");
+            answer["secret_id"].as_str().unwrap().to_string()
+        }
+    };
+    let management = call("/v1/acl/bootstrap", String::new(), None).await;
+    let token = |role: &str| {
+        let body = serde_json::json!({ "name": format!("bench-{role}"), "role": role });
+        call("/v1/acl/token", body.to_string(), Some(management.clone()))
+    };
+    (Some(token("read").await), Some(token("node").await))
+}
 
 fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -143,12 +181,17 @@ fn main() {
         let config = dir.join(format!("{}.toml", name.replace(' ', "-")));
         let tls = match transport {
             Transport::Plain => String::new(),
-            Transport::Tls | Transport::Mutual => format!(
-                "[tls]\nhttp = true\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\nverify_https_client = {}\n",
+            Transport::Tls | Transport::Mutual | Transport::MutualAcl => format!(
+                "[tls]\nhttp = true\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\nverify_https_client = {}\n{}",
                 ca_path,
                 server.0.path,
                 server.1.path,
-                transport == Transport::Mutual
+                transport != Transport::Tls,
+                if transport == Transport::MutualAcl {
+                    "[acl]\nenabled = true\n"
+                } else {
+                    ""
+                }
             ),
         };
         std::fs::write(&config, tls).unwrap();
@@ -161,7 +204,7 @@ fn main() {
         agents.push((format!("{scheme}://{}", agent.addr), agent));
         let make_pool: MakePool = match transport {
             Transport::Plain => Arc::new(AgentPool::new),
-            Transport::Tls | Transport::Mutual => {
+            Transport::Tls | Transport::Mutual | Transport::MutualAcl => {
                 let files = TlsFiles {
                     ca: PemFile::new("ca", &ca_path),
                     identity: Some(node.clone()),
@@ -177,11 +220,23 @@ fn main() {
     // [transport][measure] -> samples; measures: read, report, read on new connections.
     let mut samples = vec![vec![Vec::new(); 3]; TRANSPORTS.len()];
     runtime.block_on(async {
+        let mut tokens: Vec<Tokens> = Vec::new();
+        for ((transport, _), ((base, _), make_pool)) in
+            TRANSPORTS.iter().zip(agents.iter().zip(&pools))
+        {
+            tokens.push(match transport {
+                Transport::MutualAcl => acl_tokens(&make_pool(), base).await,
+                _ => (None, None),
+            });
+        }
         for _ in 0..rounds {
             for (i, ((base, _), make_pool)) in agents.iter().zip(&pools).enumerate() {
-                samples[i][0].push(rate(make_pool, false, base, READ, workers, seconds).await);
-                samples[i][1].push(rate(make_pool, false, base, REPORT, workers, seconds).await);
-                samples[i][2].push(rate(make_pool, true, base, READ, workers, seconds).await);
+                let (read, report) = &tokens[i];
+                samples[i][0]
+                    .push(rate(make_pool, false, base, read, READ, workers, seconds).await);
+                samples[i][1]
+                    .push(rate(make_pool, false, base, report, REPORT, workers, seconds).await);
+                samples[i][2].push(rate(make_pool, true, base, read, READ, workers, seconds).await);
             }
         }
     });
@@ -209,12 +264,29 @@ fn main() {
     for ((_, name), [read, report, fresh]) in TRANSPORTS.iter().zip(&medians) {
         println!("  {name:<12} {read:>14.0} {report:>16.0} {fresh:>22.0}");
     }
-    let [plain, _, mutual] = [&medians[0], &medians[1], &medians[2]];
+    let [plain, _, mutual, acl] = [&medians[0], &medians[1], &medians[2], &medians[3]];
     println!(
         "  ratio mutual TLS / plain: read {:.2}, report {:.2}, read on new connections {:.2}",
         mutual[0] / plain[0],
         mutual[1] / plain[1],
         mutual[2] / plain[2]
+    );
+    println!(
+        "  ratio mTLS + ACL / mutual TLS (the token check): read {:.2}, report {:.2}",
+        acl[0] / mutual[0],
+        acl[1] / mutual[1]
+    );
+    scoreboard(
+        "api_acl",
+        &format!(
+            "{:.0} reads/s, {:.0} reports/s (mTLS + ACL tokens)",
+            acl[0], acl[1]
+        ),
+        &format!(
+            "{:.0} reads/s, {:.0} reports/s (mutual TLS)",
+            mutual[0], mutual[1]
+        ),
+        &format!("{:.2}x, {:.2}x", acl[0] / mutual[0], acl[1] / mutual[1]),
     );
     scoreboard(
         "api_tls",

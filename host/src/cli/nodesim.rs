@@ -31,7 +31,8 @@ pub struct NodesimCommand {
     /// The agent whose server the nodes register with.
     #[arg(long, env = "CARAVAN_ADDR", default_value = DEFAULT_ADDR, value_name = "URL")]
     server: String,
-    /// The agent's ACL token, if it has one.
+    /// The token the nodes send: a `node` token where the agent has ACLs on (`caravan acl
+    /// token create --role node`), or its shared token.
     #[arg(long, env = "CARAVAN_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// How the nodes reach agents that serve HTTPS (a node's certificate: `caravan tls cert

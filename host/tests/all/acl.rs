@@ -216,3 +216,33 @@ async fn the_cli_makes_lists_and_revokes_tokens_and_a_submit_token_keeps_to_its_
     .await;
     assert_eq!(status, 403, "{answer}");
 }
+
+/// A token made with a TTL works until its end, then is refused as expired (the agent's
+/// clock, read on every request: the test waits for it, and nothing is swept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_with_a_ttl_stops_at_its_end() {
+    let agent = AgentProcess::start_configured(&["--dev", "--acl-enabled"], "");
+    let management = bootstrap(&agent).await;
+    let body = json!({ "name": "brief", "role": "read", "ttl": "3s" }).to_string();
+    let (status, made) = http(
+        agent.socket_addr(),
+        "POST",
+        "/v1/acl/token",
+        Some(&body),
+        Some(&management),
+    )
+    .await;
+    assert_eq!(status, 200, "{made}");
+    let secret = made["secret_id"].as_str().unwrap().to_string();
+    let (status, answer) = http(agent.socket_addr(), "GET", "/v1/jobs", None, Some(&secret)).await;
+    assert_eq!(status, 200, "{answer}");
+    crate::support::eventually_async("the token expired", || async {
+        let (status, answer) =
+            http(agent.socket_addr(), "GET", "/v1/jobs", None, Some(&secret)).await;
+        status == 403
+            && answer["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("expired"))
+    })
+    .await;
+}

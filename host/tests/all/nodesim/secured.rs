@@ -1,6 +1,7 @@
 //! `caravan nodesim` where its agent or etcd lets no one in without credentials: nodes
-//! with a node's certificate on an agent that serves HTTPS only, and nodes joined to an etcd
-//! that requires a client certificate and a user.
+//! with a node's certificate on an agent that serves HTTPS only, nodes with a node token on
+//! an agent with ACLs on, and nodes joined to an etcd that requires a client certificate and
+//! a user.
 
 use super::*;
 
@@ -41,6 +42,67 @@ async fn simulated_nodes_join_a_tls_agent_with_a_nodes_certificate_only() {
     let as_operator = flags(&cli);
     let mut args: Vec<&str> = vec!["--nodes", "1", "--name-prefix", "posing"];
     args.extend(as_operator.iter().map(String::as_str));
+    let mut posing = Nodesim::start(&agent, &args);
+    posing.wait_for("a refused registration counted", |l| {
+        l.contains("nodes 0/1 registered") && !l.contains("| 0 server errors")
+    });
+}
+
+/// Simulated nodes join an agent with ACLs on with a `node` token (made as an operator
+/// would, `caravan acl token create --role node`): they register, run a job's allocs and
+/// report them. With an operator's token instead, the node routes refuse them: a node needs
+/// a node's token, and an operator's gives it nothing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_nodes_join_an_agent_with_acls_on_with_a_node_token_only() {
+    let agent = AgentProcess::start_configured(&["--dev", "--acl-enabled"], "enabled = false\n");
+    let (_, bootstrap) = http(agent.socket_addr(), "POST", "/v1/acl/bootstrap", None, None).await;
+    let management = bootstrap["secret_id"].as_str().unwrap().to_string();
+    let token = |role: &str| {
+        let body = serde_json::json!({ "name": format!("sim-{role}"), "role": role }).to_string();
+        let (addr, management) = (agent.socket_addr(), management.clone());
+        async move {
+            let (status, made) = http(
+                addr,
+                "POST",
+                "/v1/acl/token",
+                Some(&body),
+                Some(&management),
+            )
+            .await;
+            assert_eq!(status, 200, "{made}");
+            made["secret_id"].as_str().unwrap().to_string()
+        }
+    };
+    let node_token = token("node").await;
+    let mut sim = Nodesim::start(&agent, &["--nodes", "3", "--token", &node_token]);
+    sim.wait_for("every node registered", |l| {
+        l.contains("nodes 3/3 registered")
+    });
+    let job = serde_json::json!({ "job": {
+        "id": "web", "type": "service", "count": 3, "runner": SIM,
+    }})
+    .to_string();
+    let (status, answer) = http(
+        agent.socket_addr(),
+        "POST",
+        "/v1/jobs",
+        Some(&job),
+        Some(&management),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    sim.wait_for("3 allocs running", |l| l.contains("allocs 3 (running 3)"));
+    drop(sim);
+
+    let operator_token = token("operator").await;
+    let args = [
+        "--nodes",
+        "1",
+        "--name-prefix",
+        "posing",
+        "--token",
+        &operator_token,
+    ];
     let mut posing = Nodesim::start(&agent, &args);
     posing.wait_for("a refused registration counted", |l| {
         l.contains("nodes 0/1 registered") && !l.contains("| 0 server errors")
