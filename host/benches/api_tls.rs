@@ -4,7 +4,9 @@
 //! over plain HTTP, one serving TLS, one requiring client certificates (mutual TLS), and one
 //! with mutual TLS and ACL tokens on (each call sending a token, looked up on every request:
 //! a `read` token for the read, a `node` token for the report), in the same run; and of a
-//! read on a new connection per request, where the handshake is paid each time.
+//! read on a new connection per request, where the handshake is paid each time. Last, the
+//! read with a token on an agent in cluster mode (one etcd member on loopback), where each
+//! request's token is one etcd read, against the single agent's lookup in memory.
 //!
 //! Run: `cargo bench -p caravan-host --bench api_tls` (see `scripts/bench`). Options after
 //! `--`: `--workers N` (concurrent callers, default 16), `--seconds S` (per measurement,
@@ -14,6 +16,10 @@
 //! `caravan tls` makes them; the callers are the host's own client ([`AgentPool`]), kept-alive
 //! connections shared by the workers, as the CLI, nodes and agents call. Rounds go through the
 //! three agents in turn, so the machine's noise falls on all of them alike.
+
+#[path = "../tests/all/etcd.rs"]
+#[allow(dead_code)]
+mod etcd;
 
 mod common;
 
@@ -217,6 +223,26 @@ fn main() {
     }
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    // An agent in cluster mode, with mutual TLS and ACLs, on one etcd member: its tokens
+    // are in etcd, read on every request.
+    let etcd = runtime.block_on(etcd::EtcdCluster::start_with(1, &[]));
+    let cluster_config = dir.join("cluster.toml");
+    std::fs::write(
+        &cluster_config,
+        format!(
+            "[tls]\nhttp = true\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\nverify_https_client = true\n[acl]\nenabled = true\n[cluster]\nmode = \"etcd\"\n",
+            ca_path, server.0.path, server.1.path
+        ),
+    )
+    .unwrap();
+    let endpoints = etcd.endpoints().join(",");
+    let cluster_agent = spawn_agent(
+        &dir.join("cluster"),
+        &cluster_config,
+        &["--etcd-endpoints", &endpoints, "--node-name", "bench"],
+    );
+    let cluster_base = format!("https://{}", cluster_agent.addr);
+    let mut cluster_reads = Vec::new();
     // [transport][measure] -> samples; measures: read, report, read on new connections.
     let mut samples = vec![vec![Vec::new(); 3]; TRANSPORTS.len()];
     runtime.block_on(async {
@@ -229,7 +255,40 @@ fn main() {
                 _ => (None, None),
             });
         }
+        let cluster_pool = pools[3].clone();
+        let (cluster_read, _) = acl_tokens(&cluster_pool(), &cluster_base).await;
+        // The read is the leader's to answer: once this agent leads.
+        let api = cluster_pool()
+            .agent(&cluster_base, cluster_read.clone())
+            .unwrap();
+        loop {
+            let answer = api
+                .exchange(
+                    hyper::Method::GET,
+                    "/v1/jobs",
+                    axum::body::Body::empty(),
+                    TIMEOUT,
+                    1 << 20,
+                )
+                .await;
+            if answer.is_ok_and(|(status, _)| status.is_success()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         for _ in 0..rounds {
+            cluster_reads.push(
+                rate(
+                    &cluster_pool,
+                    false,
+                    &cluster_base,
+                    &cluster_read,
+                    READ,
+                    workers,
+                    seconds,
+                )
+                .await,
+            );
             for (i, ((base, _), make_pool)) in agents.iter().zip(&pools).enumerate() {
                 let (read, report) = &tokens[i];
                 samples[i][0]
@@ -243,6 +302,9 @@ fn main() {
     for (_, agent) in agents {
         agent.stop();
     }
+    cluster_agent.stop();
+    drop(etcd);
+    let cluster_read = median(cluster_reads);
 
     let medians: Vec<[f64; 3]> = samples
         .into_iter()
@@ -276,10 +338,14 @@ fn main() {
         acl[0] / mutual[0],
         acl[1] / mutual[1]
     );
+    println!(
+        "  cluster mode (tokens in etcd), mTLS + ACL: GET /v1/jobs {cluster_read:.0}/s, {:.2}x the single agent's",
+        cluster_read / acl[0]
+    );
     scoreboard(
         "api_acl",
         &format!(
-            "{:.0} reads/s, {:.0} reports/s (mTLS + ACL tokens)",
+            "{:.0} reads/s, {:.0} reports/s (mTLS + ACL tokens); {cluster_read:.0} reads/s in cluster mode (tokens in etcd)",
             acl[0], acl[1]
         ),
         &format!(

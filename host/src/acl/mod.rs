@@ -21,7 +21,7 @@ pub use token::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
     /// A live token.
-    Token(AclToken),
+    Token(std::sync::Arc<AclToken>),
     /// No token has this secret (never made, or revoked).
     Unknown,
     /// The token it was has passed its TTL.

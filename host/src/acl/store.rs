@@ -35,7 +35,7 @@ pub trait TokenStore: Send + Sync + 'static {
     /// Saves a new token.
     async fn insert(&self, token: &AclToken) -> Result<(), TokenStoreError>;
     /// The token whose secret has `digest`, expired or not.
-    async fn find(&self, digest: &str) -> Result<Option<AclToken>, TokenStoreError>;
+    async fn find(&self, digest: &str) -> Result<Option<Arc<AclToken>>, TokenStoreError>;
     /// Every token.
     async fn list(&self) -> Result<Vec<AclToken>, TokenStoreError>;
     /// Deletes the token `accessor_id` names; false when there is none.
@@ -51,7 +51,7 @@ pub struct LocalTokens {
 
 #[derive(Default)]
 struct Tokens {
-    by_digest: BTreeMap<String, AclToken>,
+    by_digest: BTreeMap<String, Arc<AclToken>>,
     bootstrapped: bool,
 }
 
@@ -69,7 +69,7 @@ impl LocalTokens {
             }
             match serde_json::from_slice::<AclToken>(&bytes) {
                 Ok(token) => {
-                    tokens.by_digest.insert(key, token);
+                    tokens.by_digest.insert(key, Arc::new(token));
                 }
                 Err(error) => tracing::warn!(error = %error, "skipping an unreadable ACL token"),
             }
@@ -110,7 +110,7 @@ impl TokenStore for LocalTokens {
         tokens.bootstrapped = true;
         tokens
             .by_digest
-            .insert(token.secret_sha256.clone(), token.clone());
+            .insert(token.secret_sha256.clone(), Arc::new(token.clone()));
         Ok(true)
     }
 
@@ -119,11 +119,11 @@ impl TokenStore for LocalTokens {
         self.save(vec![put(token)])?;
         tokens
             .by_digest
-            .insert(token.secret_sha256.clone(), token.clone());
+            .insert(token.secret_sha256.clone(), Arc::new(token.clone()));
         Ok(())
     }
 
-    async fn find(&self, digest: &str) -> Result<Option<AclToken>, TokenStoreError> {
+    async fn find(&self, digest: &str) -> Result<Option<Arc<AclToken>>, TokenStoreError> {
         let tokens = self.tokens.lock_unpoisoned();
         Ok(tokens
             .by_digest
@@ -138,7 +138,7 @@ impl TokenStore for LocalTokens {
             .lock_unpoisoned()
             .by_digest
             .values()
-            .cloned()
+            .map(|token| AclToken::clone(token))
             .collect())
     }
 
@@ -189,7 +189,7 @@ mod tests {
         let reopened = LocalTokens::open(db).unwrap();
         assert!(!reopened.bootstrap(&second).await.unwrap());
         let found = reopened.find(&first.secret_sha256).await.unwrap();
-        assert_eq!(found, Some(first));
+        assert_eq!(found.as_deref(), Some(&first));
         assert_eq!(reopened.find(&second.secret_sha256).await.unwrap(), None);
     }
 

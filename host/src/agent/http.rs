@@ -101,16 +101,11 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             forward::to_leader,
         ))
-        // Outside forwarding: nothing is relayed for a caller this agent would refuse.
+        // Outside forwarding: nothing is relayed for a caller this agent would refuse, and a
+        // request an agent would relay with its own certificate is checked for the caller's.
         .layer(axum::middleware::from_fn_with_state(
             guard.clone(),
             auth::authorize,
-        ))
-        // A request an agent would relay with its own certificate is checked for the
-        // caller's first.
-        .layer(axum::middleware::from_fn_with_state(
-            guard.clone(),
-            auth::require_agent_certificate,
         ))
         // Outermost: a write is recorded where its caller sent it, however it ends.
         .layer(axum::middleware::from_fn_with_state(
@@ -294,16 +289,30 @@ impl ApiState {
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("no such endpoint: {}", uri.path()),
-    )
+    not_found_error(uri.path())
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    method_not_allowed_error(&method, uri.path())
+}
+
+fn not_found_error(path: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no such endpoint: {}",
+            crate::util::text::escape_controls(&crate::util::text::cut(path, 256))
+        ),
+    )
+}
+
+fn method_not_allowed_error(method: &axum::http::Method, path: &str) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        format!("{method} is not allowed on {}", uri.path()),
+        format!(
+            "{method} is not allowed on {}",
+            crate::util::text::escape_controls(&crate::util::text::cut(path, 256))
+        ),
     )
 }
 
@@ -349,7 +358,9 @@ impl From<RequestError> for ApiError {
             RequestError::JobNotFound(_)
             | RequestError::AllocNotFound(_)
             | RequestError::NodeNotFound(_) => StatusCode::NOT_FOUND,
-            RequestError::JobStopped(_) | RequestError::NodeDraining(_) => StatusCode::CONFLICT,
+            RequestError::JobStopped(_)
+            | RequestError::NodeDraining(_)
+            | RequestError::JobInOtherNamespace { .. } => StatusCode::CONFLICT,
             RequestError::NotSaved(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError::new(status, error.to_string())

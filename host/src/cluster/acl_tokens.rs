@@ -9,6 +9,7 @@
 use super::keys;
 use super::store::{EtcdStore, StoreError};
 use crate::acl::{AclToken, TokenStore, TokenStoreError, digests_match};
+use std::sync::Arc;
 
 /// The cluster's tokens, on its etcd.
 pub struct EtcdTokens {
@@ -49,7 +50,7 @@ impl TokenStore for EtcdTokens {
         self.store.put(&key, &encoded(token)).await.map_err(failed)
     }
 
-    async fn find(&self, digest: &str) -> Result<Option<AclToken>, TokenStoreError> {
+    async fn find(&self, digest: &str) -> Result<Option<Arc<AclToken>>, TokenStoreError> {
         let found = self
             .store
             .get_many(&[keys::acl_token_key(digest)])
@@ -59,7 +60,7 @@ impl TokenStore for EtcdTokens {
             return Ok(None);
         };
         match serde_json::from_slice::<AclToken>(&record.value) {
-            Ok(token) if digests_match(&token.secret_sha256, digest) => Ok(Some(token)),
+            Ok(token) if digests_match(&token.secret_sha256, digest) => Ok(Some(Arc::new(token))),
             Ok(_) => Ok(None),
             Err(error) => {
                 tracing::warn!(key = record.key, error = %error, "an unreadable ACL token");

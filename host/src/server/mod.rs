@@ -92,6 +92,14 @@ pub enum RequestError {
     /// The job is stopped; registering it again starts it.
     #[error("job {0:?} is stopped; run it again to start it")]
     JobStopped(String),
+    /// Another namespace's job has this id: ids are unique in the cluster.
+    #[error("job {job:?} exists in namespace {namespace:?}: job ids are unique across namespaces")]
+    JobInOtherNamespace {
+        /// The job id.
+        job: String,
+        /// The namespace that holds it.
+        namespace: String,
+    },
     /// No alloc with that id.
     #[error("allocation {0:?} not found")]
     AllocNotFound(String),
@@ -267,8 +275,19 @@ impl EmbeddedServer {
     }
 
     /// Registers a job, or updates it when the id exists (see [`reconcile`] for the rules).
+    /// A job id is the cluster's, whatever its namespace: an id another namespace's job holds
+    /// is refused (409), checked under the same lock as the registration.
     pub fn register_job(&self, spec: JobSpec) -> Result<Registration, RequestError> {
-        self.request(|state, index| state.register(spec, index))
+        self.request(|state, index| {
+            let held = state.jobs.get(&spec.id).filter(|job| !job.purged);
+            if let Some(job) = held.filter(|job| job.spec.namespace != spec.namespace) {
+                return Err(RequestError::JobInOtherNamespace {
+                    job: spec.id.clone(),
+                    namespace: job.spec.namespace.clone(),
+                });
+            }
+            Ok(state.register(spec, index))
+        })?
     }
 
     /// The attempts of a service job without a reschedule policy of its own.

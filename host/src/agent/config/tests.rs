@@ -348,10 +348,32 @@ fn bad_cluster_settings_name_the_key_or_flag_at_fault() {
             AgentFlags::default(),
             "DIR/agent.toml: cluster.etcd_endpoints: needs cluster mode etcd (--cluster etcd)",
         ),
+        (
+            "[acl]\nenabled = true\n",
+            etcd("http://127.0.0.1:2379", "n1"),
+            "[acl] enabled in cluster mode needs [tls] http = true: agents fetch runner builds and checkpoints from each other with their certificates",
+        ),
     ];
     for (file, flags, expected) in cases {
         assert_eq!(cluster_of(file, flags).unwrap_err(), expected);
     }
+}
+
+#[test]
+fn acls_are_turned_on_by_the_file_or_the_flag() {
+    assert!(
+        cluster_of("[acl]\nenabled = true\n", AgentFlags::default())
+            .unwrap()
+            .acl_enabled
+    );
+    let flag = AgentFlags {
+        acl_enabled: true,
+        ..AgentFlags::default()
+    };
+    assert!(cluster_of("", flag).unwrap().acl_enabled);
+    assert!(!cluster_of("", AgentFlags::default()).unwrap().acl_enabled);
+    let unknown = cluster_of("[acl]\nenable = true\n", AgentFlags::default()).unwrap_err();
+    assert!(unknown.contains("enable"), "{unknown}");
 }
 
 #[test]

@@ -150,7 +150,7 @@ pub(super) async fn token_self(
     Extension(caller): Extension<Caller>,
 ) -> ApiResult<TimedJson<TokenView>> {
     match caller {
-        Caller::Token(token) => Ok(TimedJson(TokenView::of(token, None))),
+        Caller::Token(token) => Ok(TimedJson(TokenView::of(AclToken::clone(&token), None))),
         // The old shared token: a management token with no record.
         Caller::SharedToken => Ok(TimedJson(TokenView {
             accessor_id: String::new(),

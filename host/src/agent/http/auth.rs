@@ -4,7 +4,9 @@
 //! layer over the whole router, checks each request against its route's rule before
 //! anything else answers it; handlers never look at the token, but for the namespace a
 //! `submit` token is confined to ([`Caller::may_change_namespace`]). A request no rule
-//! matches is a 404 here, so a route without a rule cannot be reached.
+//! matches is a 404 (or 405) here, and never reaches the router: a route without a rule
+//! cannot be reached, and neither can a path the router would match more loosely than the
+//! rules. A public route's caller is not looked up at all.
 //!
 //! Who the caller is ([`Caller`]) depends on the agent's settings:
 //! - ACLs on (`[acl] enabled`): the token presented (`X-Caravan-Token`, or `Authorization:
@@ -19,8 +21,7 @@
 //!
 //! A node's routes ([`Permission::Node`]) take a `node` token or, with TLS on, an agent's
 //! or node's certificate ([`PeerRole::Agent`]); with TLS on they need that certificate
-//! whatever the token ([`require_agent_certificate`], outside forwarding, so nothing is
-//! relayed for a caller without one).
+//! whatever the token.
 //!
 //! The check runs where the caller's request arrives, before forwarding; the leader a
 //! request is forwarded to checks it again (it has the same tokens) to know the caller's
@@ -66,7 +67,7 @@ pub enum Caller {
     /// The shared `acl_token`.
     SharedToken,
     /// An ACL token.
-    Token(AclToken),
+    Token(Arc<AclToken>),
     /// No token, or (recorded for the audit) one that is not valid.
     Anonymous(Presented),
 }
@@ -106,10 +107,14 @@ impl Caller {
 /// The secret a request presents: `X-Caravan-Token`, else `Authorization: Bearer`.
 pub fn presented_secret(headers: &HeaderMap) -> Option<&str> {
     let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let present = |secret: &str| !secret.is_empty();
     header(TOKEN_HEADER)
-        .or_else(|| header(header::AUTHORIZATION.as_str())?.strip_prefix("Bearer "))
         .map(str::trim)
-        .filter(|secret| !secret.is_empty())
+        .filter(|secret| present(secret))
+        .or_else(|| {
+            let bearer = header(header::AUTHORIZATION.as_str())?.strip_prefix("Bearer ")?;
+            Some(bearer.trim()).filter(|secret| present(secret))
+        })
 }
 
 /// The layer's state: the API's, and the rules of its routes.
@@ -119,27 +124,36 @@ pub(super) struct Guard {
     pub(super) rules: Arc<RuleBook>,
 }
 
-/// The layer over every route: finds the caller and the route's rule, and refuses what the
-/// one may not do of the other (see the module docs).
+/// The layer over every route, outside forwarding: finds the route's rule and the caller,
+/// and refuses what the one may not do of the other (see the module docs).
 pub(super) async fn authorize(
     State(guard): State<Guard>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(rule) = guard
-        .rules
-        .find(request.method(), request.uri().path())
-        .cloned()
-    else {
-        // No route has a rule here: the router's fallbacks say 404 or 405.
-        return next.run(request).await;
+    let path = request.uri().path();
+    let Some(rule) = guard.rules.find(request.method(), path).cloned() else {
+        // Closed: what no rule covers is answered here, and never reaches the router, whose
+        // matching may be looser than the rules' (an empty segment fills a `{name}` there).
+        let refusal = if guard.rules.knows_path(path) {
+            super::method_not_allowed_error(request.method(), path)
+        } else {
+            super::not_found_error(path)
+        };
+        return refusal.into_response();
     };
+    if rule.needs == Permission::Public {
+        return next.run(request).await;
+    }
+    let peer = request.extensions().get::<PeerRole>().copied();
+    if let Some(refusal) = refuse_without_agent_certificate(&guard, rule.needs, peer) {
+        return refusal.into_response();
+    }
     let settings = &guard.api.acl;
     let caller = match identify(settings, request.headers()).await {
         Ok(caller) => caller,
         Err(error) => return error.into_response(),
     };
-    let peer = request.extensions().get::<PeerRole>().copied();
     if let Err(refusal) = check(settings, &caller, peer, rule.needs, request.uri().path()) {
         let mut response = refusal.into_response();
         response.extensions_mut().insert(caller);
@@ -240,34 +254,28 @@ fn check(
     }
 }
 
-/// The layer over everything: with TLS on, refuses a node's route
-/// ([`Permission::Node`]) whose connection did not present an agent's or a node's
-/// certificate.
-pub(super) async fn require_agent_certificate(
-    State(guard): State<Guard>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if !guard.api.agent_routes_need_certs
-        || !agent_only(&guard.rules, request.method(), request.uri().path())
-    {
-        return next.run(request).await;
+/// With TLS on, the refusal of a node's route ([`Permission::Node`]) to a connection that
+/// did not present an agent's or a node's certificate, whatever its token.
+fn refuse_without_agent_certificate(
+    guard: &Guard,
+    needs: Permission,
+    peer: Option<PeerRole>,
+) -> Option<ApiError> {
+    if !guard.api.agent_routes_need_certs || needs != Permission::Node {
+        return None;
     }
-    let role = request.extensions().get::<PeerRole>().copied();
-    match role.unwrap_or(PeerRole::Anonymous) {
-        PeerRole::Agent => next.run(request).await,
-        PeerRole::Anonymous => ApiError::new(
+    match peer.unwrap_or(PeerRole::Anonymous) {
+        PeerRole::Agent => None,
+        PeerRole::Anonymous => Some(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "only agents call this route: connect with an agent's certificate \
              (server.REGION.caravan or client.REGION.caravan, from the cluster's CA)",
-        )
-        .into_response(),
-        PeerRole::Operator => ApiError::new(
+        )),
+        PeerRole::Operator => Some(ApiError::new(
             StatusCode::FORBIDDEN,
             "only agents call this route, and this connection's certificate is not an \
              agent's (server.REGION.caravan or client.REGION.caravan of this region)",
-        )
-        .into_response(),
+        )),
     }
 }
 
@@ -303,7 +311,7 @@ mod tests {
             namespace: None,
             ttl: None,
         };
-        Caller::Token(request.make(0).unwrap().0)
+        Caller::Token(Arc::new(request.make(0).unwrap().0))
     }
 
     fn acls_on() -> AclSettings {

@@ -114,7 +114,7 @@ pub async fn to_leader(State(state): State<ApiState>, request: Request, next: Ne
         if forwarded || state.client.runner(&alloc).is_some() {
             return next.run(request).await;
         }
-        return match alloc_node(&state, &forwarding, &alloc).await {
+        return match alloc_node(&state, &forwarding, &alloc, request.headers()).await {
             Ok(Some(api)) => proxy(&forwarding, request, &api).await,
             Ok(None) => next.run(request).await,
             Err(error) => error.into_response(),
@@ -152,6 +152,7 @@ async fn alloc_node(
     state: &ApiState,
     forwarding: &Forwarding,
     alloc: &str,
+    caller: &axum::http::HeaderMap,
 ) -> Result<Option<String>, ApiError> {
     let leading = state.servers.borrow().is_some();
     let node = if leading {
@@ -159,7 +160,7 @@ async fn alloc_node(
             .ok()
             .and_then(|record| record.node_id)
     } else {
-        node_from_leader(forwarding, alloc).await?
+        node_from_leader(forwarding, alloc, caller).await?
     };
     let Some(node) = node.filter(|node| *node != forwarding.node) else {
         return Ok(None);
@@ -176,16 +177,27 @@ async fn alloc_node(
     }
 }
 
-/// The node of `alloc`, as the leader answers (`None` when it does not know it).
+/// The node of `alloc`, as the leader answers (`None` when it does not know it), asked with
+/// the token of the caller whose request it is (`caller`'s headers): with ACLs on, the
+/// leader reads it as that caller's read.
 async fn node_from_leader(
     forwarding: &Forwarding,
     alloc: &str,
+    caller: &axum::http::HeaderMap,
 ) -> Result<Option<String>, ApiError> {
     let leader = agent_api(forwarding, &leader_api(forwarding)?)?;
-    let request = Request::get(format!("/v1/allocation/{alloc}"))
+    let mut request = Request::get(format!("/v1/allocation/{alloc}"))
         .header(FORWARDED, "1")
         .body(Body::empty())
         .map_err(|e| unavailable(format!("cannot ask the leader: {e}")))?;
+    for name in [
+        super::auth::TOKEN_HEADER,
+        axum::http::header::AUTHORIZATION.as_str(),
+    ] {
+        if let Some(value) = caller.get(name) {
+            request.headers_mut().insert(name, value.clone());
+        }
+    }
     let answer = match leader.relay(request, FORWARD_TIMEOUT).await {
         Ok(answer) if answer.status().is_success() => answer,
         _ => return Ok(None),

@@ -92,26 +92,9 @@ async fn pin_registry_build(state: &ApiState, spec: &mut JobSpec) -> ApiResult<(
     Ok(())
 }
 
-/// Refuses a change to a job of `namespace` by a caller confined to another (403), and a
-/// job id another namespace holds (409: ids are unique in the cluster, whatever their
-/// namespace, so that every path and key that names a job stays as it is).
-fn check_namespace(
-    server: &crate::server::EmbeddedServer,
-    caller: &Caller,
-    job_id: &str,
-    namespace: &str,
-) -> ApiResult<()> {
-    if let Ok(existing) = server.job(job_id)
-        && existing.spec.namespace != namespace
-    {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "job {job_id:?} exists in namespace {:?}: job ids are unique across namespaces",
-                existing.spec.namespace
-            ),
-        ));
-    }
+/// Refuses a change to a job of `namespace` by a caller confined to another namespace (403).
+/// (An id another namespace holds is the server's to refuse, under its lock: 409.)
+fn check_namespace(caller: &Caller, namespace: &str) -> ApiResult<()> {
     if !caller.may_change_namespace(namespace) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -134,7 +117,7 @@ pub(super) async fn register_job(
 ) -> ApiResult<(axum::Extension<super::audit::AuditJob>, Json<Value>)> {
     let server = state.server()?;
     let (spec, _) = check_job(&state, &body).await?;
-    check_namespace(&server, &caller, &spec.id, &spec.namespace)?;
+    check_namespace(&caller, &spec.namespace)?;
     let job_id = spec.id.clone();
     let registration = server.register_job(spec)?;
     let audited = axum::Extension(super::audit::AuditJob(job_id.clone()));
@@ -154,9 +137,11 @@ pub(super) async fn register_job(
 /// as the token goes: it makes the agent read and compile a file.
 pub(super) async fn validate_job(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     body: String,
 ) -> ApiResult<Json<Value>> {
     let (spec, runner_sha256) = check_job(&state, &body).await?;
+    check_namespace(&caller, &spec.namespace)?;
     Ok(Json(json!({
         "job_id": spec.id,
         "valid": true,
@@ -170,11 +155,13 @@ pub(super) async fn validate_job(
 /// validation does.
 pub(super) async fn plan_job(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: String,
 ) -> ApiResult<Json<Value>> {
     let server = state.server()?;
     let (spec, runner_sha256) = check_job(&state, &body).await?;
+    check_namespace(&caller, &spec.namespace)?;
     if spec.id != id {
         return Err(ApiError::bad_request(
             "job.id",
@@ -247,7 +234,7 @@ pub(super) async fn stop_job(
     let purge = flag(&query, "purge")?;
     let server = state.server()?;
     if let Some(namespace) = namespace_of(&server, &id) {
-        check_namespace(&server, &caller, &id, &namespace)?;
+        check_namespace(&caller, &namespace)?;
     }
     let stopped = server.stop_job(&id, purge)?;
     // A purged job goes with its last alloc: at once when it has none left.
@@ -284,7 +271,7 @@ pub(super) async fn scale_job(
         })?;
     let server = state.server()?;
     if let Some(namespace) = namespace_of(&server, &id) {
-        check_namespace(&server, &caller, &id, &namespace)?;
+        check_namespace(&caller, &namespace)?;
     }
     let registration = server.scale_job(&id, count)?;
     Ok(Json(

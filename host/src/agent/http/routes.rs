@@ -63,6 +63,11 @@ impl RuleBook {
         })
     }
 
+    /// Whether some rule has `path`, for any method (a 405 rather than a 404).
+    pub fn knows_path(&self, path: &str) -> bool {
+        self.rules.iter().any(|rule| rule.matches_path(path))
+    }
+
     /// Every rule.
     pub fn rules(&self) -> &[Rule] {
         &self.rules

@@ -19,9 +19,12 @@ const tokenForm = document.getElementById("token-form");
 const tokenInput = document.getElementById("token");
 tokenInput.value = sessionStorage.getItem("caravan-token") || "";
 tokenForm.addEventListener("submit", (event) => event.preventDefault());
+// Asked once typing pauses, not for every partial token (each would be refused).
+let roleTimer;
 tokenInput.addEventListener("input", () => {
   sessionStorage.setItem("caravan-token", tokenInput.value.trim());
-  learnRole();
+  clearTimeout(roleTimer);
+  roleTimer = setTimeout(learnRole, 300);
 });
 
 // What the token in use may do: `undefined` until known, `null` on an agent that checks no
