@@ -22,6 +22,7 @@ const MAX_ANSWER_BYTES: usize = 256 << 20;
 /// An HTTP client for the agent's API.
 pub struct Api {
     api: AgentApi,
+    verbose: bool,
 }
 
 impl Api {
@@ -30,7 +31,23 @@ impl Api {
     pub fn new(pool: &AgentPool, addr: &str, token: Option<String>) -> anyhow::Result<Self> {
         Ok(Api {
             api: pool.agent(addr, token)?,
+            verbose: false,
         })
+    }
+
+    /// With `verbose`, a refusal also says the HTTP status it came with (`--verbose`); the
+    /// message alone says what is wrong, and the exit status that the command failed.
+    pub fn verbose(self, verbose: bool) -> Self {
+        Api { verbose, ..self }
+    }
+
+    /// A refusal's line: the API's message, and the status with `--verbose`.
+    fn refused(&self, message: &str, status: StatusCode) -> anyhow::Error {
+        if self.verbose {
+            anyhow::anyhow!("{message} (HTTP {})", status.as_u16())
+        } else {
+            anyhow::anyhow!("{message}")
+        }
     }
 
     /// How a command says it got no answer: an agent that could not be reached gets a hint
@@ -80,7 +97,7 @@ impl Api {
     ) -> anyhow::Result<Value> {
         let (status, bytes) = self.exchange(method, path, body).await?;
         if !status.is_success() {
-            bail!("{} ({})", error_message(&bytes), status.as_u16());
+            return Err(self.refused(&error_message(&bytes), status));
         }
         Ok(serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())))
@@ -124,11 +141,8 @@ impl Api {
             _ => None,
         };
         if let Some(refusal) = refusal {
-            bail!(
-                "uploading runner {}: {refusal} ({})",
-                path.display(),
-                status.as_u16()
-            );
+            let message = format!("uploading runner {}: {refusal}", path.display());
+            return Err(self.refused(&message, status));
         }
         let (status, answer) = self
             .api
@@ -142,12 +156,12 @@ impl Api {
             .await
             .map_err(|error| self.unreachable(error))?;
         if !status.is_success() {
-            bail!(
-                "uploading runner {}: {} ({})",
+            let message = format!(
+                "uploading runner {}: {}",
                 path.display(),
-                error_message(&answer),
-                status.as_u16()
+                error_message(&answer)
             );
+            return Err(self.refused(&message, status));
         }
         Ok(sha256)
     }
@@ -157,7 +171,7 @@ impl Api {
     pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
         let (status, bytes) = self.exchange("GET", path, None).await?;
         if !status.is_success() {
-            bail!("{} ({})", error_message(&bytes), status.as_u16());
+            return Err(self.refused(&error_message(&bytes), status));
         }
         Ok(bytes.to_vec())
     }
@@ -191,7 +205,7 @@ impl Api {
             let bytes = read_body(body, MAX_ANSWER_BYTES)
                 .await
                 .map_err(anyhow::Error::msg)?;
-            bail!("{} ({})", error_message(&bytes), status.as_u16());
+            return Err(self.refused(&error_message(&bytes), status));
         }
         while let Some(frame) = body.frame().await {
             if let Ok(data) = frame.context("reading the agent's answer")?.into_data() {

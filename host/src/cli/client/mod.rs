@@ -113,6 +113,9 @@ pub struct RemoteArgs {
     /// Print the API's JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Also say the HTTP status a refusal came with.
+    #[arg(long, global = true)]
+    verbose: bool,
     /// How to reach an agent that serves HTTPS.
     #[command(flatten)]
     tls: DialTlsArgs,
@@ -123,7 +126,7 @@ impl RemoteArgs {
     /// that is not `http://HOST:PORT` (`https://` with a CA certificate).
     fn connect(self) -> anyhow::Result<Remote> {
         Ok(Remote {
-            api: Api::new(&self.tls.pool()?, &self.address, self.token)?,
+            api: Api::new(&self.tls.pool()?, &self.address, self.token)?.verbose(self.verbose),
             json: self.json,
         })
     }

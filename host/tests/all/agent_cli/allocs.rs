@@ -131,7 +131,7 @@ fn alloc_fs_lists_and_prints_an_allocs_files_and_nothing_outside_its_dir() {
         let error = String::from_utf8_lossy(&refused.stderr);
         assert_eq!(refused.status.code(), Some(1), "{path}: {error}");
         assert!(
-            error.contains("is outside the alloc dir") && error.contains("(400)"),
+            error.contains("is outside the alloc dir"),
             "{path}: {error}"
         );
         assert!(!stdout(&refused).contains("not the runner's"));
@@ -170,9 +170,6 @@ fn alloc_fs_lists_and_prints_an_allocs_files_and_nothing_outside_its_dir() {
 
     let missing = fs(Some("out/nope.txt"));
     let error = String::from_utf8_lossy(&missing.stderr);
-    assert!(
-        error.contains("does not exist in the alloc dir") && error.contains("(404)"),
-        "{error}"
-    );
+    assert!(error.contains("does not exist in the alloc dir"), "{error}");
     agent.stop();
 }
