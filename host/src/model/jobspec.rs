@@ -25,8 +25,8 @@
 //!
 //! This module only parses and validates; it knows nothing of servers or runners.
 
-use crate::model::capabilities::{self, Capabilities};
-use crate::model::constraint::{Algorithm, Constraint, MAX_CONSTRAINTS, RawConstraint};
+use crate::model::capabilities::Capabilities;
+use crate::model::constraint::{Algorithm, Constraint, RawConstraint};
 use crate::model::disconnect::{DisconnectPolicy, RawDisconnect};
 use crate::model::limits::{LimitOverrides, RawLimits};
 use crate::model::reschedule::{RawReschedule, ReschedulePolicy};
@@ -244,10 +244,10 @@ struct RawTask {
     config: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Parses a TOML job file.
+/// Parses a TOML job file: its first problem in file order, if any (every problem, each
+/// with its line: [`check_toml`]).
 pub fn parse_toml(text: &str) -> Result<JobSpec, SpecError> {
-    let raw: RawDocument = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
-    validate(raw.job)
+    check_toml(text).map_err(|mut problems| problems.remove(0).error)
 }
 
 /// A TOML error as one line: where it is (line and column, from 1), what is wrong, and a
@@ -305,205 +305,10 @@ pub fn parse_json(text: &str) -> Result<JobSpec, SpecError> {
     validate(raw.job)
 }
 
+/// The first of `raw`'s problems, or its job (the API answers one field at a time; a job
+/// file's problems are all found by [`check_toml`]).
 fn validate(raw: RawJob) -> Result<JobSpec, SpecError> {
-    let id = raw.id.ok_or_else(|| error("job.id", "missing"))?;
-    let id_chars = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if id.is_empty() || id.len() > 64 || !id.chars().all(id_chars) || id == "." || id == ".." {
-        return Err(error(
-            "job.id",
-            format!("{id:?} must be 1 to 64 letters, digits, '-', '_' or '.'"),
-        ));
-    }
-    let job_type = match raw.job_type.as_deref() {
-        None => {
-            return Err(error(
-                "job.type",
-                "missing; expected \"service\" or \"batch\"",
-            ));
-        }
-        Some("service") => JobType::Service,
-        Some("batch") => JobType::Batch,
-        Some(other) => {
-            return Err(error(
-                "job.type",
-                format!("unknown job type {other:?}; expected \"service\" or \"batch\""),
-            ));
-        }
-    };
-    let count = match raw.count {
-        None => {
-            return Err(error(
-                "job.count",
-                "missing; how many allocs to run, such as `count = 3`",
-            ));
-        }
-        Some(count) if !(0..=100_000).contains(&count) => {
-            return Err(error(
-                "job.count",
-                format!("{count} is out of range; expected 0 to 100000"),
-            ));
-        }
-        Some(count) => count as u32,
-    };
-    let runner = raw.runner.filter(|r| !r.trim().is_empty()).ok_or_else(|| {
-        error(
-            "job.runner",
-            "missing; the path of the runner component (.wasm)",
-        )
-    })?;
-    // A registry reference is kept as written; a path loses its `.` and `..` segments.
-    let runner = if runner.starts_with("oci://") {
-        runner
-    } else {
-        normalise_path(&runner)
-    };
-    let runner_sha256 = match raw.runner_sha256 {
-        None => None,
-        Some(sha256) => {
-            let digits = sha256.strip_prefix("sha256:").unwrap_or(&sha256);
-            if !crate::util::text::is_sha256_hex(digits) {
-                return Err(error(
-                    "job.runner_sha256",
-                    format!(
-                        "{:?} is not a SHA-256: expected 64 lowercase hex digits, \
-                         optionally after `sha256:`",
-                        crate::util::text::cut(&sha256, 80)
-                    ),
-                ));
-            }
-            Some(digits.to_string())
-        }
-    };
-    let limits = LimitOverrides::from_raw(&raw.limits)
-        .map_err(|e| error(e.field("job.limits"), e.problem()))?;
-    let caps = &raw.capabilities;
-    let capabilities = capabilities::parse_job(&caps.network, &caps.volumes, &caps.env)
-        .map_err(|e| error(e.key, e.message))?;
-    let reschedule = match &raw.reschedule {
-        None => None,
-        Some(block) => Some(
-            block
-                .parse(DEFAULT_RESCHEDULE_ATTEMPTS)
-                .map_err(|e| error(format!("job.reschedule.{}", e.key), e.message))?,
-        ),
-    };
-    let restart = match &raw.restart {
-        None => None,
-        Some(block) => Some(
-            block
-                .parse()
-                .map_err(|e| error(format!("job.restart.{}", e.key), e.message))?,
-        ),
-    };
-    if raw.constraint.len() > MAX_CONSTRAINTS {
-        return Err(error(
-            "job.constraint",
-            format!(
-                "{} constraints; at most {MAX_CONSTRAINTS}",
-                raw.constraint.len()
-            ),
-        ));
-    }
-    let constraints = raw
-        .constraint
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            c.parse()
-                .map_err(|(key, problem)| error(format!("job.constraint[{i}].{key}"), problem))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let placement = match raw.placement.as_deref() {
-        None | Some("binpack") => Algorithm::Binpack,
-        Some("spread") => Algorithm::Spread,
-        Some(other) => {
-            return Err(error(
-                "job.placement",
-                format!(
-                    "unknown placement {:?}; expected \"binpack\" or \"spread\"",
-                    crate::util::text::cut(other, 64)
-                ),
-            ));
-        }
-    };
-    let disconnect = match raw.disconnect {
-        None => None,
-        Some(block) => block
-            .parse()
-            .map_err(|(key, problem)| error(format!("job.disconnect.{key}"), problem))?,
-    };
-    let mut tasks: Vec<Task> = Vec::new();
-    for (i, task) in raw.tasks.into_iter().enumerate() {
-        let field = format!("job.tasks[{i}].name");
-        let name = task
-            .name
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| error(&field, "missing"))?;
-        if tasks.iter().any(|t| t.name == name) {
-            return Err(error(field, format!("{name:?} is used by another task")));
-        }
-        if name.chars().any(char::is_control) {
-            // A task's name is a line in logs, tables and runners' C strings.
-            return Err(error(field, format!("{name:?} has a control character")));
-        }
-        let config = task
-            .config
-            .into_iter()
-            .map(|(key, value)| match value {
-                serde_json::Value::String(text) => (key, text),
-                other => (key, other.to_string()),
-            })
-            .collect();
-        tasks.push(Task { name, config });
-    }
-    if tasks.is_empty() {
-        tasks.push(Task {
-            name: id.clone(),
-            config: Vec::new(),
-        });
-    }
-    let namespace = match raw.namespace {
-        None => DEFAULT_NAMESPACE.to_string(),
-        Some(namespace) => {
-            check_namespace(&namespace).map_err(|problem| error("job.namespace", problem))?;
-            namespace
-        }
-    };
-    let spec = JobSpec {
-        id,
-        namespace,
-        job_type,
-        count,
-        runner,
-        runner_sha256,
-        limits,
-        tasks,
-        meta: raw.meta.into_iter().collect(),
-        capabilities,
-        reschedule,
-        restart,
-        update: UpdatePolicy {
-            carry_checkpoint: raw.update.and_then(|u| u.carry_checkpoint).unwrap_or(false),
-        },
-        constraints,
-        placement,
-        migrate: MigratePolicy {
-            checkpoint: raw.migrate.and_then(|m| m.checkpoint).unwrap_or(true),
-        },
-        disconnect,
-    };
-    let stored = serde_json::to_vec(&spec).map_or(usize::MAX, |bytes| bytes.len());
-    if stored > MAX_JOB_BYTES {
-        return Err(error(
-            "job",
-            format!(
-                "is {stored} bytes as stored; at most {} KiB (its tasks' config and meta are \
-                 copied into each of its allocs, each stored whole)",
-                MAX_JOB_BYTES >> 10
-            ),
-        ));
-    }
-    Ok(spec)
+    validate::validate_all(raw).map_err(|mut problems| problems.remove(0))
 }
 
 /// A `[job.reschedule]` block's `attempts` when it leaves it out (a job without the block
@@ -515,5 +320,9 @@ pub const DEFAULT_RESCHEDULE_ATTEMPTS: u32 = 3;
 /// 1.5 MiB.
 pub const MAX_JOB_BYTES: usize = 256 << 10;
 
+mod problems;
 #[cfg(test)]
 mod tests;
+mod validate;
+
+pub use problems::{Problem, check_toml};

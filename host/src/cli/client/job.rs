@@ -174,8 +174,22 @@ async fn scale(remote: &Remote, id: &str, count: i64) -> anyhow::Result<()> {
 pub fn job_document(path: &Path) -> anyhow::Result<(String, Value)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read job file {}", path.display()))?;
-    let spec =
-        jobspec::parse_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let spec = jobspec::check_toml(&text).map_err(|problems| {
+        // Every problem at once, in file order, as `FILE:LINE:COLUMN: field: what`.
+        let lines: Vec<String> = problems
+            .iter()
+            .map(|problem| match problem.line {
+                0 => format!("{}: {}", path.display(), problem.error),
+                line => format!(
+                    "{}:{line}:{}: {}",
+                    path.display(),
+                    problem.column,
+                    problem.error
+                ),
+            })
+            .collect();
+        anyhow::anyhow!("{}", lines.join("\n"))
+    })?;
     let mut document: Value =
         serde_json::to_value(toml::from_str::<toml::Table>(&text).context("job file")?)?;
     let runner = Path::new(&spec.runner);

@@ -14,9 +14,9 @@ fn job_with_block(job_type: &str, name: &str, block: &str) -> Result<JobSpec, Sp
 fn toml_errors_say_where_and_hint_at_the_usual_mistakes() {
     let single_brackets = "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\n\
                            runner = \"r.wasm\"\n[job.tasks]\nname = \"main\"\n";
-    let refused = parse_toml(single_brackets).unwrap_err().to_string();
+    let refused = check_toml(single_brackets).unwrap_err()[0].to_string();
     assert!(
-        refused.starts_with("job: invalid TOML at line 6, column 1: ")
+        refused.starts_with("line 6, column 6: job.tasks: invalid type: map, expected a sequence")
             && refused.ends_with("write each one under `[[job.tasks]]`, with two brackets"),
         "{refused}"
     );
@@ -62,7 +62,7 @@ fn a_reschedule_block_parses_and_a_bad_key_is_named_under_it() {
     );
     let unknown = with_block("retries = 3").unwrap_err();
     assert!(
-        unknown.message.contains("unknown field `retries`"),
+        unknown.message.contains("unknown key `retries`"),
         "{unknown}"
     );
 }
@@ -109,7 +109,7 @@ fn an_update_block_opts_in_to_carrying_checkpoints_and_an_unknown_key_is_named()
     assert_eq!(with_block("").unwrap().update, UpdatePolicy::default());
     let refused = with_block("carry = true").unwrap_err().to_string();
     assert!(
-        refused.contains("unknown field `carry`") && refused.contains("carry_checkpoint"),
+        refused.contains("unknown key `carry`") && refused.contains("carry_checkpoint"),
         "{refused}"
     );
     let spec = with_block("carry_checkpoint = false").unwrap();

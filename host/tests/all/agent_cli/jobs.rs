@@ -230,9 +230,29 @@ fn job_validate_and_plan_change_nothing_and_a_broken_job_never_registers() {
     let single_brackets = agent.caravan(&["job", "validate", job_file_arg]);
     let error = String::from_utf8_lossy(&single_brackets.stderr);
     assert!(
-        error.contains("invalid TOML at line 6, column 1") && error.contains("`[[job.tasks]]`"),
+        error.contains(":6:6: job.tasks: ") && error.contains("`[[job.tasks]]`"),
         "{error}"
     );
+
+    // Every mistake at once, in file order, each where it is, with a near miss named.
+    std::fs::write(
+        &job_file,
+        "[job]\nid = \"sleepy\"\ntype = \"servce\"\ncount = 1\nrunner = \"r.wasm\"\n\
+         [job.limits]\nmemroy = \"64MiB\"\nkill_timeout = \"soon\"\n[[job.task]]\nname = \"web\"\n",
+    )
+    .unwrap();
+    let many = agent.caravan(&["job", "validate", job_file_arg]);
+    let error = String::from_utf8_lossy(&many.stderr);
+    let lines: Vec<&str> = error.lines().collect();
+    assert_eq!(lines.len(), 4, "{error}");
+    for (line, expected) in lines.iter().zip([
+        ":3:1: job.type: unknown job type \"servce\"; did you mean `service`?",
+        ":7:1: job.limits.memroy: unknown key `memroy`; did you mean `memory`?",
+        ":8:1: job.limits.kill_timeout: ",
+        ":9:7: job.task: unknown key `task`; did you mean `tasks`?",
+    ]) {
+        assert!(line.contains(expected), "{expected} in {error}");
+    }
     agent.stop();
 }
 

@@ -1,0 +1,488 @@
+//! A job file's problems all at once, in file order, each with its line and column: unknown
+//! keys anywhere (with "did you mean" for a near miss), a value of the wrong type, and every
+//! value the checks refuse ([`super::validate`]).
+//!
+//! The file is read twice: once by the TOML parser that keeps where each key is ([`DeTable`]),
+//! whose keys are walked against the job file's schema ([`JOB`]), and once into the job's
+//! typed form, without the unknown keys, for the values. A value's problem names its field
+//! (`job.tasks[1].name`); the field is looked up in the first reading for its line.
+
+use super::{RawDocument, SpecError, error, toml_error};
+use crate::model::limits::LimitOverrides;
+use toml::de::{DeTable, DeValue};
+
+/// One problem of a job file, where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Its line, from 1 (0: the file as a whole).
+    pub line: usize,
+    /// Its column, from 1, in characters.
+    pub column: usize,
+    /// The field and what is wrong.
+    pub error: SpecError,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.line > 0 {
+            write!(f, "line {}, column {}: ", self.line, self.column)?;
+        }
+        write!(f, "{}", self.error)
+    }
+}
+
+/// What a key of the job file holds.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    /// A value (a string, a number, a list of values).
+    Value,
+    /// A table of these keys.
+    Table(&'static [(&'static str, Shape)]),
+    /// A list of tables of these keys (`[[job.tasks]]`).
+    Tables(&'static [(&'static str, Shape)]),
+    /// A table whose keys are these names, each a value.
+    Named(&'static [&'static str]),
+    /// A table of any keys (meta, a task's config, volumes, env).
+    Free,
+}
+
+use Shape::{Free, Named, Table, Tables, Value};
+
+const TASK: &[(&str, Shape)] = &[("name", Value), ("config", Free)];
+const CAPABILITIES: &[(&str, Shape)] = &[("network", Value), ("volumes", Free), ("env", Free)];
+const RESCHEDULE: &[(&str, Shape)] = &[
+    ("attempts", Value),
+    ("interval", Value),
+    ("delay", Value),
+    ("delay_function", Value),
+    ("max_delay", Value),
+    ("unlimited", Value),
+];
+const RESTART: &[(&str, Shape)] = &[
+    ("attempts", Value),
+    ("interval", Value),
+    ("delay", Value),
+    ("delay_function", Value),
+    ("max_delay", Value),
+    ("mode", Value),
+];
+const CONSTRAINT: &[(&str, Shape)] = &[("attribute", Value), ("operator", Value), ("value", Value)];
+const DISCONNECT: &[(&str, Shape)] = &[
+    ("lost_after", Value),
+    ("replace", Value),
+    ("reconcile", Value),
+];
+
+/// The job file's keys: what [`super::RawJob`] and the blocks it holds take (a test keeps
+/// the two the same).
+const JOB: &[(&str, Shape)] = &[
+    ("id", Value),
+    ("namespace", Value),
+    ("type", Value),
+    ("count", Value),
+    ("runner", Value),
+    ("runner_sha256", Value),
+    ("limits", Named(LimitOverrides::KEYS)),
+    ("tasks", Tables(TASK)),
+    ("meta", Free),
+    ("capabilities", Table(CAPABILITIES)),
+    ("reschedule", Table(RESCHEDULE)),
+    ("restart", Table(RESTART)),
+    ("update", Table(&[("carry_checkpoint", Value)])),
+    ("constraint", Tables(CONSTRAINT)),
+    ("placement", Value),
+    ("migrate", Table(&[("checkpoint", Value)])),
+    ("disconnect", Table(DISCONNECT)),
+];
+
+const DOCUMENT: &[(&str, Shape)] = &[("job", Table(JOB))];
+
+/// Every problem of the TOML job file `text`, in file order, or the job it describes.
+pub fn check_toml(text: &str) -> Result<super::JobSpec, Vec<Problem>> {
+    let document = DeTable::parse(text).map_err(|syntax| {
+        let error = toml_error(text, &syntax);
+        vec![Problem {
+            line: 0,
+            column: 0,
+            error,
+        }]
+    })?;
+    let mut found = Vec::new();
+    let mut unknown = Vec::new();
+    walk(document.get_ref(), DOCUMENT, "", &mut found, &mut unknown);
+    // The values, without the unknown keys (each already a problem of its own).
+    let mut value = match toml::from_str::<toml::Table>(text).map(serde_json::to_value) {
+        Ok(Ok(value)) => value,
+        Ok(Err(e)) => return Err(vec![at_start(error("job", e.to_string()))]),
+        Err(syntax) => return Err(vec![at_start(toml_error(text, &syntax))]),
+    };
+    for path in &unknown {
+        remove(&mut value, path);
+    }
+    let mut problems: Vec<(usize, SpecError)> = found;
+    match serde_path_to_error::deserialize::<_, RawDocument>(value) {
+        Err(typed) => {
+            let field = typed.path().to_string();
+            let mut message = typed.inner().to_string();
+            let list = ["job.tasks", "job.constraint"].contains(&field.as_str());
+            if list && message.contains("expected a sequence") {
+                let name = field.trim_start_matches("job.");
+                message.push_str(&format!(
+                    "; {name} are a list: write each one under `[[job.{name}]]`, with two brackets"
+                ));
+            }
+            if message.contains("missing field `job`") {
+                message.push_str("; a job file starts with a `[job]` table");
+            }
+            problems.push((offset_of(document.get_ref(), &field), error(field, message)));
+        }
+        Ok(raw) => match super::validate::validate_all(raw.job) {
+            Ok(spec) if problems.is_empty() => return Ok(spec),
+            Ok(_) => {}
+            Err(refused) => problems.extend(
+                refused
+                    .into_iter()
+                    .map(|e| (offset_of(document.get_ref(), &e.field), e)),
+            ),
+        },
+    }
+    problems.sort_by_key(|(offset, _)| *offset);
+    Err(problems
+        .into_iter()
+        .map(|(offset, error)| {
+            let (line, column) = line_and_column(text, offset);
+            Problem {
+                line,
+                column,
+                error,
+            }
+        })
+        .collect())
+}
+
+fn at_start(error: SpecError) -> Problem {
+    Problem {
+        line: 0,
+        column: 0,
+        error,
+    }
+}
+
+/// Walks `table` (at `path`) against `schema`: each unknown key is a problem at the key,
+/// and its path is kept in `unknown` so that the values can be read without it.
+fn walk(
+    table: &DeTable<'_>,
+    schema: &[(&str, Shape)],
+    path: &str,
+    found: &mut Vec<(usize, SpecError)>,
+    unknown: &mut Vec<Vec<String>>,
+) {
+    for (key, value) in table {
+        let name: &str = key.get_ref();
+        let field = if path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{path}.{name}")
+        };
+        let Some((_, shape)) = schema.iter().find(|(known, _)| *known == name) else {
+            let names: Vec<&str> = schema.iter().map(|(known, _)| *known).collect();
+            let mut problem = unknown_key(&field, name, &names);
+            if path.is_empty() {
+                problem.message = format!(
+                    "unknown key `{}`; a job file starts with a `[job]` table",
+                    crate::util::text::cut(name, 64)
+                );
+            }
+            found.push((key.span().start, problem));
+            unknown.push(field.split('.').map(str::to_string).collect());
+            continue;
+        };
+        match (shape, value.get_ref()) {
+            (Table(keys), DeValue::Table(inner)) => walk(inner, keys, &field, found, unknown),
+            (Tables(keys), DeValue::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    if let DeValue::Table(inner) = item.get_ref() {
+                        let before = unknown.len();
+                        walk(inner, keys, &format!("{field}[{i}]"), found, unknown);
+                        // The typed reading removes by path: an index is a segment too.
+                        for path in &mut unknown[before..] {
+                            *path = split_path(&path.join("."));
+                        }
+                    }
+                }
+            }
+            (Named(names), DeValue::Table(inner)) => {
+                for (key, _) in inner.iter() {
+                    let name: &str = key.get_ref();
+                    if !names.contains(&name) {
+                        let field = format!("{field}.{name}");
+                        found.push((key.span().start, unknown_key(&field, name, names)));
+                        unknown.push(split_path(&field));
+                    }
+                }
+            }
+            // A value where a table belongs, or the other way round, is the typed reading's
+            // to name.
+            _ => {}
+        }
+    }
+}
+
+fn unknown_key(field: &str, name: &str, known: &[&str]) -> SpecError {
+    let hint = did_you_mean(name, known);
+    let message = if hint.is_empty() {
+        format!(
+            "unknown key `{}`; expected one of {}",
+            crate::util::text::cut(name, 64),
+            known.join(", ")
+        )
+    } else {
+        format!("unknown key `{}`{hint}", crate::util::text::cut(name, 64))
+    };
+    error(field, message)
+}
+
+/// `; did you mean `x`?` for the known name nearest to `given`, when it is near enough to be
+/// a typo (at most a third of its letters off, and at most 3); "" otherwise.
+pub(super) fn did_you_mean(given: &str, known: &[&str]) -> String {
+    let nearest = known
+        .iter()
+        .map(|candidate| (edit_distance(given, candidate), *candidate))
+        .min();
+    match nearest {
+        Some((distance, candidate))
+            if distance > 0 && distance <= 3 && distance * 3 <= candidate.len().max(3) =>
+        {
+            format!("; did you mean `{candidate}`?")
+        }
+        _ => String::new(),
+    }
+}
+
+/// Levenshtein distance, in characters, with a swap of two neighbours counting one.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len() > 64 || b.len() > 64 {
+        return usize::MAX;
+    }
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let substitution = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + substitution);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// `job.tasks[1].name` as segments: `job`, `tasks`, `1`, `name`.
+fn split_path(field: &str) -> Vec<String> {
+    field
+        .split('.')
+        .flat_map(|part| {
+            let mut segments = Vec::new();
+            let mut rest = part;
+            while let Some(open) = rest.find('[') {
+                if open > 0 {
+                    segments.push(rest[..open].to_string());
+                }
+                let close = rest[open..].find(']').map_or(rest.len(), |c| open + c);
+                segments.push(rest[open + 1..close].to_string());
+                rest = rest.get(close + 1..).unwrap_or("");
+            }
+            if !rest.is_empty() {
+                segments.push(rest.to_string());
+            }
+            segments
+        })
+        .collect()
+}
+
+/// Removes the key at `path` (segments; a number indexes a list) from `value`.
+fn remove(value: &mut serde_json::Value, path: &[String]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut at = value;
+    for segment in parents {
+        let next = match at {
+            serde_json::Value::Object(map) => map.get_mut(segment),
+            serde_json::Value::Array(items) => {
+                segment.parse::<usize>().ok().and_then(|i| items.get_mut(i))
+            }
+            _ => None,
+        };
+        match next {
+            Some(next) => at = next,
+            None => return,
+        }
+    }
+    if let serde_json::Value::Object(map) = at {
+        map.remove(last);
+    }
+}
+
+/// Where in the file `field` is: its key, or the nearest of its parents the file has (a
+/// missing key is a problem of the table that lacks it); 0 when none is.
+fn offset_of(document: &DeTable<'_>, field: &str) -> usize {
+    let mut table = document;
+    let mut offset = 0;
+    let segments = split_path(field);
+    let mut segments = segments.iter().peekable();
+    while let Some(segment) = segments.next() {
+        let Some((key, value)) = table.iter().find(|(key, _)| key.get_ref() == segment) else {
+            break;
+        };
+        offset = key.span().start;
+        let mut value = value;
+        if let (DeValue::Array(items), Some(index)) = (
+            value.get_ref(),
+            segments.peek().and_then(|i| i.parse::<usize>().ok()),
+        ) {
+            segments.next();
+            let Some(item) = items.get(index) else {
+                break;
+            };
+            offset = item.span().start;
+            value = item;
+        }
+        match value.get_ref() {
+            DeValue::Table(inner) => table = inner,
+            _ => break,
+        }
+    }
+    offset
+}
+
+/// The line and column (from 1; the column in characters) of byte `offset` of `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |at| at + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(text: &str) -> Vec<String> {
+        check_toml(text)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_problem_is_found_in_file_order_with_its_line() {
+        let text = "[job]\nid = \"web\"\ntype = \"servce\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                    placement = \"sprad\"\n[job.limits]\nmemroy = \"64MiB\"\n\
+                    [[job.task]]\nname = \"a\"\n";
+        assert_eq!(
+            problems(text),
+            [
+                "line 3, column 1: job.type: unknown job type \"servce\"; did you mean `service`?; expected \"service\" or \"batch\"",
+                "line 6, column 1: job.placement: unknown placement \"sprad\"; did you mean `spread`?; expected \"binpack\" or \"spread\"",
+                "line 8, column 1: job.limits.memroy: unknown key `memroy`; did you mean `memory`?",
+                "line 9, column 7: job.task: unknown key `task`; did you mean `tasks`?",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_key_is_the_tables_and_a_wrong_type_is_its_keys() {
+        let text = "[job]\nid = \"web\"\ntype = \"batch\"\nrunner = \"r.wasm\"\n\
+                    [[job.tasks]]\nname = \"a\"\n[[job.tasks]]\nname = 7\n";
+        let found = problems(text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("line 8, column 1: job.tasks[1].name: invalid type"),
+            "{found:?}"
+        );
+        let missing = problems("[job]\nid = \"web\"\ntype = \"batch\"\nrunner = \"r.wasm\"\n");
+        assert_eq!(
+            missing,
+            ["line 1, column 2: job.count: missing; how many allocs to run, such as `count = 3`"]
+        );
+    }
+
+    #[test]
+    fn a_far_miss_lists_what_is_known() {
+        let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                    [job.update]\nwhatever = true\n";
+        assert_eq!(
+            problems(text),
+            [
+                "line 7, column 1: job.update.whatever: unknown key `whatever`; expected one of carry_checkpoint"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_schema_is_the_typed_forms() {
+        // Every key the schema knows is one the typed reading takes, and one it does not
+        // know is refused there too.
+        fn keys(schema: &[(&'static str, Shape)], path: &str, out: &mut Vec<(String, Shape)>) {
+            for (name, shape) in schema {
+                let field = format!("{path}.{name}");
+                out.push((field.clone(), *shape));
+                match shape {
+                    Table(inner) => keys(inner, &field, out),
+                    Tables(inner) => keys(inner, &field, out),
+                    _ => {}
+                }
+            }
+        }
+        let mut all = Vec::new();
+        keys(JOB, "job", &mut all);
+        for (field, _) in &all {
+            // `job.a.b` as {"job": {"a": {"b": null}}}, a list of tables holding one table.
+            let segments: Vec<&str> = field.split('.').collect();
+            let mut value = serde_json::Value::Null;
+            for i in (1..segments.len()).rev() {
+                let is_list = all
+                    .iter()
+                    .any(|(f, s)| *f == segments[..=i].join(".") && matches!(s, Tables(_)));
+                let inner = if is_list && !value.is_null() {
+                    serde_json::json!([value])
+                } else {
+                    value
+                };
+                value = serde_json::json!({ segments[i]: inner });
+            }
+            let value = serde_json::json!({ "job": value });
+            let typed = serde_json::from_value::<RawDocument>(value.clone());
+            if let Err(error) = typed {
+                assert!(
+                    !error.to_string().contains("unknown field"),
+                    "{field}: {error}"
+                );
+            }
+        }
+        let unknown = serde_json::json!({"job": {"bogus": 1}});
+        assert!(serde_json::from_value::<RawDocument>(unknown).is_err());
+    }
+
+    #[test]
+    fn near_misses_only() {
+        assert_eq!(
+            did_you_mean("memroy", &["memory", "cpu"]),
+            "; did you mean `memory`?"
+        );
+        assert_eq!(did_you_mean("xyz", &["memory", "cpu"]), "");
+        assert_eq!(did_you_mean("cpu", &["memory", "cpu"]), "");
+    }
+}
