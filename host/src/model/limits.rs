@@ -230,13 +230,26 @@ pub type RawLimits = std::collections::BTreeMap<String, Option<RawLimitValue>>;
 impl LimitOverrides {
     /// Parses every key of a `[... limits]` table; the first bad key or value is the error.
     pub fn from_raw(raw: &RawLimits) -> Result<LimitOverrides, LimitError> {
+        Self::from_raw_all(raw).map_err(|mut errors| errors.remove(0))
+    }
+
+    /// Parses every key of a `[... limits]` table; every bad key or value is an error, in
+    /// the keys' order.
+    pub fn from_raw_all(raw: &RawLimits) -> Result<LimitOverrides, Vec<LimitError>> {
         let mut overrides = LimitOverrides::default();
+        let mut errors = Vec::new();
         for (key, value) in raw {
-            if let Some(value) = value {
-                overrides.set(key, &value.0)?;
+            if let Some(value) = value
+                && let Err(error) = overrides.set(key, &value.0)
+            {
+                errors.push(error);
             }
         }
-        Ok(overrides)
+        if errors.is_empty() {
+            Ok(overrides)
+        } else {
+            Err(errors)
+        }
     }
 }
 

@@ -420,6 +420,22 @@ mod tests {
     }
 
     #[test]
+    fn every_bad_limit_is_named() {
+        let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                    [job.limits]\nmemory = \"lots\"\ncpu = \"0s\"\n";
+        let found = problems(text);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].starts_with("line 7, column 1: job.limits.memory: "),
+            "{found:?}"
+        );
+        assert!(
+            found[1].starts_with("line 8, column 1: job.limits.cpu: "),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn a_far_miss_lists_what_is_known() {
         let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
                     [job.update]\nwhatever = true\n";

@@ -1,7 +1,7 @@
 //! A job document's values checked, every field apart: each problem is found, not only the
 //! first, so that a job file's author sees them all at once (`super::problems` puts them in
-//! file order with their lines). A block of its own (`[job.limits]`, `[job.reschedule]`, a
-//! constraint) still stops at its first bad key.
+//! file order with their lines), every bad limit too. A block of its own (`[job.reschedule]`,
+//! the capabilities, a constraint) still stops at its first bad key.
 
 use super::{
     DEFAULT_NAMESPACE, DEFAULT_RESCHEDULE_ATTEMPTS, JobSpec, JobType, MAX_JOB_BYTES, MigratePolicy,
@@ -20,10 +20,12 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
     let count = problems.keep(count(raw.count));
     let runner = problems.keep(runner(raw.runner));
     let runner_sha256 = problems.keep(runner_sha256(raw.runner_sha256));
-    let limits = problems.keep(
-        LimitOverrides::from_raw(&raw.limits)
-            .map_err(|e| error(e.field("job.limits"), e.problem())),
-    );
+    let limits = problems.keep_all(LimitOverrides::from_raw_all(&raw.limits).map_err(|errors| {
+        errors
+            .iter()
+            .map(|e| error(e.field("job.limits"), e.problem()))
+            .collect()
+    }));
     let caps = &raw.capabilities;
     let capabilities = problems.keep(
         capabilities::parse_job(&caps.network, &caps.volumes, &caps.env)
@@ -181,10 +183,15 @@ struct Problems(Vec<SpecError>);
 impl Problems {
     /// The value checked, or `None` with its problem kept.
     fn keep<T>(&mut self, checked: Result<T, SpecError>) -> Option<T> {
+        self.keep_all(checked.map_err(|problem| vec![problem]))
+    }
+
+    /// The value checked, or `None` with its problems kept.
+    fn keep_all<T>(&mut self, checked: Result<T, Vec<SpecError>>) -> Option<T> {
         match checked {
             Ok(value) => Some(value),
-            Err(problem) => {
-                self.0.push(problem);
+            Err(problems) => {
+                self.0.extend(problems);
                 None
             }
         }
