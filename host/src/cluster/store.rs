@@ -25,7 +25,7 @@ pub const LIST_PAGE: i64 = 1_000;
 /// The end of the range of keys that start with `prefix`, by etcd's own rule: the prefix
 /// with its last byte below 0xff raised by one and what follows it dropped (every key from
 /// the prefix on, `\0`, when there is none).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -316,15 +316,48 @@ impl EtcdStore {
         page: i64,
     ) -> Result<(Vec<KeyValue>, i64), StoreError> {
         let end = prefix_end(prefix.as_bytes());
+        self.list_range(prefix.as_bytes(), &end, 0, page).await
+    }
+
+    /// Every key of each range `[start, end)` of `ranges`, all read at one revision (the
+    /// cluster's now), the ranges at once (each in pages of [`LIST_PAGE`]), and that
+    /// revision: a whole cluster read as fast as etcd's members serve it, in one consistent
+    /// view. A compaction past the revision before the last page fails it, as
+    /// [`EtcdStore::list`].
+    pub async fn list_ranges(
+        &self,
+        ranges: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let revision = self.revision().await?;
+        let lists = futures_util::future::try_join_all(
+            ranges
+                .iter()
+                .map(|(start, end)| self.list_range(start, end, revision, LIST_PAGE)),
+        )
+        .await?;
+        Ok((
+            lists.into_iter().flat_map(|(keys, _)| keys).collect(),
+            revision,
+        ))
+    }
+
+    /// Every key of `[start, end)` at `revision` (0: now, the first page's), `page` keys
+    /// per response, and the revision read at.
+    async fn list_range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        mut revision: i64,
+        page: i64,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
         let mut entries = Vec::new();
-        let mut revision = 0;
-        let mut from = prefix.as_bytes().to_vec();
+        let mut from = start.to_vec();
         loop {
             let (start, end) = (&from, &end);
             let mut response = self
                 .retrying("listing a prefix", |mut client| async move {
                     let mut options = GetOptions::new()
-                        .with_range(end.clone())
+                        .with_range(end.to_vec())
                         .with_limit(page.max(1));
                     if revision > 0 {
                         options = options.with_revision(revision);
@@ -354,22 +387,30 @@ impl EtcdStore {
     /// false when it holds another value. Safe to retry: a retry finds the key and changes
     /// nothing.
     pub async fn create(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
-        let held = self.create_or_read("creating a key", key, value).await?;
+        let held = self
+            .create_or_read("creating a key", key, value, &[])
+            .await?;
         Ok(held == value)
     }
 
-    /// Writes `value` at `key` if the key does not exist, else reads it, in one transaction;
-    /// returns what the key holds afterwards.
+    /// Writes `value` at `key` (and each of `puts` with it) if the key does not exist, else
+    /// reads it, in one transaction; returns what the key holds afterwards.
     async fn create_or_read(
         &self,
         what: &str,
         key: &str,
         value: &[u8],
+        puts: &[(String, Vec<u8>)],
     ) -> Result<Vec<u8>, StoreError> {
         self.retrying(what, |mut client| async move {
+            let mut writes = vec![TxnOp::put(key, value, None)];
+            writes.extend(
+                puts.iter()
+                    .map(|(k, v)| TxnOp::put(k.as_str(), v.clone(), None)),
+            );
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key, value, None)])
+                .and_then(writes)
                 .or_else([TxnOp::get(key, None)]);
             let response = client.txn(txn).await?;
             if response.succeeded() {
@@ -394,26 +435,7 @@ impl EtcdStore {
         puts: &[(String, Vec<u8>)],
     ) -> Result<bool, StoreError> {
         let held = self
-            .retrying("creating keys", |mut client| async move {
-                let mut ops = vec![TxnOp::put(key, value, None)];
-                ops.extend(
-                    puts.iter()
-                        .map(|(k, v)| TxnOp::put(k.as_str(), v.clone(), None)),
-                );
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                    .and_then(ops)
-                    .or_else([TxnOp::get(key, None)]);
-                let response = client.txn(txn).await?;
-                if response.succeeded() {
-                    return Ok(value.to_vec());
-                }
-                Ok(read_in(response)
-                    .into_iter()
-                    .next()
-                    .map(|kv| kv.value)
-                    .unwrap_or_default())
-            })
+            .create_or_read("creating keys", key, value, puts)
             .await?;
         Ok(held == value)
     }
@@ -489,7 +511,7 @@ impl EtcdStore {
     pub async fn check_schema(&self) -> Result<(), StoreError> {
         let ours = SCHEMA_VERSION.to_string();
         let found = self
-            .create_or_read("checking the schema", SCHEMA_KEY, ours.as_bytes())
+            .create_or_read("checking the schema", SCHEMA_KEY, ours.as_bytes(), &[])
             .await?;
         let found = String::from_utf8_lossy(&found).into_owned();
         match found.trim().parse::<u32>() {

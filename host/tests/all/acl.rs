@@ -20,9 +20,7 @@ const CALLERS: [Option<Role>; 6] = [
 
 /// Bootstraps `agent`'s ACLs; returns the management token's secret.
 async fn bootstrap(agent: &AgentProcess) -> String {
-    let (status, token) = http(agent.socket_addr(), "POST", "/v1/acl/bootstrap", None, None).await;
-    assert_eq!(status, 200, "bootstrap: {token}");
-    token["secret_id"].as_str().unwrap().to_string()
+    crate::support::acl_bootstrap(agent.socket_addr()).await
 }
 
 /// Makes a token of `role` (confined to `namespace` if given) with `management`; returns
@@ -33,20 +31,9 @@ async fn token(
     role: Role,
     namespace: Option<&str>,
 ) -> (String, String) {
-    let body = json!({ "name": format!("{role}-token"), "role": role, "namespace": namespace });
-    let (status, token) = http(
-        agent.socket_addr(),
-        "POST",
-        "/v1/acl/token",
-        Some(&body.to_string()),
-        Some(management),
-    )
-    .await;
-    assert_eq!(status, 200, "token create: {token}");
-    (
-        token["secret_id"].as_str().unwrap().to_string(),
-        token["accessor_id"].as_str().unwrap().to_string(),
-    )
+    let name = format!("{role}-token");
+    let addr = agent.socket_addr();
+    crate::support::acl_token(addr, management, &name, role.name(), namespace).await
 }
 
 /// A path of `pattern` with each `{name}` filled in with something of the right form.

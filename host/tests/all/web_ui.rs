@@ -264,24 +264,10 @@ async fn checked<T>(
 /// An operator with a read token: the page asks for it once (kept for the tab), shows the
 /// job, and every action is disabled, saying the role it needs.
 async fn read_token_steps(agent: &AgentProcess, browser: &Browser) -> Result<(), String> {
-    let (_, bootstrap) = http(agent.socket_addr(), "POST", "/v1/acl/bootstrap", None, None).await;
-    let management = bootstrap["secret_id"]
-        .as_str()
-        .ok_or("no bootstrap")?
-        .to_string();
-    let body = json!({ "name": "dashboard", "role": "read" }).to_string();
-    let (_, made) = http(
-        agent.socket_addr(),
-        "POST",
-        "/v1/acl/token",
-        Some(&body),
-        Some(&management),
-    )
-    .await;
-    let read = made["secret_id"]
-        .as_str()
-        .ok_or("no read token")?
-        .to_string();
+    let management = crate::support::acl_bootstrap(agent.socket_addr()).await;
+    let (read, _) =
+        crate::support::acl_token(agent.socket_addr(), &management, "dashboard", "read", None)
+            .await;
     let dir = tempfile::tempdir().unwrap();
     let job_file = crate::support::service_job_file(dir.path(), "watched", 1, SLEEPER);
     let run = agent.caravan(&[

@@ -4,8 +4,8 @@
 //! is answered. A request with a token, forwarded to the leader, is answered by its role.
 
 use crate::etcd::EtcdCluster;
+use crate::support::http_via;
 use crate::support::pki::Pki;
-use crate::support::{AgentProcess, http_via};
 use caravan_host::cli::tls::Role;
 use serde_json::json;
 
@@ -13,31 +13,9 @@ use serde_json::json;
 async fn a_token_made_through_one_agent_works_on_all_and_a_revoked_one_stops_at_once_on_all() {
     let pki = Pki::new("acl");
     let etcd = EtcdCluster::start().await;
-    let endpoints = etcd.endpoints().join(",");
     let dir = tempfile::tempdir().unwrap();
-    let agents: Vec<AgentProcess> = (1..=3)
-        .map(|n| {
-            let name = format!("node-{n}");
-            let certificate = pki.issue(Role::Server, &name);
-            let data_dir = dir.path().join(&name);
-            AgentProcess::start_configured(
-                &[
-                    "--cluster",
-                    "etcd",
-                    "--etcd-endpoints",
-                    &endpoints,
-                    "--node-name",
-                    &name,
-                    "--data-dir",
-                    data_dir.to_str().unwrap(),
-                ],
-                &format!(
-                    "max_live_allocs = 8\n{}[acl]\nenabled = true\n[cluster]\nnode_ttl = \"4s\"\n",
-                    pki.agent_config(&certificate, true)
-                ),
-            )
-        })
-        .collect();
+    let config = "max_live_allocs = 8\n[acl]\nenabled = true\n";
+    let agents = super::secured_agents(&pki, &etcd, dir.path(), config);
     let cli = pki.issue(Role::Cli, "cli");
     let pool = pki.pool(Some(&cli));
     let call = |i: usize,

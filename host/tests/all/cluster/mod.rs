@@ -19,6 +19,38 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+/// Three agents, `node-1` to `node-3`, in cluster mode on `etcd`, with their data under `dir`,
+/// each serving HTTPS with a server certificate of `pki` and requiring one of every caller,
+/// with `config` (top-level keys, then blocks) before their `[tls]` and `[cluster]`.
+pub fn secured_agents(
+    pki: &crate::support::pki::Pki,
+    etcd: &EtcdCluster,
+    dir: &std::path::Path,
+    config: &str,
+) -> Vec<AgentProcess> {
+    let endpoints = etcd.endpoints().join(",");
+    (1..=3)
+        .map(|n| {
+            let name = format!("node-{n}");
+            let certificate = pki.issue(caravan_host::cli::tls::Role::Server, &name);
+            let data_dir = dir.join(&name);
+            let args = [
+                "--cluster",
+                "etcd",
+                "--etcd-endpoints",
+                &endpoints,
+                "--node-name",
+                &name,
+                "--data-dir",
+                data_dir.to_str().unwrap(),
+            ];
+            let tls = pki.agent_config(&certificate, true);
+            let text = format!("{config}{tls}[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
+            AgentProcess::start_configured(&args, &text)
+        })
+        .collect()
+}
+
 /// Nodes' lease TTL in these tests: short, so deaths are seen fast, but twice etcd's floor,
 /// so that a node starved of CPU by the tests around it does not miss its renewals.
 const NODE_TTL: &str = "4s";

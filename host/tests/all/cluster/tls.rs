@@ -4,10 +4,10 @@
 //! forwarded to the leader over mutual TLS, and every node fetches the runner build by hash
 //! from another agent over mutual TLS before running its alloc.
 
-use super::{live_by_node, running};
+use super::{live_by_node, running, secured_agents};
 use crate::etcd::EtcdCluster;
 use crate::support::pki::Pki;
-use crate::support::{AgentProcess, eventually_async, http_via};
+use crate::support::{eventually_async, http_via};
 use caravan_host::cli::tls::Role;
 use caravan_test_artifacts::SLEEPER;
 use serde_json::Value;
@@ -16,31 +16,8 @@ use serde_json::Value;
 async fn an_operator_runs_a_job_through_any_agent_of_a_cluster_with_mutual_tls() {
     let pki = Pki::new("cluster");
     let etcd = EtcdCluster::start().await;
-    let endpoints = etcd.endpoints().join(",");
     let dir = tempfile::tempdir().unwrap();
-    let agents: Vec<AgentProcess> = (1..=3)
-        .map(|n| {
-            let name = format!("node-{n}");
-            let certificate = pki.issue(Role::Server, &name);
-            let data_dir = dir.path().join(&name);
-            AgentProcess::start_configured(
-                &[
-                    "--cluster",
-                    "etcd",
-                    "--etcd-endpoints",
-                    &endpoints,
-                    "--node-name",
-                    &name,
-                    "--data-dir",
-                    data_dir.to_str().unwrap(),
-                ],
-                &format!(
-                    "max_live_allocs = 64\n{}[cluster]\nnode_ttl = \"4s\"\n",
-                    pki.agent_config(&certificate, true)
-                ),
-            )
-        })
-        .collect();
+    let agents = secured_agents(&pki, &etcd, dir.path(), "max_live_allocs = 64\n");
     let cli = pki.issue(Role::Cli, "cli");
     let pool = pki.pool(Some(&cli));
     let get = |i: usize, path: String| {

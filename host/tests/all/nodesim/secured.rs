@@ -55,22 +55,12 @@ async fn simulated_nodes_join_a_tls_agent_with_a_nodes_certificate_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulated_nodes_join_an_agent_with_acls_on_with_a_node_token_only() {
     let agent = AgentProcess::start_configured(&["--dev", "--acl-enabled"], "enabled = false\n");
-    let (_, bootstrap) = http(agent.socket_addr(), "POST", "/v1/acl/bootstrap", None, None).await;
-    let management = bootstrap["secret_id"].as_str().unwrap().to_string();
-    let token = |role: &str| {
-        let body = serde_json::json!({ "name": format!("sim-{role}"), "role": role }).to_string();
+    let management = acl_bootstrap(agent.socket_addr()).await;
+    let token = |role: &'static str| {
         let (addr, management) = (agent.socket_addr(), management.clone());
         async move {
-            let (status, made) = http(
-                addr,
-                "POST",
-                "/v1/acl/token",
-                Some(&body),
-                Some(&management),
-            )
-            .await;
-            assert_eq!(status, 200, "{made}");
-            made["secret_id"].as_str().unwrap().to_string()
+            let name = format!("sim-{role}");
+            acl_token(addr, &management, &name, role, None).await.0
         }
     };
     let node_token = token("node").await;

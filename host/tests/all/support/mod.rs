@@ -2,6 +2,7 @@
 //! fails, waiting with a deadline, and the real `caravan` binary with the lines its
 //! processes write; runners, HTTP and agents are in the submodules, re-exported here.
 
+mod acl_tokens;
 mod agents;
 mod cluster_views;
 pub mod hosts;
@@ -9,6 +10,7 @@ mod http_request;
 pub mod pki;
 mod runner;
 
+pub use acl_tokens::{acl_bootstrap, acl_token};
 pub use agents::{
     AgentProcess, agent, agent_refusing_to_start, gc_ignoring_this_disk, wasm_client,
 };
