@@ -153,6 +153,17 @@ fn kill_leader_and_time(
     }
     let took = won.elapsed();
     let logged = agents[survivor].last_logged("this agent now schedules the cluster", "took_ms");
+    let read = agents[survivor].last_logged("this agent now schedules the cluster", "read_ms");
+    let open = agents[survivor].last_logged("this agent now schedules the cluster", "open_ms");
+    let list = agents[survivor].last_logged("read the cluster's keys", "list_ms");
+    let keys = agents[survivor].last_logged("read the cluster's keys", "keys");
+    let bytes = agents[survivor].last_logged("read the cluster's keys", "bytes");
+    println!("takeover: listing {keys} keys ({bytes} bytes of values) took {list} ms");
+    println!(
+        "takeover: logged {logged} ms: reading the cluster {read} ms, opening the server {open} ms, \
+         the rest (nodes registered, deploys completed) {} ms",
+        logged.saturating_sub(read + open)
+    );
     agents[dead] = start_agent(dead + 1);
     (took, logged)
 }

@@ -114,6 +114,7 @@ pub async fn lead(
         },
         () = &mut until => return,
     };
+    let read_ms = started.elapsed().as_millis() as u64;
     let mut deposed = db.deposed();
     let server = match EmbeddedServer::open(config.server.clone(), Arc::new(db)) {
         Ok(server) => server,
@@ -122,6 +123,7 @@ pub async fn lead(
             return;
         }
     };
+    let open_ms = started.elapsed().as_millis() as u64 - read_ms;
     let mut leader = Leader {
         server: server.clone(),
         live: snapshot.live.clone(),
@@ -135,6 +137,8 @@ pub async fn lead(
         revision = snapshot.revision,
         live_nodes = snapshot.live.len(),
         took_ms = started.elapsed().as_millis() as u64,
+        read_ms,
+        open_ms,
         "this agent now schedules the cluster"
     );
     let compacting = config.compact_interval.map(|interval| {

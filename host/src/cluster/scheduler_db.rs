@@ -88,6 +88,35 @@ fn table_name(table: ServerTable) -> &'static str {
     }
 }
 
+/// What a new leader reads, as ranges read at once: every prefix it loads, and the status
+/// keys, as many as the allocs, in two halves of the alloc ids' hex (with the alloc keys, the
+/// bulk of a cluster: three streams that etcd's members serve side by side); and its two
+/// records.
+fn takeover_ranges() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let whole = |prefix: String| {
+        let end = super::store::prefix_end(prefix.as_bytes());
+        (prefix.into_bytes(), end)
+    };
+    let one_key = |key: String| {
+        let mut end = key.clone().into_bytes();
+        end.push(0);
+        (key.into_bytes(), end)
+    };
+    let status = keys::status_prefix();
+    let status_middle = format!("{status}8").into_bytes();
+    let status_end = super::store::prefix_end(status.as_bytes());
+    vec![
+        whole(keys::allocs_prefix()),
+        (status.clone().into_bytes(), status_middle.clone()),
+        (status_middle, status_end),
+        whole(keys::jobs_prefix()),
+        whole(keys::unplaced_prefix()),
+        whole(keys::live_prefix()),
+        one_key(keys::node_schedules_key()),
+        one_key(keys::scheduler_meta_key()),
+    ]
+}
+
 /// Where an alloc record lives: under its node, or unplaced.
 fn alloc_location(record: &SavedAllocRecord) -> String {
     match &record.node_id {
@@ -116,7 +145,14 @@ impl EtcdSchedulerDb {
         store: &EtcdStore,
         fence: Fence,
     ) -> Result<(EtcdSchedulerDb, Snapshot), StoreError> {
-        let (entries, revision) = store.list(super::KEY_PREFIX).await?;
+        let listing = std::time::Instant::now();
+        let (entries, revision) = store.list_ranges(&takeover_ranges()).await?;
+        tracing::info!(
+            keys = entries.len(),
+            bytes = entries.iter().map(|kv| kv.value.len()).sum::<usize>(),
+            list_ms = listing.elapsed().as_millis() as u64,
+            "read the cluster's keys"
+        );
         let mut by_prefix: BTreeMap<&str, Vec<KeyValue>> = BTreeMap::new();
         let prefixes = [
             ("jobs", keys::jobs_prefix()),
