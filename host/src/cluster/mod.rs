@@ -4,7 +4,8 @@
 //! Layout, from the bottom up:
 //! - [`EtcdStore`] (`store`): the connection, with every member named and watches requiring
 //!   a leader; reads and compare-guarded writes retried; the schema check an agent makes
-//!   before it touches anything. `lease`: leases, and writes fenced by a held key.
+//!   before it touches anything. `listing`: a prefix in pages, and a cluster's ranges at
+//!   once, at one revision. `lease`: leases, and writes fenced by a held key.
 //! - [`PrefixWatch`] (`watch`): a watch of one prefix that survives a member's death and a
 //!   compaction without missing or repeating a change.
 //! - [`keys`]: every key, in one place.
@@ -25,6 +26,7 @@ mod acl_tokens;
 mod history;
 pub mod keys;
 mod lease;
+mod listing;
 mod member;
 mod node_api;
 mod scheduler;
