@@ -377,6 +377,13 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
             t.contains("Client statusrunning") && t.contains("CPU used")
         })
         .await;
+    // What a running alloc allows is offered, and nothing else.
+    let offered = browser
+        .run("return [...document.querySelectorAll('main button[data-needs]')].filter(b => !b.hidden).map(b => b.textContent).join(',');")
+        .await;
+    if offered != "Restart,Send,Stop alloc" {
+        return Err(format!("a running alloc offers {offered}"));
+    }
     // The sleeper reaches no files: it has no alloc dir, and the page shows none.
     if browser.text("main dl").await.contains("Alloc dir") {
         return Err("the alloc page shows an alloc dir for a runner that has none".into());

@@ -12,6 +12,7 @@ const REFRESH_MS = 2000;
 const LOG_LINES_KEPT = 2000;
 const FILE_BYTES_SHOWN = 64 * 1024;
 const SIGNALS = ["SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2"];
+const TERMINAL = ["complete", "failed", "lost"];
 
 const main = document.getElementById("main");
 const notice = document.getElementById("notice");
@@ -243,10 +244,10 @@ function jobsPage() {
   }), (data) => {
     fill(gc, drawGc(data.gc));
     fill(nodes, drawNodes(data.nodes));
-    return table(["Job", "Type", "Status", "Version", "Count", "Allocs", "Recovery"],
+    return table(["Job", "Namespace", "Type", "Status", "Version", "Count", "Allocs", "Recovery"],
       data.jobs.map((job) => [
-        el("a", { href: `#/job/${enc(job.id)}` }, job.id), job.type, statusText(job.status),
-        job.version, job.count, byStatus(job.allocs), job.recovery || "",
+        el("a", { href: `#/job/${enc(job.id)}` }, job.id), job.namespace || "default", job.type,
+        statusText(job.status), job.version, job.count, byStatus(job.allocs), job.recovery || "",
       ]),
       "No jobs yet. Run one with: caravan job run FILE");
   });
@@ -350,25 +351,37 @@ function allocPage(allocId) {
   const signalChoice = el("select", { id: "signal-name" }, SIGNALS.map((s) => el("option", {}, s)));
   signalChoice.value = "SIGUSR1";
   const id = () => main.dataset.allocId || allocId;
+  // What the agent would refuse is not offered: a running alloc is restarted, signalled or
+  // stopped; an ended one is collected.
+  const whileRunning = [
+    actionButton("Restart", "operator", async () => {
+      await api("POST", `/v1/client/allocation/${enc(id())}/restart`);
+      return "Restarting its tasks.";
+    }),
+    el("label", { for: "signal-name" }, "Signal"), signalChoice,
+    actionButton("Send", "operator", async () => {
+      await api("POST", `/v1/client/allocation/${enc(id())}/signal`, { signal: signalChoice.value });
+      return `Sent ${signalChoice.value}.`;
+    }),
+    actionButton("Stop alloc", "operator", async () => {
+      await api("POST", `/v1/allocation/${enc(id())}/stop`);
+      return "Stopping it; the scheduler places a replacement if its job still wants one.";
+    }, { danger: true, confirmText: "Yes, stop the alloc" }),
+  ];
+  const onceEnded = [
+    actionButton("Collect", "operator", async () => {
+      await api("POST", `/v1/client/allocation/${enc(id())}/gc`);
+      return "Collected.";
+    }),
+  ];
+  const offerFor = (status) => {
+    const ended = TERMINAL.includes(status);
+    for (const node of whileRunning) node.hidden = ended;
+    for (const node of onceEnded) node.hidden = !ended;
+  };
+  offerFor("pending");
   fill(main, el("h1", {}, "Allocation ", el("span", { class: "id" }, short(allocId))), summary,
-    el("div", { class: "actions" },
-      actionButton("Restart", "operator", async () => {
-        await api("POST", `/v1/client/allocation/${enc(id())}/restart`);
-        return "Restarting its tasks.";
-      }),
-      el("label", { for: "signal-name" }, "Signal"), signalChoice,
-      actionButton("Send", "operator", async () => {
-        await api("POST", `/v1/client/allocation/${enc(id())}/signal`, { signal: signalChoice.value });
-        return `Sent ${signalChoice.value}.`;
-      }),
-      actionButton("Collect", "operator", async () => {
-        await api("POST", `/v1/client/allocation/${enc(id())}/gc`);
-        return "Collected.";
-      }),
-      actionButton("Stop alloc", "operator", async () => {
-        await api("POST", `/v1/allocation/${enc(id())}/stop`);
-        return "Stopping it; the scheduler places a replacement if its job still wants one.";
-      }, { danger: true, confirmText: "Yes, stop the alloc" })),
+    el("div", { class: "actions" }, whileRunning, onceEnded),
     el("h2", { id: "tasks-heading" }, "Tasks"), tasks,
     el("h2", {}, "Log"), logState, log, files);
   const stopLog = followLog(allocId, log, logState);
@@ -386,6 +399,7 @@ function allocPage(allocId) {
   };
   return refreshing(summary, load, (alloc) => {
     main.dataset.allocId = alloc.id;
+    offerFor(alloc.client_status);
     fill(tasks, drawTasks(alloc.task_states));
     return drawAlloc(alloc);
   }, [stopLog, stopFiles]);
