@@ -28,13 +28,21 @@ impl EtcdStore {
     /// Every key of each range `[start, end)` of `ranges`, all read at one revision (the
     /// cluster's now), the ranges at once (each in pages of [`LIST_PAGE`]), and that
     /// revision: a whole cluster read as fast as etcd's members serve it, in one consistent
-    /// view. A compaction past the revision before the last page fails it, as
-    /// [`EtcdStore::list`].
+    /// view. A compaction past that revision before the last page fails the whole read
+    /// (etcd refuses the old revision): the caller reads again, or gives up (a new leader
+    /// steps down, and the next takeover reads afresh).
     pub async fn list_ranges(
         &self,
         ranges: &[(Vec<u8>, Vec<u8>)],
     ) -> Result<(Vec<KeyValue>, i64), StoreError> {
         let revision = self.revision().await?;
+        if revision <= 0 {
+            // Without it each range would be read at its own "now": not one view.
+            return Err(StoreError::Unreachable {
+                endpoints: self.endpoints(),
+                reason: "etcd answered without a revision".into(),
+            });
+        }
         let lists = futures_util::future::try_join_all(
             ranges
                 .iter()

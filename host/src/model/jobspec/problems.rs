@@ -99,31 +99,43 @@ const DOCUMENT: &[(&str, Shape)] = &[("job", Table(JOB))];
 
 /// Every problem of the TOML job file `text`, in file order, or the job it describes.
 pub fn check_toml(text: &str) -> Result<super::JobSpec, Vec<Problem>> {
-    let document = DeTable::parse(text).map_err(|syntax| {
-        let error = toml_error(text, &syntax);
+    let syntax_problem = |syntax: toml::de::Error| {
+        let offset = syntax.span().map_or(0, |span| span.start);
+        let (line, column) = line_and_column(text, offset);
         vec![Problem {
-            line: 0,
-            column: 0,
-            error,
+            line,
+            column,
+            error: toml_error(text, &syntax),
         }]
-    })?;
+    };
+    let document = DeTable::parse(text).map_err(syntax_problem)?;
     let mut found = Vec::new();
     let mut unknown = Vec::new();
-    walk(document.get_ref(), DOCUMENT, "", &mut found, &mut unknown);
-    // The values, without the unknown keys (each already a problem of its own).
-    let mut value = match toml::from_str::<toml::Table>(text).map(serde_json::to_value) {
-        Ok(Ok(value)) => value,
-        Ok(Err(e)) => return Err(vec![at_start(error("job", e.to_string()))]),
-        Err(syntax) => return Err(vec![at_start(toml_error(text, &syntax))]),
-    };
+    walk(document.get_ref(), DOCUMENT, &[], &mut found, &mut unknown);
+    // The values, without the unknown keys (each already a problem of its own), read from
+    // TOML's own values: a detour through JSON would turn `nan` into "not set".
+    let mut value = toml::from_str::<toml::Table>(text)
+        .map(toml::Value::Table)
+        .map_err(syntax_problem)?;
     for path in &unknown {
         remove(&mut value, path);
     }
-    let mut problems: Vec<(usize, SpecError)> = found;
+    // A typo's unknown key already says what it meant: that key is not said missing too.
+    let meant: Vec<String> = found
+        .iter()
+        .filter_map(|(_, _, meant)| meant.clone())
+        .collect();
+    let mut problems: Vec<(usize, SpecError)> = found
+        .into_iter()
+        .map(|(offset, e, _)| (offset, e))
+        .collect();
     match serde_path_to_error::deserialize::<_, RawDocument>(value) {
         Err(typed) => {
-            let field = typed.path().to_string();
-            let mut message = typed.inner().to_string();
+            let field = match typed.path().to_string() {
+                path if path == "." => "job".to_string(),
+                path => path,
+            };
+            let mut message = typed.inner().message().to_string();
             let list = ["job.tasks", "job.constraint"].contains(&field.as_str());
             if list && message.contains("expected a sequence") {
                 let name = field.trim_start_matches("job.");
@@ -142,6 +154,7 @@ pub fn check_toml(text: &str) -> Result<super::JobSpec, Vec<Problem>> {
             Err(refused) => problems.extend(
                 refused
                     .into_iter()
+                    .filter(|e| !(e.message.starts_with("missing") && meant.contains(&e.field)))
                     .map(|e| (offset_of(document.get_ref(), &e.field), e)),
             ),
         },
@@ -160,54 +173,45 @@ pub fn check_toml(text: &str) -> Result<super::JobSpec, Vec<Problem>> {
         .collect())
 }
 
-fn at_start(error: SpecError) -> Problem {
-    Problem {
-        line: 0,
-        column: 0,
-        error,
-    }
-}
+/// A problem found by the walk: where, what, and the field a near miss meant.
+type Found = (usize, SpecError, Option<String>);
 
-/// Walks `table` (at `path`) against `schema`: each unknown key is a problem at the key,
-/// and its path is kept in `unknown` so that the values can be read without it.
+/// Walks `table` (at `path`, as segments) against `schema`: each unknown key is a problem at
+/// the key, and its path is kept in `unknown` so that the values can be read without it.
 fn walk(
     table: &DeTable<'_>,
     schema: &[(&str, Shape)],
-    path: &str,
-    found: &mut Vec<(usize, SpecError)>,
+    path: &[String],
+    found: &mut Vec<Found>,
     unknown: &mut Vec<Vec<String>>,
 ) {
     for (key, value) in table {
         let name: &str = key.get_ref();
-        let field = if path.is_empty() {
-            name.to_string()
-        } else {
-            format!("{path}.{name}")
-        };
+        let mut segments = path.to_vec();
+        segments.push(name.to_string());
+        let field = field_of(&segments);
         let Some((_, shape)) = schema.iter().find(|(known, _)| *known == name) else {
             let names: Vec<&str> = schema.iter().map(|(known, _)| *known).collect();
-            let mut problem = unknown_key(&field, name, &names);
+            let (mut problem, meant) = unknown_key(&field, name, &names);
             if path.is_empty() {
                 problem.message = format!(
                     "unknown key `{}`; a job file starts with a `[job]` table",
                     crate::util::text::cut(name, 64)
                 );
             }
-            found.push((key.span().start, problem));
-            unknown.push(field.split('.').map(str::to_string).collect());
+            let meant = meant.map(|meant| field_of(&[path, &[meant.to_string()]].concat()));
+            found.push((key.span().start, problem, meant));
+            unknown.push(segments);
             continue;
         };
         match (shape, value.get_ref()) {
-            (Table(keys), DeValue::Table(inner)) => walk(inner, keys, &field, found, unknown),
+            (Table(keys), DeValue::Table(inner)) => walk(inner, keys, &segments, found, unknown),
             (Tables(keys), DeValue::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {
                     if let DeValue::Table(inner) = item.get_ref() {
-                        let before = unknown.len();
-                        walk(inner, keys, &format!("{field}[{i}]"), found, unknown);
-                        // The typed reading removes by path: an index is a segment too.
-                        for path in &mut unknown[before..] {
-                            *path = split_path(&path.join("."));
-                        }
+                        let mut at = segments.clone();
+                        at.push(i.to_string());
+                        walk(inner, keys, &at, found, unknown);
                     }
                 }
             }
@@ -215,9 +219,12 @@ fn walk(
                 for (key, _) in inner.iter() {
                     let name: &str = key.get_ref();
                     if !names.contains(&name) {
-                        let field = format!("{field}.{name}");
-                        found.push((key.span().start, unknown_key(&field, name, names)));
-                        unknown.push(split_path(&field));
+                        let mut at = segments.clone();
+                        at.push(name.to_string());
+                        let (problem, meant) = unknown_key(&field_of(&at), name, names);
+                        let meant = meant.map(|meant| format!("{field}.{meant}"));
+                        found.push((key.span().start, problem, meant));
+                        unknown.push(at);
                     }
                 }
             }
@@ -228,40 +235,53 @@ fn walk(
     }
 }
 
-fn unknown_key(field: &str, name: &str, known: &[&str]) -> SpecError {
-    let hint = did_you_mean(name, known);
-    let message = if hint.is_empty() {
-        format!(
-            "unknown key `{}`; expected one of {}",
-            crate::util::text::cut(name, 64),
-            known.join(", ")
-        )
-    } else {
-        format!("unknown key `{}`{hint}", crate::util::text::cut(name, 64))
+/// Segments as a field: `job`, `tasks`, `1`, `name` is `job.tasks[1].name`.
+fn field_of(segments: &[String]) -> String {
+    let mut field = String::new();
+    for segment in segments {
+        if segment.parse::<usize>().is_ok() {
+            field.push_str(&format!("[{segment}]"));
+        } else {
+            if !field.is_empty() {
+                field.push('.');
+            }
+            field.push_str(&crate::util::text::cut(segment, 64));
+        }
+    }
+    field
+}
+
+/// The problem of an unknown key, and the known name it is a near miss of, if any.
+fn unknown_key<'k>(field: &str, name: &str, known: &[&'k str]) -> (SpecError, Option<&'k str>) {
+    let meant = nearest(name, known);
+    let name = crate::util::text::cut(name, 64);
+    let message = match meant {
+        Some(meant) => format!("unknown key `{name}`; did you mean `{meant}`?"),
+        None => format!("unknown key `{name}`; expected one of {}", known.join(", ")),
     };
-    error(field, message)
+    (error(field, message), meant)
 }
 
 /// `; did you mean `x`?` for the known name nearest to `given`, when it is near enough to be
-/// a typo (at most a third of its letters off, and at most 3); "" otherwise.
+/// a typo; "" otherwise.
 pub(super) fn did_you_mean(given: &str, known: &[&str]) -> String {
-    let nearest = known
+    nearest(given, known).map_or_else(String::new, |meant| format!("; did you mean `{meant}`?"))
+}
+
+/// The known name nearest to `given`, when it is near enough to be a typo (at most a third
+/// of its letters off, and at most 3).
+fn nearest<'k>(given: &str, known: &[&'k str]) -> Option<&'k str> {
+    let (distance, candidate) = known
         .iter()
         .map(|candidate| (edit_distance(given, candidate), *candidate))
-        .min();
-    match nearest {
-        Some((distance, candidate))
-            if distance > 0 && distance <= 3 && distance * 3 <= candidate.len().max(3) =>
-        {
-            format!("; did you mean `{candidate}`?")
-        }
-        _ => String::new(),
-    }
+        .min()?;
+    (distance > 0 && distance <= 3 && distance * 3 <= candidate.len().max(3)).then_some(candidate)
 }
 
 /// Levenshtein distance, in characters, with a swap of two neighbours counting one.
 fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let (a, b): (Vec<char>, Vec<char>) =
+        (a.chars().take(65).collect(), b.chars().take(65).collect());
     if a.len() > 64 || b.len() > 64 {
         return usize::MAX;
     }
@@ -311,15 +331,15 @@ fn split_path(field: &str) -> Vec<String> {
 }
 
 /// Removes the key at `path` (segments; a number indexes a list) from `value`.
-fn remove(value: &mut serde_json::Value, path: &[String]) {
+fn remove(value: &mut toml::Value, path: &[String]) {
     let Some((last, parents)) = path.split_last() else {
         return;
     };
     let mut at = value;
     for segment in parents {
         let next = match at {
-            serde_json::Value::Object(map) => map.get_mut(segment),
-            serde_json::Value::Array(items) => {
+            toml::Value::Table(table) => table.get_mut(segment),
+            toml::Value::Array(items) => {
                 segment.parse::<usize>().ok().and_then(|i| items.get_mut(i))
             }
             _ => None,
@@ -329,8 +349,8 @@ fn remove(value: &mut serde_json::Value, path: &[String]) {
             None => return,
         }
     }
-    if let serde_json::Value::Object(map) = at {
-        map.remove(last);
+    if let toml::Value::Table(table) = at {
+        table.remove(last);
     }
 }
 
@@ -417,6 +437,26 @@ mod tests {
             missing,
             ["line 1, column 2: job.count: missing; how many allocs to run, such as `count = 3`"]
         );
+    }
+
+    #[test]
+    fn a_typo_is_one_problem_and_nan_is_no_value() {
+        let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncout = 3\nrunner = \"r.wasm\"\n";
+        assert_eq!(
+            problems(text),
+            ["line 4, column 1: job.cout: unknown key `cout`; did you mean `count`?"]
+        );
+        let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncount = nan\nrunner = \"r.wasm\"\n";
+        let found = problems(text);
+        assert!(
+            found[0].starts_with("line 4, column 1: job.count: invalid type: floating point"),
+            "{found:?}"
+        );
+        let empty = problems("");
+        assert_eq!(empty.len(), 1, "{empty:?}");
+        assert!(empty[0].contains(" job: missing field `job`"), "{empty:?}");
+        let syntax = check_toml("[job]\nid = \"web\"\ncount = three\n").unwrap_err();
+        assert_eq!((syntax[0].line, syntax[0].column), (3, 9), "{syntax:?}");
     }
 
     #[test]

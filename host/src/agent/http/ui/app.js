@@ -351,8 +351,8 @@ function allocPage(allocId) {
   const signalChoice = el("select", { id: "signal-name" }, SIGNALS.map((s) => el("option", {}, s)));
   signalChoice.value = "SIGUSR1";
   const id = () => main.dataset.allocId || allocId;
-  // What the agent would refuse is not offered: a running alloc is restarted, signalled or
-  // stopped; an ended one is collected.
+  // What the agent would refuse is not offered: a running alloc is restarted or signalled, a
+  // running or pending one stopped, an ended one collected; nothing before its state is known.
   const whileRunning = [
     actionButton("Restart", "operator", async () => {
       await api("POST", `/v1/client/allocation/${enc(id())}/restart`);
@@ -363,6 +363,8 @@ function allocPage(allocId) {
       await api("POST", `/v1/client/allocation/${enc(id())}/signal`, { signal: signalChoice.value });
       return `Sent ${signalChoice.value}.`;
     }),
+  ];
+  const untilEnded = [
     actionButton("Stop alloc", "operator", async () => {
       await api("POST", `/v1/allocation/${enc(id())}/stop`);
       return "Stopping it; the scheduler places a replacement if its job still wants one.";
@@ -376,12 +378,13 @@ function allocPage(allocId) {
   ];
   const offerFor = (status) => {
     const ended = TERMINAL.includes(status);
-    for (const node of whileRunning) node.hidden = ended;
+    for (const node of whileRunning) node.hidden = status !== "running";
+    for (const node of untilEnded) node.hidden = status === undefined || ended;
     for (const node of onceEnded) node.hidden = !ended;
   };
-  offerFor("pending");
+  offerFor(undefined);
   fill(main, el("h1", {}, "Allocation ", el("span", { class: "id" }, short(allocId))), summary,
-    el("div", { class: "actions" }, whileRunning, onceEnded),
+    el("div", { class: "actions" }, whileRunning, untilEnded, onceEnded),
     el("h2", { id: "tasks-heading" }, "Tasks"), tasks,
     el("h2", {}, "Log"), logState, log, files);
   const stopLog = followLog(allocId, log, logState);
