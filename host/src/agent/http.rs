@@ -49,7 +49,7 @@ mod views;
 pub use audit::{AuditRecord, CallerAddr};
 pub use auth::{AclSettings, Caller, TOKEN_HEADER};
 pub use routes::{Rule, RuleBook};
-pub use views::{AllocView, JobView, LocalAllocView, TimedJson};
+pub use views::{AllocView, JobView, LocalAllocView, TaskView, TimedJson};
 
 /// What every handler can reach.
 #[derive(Clone)]

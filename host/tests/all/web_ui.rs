@@ -371,6 +371,12 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
             t.contains("running (1)")
         })
         .await;
+    // The job page shows each task's config, its name as text.
+    browser
+        .wait_for_text("the task's config on the job page", "#job-tasks", |t| {
+            t.contains(MARKUP_TASK) && t.contains("log_every = 200ms")
+        })
+        .await;
     browser.click("main a.id").await;
     browser
         .wait_for_text("the alloc page", "main dl", |t| {

@@ -53,6 +53,18 @@ pub struct JobView {
     /// When allocs of the job wait for a node that can hold them: how many, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked: Option<BlockedView>,
+    /// Its tasks, each with the config its runner is given.
+    #[serde(default)]
+    pub tasks: Vec<TaskView>,
+}
+
+/// A job's task as the API shows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskView {
+    /// Its name.
+    pub name: String,
+    /// Its config, key by key.
+    pub config: BTreeMap<String, String>,
 }
 
 /// Allocs of a job waiting for a node, and why.
@@ -214,6 +226,15 @@ pub(super) fn job_view(
             reason: why.to_string(),
             nodes: why.nodes + why.ineligible,
         }),
+        tasks: job
+            .spec
+            .tasks
+            .iter()
+            .map(|task| TaskView {
+                name: task.name.clone(),
+                config: task.config.iter().cloned().collect(),
+            })
+            .collect(),
     }
 }
 

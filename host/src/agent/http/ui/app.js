@@ -293,6 +293,7 @@ function blockedText(blocked) {
 
 function jobPage(jobId) {
   const summary = el("section", { "aria-label": "Job" });
+  const tasks = el("section", { "aria-labelledby": "tasks-heading", id: "job-tasks" });
   const allocs = el("section", { "aria-labelledby": "allocs-heading" });
   const count = el("input", { type: "number", min: 0, max: 100000, id: "scale-count" });
   fill(main, el("h1", {}, "Job ", el("span", { class: "id" }, jobId)), summary,
@@ -306,12 +307,17 @@ function jobPage(jobId) {
         await api("DELETE", `/v1/job/${enc(jobId)}`);
         return `Stopped ${jobId}.`;
       }, { danger: true, confirmText: "Yes, stop the job" })),
+    el("h2", { id: "tasks-heading" }, "Tasks"), tasks,
     el("h2", { id: "allocs-heading" }, "Allocations"), allocs);
   return refreshing(summary, async (signal) => ({
     job: await api("GET", `/v1/job/${enc(jobId)}`, undefined, signal),
     allocs: await api("GET", `/v1/job/${enc(jobId)}/allocations`, undefined, signal),
   }), ({ job, allocs: list }) => {
     if (document.activeElement !== count) count.value = job.count;
+    fill(tasks, table(["Task", "Config"], (job.tasks || []).map((task) => [
+      task.name,
+      Object.entries(task.config).map(([key, value]) => el("span", { class: "limit" }, `${key} = ${value}`)),
+    ]), "No tasks."));
     fill(allocs, drawAllocsByStatus(list));
     return facts([
       ["Status", statusText(job.status)], ["Type", job.type], ["Version", job.version],
