@@ -380,7 +380,7 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
     browser.click("main a.id").await;
     browser
         .wait_for_text("the alloc page", "main dl", |t| {
-            t.contains("Client statusrunning") && t.contains("CPU used")
+            t.contains("Client statusrunning") && t.contains("CPU used") && t.contains(" ago)")
         })
         .await;
     // What a running alloc allows is offered, and nothing else.

@@ -131,6 +131,22 @@ function localTime(unixMs) {
   return el("time", { datetime: at.toISOString(), title: at.toISOString() }, at.toLocaleString());
 }
 
+/** When the alloc's client received it: its first task event (undefined before any). */
+function receivedAt(alloc) {
+  const times = (alloc.task_states || []).flatMap((task) => (task.events || []).map((e) => e.time_unix_ms))
+    .filter((t) => t > 0);
+  return times.length ? Math.min(...times) : undefined;
+}
+
+/** How long ago `unixMs` was, as `45s`, `3m12s` or `2h5m`. */
+function age(unixMs) {
+  if (!unixMs) return "";
+  const s = Math.max(0, Math.round((Date.now() - unixMs) / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m${s % 60}s`;
+  return `${Math.floor(s / 3600)}h${Math.floor((s % 3600) / 60)}m`;
+}
+
 function bytes(n) {
   if (n === undefined || n === null) return "";
   const units = ["B", "KiB", "MiB", "GiB"];
@@ -338,10 +354,10 @@ function drawAllocsByStatus(allocs) {
   const statuses = [...groups.keys()].sort((a, b) => order.indexOf(a) - order.indexOf(b));
   return statuses.map((status) => [
     el("h3", {}, statusText(status), ` (${groups.get(status).length})`),
-    table(["Alloc", "Desired", "Node", "Version", "Description"], groups.get(status).map((alloc) => [
+    table(["Alloc", "Desired", "Node", "Version", "Age", "Description"], groups.get(status).map((alloc) => [
       el("a", { href: `#/alloc/${enc(alloc.id)}`, class: "id" }, short(alloc.id)),
       alloc.desired_status, alloc.node_id ? short(alloc.node_id) : "", alloc.job_version,
-      alloc.description,
+      age(receivedAt(alloc)), alloc.description,
     ]), ""),
   ]);
 }
@@ -425,6 +441,7 @@ function drawAlloc(alloc) {
       ["Runner", [el("code", {}, alloc.runner),
         local.runner_sha256 ? ` (sha256 ${local.runner_sha256.slice(0, 12)})` : ""]],
       ["Desired", alloc.desired_status], ["Client status", statusText(alloc.client_status)],
+      ["Received", receivedAt(alloc) ? [localTime(receivedAt(alloc)), ` (${age(receivedAt(alloc))} ago)`] : ""],
       ["Description", alloc.description],
       ["Replaces", replaces ? el("span", {}, el("a", { href: `#/alloc/${enc(replaces.previous_alloc_id)}`, class: "id" },
         short(replaces.previous_alloc_id)), ` (reschedule ${replaces.attempt}, not before `,
