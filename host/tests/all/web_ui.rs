@@ -34,6 +34,8 @@ impl Browser {
         let driver =
             crate::etcd::dies_with_its_parent(&mut std::process::Command::new("chromedriver"))
                 .arg(format!("--port={port}"))
+                // The pages' local times read as UTC's, whatever this machine's zone.
+                .env("TZ", "UTC")
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
@@ -381,6 +383,8 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
     browser
         .wait_for_text("the alloc page", "main dl", |t| {
             t.contains("Client statusrunning") && t.contains("CPU used") && t.contains(" ago)")
+                // Times as the CLI prints them: local, to the second, with the offset.
+                && t.contains(" +00:00 (")
         })
         .await;
     // What a running alloc allows is offered, and nothing else.

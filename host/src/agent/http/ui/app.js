@@ -125,10 +125,21 @@ function statusText(status) {
   return el("span", { class: `status status-${status}` }, status);
 }
 
+/** `at` as the CLI prints times: local date and time to the second, and the zone's offset
+ * from UTC (`2026-12-01 23:41:07 +01:00`), whatever the browser's locale. */
+function timeText(at) {
+  const pad = (n) => String(n).padStart(2, "0");
+  const offset = -at.getTimezoneOffset();
+  const sign = offset < 0 ? "-" : "+";
+  const hours = pad(Math.floor(Math.abs(offset) / 60)), minutes = pad(Math.abs(offset) % 60);
+  return `${at.getFullYear()}-${pad(at.getMonth() + 1)}-${pad(at.getDate())} ` +
+    `${pad(at.getHours())}:${pad(at.getMinutes())}:${pad(at.getSeconds())} ${sign}${hours}:${minutes}`;
+}
+
 function localTime(unixMs) {
   const at = new Date(unixMs);
   if (!unixMs || Number.isNaN(at.getTime())) return "";
-  return el("time", { datetime: at.toISOString(), title: at.toISOString() }, at.toLocaleString());
+  return el("time", { datetime: at.toISOString(), title: at.toISOString() }, timeText(at));
 }
 
 /** When the alloc's client received it: its first task event (undefined before any). */
@@ -287,7 +298,7 @@ function drawNodes(nodes) {
   return table(["Node", "Status", "Eligibility", "Class", "Allocs not terminal", "Memory reserved", "Address"],
     nodes.map((node) => [
       el("span", { class: "id" }, node.id), statusText(node.status),
-      node.drain ? `draining (${node.allocs} left${node.drain.deadline_unix_ms ? ", deadline " + new Date(node.drain.deadline_unix_ms).toLocaleTimeString() : ""})` : (node.eligibility || ""),
+      node.drain ? `draining (${node.allocs} left${node.drain.deadline_unix_ms ? ", deadline " + timeText(new Date(node.drain.deadline_unix_ms)) : ""})` : (node.eligibility || ""),
       node.class || "",
       node.alloc_slots ? `${node.allocs} of ${node.alloc_slots}` : node.allocs,
       node.memory_bytes ? `${mib(node.memory_reserved_bytes)} of ${mib(node.memory_bytes)}` : "",
