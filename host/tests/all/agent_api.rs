@@ -547,3 +547,34 @@ async fn stopping_the_agent_ends_an_open_log_follow() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
+    let _logs = LogCapture::start();
+    let (agent, _dir) = agent(|_| {}).await;
+    let job = serde_json::json!({ "job": {
+        "id": "small", "type": "service", "count": 1, "runner": MINIMAL,
+        "limits": { "memory": "32MiB", "kill_timeout": "1s" },
+    }})
+    .to_string();
+    let (status, answer) = http(agent.addr, "POST", "/v1/jobs", Some(&job), None).await;
+    assert_eq!(status, 200, "{answer}");
+    wait_for_allocs(&agent, "/v1/job/small/allocations", "running", 1).await;
+    let (_, allocs) = http(agent.addr, "GET", "/v1/job/small/allocations", None, None).await;
+    let id = allocs[0]["id"].as_str().unwrap();
+    let path = format!("/v1/client/allocation/{id}");
+    let (status, local) = http(agent.addr, "GET", &path, None, None).await;
+    assert_eq!(status, 200, "{local}");
+    assert_eq!(
+        local["limits_changed"],
+        serde_json::json!(["memory", "kill_timeout"]),
+        "{local}"
+    );
+    assert_eq!(
+        local["limits"][0],
+        serde_json::json!(["memory", "32 MiB"]),
+        "{local}"
+    );
+    assert_eq!(local["limits"][1][0], "kill_timeout", "{local}");
+    agent.stop().await;
+}

@@ -99,15 +99,19 @@ pub(super) async fn allocation_checkpoint(
 fn local_view(state: &ApiState, alloc_id: &str) -> Option<LocalAllocView> {
     let runner = state.client.runner(alloc_id)?;
     let limits = state.default_limits.with_overrides(&runner.alloc().limits);
+    let defaults = state.default_limits.shown();
+    // The limits its job changed first (what an operator looks for), then the defaults.
+    let (changed, unchanged): (Vec<_>, Vec<_>) = limits
+        .shown()
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .partition(|(key, value)| !defaults.iter().any(|(k, v)| k == key && v == value));
     let usage = runner.usage();
     let alloc_dir = state.client.alloc_dir(alloc_id);
     Some(LocalAllocView {
         alloc_dir: alloc_dir.is_dir().then(|| alloc_dir.display().to_string()),
-        limits: limits
-            .shown()
-            .into_iter()
-            .map(|(key, value)| (key.to_string(), value))
-            .collect(),
+        limits_changed: changed.iter().map(|(key, _)| key.clone()).collect(),
+        limits: changed.into_iter().chain(unchanged).collect(),
         cpu_used_us: usage.map(|u| u.cpu_used.as_micros() as u64),
         memory_peak_bytes: usage.map(|u| u.memory_peak_bytes),
         runner_sha256: runner.runner_sha256(),

@@ -121,8 +121,11 @@ pub struct LocalAllocView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alloc_dir: Option<String>,
     /// The limits it runs under, the job's overrides over this agent's defaults: key (as a
-    /// job file writes it) and value.
+    /// job file writes it) and value; those that differ from the defaults first.
     pub limits: Vec<(String, String)>,
+    /// The keys of `limits` that differ from this agent's defaults.
+    #[serde(default)]
+    pub limits_changed: Vec<String>,
     /// CPU time spent for it since this agent started its runner, guest and host work, in
     /// microseconds (absent for a runner that does not measure).
     #[serde(default, skip_serializing_if = "Option::is_none")]

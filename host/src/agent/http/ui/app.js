@@ -461,7 +461,10 @@ function drawAlloc(alloc) {
       ["CPU used", local.cpu_used_us !== undefined ? `${(local.cpu_used_us / 1e6).toFixed(3)} s` : ""],
       ["Memory peak", bytes(local.memory_peak_bytes)],
       ["Last upgrade", local.upgrade ? upgradeText(local.upgrade) : ""],
-      ["Limits", (local.limits || []).map(([key, value]) => el("span", { class: "limit" }, `${key} ${value}`))],
+      ["Limits", (local.limits || []).map(([key, value]) => el("span", {
+        class: (local.limits_changed || []).includes(key) ? "limit changed" : "limit",
+        title: (local.limits_changed || []).includes(key) ? "set by its job" : "this agent's default",
+      }, `${key} ${value}`))],
     ]),
   ];
 }
