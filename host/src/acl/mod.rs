@@ -14,7 +14,7 @@ mod token;
 
 pub use store::{BOOTSTRAP_KEY, LocalTokens, TokenStore, TokenStoreError};
 pub use token::{
-    AclToken, MAX_SECRET, Permission, Role, TokenRequest, digests_match, secret_digest,
+    AclToken, MAX_NAME, MAX_SECRET, Permission, Role, TokenRequest, digests_match, secret_digest,
 };
 
 /// What a presented secret turned out to be.

@@ -26,7 +26,7 @@ impl EtcdStore {
     }
 
     /// Every key of each range `[start, end)` of `ranges`, all read at one revision (the
-    /// cluster's now), the ranges at once (each in pages of [`LIST_PAGE`]), and that
+    /// cluster's now), the ranges at once (each in pages of `LIST_PAGE`), and that
     /// revision: a whole cluster read as fast as etcd's members serve it, in one consistent
     /// view. A compaction past that revision before the last page fails the whole read
     /// (etcd refuses the old revision): the caller reads again, or gives up (a new leader
