@@ -54,18 +54,16 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
             ),
         )))
     } else {
-        let mut constraints = Some(Vec::new());
-        for (i, constraint) in raw.constraint.into_iter().enumerate() {
-            let parsed =
-                problems.keep(constraint.parse().map_err(|(key, problem)| {
-                    error(format!("job.constraint[{i}].{key}"), problem)
-                }));
-            match (parsed, &mut constraints) {
-                (Some(parsed), Some(all)) => all.push(parsed),
-                _ => constraints = None,
-            }
-        }
-        constraints
+        problems.keep_each(
+            raw.constraint
+                .into_iter()
+                .enumerate()
+                .map(|(i, constraint)| {
+                    constraint.parse().map_err(|(key, problem)| {
+                        error(format!("job.constraint[{i}].{key}"), problem)
+                    })
+                }),
+        )
     };
     let placement = problems.keep(placement(raw.placement.as_deref()));
     let disconnect = problems.keep(match raw.disconnect {
@@ -74,13 +72,10 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
             .parse()
             .map_err(|(key, problem)| error(format!("job.disconnect.{key}"), problem)),
     });
-    let mut tasks: Option<Vec<Task>> = Some(Vec::new());
     let mut names: Vec<String> = Vec::new();
-    for (i, task) in raw.tasks.into_iter().enumerate() {
-        let checked = problems.keep(task_name(i, task.name, &names));
-        if let Some(name) = &checked {
-            names.push(name.clone());
-        }
+    let tasks = problems.keep_each(raw.tasks.into_iter().enumerate().map(|(i, task)| {
+        let name = task_name(i, task.name, &names)?;
+        names.push(name.clone());
         let config = task
             .config
             .into_iter()
@@ -89,11 +84,8 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
                 other => (key, other.to_string()),
             })
             .collect();
-        match (checked, &mut tasks) {
-            (Some(name), Some(all)) => all.push(Task { name, config }),
-            _ => tasks = None,
-        }
-    }
+        Ok(Task { name, config })
+    }));
     let namespace = problems.keep(match raw.namespace {
         None => Ok(DEFAULT_NAMESPACE.to_string()),
         Some(namespace) => check_namespace(&namespace)
@@ -184,6 +176,20 @@ impl Problems {
     /// The value checked, or `None` with its problem kept.
     fn keep<T>(&mut self, checked: Result<T, SpecError>) -> Option<T> {
         self.keep_all(checked.map_err(|problem| vec![problem]))
+    }
+
+    /// Every item checked, or `None` with the problems of all that failed kept.
+    fn keep_each<T>(
+        &mut self,
+        items: impl Iterator<Item = Result<T, SpecError>>,
+    ) -> Option<Vec<T>> {
+        let (good, bad): (Vec<_>, Vec<_>) = items.partition(Result::is_ok);
+        let bad: Vec<SpecError> = bad.into_iter().filter_map(Result::err).collect();
+        self.keep_all(if bad.is_empty() {
+            Ok(good.into_iter().filter_map(Result::ok).collect())
+        } else {
+            Err(bad)
+        })
     }
 
     /// The value checked, or `None` with its problems kept.
