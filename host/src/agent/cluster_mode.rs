@@ -74,8 +74,8 @@ impl ClusterMode {
             agent: agent_id(data_dir)?,
             info: node_info,
         };
-        refuse_a_live_namesake(&store, &record, config.node_ttl).await?;
-        let member = Member::join(store.clone(), record, config.node_ttl);
+        let previous_lease = previous_run_or_namesake(&store, &record, config.node_ttl).await?;
+        let member = Member::join(store.clone(), record, config.node_ttl, previous_lease);
         let slot: ServerSlot = watch::channel(None).0;
         let history = Arc::new(HistoryStats::default());
         let scheduler = SchedulerConfig {
@@ -226,12 +226,12 @@ fn agent_id(data_dir: &Path) -> anyhow::Result<String> {
 
 /// Refuses to join as a node that another live agent already is: two agents running one
 /// node's allocs would run each of them twice. The same agent back within its TTL (a
-/// restart on its data dir) is not another.
-async fn refuse_a_live_namesake(
+/// restart on its data dir) is not another: returns the lease its previous run held.
+async fn previous_run_or_namesake(
     store: &EtcdStore,
     record: &MemberRecord,
     ttl: Duration,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<i64>> {
     let live = crate::cluster::live_records(store).await?;
     if let Some((other, _)) = live
         .iter()
@@ -244,7 +244,10 @@ async fn refuse_a_live_namesake(
             ttl.as_secs()
         );
     }
-    Ok(())
+    Ok(live
+        .iter()
+        .find(|(live, _)| live.node == record.node && live.agent == record.agent)
+        .map(|(_, lease)| *lease))
 }
 
 /// Runs the scheduler each time this agent wins the leadership, until it loses it.

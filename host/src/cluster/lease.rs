@@ -97,6 +97,28 @@ impl EtcdStore {
         .await
     }
 
+    /// Revokes `lease`: every key attached to it is deleted at once. False when etcd no
+    /// longer had it (it expired, or was revoked already). Retried: revoking twice is
+    /// revoking once.
+    pub async fn revoke_lease(&self, lease: i64) -> Result<bool, StoreError> {
+        let client = self.client.clone();
+        self.retrying("revoking a lease", |_| {
+            let mut client = client.clone();
+            async move {
+                match client.lease_revoke(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if status.message().contains("lease not found") =>
+                    {
+                        Ok(false)
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+        })
+        .await
+    }
+
     /// How long ago `lease` was last renewed (its granted TTL less what is left), to the
     /// second; `None` when it expired.
     pub async fn lease_age(&self, lease: i64) -> Result<Option<Duration>, StoreError> {

@@ -13,6 +13,13 @@
 //!   replaced about one TTL after its last renewal.
 //! - [`Member::leave`] deletes the leader key when this agent holds it: a clean stop hands
 //!   leadership over at once rather than after a TTL.
+//! - An agent restarted on its data dir revokes the lease its previous run held, once its
+//!   node is live under the new one: a leader killed and restarted at once would otherwise
+//!   keep the leader key, and the cluster without a scheduler, until the old lease expired.
+//! - While it leads, the view says until when its lease is known to hold
+//!   ([`MemberView::lease_fresh_until`]): the HTTP API answers from the leader's memory only
+//!   until then, and asks etcd who leads afterwards (a leader woken from a pause must not
+//!   answer with what it knew before it slept).
 //!
 //! It knows etcd and its own keys only; what leading means is the caller's.
 
@@ -67,6 +74,24 @@ pub struct MemberView {
     /// When this agent last won the leadership from another, that agent's node: its lease
     /// expired (that is what freed the leader key), so its node is down too.
     pub took_over_from: Option<String>,
+    /// Until when this agent's lease certainly holds, on this process's monotonic clock:
+    /// three quarters of a TTL after the last renewal etcd accepted was sent (etcd starts
+    /// the TTL when it receives the renewal, later; the quarter covers two clocks' drift).
+    /// `None` while it has no lease.
+    pub lease_fresh_until: Option<tokio::time::Instant>,
+}
+
+impl MemberView {
+    /// Whether this agent's lease is known to hold now, without asking etcd.
+    pub fn lease_is_fresh(&self) -> bool {
+        self.lease_fresh_until
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+}
+
+/// How much of a TTL after a renewal was sent the lease counts as known to hold.
+fn fresh_for(ttl: Duration) -> Duration {
+    ttl * 3 / 4
 }
 
 /// A live agent, as its live key says.
@@ -117,23 +142,39 @@ pub struct Member {
 
 impl Member {
     /// Joins the cluster as `record`, with leases of `ttl`, and campaigns to lead it.
-    pub fn join(store: EtcdStore, record: MemberRecord, ttl: Duration) -> Member {
-        Member::start(store, record, ttl, Campaign::ToLead)
+    /// `previous_lease`: the lease this same agent's previous run held (its live key's), which
+    /// is revoked once the node is live under the new one.
+    pub fn join(
+        store: EtcdStore,
+        record: MemberRecord,
+        ttl: Duration,
+        previous_lease: Option<i64>,
+    ) -> Member {
+        Member::start(store, record, ttl, Campaign::ToLead, previous_lease)
     }
 
     /// Joins as a node that never leads: its live key under its lease, and no campaign (the
     /// simulated nodes of `caravan nodesim`, which have no scheduler to lead with).
     pub fn join_as_node_only(store: EtcdStore, record: MemberRecord, ttl: Duration) -> Member {
-        Member::start(store, record, ttl, Campaign::Never)
+        Member::start(store, record, ttl, Campaign::Never, None)
     }
 
-    fn start(store: EtcdStore, record: MemberRecord, ttl: Duration, campaign: Campaign) -> Member {
+    fn start(
+        store: EtcdStore,
+        record: MemberRecord,
+        ttl: Duration,
+        campaign: Campaign,
+        previous_lease: Option<i64>,
+    ) -> Member {
         let (sender, view) = watch::channel(MemberView::default());
         let task = tokio::spawn(keep_membership(
             store.clone(),
-            record,
-            ttl,
-            campaign,
+            Joining {
+                record,
+                ttl,
+                campaign,
+                previous_lease,
+            },
             sender,
         ));
         Member { view, store, task }
@@ -174,13 +215,21 @@ enum Campaign {
     Never,
 }
 
-async fn keep_membership(
-    store: EtcdStore,
+/// Who joins, and how.
+struct Joining {
     record: MemberRecord,
     ttl: Duration,
-    campaign_for: Campaign,
-    view: watch::Sender<MemberView>,
-) {
+    campaign: Campaign,
+    previous_lease: Option<i64>,
+}
+
+async fn keep_membership(store: EtcdStore, joining: Joining, view: watch::Sender<MemberView>) {
+    let Joining {
+        record,
+        ttl,
+        campaign: campaign_for,
+        mut previous_lease,
+    } = joining;
     let value = serde_json::to_vec(&record).unwrap_or_default();
     let renew_every = ttl / 3;
     // A member that never leads follows nobody's campaign: its counter never moves (its
@@ -191,6 +240,7 @@ async fn keep_membership(
         Campaign::Never => quiet,
     };
     loop {
+        let granting = tokio::time::Instant::now();
         let lease = match store.grant_lease(ttl).await {
             Ok(lease) => lease,
             Err(error) => {
@@ -209,8 +259,14 @@ async fn keep_membership(
             tokio::time::sleep(renew_every).await;
             continue;
         }
-        view.send_modify(|v| v.lease = Some(lease));
+        view.send_modify(|v| {
+            v.lease = Some(lease);
+            v.lease_fresh_until = Some(granting + fresh_for(ttl));
+        });
         tracing::info!(node = %record.node, lease, "node is live in the cluster");
+        if let Some(previous) = previous_lease.take().filter(|previous| *previous != lease) {
+            revoke_previous_run(&store, previous).await;
+        }
         let mut leader_changed = leader_changed.clone();
         let mut renew = tokio::time::interval(renew_every);
         renew.tick().await;
@@ -223,18 +279,22 @@ async fn keep_membership(
             }
             tokio::select! {
                 _ = renew.tick() => {
+                    let renewing = tokio::time::Instant::now();
                     let renewed = tokio::time::timeout(renew_every, store.keep_lease_alive(lease));
                     let renewed = match renewed.await {
                         Ok(answer) => answer.map_err(|error| error.to_string()),
                         Err(_) => Err(format!("no answer within {renew_every:?}")),
                     };
                     match renewed {
-                        Ok(LeaseState::Alive) => {}
+                        Ok(LeaseState::Alive) => view.send_modify(|v| {
+                            v.lease_fresh_until = Some(renewing + fresh_for(ttl));
+                        }),
                         Ok(LeaseState::Expired) => {
                             tracing::warn!(node = %record.node, "this agent's lease expired (paused or cut off too long); joining again");
                             view.send_modify(|v| {
                                 v.lease = None;
                                 v.leading = None;
+                                v.lease_fresh_until = None;
                             });
                             break;
                         }
@@ -243,6 +303,23 @@ async fn keep_membership(
                 }
                 _ = leader_changed.changed() => {}
             }
+        }
+    }
+}
+
+/// Revokes the lease of this agent's previous run: its keys go at once (its node's live key
+/// was written again under the new lease just before, so only what the old run held alone
+/// goes: the leader key, when it led). A failure only costs time: the old lease then expires
+/// after its TTL, as it always did.
+async fn revoke_previous_run(store: &EtcdStore, previous: i64) {
+    match store.revoke_lease(previous).await {
+        Ok(true) => tracing::info!(
+            lease = previous,
+            "revoked the lease of this agent's previous run (and the leadership it held)"
+        ),
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(%error, lease = previous, "cannot revoke the lease of this agent's previous run; it expires after its TTL")
         }
     }
 }

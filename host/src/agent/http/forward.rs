@@ -4,8 +4,10 @@
 //! {id}/...`: logs, signal, restart, GC) to the agent of the node that runs it. Everything
 //! else (health, metrics, the node's own GC, who leads) is answered here.
 //!
-//! A request is forwarded once: one that arrives forwarded at an agent that does not lead
-//! (leadership moved meanwhile) gets a 503 to retry, rather than a loop. While no agent
+//! A request is forwarded by one agent only: one that arrives forwarded at an agent that
+//! does not lead (leadership moved meanwhile) gets a 503, rather than a loop. The agent
+//! that forwarded it follows the leadership instead, and sends it to the next leader
+//! (`leader`, which also says when a leader answers from its own memory). While no agent
 //! leads, or while this one is taking over, the answer is a 503 too. The leader checks the
 //! token again; this agent passes it on untouched.
 
@@ -19,6 +21,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::time::Duration;
 use tokio::sync::watch;
+
+mod leader;
 
 /// Marks a request an agent forwarded.
 pub(super) const FORWARDED: &str = "x-caravan-forwarded";
@@ -120,19 +124,13 @@ pub async fn to_leader(State(state): State<ApiState>, request: Request, next: Ne
             Err(error) => error.into_response(),
         };
     }
-    if !is_cluster_route(request.uri().path()) || state.servers.borrow().is_some() {
+    if !is_cluster_route(request.uri().path()) {
         return next.run(request).await;
     }
-    if forwarded {
-        return unavailable("leadership moved while forwarding; retry".into()).into_response();
-    }
-    match leader_api(&forwarding) {
-        Ok(api) => proxy(&forwarding, request, &api).await,
-        Err(error) => error.into_response(),
-    }
+    leader::to_cluster(&state, &forwarding, request, next).await
 }
 
-/// The leader's API, or why there is none to forward to.
+/// The leader's API, as this agent last saw it, or why there is none to ask.
 fn leader_api(forwarding: &Forwarding) -> Result<String, ApiError> {
     let view = forwarding.members.borrow().clone();
     match (view.leader, view.leading) {

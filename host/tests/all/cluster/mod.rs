@@ -8,6 +8,7 @@ mod bad_input;
 mod etcd_failure;
 mod etcd_security;
 mod failover;
+mod leadership;
 mod runner_builds;
 mod tls;
 
@@ -63,6 +64,8 @@ struct Node {
     process: Option<AgentProcess>,
     /// Every line logged by the earlier runs of this node, for the failure report.
     earlier_logs: Vec<String>,
+    /// Its lease TTL, as `[cluster] node_ttl` takes it.
+    ttl: &'static str,
 }
 
 impl Node {
@@ -72,7 +75,10 @@ impl Node {
 
     fn start(&mut self, etcd: &EtcdCluster) {
         // Continues the harness's [client] block: a small sandbox pool per agent.
-        let config = format!("max_live_allocs = 64\n[cluster]\nnode_ttl = \"{NODE_TTL}\"\n");
+        let config = format!(
+            "max_live_allocs = 64\n[cluster]\nnode_ttl = \"{}\"\n",
+            self.ttl
+        );
         let endpoints = etcd.endpoints().join(",");
         let data_dir = self.data_dir.to_str().unwrap().to_string();
         self.process = Some(AgentProcess::start_configured(
@@ -111,6 +117,11 @@ impl Cluster {
 
     /// Three agents on `etcd`, as it is.
     async fn on(etcd: EtcdCluster) -> Cluster {
+        Cluster::with_ttl(etcd, NODE_TTL).await
+    }
+
+    /// Three agents on `etcd` whose leases last `ttl`.
+    async fn with_ttl(etcd: EtcdCluster, ttl: &'static str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let mut nodes: Vec<Node> = (1..=3)
             .map(|n| Node {
@@ -118,6 +129,7 @@ impl Cluster {
                 data_dir: dir.path().join(format!("node-{n}")),
                 process: None,
                 earlier_logs: Vec::new(),
+                ttl,
             })
             .collect();
         for node in &mut nodes {

@@ -1,0 +1,185 @@
+//! Leadership under pauses and restarts: the three defects a chaos run of the real cluster
+//! found, each reproduced with real agents on a real etcd. A paused leader woken up answered
+//! from what it knew before it slept; a request sent on to a paused leader waited for it to
+//! wake rather than go to the next one; a leader killed and restarted at once kept the
+//! cluster leaderless until its previous lease expired.
+
+use super::{Cluster, NODE_TTL, live_by_node, running};
+use crate::etcd::EtcdCluster;
+use crate::support::{http, within};
+use caravan_test_artifacts::SLEEPER;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Sends `GET path` to `addr` on a connection of its own, and returns once the request is
+/// written: a stopped agent finds it in its socket when it wakes.
+async fn written_get(addr: std::net::SocketAddr, path: &str) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream
+}
+
+/// The answer on `stream` (HTTP/1.1, closed after it): its status and its body as JSON
+/// (`Null` when it is not JSON).
+async fn answer_on(mut stream: tokio::net::TcpStream) -> (u16, Value) {
+    let mut raw = Vec::new();
+    within("the answer", stream.read_to_end(&mut raw))
+        .await
+        .unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let mut body = raw[split + 4..].to_vec();
+    if head.contains("transfer-encoding: chunked") {
+        body = dechunked(&body);
+    }
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+fn dechunked(mut body: &[u8]) -> Vec<u8> {
+    let mut whole = Vec::new();
+    while let Some(end) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&body[..end])
+            .ok()
+            .and_then(|size| usize::from_str_radix(size.trim(), 16).ok())
+            .unwrap_or(0);
+        let start = end + 2;
+        if size == 0 || start + size > body.len() {
+            break;
+        }
+        whole.extend_from_slice(&body[start..start + size]);
+        body = &body[(start + size + 2).min(body.len())..];
+    }
+    whole
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_woken_from_a_pause_does_not_answer_from_what_it_knew_before() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.leader_via(0).await.expect("a leader");
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let leader_name = cluster.nodes[leader].name.clone();
+    let leader_ref = leader_name.as_str();
+    assert_eq!(cluster.run_job(follower, "web", 6).await.0, 200);
+    cluster
+        .until(
+            "6 allocs running, some on the leader's node",
+            |c| async move {
+                let allocs = c.allocs(follower, "web").await;
+                running(&allocs) == 6 && live_by_node(&allocs).contains_key(leader_ref)
+            },
+        )
+        .await;
+    let paused = cluster.nodes[leader].process.as_ref().unwrap();
+    paused.send_signal("-STOP");
+    cluster
+        .until(
+            "the paused node's allocs replaced by a new leader",
+            |c| async move {
+                let allocs = c.allocs(follower, "web").await;
+                running(&allocs) == 6 && !live_by_node(&allocs).contains_key(leader_ref)
+            },
+        )
+        .await;
+    // Asked while asleep, it answers as soon as it wakes, before its membership has heard
+    // from etcd that its lease is gone.
+    let asked = written_get(cluster.nodes[leader].addr(), "/v1/job/web/allocations").await;
+    paused.send_signal("-CONT");
+    let (status, allocs) = answer_on(asked).await;
+    assert!(
+        status == 200 || status == 503,
+        "the woken leader answered {status}: {allocs}"
+    );
+    if status == 200 {
+        let allocs = allocs.as_array().expect("a list of allocs");
+        assert!(
+            !live_by_node(allocs).contains_key(leader_ref),
+            "the woken leader showed its node's allocs still live, which the new leader had \
+             replaced: {allocs:#?}"
+        );
+        assert_eq!(running(allocs), 6, "{allocs:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_on_to_a_paused_leader_goes_to_the_next_leader_once_one_is_elected() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.leader_via(0).await.expect("a leader");
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let paused = cluster.nodes[leader].process.as_ref().unwrap();
+    paused.send_signal("-STOP");
+    // The follower still sees the paused agent lead, for a TTL: it sends the job there.
+    let (status, answer) = cluster.run_job(follower, "late", 2).await;
+    assert_eq!(
+        status, 200,
+        "the job waited for the paused leader rather than go to the next one: {answer}"
+    );
+    let forwarder = cluster.nodes[follower].process.as_ref().unwrap();
+    forwarder.wait_for("the request sent again to the new leader", |line| {
+        line["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sending it to the new leader"))
+    });
+    cluster
+        .until("the late job's 2 allocs running", |c| async move {
+            running(&c.allocs(follower, "late").await) == 2
+        })
+        .await;
+    // The old leader wakes with the forwarded request in its socket: it must not register
+    // the job a second time.
+    paused.send_signal("-CONT");
+    cluster
+        .until("the woken agent is a node again", |c| async move {
+            c.ready_nodes_via(follower).await.len() == 3
+        })
+        .await;
+    let (_, job) = cluster.get(follower, "/v1/job/late").await;
+    assert_eq!(job["version"], 1, "one version: {job}");
+    let allocs = cluster.allocs(follower, "late").await;
+    assert_eq!(allocs.len(), 2, "{allocs:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_and_restarted_at_once_revokes_its_previous_lease() {
+    // Leases that would outlast the wait below many times over: only a revocation frees
+    // the leader key in time.
+    const LONG_TTL: &str = "300s";
+    assert_ne!(LONG_TTL, NODE_TTL);
+    let mut cluster = Cluster::with_ttl(EtcdCluster::start().await, LONG_TTL).await;
+    let leader = cluster.leader_via(0).await.expect("a leader");
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let store = cluster.etcd.store().await;
+    let leader_key = caravan_host::cluster::keys::leader_key();
+    let held = store
+        .get_many(std::slice::from_ref(&leader_key))
+        .await
+        .unwrap();
+    let previous_lease = held.first().expect("the leader key").lease;
+    cluster.nodes[leader].kill9();
+    let Cluster { etcd, nodes, .. } = &mut cluster;
+    nodes[leader].start(etcd);
+    cluster
+        .until("the previous run's lease revoked", |_| {
+            let store = store.clone();
+            async move { store.lease_age(previous_lease).await.unwrap().is_none() }
+        })
+        .await;
+    cluster
+        .until("the cluster answers a write again", |c| async move {
+            let body = serde_json::json!({ "job": {
+                "id": "after", "type": "service", "count": 1, "runner": SLEEPER,
+            }})
+            .to_string();
+            let addr = c.nodes[follower].addr();
+            http(addr, "POST", "/v1/jobs", Some(&body), None).await.0 == 200
+        })
+        .await;
+}
