@@ -6,60 +6,9 @@
 
 use super::{Cluster, NODE_TTL, live_by_node, running};
 use crate::etcd::EtcdCluster;
-use crate::support::{http, within};
+use crate::support::WrittenRequest;
+use crate::support::http;
 use caravan_test_artifacts::SLEEPER;
-use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Sends `GET path` to `addr` on a connection of its own, and returns once the request is
-/// written: a stopped agent finds it in its socket when it wakes.
-async fn written_get(addr: std::net::SocketAddr, path: &str) -> tokio::net::TcpStream {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    stream
-}
-
-/// The answer on `stream` (HTTP/1.1, closed after it): its status and its body as JSON
-/// (`Null` when it is not JSON).
-async fn answer_on(mut stream: tokio::net::TcpStream) -> (u16, Value) {
-    let mut raw = Vec::new();
-    within("the answer", stream.read_to_end(&mut raw))
-        .await
-        .unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("an HTTP answer");
-    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
-    let mut body = raw[split + 4..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        body = dechunked(&body);
-    }
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .expect("a status line");
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-}
-
-fn dechunked(mut body: &[u8]) -> Vec<u8> {
-    let mut whole = Vec::new();
-    while let Some(end) = body.windows(2).position(|w| w == b"\r\n") {
-        let size = std::str::from_utf8(&body[..end])
-            .ok()
-            .and_then(|size| usize::from_str_radix(size.trim(), 16).ok())
-            .unwrap_or(0);
-        let start = end + 2;
-        if size == 0 || start + size > body.len() {
-            break;
-        }
-        whole.extend_from_slice(&body[start..start + size]);
-        body = &body[(start + size + 2).min(body.len())..];
-    }
-    whole
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_woken_from_a_pause_does_not_answer_from_what_it_knew_before() {
@@ -91,9 +40,9 @@ async fn a_leader_woken_from_a_pause_does_not_answer_from_what_it_knew_before() 
         .await;
     // Asked while asleep, it answers as soon as it wakes, before its membership has heard
     // from etcd that its lease is gone.
-    let asked = written_get(cluster.nodes[leader].addr(), "/v1/job/web/allocations").await;
+    let asked = WrittenRequest::get(cluster.nodes[leader].addr(), "/v1/job/web/allocations").await;
     paused.send_signal("-CONT");
-    let (status, allocs) = answer_on(asked).await;
+    let (status, allocs) = asked.answer().await;
     assert!(
         status == 200 || status == 503,
         "the woken leader answered {status}: {allocs}"

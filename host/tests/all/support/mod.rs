@@ -18,7 +18,7 @@ pub use cluster_views::{
     assert_succeeded, live_by_node, ready_nodes, ready_nodes_via, running, service_job_file,
     unique_ids,
 };
-pub use http_request::{http, http_via};
+pub use http_request::{WrittenRequest, http, http_via};
 pub use runner::{
     Recorder, Started, alloc, descriptors_open_on, hostile_attack, start, start_on, start_with,
 };
