@@ -7,6 +7,7 @@
 
 mod in_memory_server;
 
+pub use crate::runtime::imports::import_driver::{ImportDrive, drive_host_imports};
 pub use crate::runtime::sandbox::cpu_meter::CpuMeter;
 pub use crate::state::FaultyStateDb;
 pub use in_memory_server::InMemoryServer;

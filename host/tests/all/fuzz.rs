@@ -1,8 +1,9 @@
 //! Fuzzing, bounded: mutated inputs into every parser a user or a guest can reach, asserting
 //! that none panics and that the agent keeps answering.
 //!
-//! `cargo fuzz` needs a nightly compiler, which this project does not use, so each target here
-//! is a plain test: a seed corpus (`host/tests/fuzz-corpus/`, plus real records and components
+//! These are the fast, seeded regression set that `./run-tests` runs; the coverage-guided
+//! targets of the same entry points are in `fuzz/` (`scripts/fuzz`, on a nightly compiler,
+//! outside the test command). Each target here is a plain test: a seed corpus (`host/tests/fuzz-corpus/`, plus real records and components
 //! made by the test), a deterministic mutator, and a fixed number of runs, so a failure
 //! reproduces with the same command. `CARAVAN_FUZZ_RUNS=N` multiplies the runs for a longer
 //! session and `CARAVAN_FUZZ_SEED=N` changes the sequence; a panicking input is written to
@@ -216,6 +217,38 @@ fn fuzz_job_documents_in_json() {
     fuzz_parser("jobspec-json", corpus("jobspec-json"), 5_000, |text| {
         jobspec::parse_json(text).is_ok()
     });
+}
+
+/// Every import a guest calls, with arbitrary arguments and in any order, on one alloc's real
+/// import state (`testing::drive_host_imports`): nothing panics, and what the host keeps or
+/// hands on stays within the alloc's limits. The coverage-guided target of the same driver
+/// is `fuzz/fuzz_targets/host_imports.rs` (`scripts/fuzz`).
+#[test]
+fn fuzz_host_imports() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new("host-imports");
+    let (mut calls, mut refusals, mut lines, total) = (0, 0, 0, runs(10_000));
+    for run in 0..total {
+        let input: Vec<u8> = (0..rng.below(2048)).map(|_| rng.next() as u8).collect();
+        guarded("host-imports", run, &input, || {
+            let drive = runtime.block_on(caravan_host::testing::drive_host_imports(&input));
+            calls += drive.calls;
+            refusals += drive.refusals;
+            lines += drive.lines_logged;
+        });
+    }
+    println!(
+        "host-imports: {total} inputs, {calls} calls, {refusals} refused, {lines} guest lines \
+         logged, no panic"
+    );
+    assert!(
+        refusals > 0 && calls > refusals && lines > 0,
+        "{calls} calls, {refusals} refused, {lines} lines: the inputs miss part of the imports"
+    );
 }
 
 /// Real server records (a job and its allocs on a node), each mutated in turn, then loaded.

@@ -6,6 +6,8 @@
 pub(in crate::runtime) mod bindings;
 pub(in crate::runtime) mod event_queue;
 pub(in crate::runtime) mod host_api;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod import_driver;
 pub(in crate::runtime) mod last_words;
 pub(in crate::runtime) mod logging;
 pub(in crate::runtime) mod wasi_ctx;
