@@ -95,12 +95,14 @@ impl StateUpdater for Kept {
 /// keeps or hands on anything past its bounds.
 pub async fn drive_host_imports(bytes: &[u8]) -> ImportDrive {
     let mut input = Input(bytes);
-    let mut limits = Limits::default();
     // Small limits, so that short inputs reach them.
-    limits.description_bytes = 64 + u64::from(input.byte());
-    limits.checkpoint_bytes = 1024 + u64::from(input.u16());
-    limits.log_line_bytes = 64 + u64::from(input.byte());
-    limits.log_field_bytes = 16 + u64::from(input.byte());
+    let limits = Limits {
+        description_bytes: 64 + u64::from(input.byte()),
+        checkpoint_bytes: 1024 + u64::from(input.u16()),
+        log_line_bytes: 64 + u64::from(input.byte()),
+        log_field_bytes: 16 + u64::from(input.byte()),
+        ..Limits::default()
+    };
     let alloc = Arc::new(Alloc::new(
         "fuzzed",
         "fuzz",
@@ -319,7 +321,7 @@ fn event(input: &mut Input<'_>, alloc: &Arc<Alloc>) -> Event {
     match input.byte() % 5 {
         0 => Event::Update(alloc.clone()),
         1 => Event::Signal {
-            task: (input.byte() % 2 == 0).then(|| TASKS[0].to_string()),
+            task: input.byte().is_multiple_of(2).then(|| TASKS[0].to_string()),
             signal: input.text(32),
         },
         2 => Event::RestartTask(TASKS[1].to_string()),
