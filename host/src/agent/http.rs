@@ -43,6 +43,7 @@ mod node_rpc;
 mod nodes;
 mod routes;
 mod runners;
+mod series;
 mod status;
 mod ui;
 mod views;
@@ -84,6 +85,10 @@ pub struct ApiState {
     /// What this agent admits (its caps, its offer); a job it does not is refused with 400,
     /// naming the key at fault.
     pub admission: crate::model::admission::Admission,
+    /// The series this agent samples for the web UI's plots.
+    pub series: Arc<crate::agent::series::Series>,
+    /// How often it samples them (`[telemetry] collection_interval`).
+    pub sample_interval: std::time::Duration,
 }
 
 /// The API's routes, by resource, each with what its caller needs (see `auth`): each
@@ -138,6 +143,7 @@ fn routes() -> Routes<ApiState> {
             get(jobs::job_allocations),
         )
         .at(Submit, M::POST, "/v1/job/{id}/scale", post(jobs::scale_job))
+        .at(Read, M::GET, "/v1/job/{id}/series", get(series::job_series))
         .at(
             Read,
             M::GET,
@@ -191,6 +197,12 @@ fn routes() -> Routes<ApiState> {
             M::POST,
             "/v1/client/allocation/{id}/restart",
             post(alloc_actions::restart_allocation),
+        )
+        .at(
+            Read,
+            M::GET,
+            "/v1/client/allocation/{id}/usage",
+            get(series::allocation_usage),
         )
         .at(Read, M::GET, "/v1/client/fs/ls/{id}", get(alloc_fs::list))
         .at(Read, M::GET, "/v1/client/fs/cat/{id}", get(alloc_fs::cat))

@@ -22,6 +22,7 @@ pub mod etcd_security;
 pub mod http;
 mod listener;
 mod runner_builds;
+pub mod series;
 mod serve;
 
 use crate::alloc_logs::AllocLogs;
@@ -65,6 +66,8 @@ pub struct Agent {
     stop_http: tokio::sync::oneshot::Sender<()>,
     /// Removes runner builds no job uses.
     runner_gc: tokio::task::JoinHandle<()>,
+    /// Samples the series the web UI plots.
+    sampler: tokio::task::JoinHandle<()>,
 }
 
 /// Takes nodes that stopped watching out of placement, and moves node drains on (their
@@ -266,6 +269,16 @@ impl Agent {
                 }
             );
         }
+        let series = Arc::new(series::Series::default());
+        let sampler = tokio::spawn(series::sample_every(
+            series.clone(),
+            config.collection_interval,
+            {
+                let client = client.clone();
+                move || client.runner_usages()
+            },
+            servers.clone(),
+        ));
         let api = http::router(http::ApiState {
             servers: servers.clone(),
             forwarding: cluster.as_ref().map(|c| c.forwarding(agents.clone())),
@@ -279,6 +292,8 @@ impl Agent {
             alloc_logs: alloc_logs.clone(),
             default_limits: config.limits,
             admission,
+            series,
+            sample_interval: config.collection_interval,
         });
         let runner_gc = tokio::spawn(runner_builds::collect_unused_builds(
             runners,
@@ -309,6 +324,7 @@ impl Agent {
             http,
             stop_http,
             runner_gc,
+            sampler,
         })
     }
 
@@ -320,6 +336,7 @@ impl Agent {
         // give open connections a moment to finish.
         let _ = self.stop_http.send(());
         self.runner_gc.abort();
+        self.sampler.abort();
         // Leadership goes first, so that another agent takes over at once rather than after
         // a TTL. The node stays live until its lease expires: back within the TTL, it keeps
         // its allocs.

@@ -163,6 +163,9 @@ pub struct AllocUsage {
     pub cpu_used: std::time::Duration,
     /// The most memory its instance held at once, all its linear memories together.
     pub memory_peak_bytes: u64,
+    /// The memory its instance holds now (0 between runs): linear memory never shrinks
+    /// within a run, so this is the run's own peak.
+    pub memory_bytes: u64,
 }
 
 /// Receives what a runner reports. Called from the runner's own task.

@@ -253,6 +253,17 @@ impl Client {
         alloc_dir_in(&self.inner.config.data_dir, alloc_id)
     }
 
+    /// Each alloc whose runner measures what it uses (the wasm runners), with what it used so
+    /// far: what the agent samples for its plots. One lock, no runner called but for two
+    /// atomic loads each.
+    pub fn runner_usages(&self) -> Vec<(String, crate::allocrunner::AllocUsage)> {
+        self.inner
+            .runners_lock()
+            .iter()
+            .filter_map(|(id, runner)| Some((id.clone(), runner.usage()?)))
+            .collect()
+    }
+
     /// The runner of an alloc, if the client holds one.
     pub fn runner(&self, alloc_id: &str) -> Option<Arc<dyn AllocRunner>> {
         self.inner.runners_lock().get(alloc_id).cloned()

@@ -44,10 +44,11 @@ pub mod records;
 mod testkit;
 
 pub use node_ops::{DrainRequest, NodeDetails};
-pub use records::{AllocRecord, JobRecord};
+pub use records::{AllocRecord, JobAllocCounts, JobRecord};
 
 use crate::model::jobspec::JobSpec;
 use crate::model::node::NodeInfo;
+use crate::model::structs::ClientStatus;
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking, call_store};
 use crate::util::locks::LockUnpoisoned;
 use std::collections::{BTreeMap, BTreeSet};
@@ -410,6 +411,29 @@ impl EmbeddedServer {
         let mut allocs: Vec<AllocRecord> = self.lock().allocs.values().cloned().collect();
         allocs.sort_by_key(|a| a.sequence);
         allocs
+    }
+
+    /// Each job's allocs counted by what the web UI plots over time, under the server's lock
+    /// and without copying a record: cheap enough to sample every few seconds.
+    pub fn alloc_counts(&self) -> BTreeMap<String, JobAllocCounts> {
+        let state = self.lock();
+        let mut counts: BTreeMap<String, JobAllocCounts> = state
+            .jobs
+            .values()
+            .filter(|job| !job.purged)
+            .map(|job| (job.spec.id.clone(), JobAllocCounts::default()))
+            .collect();
+        for record in state.allocs.values() {
+            let Some(count) = counts.get_mut(&record.alloc.job_id) else {
+                continue;
+            };
+            let status = record.client_state.as_ref().map(|s| s.client_status);
+            count.placed += u32::from(record.node_id.is_some());
+            count.running += u32::from(status == Some(ClientStatus::Running));
+            count.failed += u32::from(status == Some(ClientStatus::Failed));
+            count.rescheduled += u32::from(record.alloc.reschedule.is_some());
+        }
+        counts
     }
 
     /// The allocs of one job, oldest first.

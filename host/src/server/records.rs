@@ -171,3 +171,16 @@ impl SavedAllocRecord {
         }
     }
 }
+
+/// One job's allocs, counted for the web UI's plot of them over time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobAllocCounts {
+    /// Placed on a node, whatever their status, and not yet collected.
+    pub placed: u32,
+    /// Running.
+    pub running: u32,
+    /// Failed.
+    pub failed: u32,
+    /// Replacing an alloc that failed or was lost (rescheduled), not yet collected.
+    pub rescheduled: u32,
+}

@@ -210,11 +210,16 @@ fn decode_base64(text: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_ui_shows_a_cli_job_follows_its_log_and_stops_it() {
-    let agent = AgentProcess::start_configured(&["--dev", "--acl-token", TOKEN], "");
+    // Sampled five times a second, so that the plots fill while the test looks.
+    let config = "[telemetry]\ncollection_interval = \"200ms\"\n";
+    let agent = AgentProcess::start_configured(&["--dev", "--acl-token", TOKEN], config);
     let browser = Browser::start().await;
-    let screenshot = checked(&agent, &browser, the_web_ui_steps(&agent, &browser)).await;
-    if let Ok(path) = std::env::var("CARAVAN_UI_SCREENSHOT") {
-        std::fs::write(path, screenshot).unwrap();
+    let screenshots = checked(&agent, &browser, the_web_ui_steps(&agent, &browser)).await;
+    // `CARAVAN_UI_SCREENSHOTS=docs` refreshes the pictures in the docs.
+    if let Ok(dir) = std::env::var("CARAVAN_UI_SCREENSHOTS") {
+        for (name, png) in screenshots {
+            std::fs::write(std::path::Path::new(&dir).join(name), png).unwrap();
+        }
     }
 }
 
@@ -333,8 +338,18 @@ async fn read_token_steps(agent: &AgentProcess, browser: &Browser) -> Result<(),
     Ok(())
 }
 
-/// The steps, returning the alloc page's screenshot (taken while its log runs).
-async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec<u8>, String> {
+/// How many of `selector`'s elements the page has.
+async fn count(browser: &Browser, selector: &str) -> u64 {
+    let script = format!("return document.querySelectorAll({selector:?}).length;");
+    browser.run(&script).await.as_u64().unwrap_or(0)
+}
+
+/// The steps, returning the screenshots of the alloc page (taken while its log runs) and of
+/// the topology, each with the file name the docs know it by.
+async fn the_web_ui_steps(
+    agent: &AgentProcess,
+    browser: &Browser,
+) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     browser.open(&format!("{}/", agent.addr)).await;
     browser
         .wait_for_text("the jobs page", "main h1", |t| t == "Jobs")
@@ -379,6 +394,15 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
             t.contains(MARKUP_TASK) && t.contains("log_every = 200ms")
         })
         .await;
+    // Its allocs over time, one line per status, from the samples the agent took.
+    eventually_async("the job's allocs plotted", || async {
+        count(browser, "#chart-job polyline").await == 4
+    })
+    .await;
+    let legend = browser.text("#chart-job .legend").await;
+    if !legend.contains("placed 1") || !legend.contains("running 1") {
+        return Err(format!("the job's chart says {legend:?}"));
+    }
     browser.click("main a.id").await;
     browser
         .wait_for_text("the alloc page", "main dl", |t| {
@@ -422,7 +446,35 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
     if !tasks.contains(&format!("Task {MARKUP_TASK}: running")) {
         return Err(format!("the task's name is not shown as written: {tasks}"));
     }
-    let screenshot = browser.screenshot().await;
+    // Its CPU and memory, as the agent sampled them.
+    eventually_async("the alloc's CPU and memory plotted", || async {
+        count(browser, "#chart-cpu polyline").await == 1
+            && count(browser, "#chart-memory polyline").await == 1
+    })
+    .await;
+    let memory = browser.text("#chart-memory .legend").await;
+    if !memory.contains("KiB") && !memory.contains("MiB") {
+        return Err(format!("the memory chart says {memory:?}"));
+    }
+    let alloc_screenshot = browser.screenshot().await;
+
+    // The topology: the node, the memory its allocs reserve, and the running alloc.
+    browser.click("nav a[href='#/topology']").await;
+    browser
+        .wait_for_text("the node in the topology", ".node-card", |t| {
+            t.contains("local") && t.contains("1 alloc") && t.contains("reserved")
+        })
+        .await;
+    if count(browser, ".node-card a.square.status-bg-running").await != 1 {
+        return Err("the topology does not draw the running alloc".into());
+    }
+    let topology_screenshot = browser.screenshot().await;
+    browser.run("history.back(); return null;").await;
+    browser
+        .wait_for_text("the alloc page again", "main h1", |t| {
+            t.starts_with("Allocation")
+        })
+        .await;
 
     // A stop from the page stops the job: the second click confirms.
     browser.click("main dd a[href='#/job/sleepy']").await;
@@ -450,5 +502,8 @@ async fn the_web_ui_steps(agent: &AgentProcess, browser: &Browser) -> Result<Vec
             t.contains("complete (1)")
         })
         .await;
-    Ok(screenshot)
+    Ok(vec![
+        ("ui-alloc.png", alloc_screenshot),
+        ("ui-topology.png", topology_screenshot),
+    ])
 }

@@ -50,6 +50,9 @@
 //! key_file = "global-server-caravan-key.pem"
 //! verify_https_client = true
 //!
+//! [telemetry]
+//! collection_interval = "5s"      # how often the web UI's plots are sampled (100ms to 1h)
+//!
 //! [audit]                         # optional: each operator's write as a JSON line here too
 //! path = "/var/log/caravan/audit.log"
 //!
@@ -237,6 +240,9 @@ pub struct AgentConfig {
     pub tls: Option<tls::AgentTls>,
     /// `[audit] path`: a file each operator's write is also appended to, as a JSON line.
     pub audit_path: Option<PathBuf>,
+    /// `[telemetry] collection_interval`: how often the agent samples the series its web UI
+    /// plots (each alloc's CPU and memory, each job's allocs).
+    pub collection_interval: std::time::Duration,
     /// Cluster mode on etcd; `None` for the single-node embedded mode.
     pub cluster: Option<super::cluster_config::ClusterConfig>,
     /// The cluster settings as given, file then flags, each with where it came from.
@@ -271,6 +277,7 @@ impl Default for AgentConfig {
             region: crate::tls::DEFAULT_REGION.into(),
             tls: None,
             audit_path: None,
+            collection_interval: crate::agent::series::SAMPLE_INTERVAL,
             cluster: None,
             cluster_settings: Default::default(),
         }
@@ -289,6 +296,7 @@ struct FileConfig {
     region: Option<String>,
     tls: Option<tls::TlsSection>,
     audit: Option<AuditSection>,
+    telemetry: Option<TelemetrySection>,
     #[serde(default)]
     client: ClientSection,
     #[serde(default)]
@@ -359,6 +367,21 @@ struct AclSection {
 struct AuditSection {
     path: Option<PathBuf>,
 }
+
+/// `[telemetry]`: what the agent measures of itself (Nomad's block; its `collection_interval`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TelemetrySection {
+    collection_interval: Option<String>,
+}
+
+/// The shortest and longest `[telemetry] collection_interval`: sampling every alloc more
+/// often than ten times a second would cost a node of many allocs real CPU, and a plot of
+/// samples an hour apart shows nothing.
+const COLLECTION_INTERVAL_RANGE: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_secs(3600),
+);
 
 /// `[client.capabilities]`: see [`CapabilityPolicy::parse`].
 #[derive(Debug, Default, Deserialize)]
@@ -534,6 +557,21 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     file.server.read_into(config, path)?;
     tls::read(config, path, file.region, file.tls)?;
+    if let Some(interval) = file.telemetry.and_then(|t| t.collection_interval) {
+        let key = "telemetry.collection_interval";
+        let interval = duration(key, &interval)?;
+        let (shortest, longest) = COLLECTION_INTERVAL_RANGE;
+        if interval < shortest || interval > longest {
+            return Err(out_of_range(
+                key,
+                format!(
+                    "between 100ms and 1h, not {}",
+                    crate::util::units::format_duration(interval)
+                ),
+            ));
+        }
+        config.collection_interval = interval;
+    }
     if let Some(audit) = file.audit {
         config.audit_path = audit.path;
     }

@@ -63,6 +63,18 @@ fn a_file_sets_nomads_knobs_and_keeps_the_rest() {
     assert_eq!(config.limits.memory_bytes, 32 << 20);
     assert_eq!(config.server.job_gc_threshold, Duration::from_secs(3600));
     assert_eq!(config.bind.port(), 0);
+    assert_eq!(
+        config.collection_interval,
+        crate::agent::series::SAMPLE_INTERVAL
+    );
+    let mut sampled = AgentConfig::default();
+    apply_file(
+        &mut sampled,
+        "agent.toml",
+        "[telemetry]\ncollection_interval = \"1s\"\n",
+    )
+    .unwrap();
+    assert_eq!(sampled.collection_interval, Duration::from_secs(1));
 }
 
 #[test]
@@ -79,6 +91,15 @@ fn unknown_keys_and_bad_values_name_the_key() {
             .contains("client.gc_disk_usage_threshold")
     );
     assert!(error("bind = \"everywhere\"\n").contains("bind"));
+    let too_often = error("[telemetry]\ncollection_interval = \"10ms\"\n");
+    assert!(
+        too_often.contains("telemetry.collection_interval") && too_often.contains("100ms"),
+        "{too_often}"
+    );
+    assert!(
+        error("[telemetry]\ncollection_interval = \"often\"\n")
+            .contains("telemetry.collection_interval")
+    );
     assert!(error("[client]\ngc_max_allocs = \"many\"\n").starts_with("agent.toml: "));
 }
 

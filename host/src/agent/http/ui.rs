@@ -14,6 +14,7 @@ use axum::routing::get;
 
 const INDEX_HTML: &str = include_str!("ui/index.html");
 const APP_JS: &str = include_str!("ui/app.js");
+const PLOTS_JS: &str = include_str!("ui/plots.js");
 const STYLE_CSS: &str = include_str!("ui/style.css");
 const FAVICON_SVG: &str = include_str!("ui/favicon.svg");
 
@@ -47,6 +48,12 @@ pub(super) fn routes<S: Clone + Send + Sync + 'static>(api: Routes<S>) -> Routes
         Method::GET,
         "/ui/app.js",
         get(|| async { page("text/javascript; charset=utf-8", APP_JS) }),
+    )
+    .at(
+        public,
+        Method::GET,
+        "/ui/plots.js",
+        get(|| async { page("text/javascript; charset=utf-8", PLOTS_JS) }),
     )
     .at(
         public,

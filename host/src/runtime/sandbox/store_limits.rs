@@ -18,6 +18,7 @@ use std::time::Duration;
 pub struct UsageGauges {
     cpu_nanos: AtomicU64,
     memory_peak_bytes: AtomicU64,
+    memory_bytes: AtomicU64,
 }
 
 impl UsageGauges {
@@ -26,6 +27,7 @@ impl UsageGauges {
         AllocUsage {
             cpu_used: Duration::from_nanos(self.cpu_nanos.load(Ordering::Relaxed)),
             memory_peak_bytes: self.memory_peak_bytes.load(Ordering::Relaxed),
+            memory_bytes: self.memory_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -34,8 +36,20 @@ impl UsageGauges {
         self.cpu_nanos.store(nanos, Ordering::Relaxed);
     }
 
-    fn memory_held(&self, bytes: u64) {
-        self.memory_peak_bytes.fetch_max(bytes, Ordering::Relaxed);
+    /// A store of the alloc was granted `bytes` more (an upgrade in place runs two stores
+    /// for a moment: both count).
+    fn memory_grown(&self, bytes: u64) {
+        let held = self.memory_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.memory_peak_bytes.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// A store of the alloc gave `bytes` back (a failed growth, or the store gone).
+    fn memory_released(&self, bytes: u64) {
+        let _ = self
+            .memory_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                Some(held.saturating_sub(bytes))
+            });
     }
 }
 
@@ -102,6 +116,15 @@ impl MemoryLimiter {
     }
 }
 
+/// The store, and the memory it held, goes with its limiter.
+impl Drop for MemoryLimiter {
+    fn drop(&mut self) {
+        if let Some(gauges) = &self.gauges {
+            gauges.memory_released(self.total_bytes);
+        }
+    }
+}
+
 impl wasmtime::ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
@@ -127,13 +150,16 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         self.last_memory_grant = total.saturating_sub(self.total_bytes);
         self.total_bytes = total;
         if let Some(gauges) = &self.gauges {
-            gauges.memory_held(total);
+            gauges.memory_grown(self.last_memory_grant);
         }
         Ok(true)
     }
 
     fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
         self.total_bytes = self.total_bytes.saturating_sub(self.last_memory_grant);
+        if let Some(gauges) = &self.gauges {
+            gauges.memory_released(self.last_memory_grant);
+        }
         self.last_memory_grant = 0;
         Ok(())
     }

@@ -1,5 +1,6 @@
-// Caravan's web UI: three pages (jobs, a job, an alloc) drawn from the agent's JSON API and
-// refreshed every two seconds; the alloc page follows the alloc's log as it is written.
+// Caravan's web UI: four pages (jobs, a job, an alloc, the topology) drawn from the agent's
+// JSON API and refreshed every two seconds; the alloc page follows the alloc's log as it is
+// written. The charts and the topology are drawn by plots.js.
 //
 // Everything a page shows from a runner (descriptions, events, log lines, file names) came
 // from a guest, so it is only ever set as text, never as HTML. The ACL token is kept for the
@@ -322,6 +323,7 @@ function jobPage(jobId) {
   const summary = el("section", { "aria-label": "Job" });
   const tasks = el("section", { "aria-labelledby": "tasks-heading", id: "job-tasks" });
   const allocs = el("section", { "aria-labelledby": "allocs-heading" });
+  const history = el("section", { "aria-label": "Allocations over time", id: "job-history" });
   const count = el("input", { type: "number", min: 0, max: 100000, id: "scale-count" });
   fill(main, el("h1", {}, "Job ", el("span", { class: "id" }, jobId)), summary,
     el("div", { class: "actions" },
@@ -334,12 +336,14 @@ function jobPage(jobId) {
         await api("DELETE", `/v1/job/${enc(jobId)}`);
         return `Stopped ${jobId}.`;
       }, { danger: true, confirmText: "Yes, stop the job" })),
-    el("h2", { id: "tasks-heading" }, "Tasks"), tasks,
+    el("h2", { id: "tasks-heading" }, "Tasks"), tasks, history,
     el("h2", { id: "allocs-heading" }, "Allocations"), allocs);
   return refreshing(summary, async (signal) => ({
     job: await api("GET", `/v1/job/${enc(jobId)}`, undefined, signal),
     allocs: await api("GET", `/v1/job/${enc(jobId)}/allocations`, undefined, signal),
-  }), ({ job, allocs: list }) => {
+    series: await api("GET", `/v1/job/${enc(jobId)}/series`, undefined, signal).catch(() => undefined),
+  }), ({ job, allocs: list, series }) => {
+    fill(history, series ? jobChart(series) : "");
     if (document.activeElement !== count) count.value = job.count;
     fill(tasks, table(["Task", "Config"], (job.tasks || []).map((task) => [
       task.name,
@@ -378,6 +382,7 @@ function drawAllocsByStatus(allocs) {
 function allocPage(allocId) {
   const summary = el("section", { "aria-label": "Allocation" });
   const tasks = el("section", { "aria-labelledby": "tasks-heading" });
+  const usage = el("section", { "aria-labelledby": "usage-heading", id: "alloc-usage" });
   const log = el("pre", { role: "log", "aria-label": "Log", id: "alloc-log", tabindex: 0 });
   const logState = el("p", { class: "muted", id: "log-state" });
   const files = el("details", { id: "files" }, el("summary", {}, "Files"));
@@ -418,6 +423,7 @@ function allocPage(allocId) {
   offerFor(undefined);
   fill(main, el("h1", {}, "Allocation ", el("span", { class: "id" }, short(allocId))), summary,
     el("div", { class: "actions" }, whileRunning, untilEnded, onceEnded),
+    el("h2", { id: "usage-heading" }, "Usage"), usage,
     el("h2", { id: "tasks-heading" }, "Tasks"), tasks,
     el("h2", {}, "Log"), logState, log, files);
   const stopLog = followLog(allocId, log, logState);
@@ -431,11 +437,15 @@ function allocPage(allocId) {
       alloc.local = await api("GET", `/v1/client/allocation/${enc(alloc.id)}`, undefined, signal)
         .catch(() => { noLocalView = true; return undefined; });
     }
+    // Sampled by the agent of the alloc's node (this one, or the one the request goes to).
+    alloc.usage = noLocalView ? undefined : await api("GET", `/v1/client/allocation/${enc(alloc.id)}/usage`,
+      undefined, signal).catch(() => undefined);
     return alloc;
   };
   return refreshing(summary, load, (alloc) => {
     main.dataset.allocId = alloc.id;
     offerFor(alloc.client_status);
+    fill(usage, alloc.usage ? usageCharts(alloc.usage) : el("p", { class: "muted" }, "No samples: its node does not hold it."));
     fill(tasks, drawTasks(alloc.task_states));
     return drawAlloc(alloc);
   }, [stopLog, stopFiles]);
@@ -571,8 +581,9 @@ function route() {
   } catch (_) { /* a malformed address shows the jobs */ }
   if (page === "job" && id) stopPage = jobPage(id);
   else if (page === "alloc" && id) stopPage = allocPage(id);
+  else if (page === "topology") stopPage = topologyPage();
   else stopPage = jobsPage();
-  document.title = `${page && id ? `${page} ${id} · ` : ""}Caravan`;
+  document.title = `${page && id ? `${page} ${id} · ` : page === "topology" ? "Topology · " : ""}Caravan`;
 }
 
 window.addEventListener("hashchange", () => { route(); main.focus(); });
