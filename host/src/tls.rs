@@ -131,6 +131,13 @@ pub struct TlsFiles {
     pub identity: Option<(PemFile, PemFile)>,
 }
 
+/// Installs ring as the process's rustls crypto provider, which reqwest's rustls (the
+/// registry client's, the OTLP exporter's) needs before it builds a client. Once is enough;
+/// an error means one is installed already, which is as good.
+pub fn install_process_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The crypto every configuration here uses: ring, the provider already in the tree.
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

@@ -45,6 +45,7 @@ mod routes;
 mod runners;
 mod series;
 mod status;
+pub use status::metrics_text;
 mod ui;
 mod views;
 pub use audit::{AuditRecord, CallerAddr};

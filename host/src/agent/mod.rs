@@ -279,7 +279,7 @@ impl Agent {
             },
             servers.clone(),
         ));
-        let api = http::router(http::ApiState {
+        let api_state = http::ApiState {
             servers: servers.clone(),
             forwarding: cluster.as_ref().map(|c| c.forwarding(agents.clone())),
             agent_routes_need_certs: serve_tls.is_some(),
@@ -294,7 +294,10 @@ impl Agent {
             admission,
             series,
             sample_interval: config.collection_interval,
-        });
+        };
+        let metered = api_state.clone();
+        crate::telemetry::otlp::export_metrics(move || http::metrics_text(&metered));
+        let api = http::router(api_state);
         let runner_gc = tokio::spawn(runner_builds::collect_unused_builds(
             runners,
             config.runner_gc_grace,

@@ -78,7 +78,19 @@ impl AgentCommand {
             log_json: global.log_json,
         }
         .load()?;
-        crate::telemetry::init(&config.log_level, config.log_json)?;
+        let otlp = config
+            .otlp_endpoint
+            .clone()
+            .map(|endpoint| crate::telemetry::OtlpSettings {
+                endpoint,
+                interval: config.collection_interval,
+                instance: config
+                    .cluster
+                    .as_ref()
+                    .map_or(crate::agent::LOCAL_NODE, |cluster| &cluster.node_name)
+                    .to_string(),
+            });
+        crate::telemetry::init_exporting(&config.log_level, config.log_json, otlp.as_ref())?;
         let shutdown = Shutdown::new();
         // Before the agent starts: a signal while it restores its allocs stops it as soon
         // as it is up, rather than killing the process half-way.

@@ -174,7 +174,7 @@ impl Cli {
         // Everything a command must finish it has awaited; what is left is work a Ctrl-C
         // abandoned (a compile on the blocking pool, say), which must not hold the exit.
         runtime.shutdown_background();
-        crate::telemetry::flush();
+        crate::telemetry::finish();
         match outcome {
             Ok(code) => code,
             Err(error) => {

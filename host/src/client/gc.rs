@@ -472,8 +472,12 @@ impl GarbageCollector {
             Ok(_slot) => {
                 self.metrics.destroy_started();
                 tracing::info!(alloc_id, reason = %reason, "garbage collecting allocation");
+                // Lasts as long as the destroy, for the OTLP export; never entered, so the
+                // lines logged meanwhile are not its own.
+                let collecting = tracing::info_span!("alloc.gc", alloc_id, reason = %reason);
                 runner.destroy();
                 runner.destroyed().wait().await;
+                drop(collecting);
                 (self.on_destroyed)(alloc_id);
                 self.metrics.destroy_finished();
                 self.metrics.collected(reason.kind());

@@ -78,9 +78,7 @@ impl Registries {
     }
 
     fn client(&self) -> Client {
-        // reqwest's rustls needs a process-wide crypto provider: ring's, installed once
-        // (an error means one is installed already, which is as good).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::tls::install_process_crypto();
         let config = ClientConfig {
             protocol: ClientProtocol::HttpsExcept(self.insecure.clone()),
             connect_timeout: Some(std::time::Duration::from_secs(10)),

@@ -315,6 +315,11 @@ impl State {
         }
         let replacement = replacement.first().map_or("", String::as_str);
         tracing::info!(job = %spec.id, alloc_id, replacement, attempt, start_after_unix_ms, "replacing failed allocation");
+        // The replacement as a span of its own, for the OTLP export (never entered: the line
+        // above stays as it is).
+        drop(
+            tracing::info_span!("alloc.reschedule", job = %spec.id, alloc_id, replacement, attempt),
+        );
     }
 
     pub(super) fn remove_empty_purged_jobs(&mut self) {

@@ -5,8 +5,10 @@
 //! [`flush`] before the process exits, and a panic before its message is printed.
 
 mod json_line;
+pub mod otlp;
 mod stderr_writer;
 
+pub use otlp::OtlpSettings;
 pub use stderr_writer::flush;
 use stderr_writer::{Escaping, StderrWriter};
 
@@ -133,6 +135,12 @@ impl VisitFmt for EscapedTextVisitor<'_> {
 /// With `json`, each line is one JSON object whose `span` holds the alloc's fields
 /// (`alloc_id`, `job`, `group`, `runner`).
 pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
+    init_exporting(level, json, None)
+}
+
+/// [`init`], and with `otlp` the agent's spans and metrics exported to a collector as well
+/// ([`otlp`]); [`finish`] then sends what is left as the process ends.
+pub fn init_exporting(level: &str, json: bool, otlp: Option<&OtlpSettings>) -> anyhow::Result<()> {
     let filter = level_filter(level)?;
     let escaping = if json {
         Escaping::JsonControls
@@ -141,9 +149,13 @@ pub fn init(level: &str, json: bool) -> anyhow::Result<()> {
     };
     let writer = StderrWriter::global(escaping)
         .map_err(|e| anyhow::anyhow!("cannot start the log writer thread: {e}"))?;
-    install(filter, json, std::io::stderr().is_terminal(), move || {
-        writer.clone()
-    })?;
+    install(
+        filter,
+        json,
+        std::io::stderr().is_terminal(),
+        otlp,
+        move || writer.clone(),
+    )?;
     // A panic's message goes straight to stderr: the lines logged before it go first.
     let print_panic = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -162,30 +174,63 @@ pub fn init_with_writer<W>(level: &str, writer: W) -> anyhow::Result<()>
 where
     W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + Send + Sync + 'static,
 {
-    install(level_filter(level)?, false, false, writer)
+    install(level_filter(level)?, false, false, None, writer)
+}
+
+/// What the process does last: sends the spans and metrics not yet exported (when it
+/// exports), then writes the lines not yet written.
+pub fn finish() {
+    otlp::shutdown();
+    flush();
 }
 
 fn level_filter(level: &str) -> anyhow::Result<EnvFilter> {
     EnvFilter::try_new(level).map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))
 }
 
-fn install<W>(filter: EnvFilter, json: bool, ansi: bool, writer: W) -> anyhow::Result<()>
+fn install<W>(
+    filter: EnvFilter,
+    json: bool,
+    ansi: bool,
+    otlp: Option<&OtlpSettings>,
+    writer: W,
+) -> anyhow::Result<()>
 where
     W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt;
+    // A registry with layers rather than `fmt()`'s subscriber: the OTLP layer has a filter
+    // of its own, which only a registry carries.
+    let lines = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(writer);
-    let installed = if json {
-        builder
+    let filtered = tracing_subscriber::registry().with(filter);
+    if json {
+        let lines = lines
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
-            .event_format(json_line::JsonLine)
-            .try_init()
+            .event_format(json_line::JsonLine);
+        install_exporting(filtered.with(lines), otlp)
     } else {
-        builder.fmt_fields(escaped_text_fields()).try_init()
-    };
-    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+        install_exporting(filtered.with(lines.fmt_fields(escaped_text_fields())), otlp)
+    }
+}
+
+/// Installs `subscriber` as the process's, with the OTLP layer over it when exporting.
+fn install_exporting<S>(subscriber: S, otlp: Option<&OtlpSettings>) -> anyhow::Result<()>
+where
+    S: tracing::Subscriber
+        + for<'span> tracing_subscriber::registry::LookupSpan<'span>
+        + Send
+        + Sync
+        + 'static,
+{
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let exporting = otlp.map(otlp::start::<S>).transpose()?;
+    subscriber
+        .with(exporting)
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ mod multi_host;
 mod nodesim;
 mod oci_registry;
 mod other_languages;
+mod otlp_export;
 mod readme_tour;
 mod registry;
 mod restart_in_place;

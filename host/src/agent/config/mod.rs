@@ -52,6 +52,7 @@
 //!
 //! [telemetry]
 //! collection_interval = "5s"      # how often the web UI's plots are sampled (100ms to 1h)
+//! otlp_endpoint = "http://127.0.0.1:4318"  # optional: spans and metrics to this collector
 //!
 //! [audit]                         # optional: each operator's write as a JSON line here too
 //! path = "/var/log/caravan/audit.log"
@@ -243,6 +244,9 @@ pub struct AgentConfig {
     /// `[telemetry] collection_interval`: how often the agent samples the series its web UI
     /// plots (each alloc's CPU and memory, each job's allocs).
     pub collection_interval: std::time::Duration,
+    /// `[telemetry] otlp_endpoint`: the OTLP/HTTP collector the agent's spans and metrics
+    /// are sent to, every `collection_interval` (none: no export).
+    pub otlp_endpoint: Option<String>,
     /// Cluster mode on etcd; `None` for the single-node embedded mode.
     pub cluster: Option<super::cluster_config::ClusterConfig>,
     /// The cluster settings as given, file then flags, each with where it came from.
@@ -278,6 +282,7 @@ impl Default for AgentConfig {
             tls: None,
             audit_path: None,
             collection_interval: crate::agent::series::SAMPLE_INTERVAL,
+            otlp_endpoint: None,
             cluster: None,
             cluster_settings: Default::default(),
         }
@@ -373,6 +378,7 @@ struct AuditSection {
 #[serde(deny_unknown_fields)]
 struct TelemetrySection {
     collection_interval: Option<String>,
+    otlp_endpoint: Option<String>,
 }
 
 /// The shortest and longest `[telemetry] collection_interval`: sampling every alloc more
@@ -557,7 +563,11 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     file.server.read_into(config, path)?;
     tls::read(config, path, file.region, file.tls)?;
-    if let Some(interval) = file.telemetry.and_then(|t| t.collection_interval) {
+    let telemetry = file.telemetry.unwrap_or_default();
+    if let Some(endpoint) = telemetry.otlp_endpoint.filter(|e| !e.is_empty()) {
+        config.otlp_endpoint = Some(endpoint);
+    }
+    if let Some(interval) = telemetry.collection_interval {
         let key = "telemetry.collection_interval";
         let interval = duration(key, &interval)?;
         let (shortest, longest) = COLLECTION_INTERVAL_RANGE;

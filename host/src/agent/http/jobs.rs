@@ -119,7 +119,18 @@ pub(super) async fn register_job(
     let (spec, _) = check_job(&state, &body).await?;
     check_namespace(&caller, &spec.namespace)?;
     let job_id = spec.id.clone();
-    let registration = server.register_job(spec)?;
+    // A span of its own, for the OTLP export: what placing the job logs is its events.
+    let span = tracing::info_span!("job.register", job_id = %spec.id, namespace = %spec.namespace);
+    let registration = span.in_scope(|| server.register_job(spec))?;
+    tracing::info!(
+        parent: &span,
+        job_id,
+        created = registration.created,
+        placed = registration.placed.len(),
+        stopped = registration.stopped.len(),
+        upgraded = registration.upgraded.len(),
+        "job registered"
+    );
     let audited = axum::Extension(super::audit::AuditJob(job_id.clone()));
     Ok((
         audited,

@@ -79,6 +79,15 @@ pub(super) async fn etcd_status(State(state): State<ApiState>) -> Json<serde_jso
 }
 
 pub(super) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics_text(&state),
+    )
+}
+
+/// Every metric of this agent, in Prometheus's text format: what `/v1/metrics` serves and
+/// the OTLP export sends.
+pub fn metrics_text(state: &ApiState) -> String {
     let mut text = String::new();
     state.client.metrics().write_prometheus(&mut text);
     // In cluster mode, only the leader has a server to count.
@@ -97,5 +106,5 @@ pub(super) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse 
         etcd.write_prometheus(&mut text);
     }
     state.alloc_logs.write_prometheus(&mut text);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    text
 }
