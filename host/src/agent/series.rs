@@ -3,9 +3,10 @@
 //! cluster, each job's allocs by status.
 //!
 //! Each series is a ring of the last [`SAMPLES_KEPT`] samples, one every
-//! [`SAMPLE_INTERVAL`] (five minutes), in memory and lost at a restart (or, for jobs, when
+//! `[telemetry] collection_interval` (five minutes of them at the default,
+//! [`SAMPLE_INTERVAL`]), in memory and lost at a restart (or, for jobs, when
 //! the leadership moves). At most [`MAX_SERIES`] allocs and as many jobs are followed: a node
-//! of 100,000 allocs pays for 1,024 of them (about 1 KiB each), and an alloc past the cap
+//! of 100,000 allocs pays for 1,024 of them (about 1.5 KiB each), and an alloc past the cap
 //! has no plot, which its usage answer says. A series goes with its alloc or job.
 //!
 //! It reads the client's runners and the server's records; it changes nothing.

@@ -19,6 +19,7 @@
 //! failing that alloc alone. This module is the data and the checks between the two sides;
 //! it knows nothing of wasmtime (the runtime turns [`Grants`] into the sandbox's context).
 
+use crate::util::text::cut;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -86,79 +87,99 @@ fn refuse(key: impl Into<String>, message: impl Into<String>) -> CapabilityError
     }
 }
 
-/// Checks a job's `[job.capabilities]` as written and returns them validated.
-/// `volumes` maps guest paths to volume names and `env` names to values, as in the file.
+/// Most of a job's own text (an address, a path, a name) quoted back in one problem.
+const MAX_QUOTED_BYTES: usize = 64;
+
+/// Checks a job's `[job.capabilities]` as written and returns them validated, or its first
+/// problem (see [`parse_job_all`]). `volumes` maps guest paths to volume names and `env`
+/// names to values, as in the file.
 pub fn parse_job(
     network: &[String],
     volumes: &BTreeMap<String, String>,
     env: &BTreeMap<String, String>,
 ) -> Result<Capabilities, CapabilityError> {
+    parse_job_all(network, volumes, env).map_err(|mut problems| problems.remove(0))
+}
+
+/// [`parse_job`], with every problem of the block, in the order its keys are checked
+/// (network, volumes, env), so that a job file's author sees them all at once.
+pub fn parse_job_all(
+    network: &[String],
+    volumes: &BTreeMap<String, String>,
+    env: &BTreeMap<String, String>,
+) -> Result<Capabilities, Vec<CapabilityError>> {
     const KEY: &str = "job.capabilities";
+    let mut problems = Vec::new();
+    let mut destinations = Vec::with_capacity(network.len().min(MAX_NETWORK_DESTINATIONS));
     if network.len() > MAX_NETWORK_DESTINATIONS {
-        return Err(refuse(
+        problems.push(refuse(
             format!("{KEY}.network"),
             format!(
                 "{} destinations; at most {MAX_NETWORK_DESTINATIONS}",
                 network.len()
             ),
         ));
-    }
-    let mut destinations = Vec::with_capacity(network.len());
-    for (i, entry) in network.iter().enumerate() {
-        let key = format!("{KEY}.network[{i}]");
-        let addr = parse_destination(entry).map_err(|message| refuse(&key, message))?;
-        if !destinations.contains(&addr) {
-            destinations.push(addr);
+    } else {
+        for (i, entry) in network.iter().enumerate() {
+            match parse_destination(entry) {
+                Ok(addr) if !destinations.contains(&addr) => destinations.push(addr),
+                Ok(_) => {}
+                Err(message) => problems.push(refuse(format!("{KEY}.network[{i}]"), message)),
+            }
         }
     }
+    let mut mounts = Vec::with_capacity(volumes.len().min(MAX_VOLUMES));
     if volumes.len() > MAX_VOLUMES {
-        return Err(refuse(
+        problems.push(refuse(
             format!("{KEY}.volumes"),
             format!("{} volumes; at most {MAX_VOLUMES}", volumes.len()),
         ));
-    }
-    let mut mounts = Vec::with_capacity(volumes.len());
-    for (path, volume) in volumes {
-        let key = format!("{KEY}.volumes.{path:?}");
-        check_mount_path(path).map_err(|message| refuse(&key, message))?;
-        check_volume_name(volume).map_err(|message| refuse(&key, message))?;
-        mounts.push(VolumeMount {
-            path: path.clone(),
-            volume: volume.clone(),
-        });
-    }
-    if env.len() > MAX_ENV_VARS {
-        return Err(refuse(
-            format!("{KEY}.env"),
-            format!("{} variables; at most {MAX_ENV_VARS}", env.len()),
-        ));
+    } else {
+        for (path, volume) in volumes {
+            let key = format!("{KEY}.volumes.{:?}", cut(path, MAX_QUOTED_BYTES));
+            match check_mount_path(path).and_then(|()| check_volume_name(volume)) {
+                Ok(()) => mounts.push(VolumeMount {
+                    path: path.clone(),
+                    volume: volume.clone(),
+                }),
+                Err(message) => problems.push(refuse(key, message)),
+            }
+        }
     }
     let bytes: usize = env
         .iter()
         .map(|(name, value)| name.len() + value.len())
         .sum();
-    if bytes > MAX_ENV_BYTES {
-        return Err(refuse(
+    if env.len() > MAX_ENV_VARS {
+        problems.push(refuse(
+            format!("{KEY}.env"),
+            format!("{} variables; at most {MAX_ENV_VARS}", env.len()),
+        ));
+    } else if bytes > MAX_ENV_BYTES {
+        problems.push(refuse(
             format!("{KEY}.env"),
             format!("{bytes} bytes of names and values; at most {MAX_ENV_BYTES}"),
         ));
+    } else {
+        for (name, value) in env {
+            let key = format!("{KEY}.env.{:?}", cut(name, MAX_QUOTED_BYTES));
+            let mut chars = name.chars();
+            let portable = chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !portable {
+                problems.push(refuse(
+                    key,
+                    "a variable name is a letter or '_' followed by letters, digits or '_'",
+                ));
+            } else if value.contains('\0') {
+                problems.push(refuse(key, "a value cannot hold a NUL character"));
+            }
+        }
     }
-    for (name, value) in env {
-        let key = format!("{KEY}.env.{name:?}");
-        let mut chars = name.chars();
-        let portable = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !portable {
-            return Err(refuse(
-                key,
-                "a variable name is a letter or '_' followed by letters, digits or '_'",
-            ));
-        }
-        if value.contains('\0') {
-            return Err(refuse(key, "a value cannot hold a NUL character"));
-        }
+    if !problems.is_empty() {
+        return Err(problems);
     }
     Ok(Capabilities {
         network: destinations,
@@ -169,17 +190,18 @@ pub fn parse_job(
 
 /// `IP:PORT`, with a port and an address a packet can be sent to.
 fn parse_destination(entry: &str) -> Result<SocketAddr, String> {
+    let shown = cut(entry, MAX_QUOTED_BYTES);
     let addr: SocketAddr = entry.parse().map_err(|_| {
         format!(
-            "{entry:?} is not an address such as 10.0.0.5:5432 or [fd00::5]:5432 \
+            "{shown:?} is not an address such as 10.0.0.5:5432 or [fd00::5]:5432 \
              (host names are not resolved for runners)"
         )
     })?;
     if addr.port() == 0 {
-        return Err(format!("{entry:?} has no port"));
+        return Err(format!("{shown:?} has no port"));
     }
     if addr.ip().is_unspecified() || addr.ip().is_multicast() {
-        return Err(format!("{entry:?} is not the address of one host"));
+        return Err(format!("{shown:?} is not the address of one host"));
     }
     Ok(addr)
 }

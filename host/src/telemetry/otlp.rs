@@ -8,10 +8,10 @@
 //!   own lines with the alloc's attributes), a job's registration (`job.register`), a
 //!   failed alloc's replacement by the server (`alloc.reschedule`) and a collection
 //!   (`alloc.gc`). A span's events are held in memory until it ends, and an alloc's span
-//!   lasts as long as the alloc: at most [`EVENTS_PER_SPAN`] (the SDK's own limit, 128) are
-//!   kept, the first ones, and the rest are never held, so a runner that logs for weeks
-//!   costs the agent no more than one that logs 128 lines. Its lines all stay in the
-//!   agent's log and the alloc's log file.
+//!   lasts as long as the alloc: at most [`EVENTS_PER_SPAN`] (the SDK's own limit, 128)
+//!   and [`EVENT_BYTES_PER_SPAN`] of their fields are kept, the first ones, and the rest are
+//!   never held, so a runner that logs long lines for weeks costs the agent at most 64 KiB.
+//!   Its lines all stay in the agent's log and the alloc's log file.
 //! - **Metrics** are what `/v1/metrics` shows, read from the same text at each export and
 //!   sent as gauges, one per metric, its labels as attributes ([`export_metrics`]).
 //!
@@ -44,6 +44,8 @@ pub struct OtlpSettings {
 
 /// Most events kept per span: OpenTelemetry's default span limit.
 pub const EVENTS_PER_SPAN: u32 = 128;
+/// Most bytes of field names and values kept per span, all its events together.
+pub const EVENT_BYTES_PER_SPAN: usize = 64 << 10;
 
 /// How long one export may take before it is dropped.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,6 +54,7 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 struct Export {
     tracer: SdkTracerProvider,
     meter: SdkMeterProvider,
+    interval: Duration,
 }
 
 static EXPORT: OnceLock<Export> = OnceLock::new();
@@ -120,20 +123,62 @@ where
         .build();
     let layer = tracing_subscriber::Layer::with_filter(
         tracing_opentelemetry::layer().with_tracer(tracer.tracer("caravan")),
-        EventsPerSpan(EVENTS_PER_SPAN),
+        EventsPerSpan {
+            events: EVENTS_PER_SPAN,
+            bytes: EVENT_BYTES_PER_SPAN,
+        },
     );
-    if EXPORT.set(Export { tracer, meter }).is_err() {
+    let export = Export {
+        tracer,
+        meter,
+        interval: settings.interval,
+    };
+    if EXPORT.set(export).is_err() {
         anyhow::bail!("the OpenTelemetry export is started once per process");
     }
     Ok(layer)
 }
 
-/// Lets at most this many events of each span through to the export; spans themselves, and
-/// events outside any span (which the export drops anyway), all pass.
-pub struct EventsPerSpan(u32);
+/// Lets at most `events` events of each span, and `bytes` of their fields, through to the
+/// export; spans themselves, and events outside any span (which the export drops anyway),
+/// all pass.
+pub struct EventsPerSpan {
+    events: u32,
+    bytes: usize,
+}
 
-/// How many events of a span went through, kept in the span's extensions.
-struct EventsPassed(u32);
+/// What of a span's events went through, kept in the span's extensions.
+#[derive(Default)]
+struct EventsPassed {
+    events: u32,
+    bytes: usize,
+}
+
+/// The bytes of an event's field names and values, as the export would hold them.
+#[derive(Default)]
+struct FieldBytes(usize);
+
+impl tracing::field::Visit for FieldBytes {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0 += field.name().len() + value.len();
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let mut counted = CountedBytes(0);
+        let _ = std::fmt::Write::write_fmt(&mut counted, format_args!("{value:?}"));
+        self.0 += field.name().len() + counted.0;
+    }
+}
+
+/// Counts what is written to it, keeping nothing.
+struct CountedBytes(usize);
+
+impl std::fmt::Write for CountedBytes {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        self.0 += text.len();
+        Ok(())
+    }
+}
 
 impl<S> tracing_subscriber::layer::Filter<S> for EventsPerSpan
 where
@@ -156,17 +201,25 @@ where
             return true;
         };
         let mut extensions = span.extensions_mut();
-        match extensions.get_mut::<EventsPassed>() {
-            Some(EventsPassed(passed)) if *passed >= self.0 => false,
-            Some(EventsPassed(passed)) => {
-                *passed += 1;
-                true
-            }
-            None => {
-                extensions.insert(EventsPassed(1));
-                true
-            }
+        if extensions.get_mut::<EventsPassed>().is_none() {
+            extensions.insert(EventsPassed::default());
         }
+        let Some(passed) = extensions.get_mut::<EventsPassed>() else {
+            return false;
+        };
+        if passed.events >= self.events || passed.bytes >= self.bytes {
+            return false;
+        }
+        let mut size = FieldBytes::default();
+        event.record(&mut size);
+        if passed.bytes + size.0 > self.bytes {
+            // Full: nothing more of this span is held, however small.
+            passed.bytes = self.bytes;
+            return false;
+        }
+        passed.events += 1;
+        passed.bytes += size.0;
+        true
     }
 }
 
@@ -184,8 +237,10 @@ pub fn shutdown() {
 }
 
 /// The metrics `render` writes (Prometheus's text format, as `/v1/metrics` serves), exported
-/// as gauges at every export: each metric's name is registered from the first render, and
-/// one render serves every gauge of an export. Does nothing when not exporting.
+/// as gauges at every export: one render serves every gauge of an export. A metric's gauge is
+/// registered when its name first appears, looked for at every export interval (a cluster
+/// follower's server metrics appear when it starts to lead). Does nothing when not
+/// exporting.
 pub fn export_metrics(render: impl Fn() -> String + Send + Sync + 'static) {
     let Some(export) = EXPORT.get() else {
         return;
@@ -195,12 +250,36 @@ pub fn export_metrics(render: impl Fn() -> String + Send + Sync + 'static) {
         render: Box::new(render),
         last: Mutex::new(None),
     });
-    let names: Vec<String> = samples.read().keys().cloned().collect();
-    for name in names {
+    let mut registered = std::collections::BTreeSet::new();
+    register_new_metrics(&meter, &samples, &mut registered);
+    let interval = export.interval;
+    let spawned = std::thread::Builder::new()
+        .name("otlp-metric-names".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(interval);
+                register_new_metrics(&meter, &samples, &mut registered);
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "cannot follow new metrics for the OTLP export; those of now are sent");
+    }
+}
+
+/// Registers a gauge for each metric `samples` has that `registered` does not.
+fn register_new_metrics(
+    meter: &opentelemetry::metrics::Meter,
+    samples: &Arc<RenderedOnce>,
+    registered: &mut std::collections::BTreeSet<String>,
+) {
+    for name in samples.read().keys() {
+        if !registered.insert(name.clone()) {
+            continue;
+        }
         let samples = samples.clone();
         let metric = name.clone();
         meter
-            .f64_observable_gauge(name)
+            .f64_observable_gauge(name.clone())
             .with_callback(move |gauge| {
                 for (labels, value) in samples.read().get(&metric).into_iter().flatten() {
                     let attributes: Vec<KeyValue> = labels
@@ -298,8 +377,11 @@ mod tests {
     #[test]
     fn a_spans_events_past_the_limit_never_reach_the_export_and_other_spans_keep_theirs() {
         let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let counting =
-            tracing_subscriber::Layer::with_filter(Counting(seen.clone()), EventsPerSpan(3));
+        let limits = EventsPerSpan {
+            events: 3,
+            bytes: 200,
+        };
+        let counting = tracing_subscriber::Layer::with_filter(Counting(seen.clone()), limits);
         let subscriber = tracing_subscriber::registry().with(counting);
         tracing::subscriber::with_default(subscriber, || {
             let chatty = tracing::info_span!("alloc", alloc_id = "a");
@@ -309,8 +391,18 @@ mod tests {
             let quiet = tracing::info_span!("alloc", alloc_id = "b");
             tracing::info!(parent: &quiet, "its one line");
             tracing::info!("outside any span");
+            // Long lines fill the byte budget first: one of 150 bytes passes, the next not,
+            // and nothing after it, however short.
+            let long = tracing::info_span!("alloc", alloc_id = "c");
+            let line = "x".repeat(140);
+            tracing::info!(parent: &long, line, "a");
+            tracing::info!(parent: &long, line, "b");
+            tracing::info!(parent: &long, "c");
         });
-        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 3 + 1 + 1);
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::Relaxed),
+            3 + 1 + 1 + 1
+        );
     }
 
     #[test]

@@ -476,6 +476,30 @@ mod tests {
     }
 
     #[test]
+    fn every_bad_capability_is_named() {
+        let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                    [job.capabilities]\nnetwork = [\"db:5432\", \"10.0.0.5:5432\", \"10.0.0.6\"]\n\
+                    volumes = { \"relative/path\" = \"shared\" }\n\
+                    env = { \"1BAD\" = \"x\", GOOD = \"y\" }\n";
+        let found = problems(text);
+        let fields: Vec<&str> = found
+            .iter()
+            .map(|p| p.split(": ").nth(1).unwrap_or(""))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "job.capabilities.network[0]",
+                "job.capabilities.network[2]",
+                "job.capabilities.volumes.\"relative/path\"",
+                "job.capabilities.env.\"1BAD\"",
+            ],
+            "{found:#?}"
+        );
+        assert!(found[0].starts_with("line 7, "), "{found:?}");
+    }
+
+    #[test]
     fn a_far_miss_lists_what_is_known() {
         let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
                     [job.update]\nwhatever = true\n";

@@ -27,9 +27,13 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
             .collect()
     }));
     let caps = &raw.capabilities;
-    let capabilities = problems.keep(
-        capabilities::parse_job(&caps.network, &caps.volumes, &caps.env)
-            .map_err(|e| error(e.key, e.message)),
+    let capabilities = problems.keep_all(
+        capabilities::parse_job_all(&caps.network, &caps.volumes, &caps.env).map_err(|errors| {
+            errors
+                .into_iter()
+                .map(|e| error(e.key, e.message))
+                .collect()
+        }),
     );
     let reschedule = problems.keep(match &raw.reschedule {
         None => Ok(None),

@@ -10,9 +10,11 @@
 //!   meanwhile had marked `lost`.
 //! - A request sent on to the leader follows the leadership: when another agent wins while
 //!   the request waits (the leader was paused, or cut off), it is sent to that one. It was
-//!   otherwise held until the old leader woke, 7-10 s later, and then refused. Sending it
-//!   again cannot apply it twice through the old leader: a woken leader checks its lease
+//!   otherwise held until the old leader woke, 7-10 s later, and then refused. A request the
+//!   old leader had not started on cannot land through it when it wakes: it checks its lease
 //!   before answering (the rule above), and its writes are fenced by the leader key it lost.
+//!   One it had written before it stopped answering is applied again by the new leader
+//!   (`docs/cluster.md`, "Not done yet": every write the API offers is the same done twice).
 //!
 //! It may not decide what a request does; only where it is answered.
 
@@ -25,7 +27,12 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use std::time::Duration;
 use tokio::time::Instant;
+
+/// How long a look at the leader key may take: a leader whose lease is stale and whose etcd
+/// is slow answers 503 rather than hold its callers.
+const LEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The largest body a request sent on to the leader may have: axum's default limit, which
 /// every cluster route keeps (the leader would refuse a larger one). It is held in memory
@@ -57,9 +64,16 @@ impl Forwarding {
             if view.lease_is_fresh() {
                 return Ok(Target::Here);
             }
-            return self.leader_in_etcd(fence).await;
+            return self.leader_in_etcd(Some(fence)).await;
         }
-        Ok(self.other_leader(&view))
+        match self.other_leader(&view) {
+            // Its view still names this agent, which does not lead: it has just learnt that
+            // its lease ended (a pause), not who won. etcd knows.
+            Target::Nobody if view.leader.as_ref().is_some_and(|l| l.node == self.node) => {
+                self.leader_in_etcd(None).await
+            }
+            target => Ok(target),
+        }
     }
 
     /// Whether `view` says that the leadership moved since `before`, away from `sent_to` (the
@@ -88,17 +102,31 @@ impl Forwarding {
         }
     }
 
-    /// Whether the leader key is still the one this agent won (`fence`), read from etcd: its
-    /// lease has not been renewed lately (this process was paused, or etcd is slow), so what
-    /// the server holds may already be another leader's past.
-    async fn leader_in_etcd(&self, fence: &Fence) -> Result<Target, ApiError> {
-        let held = self
-            .store
-            .get_many(std::slice::from_ref(&fence.key))
-            .await
-            .map_err(|e| unavailable(format!("cannot confirm that this agent still leads: {e}")))?;
+    /// Who holds the leader key, read from etcd (at most [`LEADER_READ_TIMEOUT`]): whether it
+    /// is still the one this agent won (`fence`), whose lease has not been renewed lately
+    /// (this process was paused, or etcd is slow), so that what the server holds may already
+    /// be another leader's past; or who won it after this agent lost it (`None`).
+    async fn leader_in_etcd(&self, fence: Option<&Fence>) -> Result<Target, ApiError> {
+        let key = crate::cluster::keys::leader_key();
+        let read = self.store.get_many(std::slice::from_ref(&key));
+        let held = match tokio::time::timeout(LEADER_READ_TIMEOUT, read).await {
+            Ok(Ok(held)) => held,
+            Ok(Err(e)) => {
+                return Err(unavailable(format!(
+                    "cannot read who leads the cluster: {e}"
+                )));
+            }
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "etcd did not say who leads the cluster within {}s; retry",
+                    LEADER_READ_TIMEOUT.as_secs()
+                )));
+            }
+        };
         Ok(match held.into_iter().next() {
-            Some(key) if key.create_revision == fence.create_revision => Target::Here,
+            Some(key) if fence.is_some_and(|f| key.create_revision == f.create_revision) => {
+                Target::Here
+            }
             Some(key) => serde_json::from_slice::<MemberRecord>(&key.value)
                 .ok()
                 .filter(|leader| leader.node != self.node)
@@ -119,14 +147,27 @@ impl HeldRequest {
         let (parts, body) = request.into_parts();
         let body = axum::body::to_bytes(body, MAX_CLUSTER_BODY)
             .await
-            .map_err(|_| {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "the request body is over {} MiB, the most a cluster request may carry",
-                        MAX_CLUSTER_BODY >> 20
-                    ),
+            .map_err(|error| {
+                let too_large = std::iter::successors(
+                    Some(&error as &(dyn std::error::Error + 'static)),
+                    |e| e.source(),
                 )
+                .any(|e| e.is::<http_body_util::LengthLimitError>());
+                if too_large {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "the request body is over {} MiB, the most a cluster request may \
+                             carry",
+                            MAX_CLUSTER_BODY >> 20
+                        ),
+                    )
+                } else {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("cannot read the request body: {error}"),
+                    )
+                }
             })?;
         Ok(HeldRequest { parts, body })
     }
@@ -192,17 +233,26 @@ async fn settled_target(
     let mut servers = state.servers.clone();
     let took_over = async {
         tokio::select! {
-            _ = servers.wait_for(Option::is_some) => {}
-            _ = members.wait_for(|view| view.leading.is_none()) => {}
+            published = servers.wait_for(Option::is_some) => published.is_ok(),
+            lost = members.wait_for(|view| view.leading.is_none()) => lost.is_ok(),
         }
     };
-    if tokio::time::timeout_at(deadline, took_over).await.is_err() {
-        return Err(unavailable(
-            "this agent is taking over the cluster; retry".into(),
-        ));
+    match tokio::time::timeout_at(deadline, took_over).await {
+        Ok(true) => {}
+        Ok(false) => return Err(stopping()),
+        Err(_) => {
+            return Err(unavailable(
+                "this agent is taking over the cluster; retry".into(),
+            ));
+        }
     }
     let serving = state.servers.borrow().is_some();
     forwarding.target(serving).await
+}
+
+/// The answer while the agent stops: its membership (and its view of who leads) is gone.
+fn stopping() -> ApiError {
+    unavailable("this agent is stopping; retry at another".into())
 }
 
 /// Sends `held` to the leader (`first`), and again to each next one while the leadership
@@ -225,19 +275,28 @@ async fn follow_the_leader(
                     members.wait_for(|view| forwarding.leads_elsewhere(view, &before, Some(&api)));
                 tokio::select! {
                     answer = proxy(forwarding, held.copy(), &api) => return Ok(Some(answer)),
-                    _ = moved => {
+                    moved = moved => {
+                        // The membership ended (the agent stops): no view will change again.
+                        moved.map_err(|_| stopping())?;
                         tracing::info!(from = %api, "the leadership moved while a request waited for the leader's answer; sending it to the new leader");
                     }
                 }
             }
+            // This agent won while the request waited: `settled_target` below waits for its
+            // server.
+            Target::TakingOver => {}
             // The leader's lease ended and nobody won yet: wait for the next one.
-            Target::Nobody | Target::TakingOver => {
+            Target::Nobody => {
                 let elected =
                     members.wait_for(|view| forwarding.leads_elsewhere(view, &before, None));
-                if tokio::time::timeout_at(deadline, elected).await.is_err() {
-                    return Err(unavailable(
-                        "the leadership moved and no agent took it over in time; retry".into(),
-                    ));
+                match tokio::time::timeout_at(deadline, elected).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) => return Err(stopping()),
+                    Err(_) => {
+                        return Err(unavailable(
+                            "the leadership moved and no agent took it over in time; retry".into(),
+                        ));
+                    }
                 }
             }
         }
