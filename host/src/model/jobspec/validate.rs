@@ -1,7 +1,8 @@
 //! A job document's values checked, every field apart: each problem is found, not only the
 //! first, so that a job file's author sees them all at once (`super::problems` puts them in
-//! file order with their lines), every bad limit too. A block of its own (`[job.reschedule]`,
-//! the capabilities, a constraint) still stops at its first bad key.
+//! file order with their lines), every bad limit and capability too. A policy block of its
+//! own (`[job.reschedule]`, `[job.restart]`, `[job.disconnect]`) and each constraint still
+//! stop at their first bad key.
 
 use super::{
     DEFAULT_NAMESPACE, DEFAULT_RESCHEDULE_ATTEMPTS, JobSpec, JobType, MAX_JOB_BYTES, MigratePolicy,
