@@ -72,6 +72,18 @@ pub struct Series {
 pub const NOT_FOLLOWED: &str = "not sampled: this node already follows 1,024 allocs, the most \
      it keeps plots for";
 
+/// The series of `id` in `map`, started while fewer than [`MAX_SERIES`] are followed.
+fn followed<T: Default>(map: &mut BTreeMap<String, T>, id: String) -> Option<&mut T> {
+    let room = map.len() < MAX_SERIES;
+    match map.entry(id) {
+        std::collections::btree_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+        std::collections::btree_map::Entry::Vacant(entry) if room => {
+            Some(entry.insert(T::default()))
+        }
+        std::collections::btree_map::Entry::Vacant(_) => None,
+    }
+}
+
 fn keep<T>(ring: &mut VecDeque<T>, sample: T) {
     if ring.len() == SAMPLES_KEPT {
         ring.pop_front();
@@ -87,13 +99,8 @@ impl Series {
         let present: BTreeSet<&str> = live.iter().map(|(id, _)| id.as_str()).collect();
         allocs.retain(|id, _| present.contains(id.as_str()));
         for (id, usage) in live {
-            let followed = allocs.len();
-            let series = match allocs.entry(id) {
-                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) if followed < MAX_SERIES => {
-                    entry.insert(AllocSeries::default())
-                }
-                std::collections::btree_map::Entry::Vacant(_) => continue,
+            let Some(series) = followed(&mut allocs, id) else {
+                continue;
             };
             if let Some((cpu_before, at)) = series.cpu_before {
                 let wall = now.saturating_duration_since(at).as_secs_f64();
@@ -119,13 +126,8 @@ impl Series {
         let mut jobs = self.jobs.lock_unpoisoned();
         jobs.retain(|id, _| counts.contains_key(id));
         for (id, count) in counts {
-            let followed = jobs.len();
-            let ring = match jobs.entry(id) {
-                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) if followed < MAX_SERIES => {
-                    entry.insert(VecDeque::new())
-                }
-                std::collections::btree_map::Entry::Vacant(_) => continue,
+            let Some(ring) = followed(&mut jobs, id) else {
+                continue;
             };
             let sample = JobSample {
                 at_unix_ms,
