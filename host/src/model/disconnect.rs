@@ -59,36 +59,39 @@ pub(crate) struct RawDisconnect {
 
 impl RawDisconnect {
     /// Validates the table; `None` when it leaves allocs lost at once (`lost_after` 0). The
-    /// error is `(key, problem)`.
-    pub(crate) fn parse(self) -> Result<Option<DisconnectPolicy>, (&'static str, String)> {
-        let lost_after = match &self.lost_after {
-            None => Duration::ZERO,
-            Some(text) => parse_duration(text).map_err(|e| ("lost_after", e.to_string()))?,
-        };
-        if lost_after > MAX_LOST_AFTER {
-            return Err((
-                "lost_after",
-                format!(
-                    "{} is over the most, 168h",
-                    self.lost_after.unwrap_or_default()
-                ),
-            ));
-        }
-        let reconcile = match self.reconcile.as_deref() {
-            None | Some("best_score") => Reconcile::BestScore,
-            Some("keep_original") => Reconcile::KeepOriginal,
-            Some("keep_replacement") => Reconcile::KeepReplacement,
-            Some("longest_running") => Reconcile::LongestRunning,
-            Some(other) => {
-                return Err((
-                    "reconcile",
+    /// error is every problem, each `(key, problem)`.
+    pub(crate) fn parse(self) -> Result<Option<DisconnectPolicy>, Vec<(&'static str, String)>> {
+        let mut found = crate::model::reschedule::BlockProblems(Vec::new());
+        let lost_after = found.keep(match &self.lost_after {
+            None => Ok(Duration::ZERO),
+            Some(text) => match parse_duration(text) {
+                Ok(lost_after) if lost_after > MAX_LOST_AFTER => Err((
+                    "lost_after",
                     format!(
-                        "unknown rule {:?}; expected best_score, keep_original, \
-                         keep_replacement or longest_running",
-                        crate::util::text::cut(other, 64)
+                        "{} is over the most, 168h",
+                        crate::util::text::cut(text, 64)
                     ),
-                ));
-            }
+                )),
+                Ok(lost_after) => Ok(lost_after),
+                Err(e) => Err(("lost_after", e.to_string())),
+            },
+        });
+        let reconcile = found.keep(match self.reconcile.as_deref() {
+            None | Some("best_score") => Ok(Reconcile::BestScore),
+            Some("keep_original") => Ok(Reconcile::KeepOriginal),
+            Some("keep_replacement") => Ok(Reconcile::KeepReplacement),
+            Some("longest_running") => Ok(Reconcile::LongestRunning),
+            Some(other) => Err((
+                "reconcile",
+                format!(
+                    "unknown rule {:?}; expected best_score, keep_original, \
+                     keep_replacement or longest_running",
+                    crate::util::text::cut(other, 64)
+                ),
+            )),
+        });
+        let (Some(lost_after), Some(reconcile)) = (lost_after, reconcile) else {
+            return Err(found.0);
         };
         Ok((!lost_after.is_zero()).then_some(DisconnectPolicy {
             lost_after,

@@ -210,9 +210,33 @@ pub(crate) struct RescheduleError {
     pub(crate) message: String,
 }
 
+/// Every problem of one policy block: each key's own first, then how the keys agree (checked
+/// only once each key reads), so that a job file's author sees them all at once.
+pub(crate) struct BlockProblems<E>(pub(crate) Vec<E>);
+
+impl<E> BlockProblems<E> {
+    /// `checked`'s value, or `None` with its problem kept.
+    pub(crate) fn keep<T>(&mut self, checked: Result<T, E>) -> Option<T> {
+        checked.map_err(|problem| self.0.push(problem)).ok()
+    }
+
+    /// `value` when no problem was kept, else every problem.
+    pub(crate) fn or_value<T>(self, value: T) -> Result<T, Vec<E>> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(self.0)
+        }
+    }
+}
+
 impl RawReschedule {
-    /// The policy this block states over the defaults of a service job with `attempts`.
-    pub(crate) fn parse(&self, default_attempts: u32) -> Result<ReschedulePolicy, RescheduleError> {
+    /// The policy this block states over the defaults of a service job with
+    /// `default_attempts`, or every problem it has.
+    pub(crate) fn parse_all(
+        &self,
+        default_attempts: u32,
+    ) -> Result<ReschedulePolicy, Vec<RescheduleError>> {
         let base = ReschedulePolicy::service_default(default_attempts);
         let duration = |key: &'static str, text: &Option<String>, default: Duration| match text {
             None => Ok(default),
@@ -221,8 +245,9 @@ impl RawReschedule {
                 message: e.to_string(),
             }),
         };
-        let attempts = match self.attempts {
-            None => base.attempts,
+        let mut found = BlockProblems(Vec::new());
+        let attempts = found.keep(match self.attempts {
+            None => Ok(base.attempts),
             Some(n) => u32::try_from(n)
                 .ok()
                 .filter(|&n| n as usize <= MAX_HISTORY)
@@ -231,32 +256,43 @@ impl RawReschedule {
                     message: format!(
                         "{n} is out of range; expected 0 to {MAX_HISTORY} (or `unlimited = true`)"
                     ),
-                })?,
-        };
-        let delay_function =
+                }),
+        });
+        let delay_function = found.keep(
             DelayFunction::parse(self.delay_function.as_deref(), base.delay_function).map_err(
                 |message| RescheduleError {
                     key: "delay_function",
                     message,
                 },
-            )?;
+            ),
+        );
+        let interval = found.keep(duration("interval", &self.interval, base.interval));
+        let delay = found.keep(duration("delay", &self.delay, base.delay));
+        let max_delay = found.keep(duration("max_delay", &self.max_delay, base.max_delay));
+        let (Some(attempts), Some(delay_function), Some(interval), Some(delay), Some(max_delay)) =
+            (attempts, delay_function, interval, delay, max_delay)
+        else {
+            return Err(found.0);
+        };
         let policy = ReschedulePolicy {
             attempts,
-            interval: duration("interval", &self.interval, base.interval)?,
-            delay: duration("delay", &self.delay, base.delay)?,
+            interval,
+            delay,
             delay_function,
-            max_delay: duration("max_delay", &self.max_delay, base.max_delay)?,
+            max_delay,
             unlimited: self.unlimited.unwrap_or(base.unlimited),
         };
-        check_delays(policy.delay, policy.max_delay)
-            .map_err(|(key, message)| RescheduleError { key, message })?;
+        found.keep(
+            check_delays(policy.delay, policy.max_delay)
+                .map_err(|(key, message)| RescheduleError { key, message }),
+        );
         if policy.interval.is_zero() && !policy.unlimited && policy.attempts > 0 {
-            return Err(RescheduleError {
+            found.0.push(RescheduleError {
                 key: "interval",
                 message: "must be longer than 0s when attempts are limited".into(),
             });
         }
-        Ok(policy)
+        found.or_value(policy)
     }
 }
 
@@ -351,12 +387,12 @@ mod tests {
             ("attempts = 65", "attempts", "expected 0 to 64"),
             ("interval = \"0s\"", "interval", "longer than 0s"),
         ] {
-            let error = raw(text).parse(3).unwrap_err();
+            let error = raw(text).parse_all(3).unwrap_err().remove(0);
             assert_eq!(error.key, key, "{text}");
             assert!(error.message.contains(message), "{text}: {}", error.message);
         }
         let policy = raw("attempts = 2\ndelay_function = \"constant\"")
-            .parse(3)
+            .parse_all(3)
             .unwrap();
         assert_eq!(
             (policy.attempts, policy.delay_function, policy.delay),

@@ -183,17 +183,20 @@ pub(crate) struct RestartError {
 }
 
 impl RawRestart {
-    /// The policy this block states.
-    pub(crate) fn parse(&self) -> Result<RestartPolicy, RestartError> {
-        use crate::model::reschedule::DelayFunction;
+    /// The policy this block states, or every problem it has.
+    pub(crate) fn parse_all(&self) -> Result<RestartPolicy, Vec<RestartError>> {
+        use crate::model::reschedule::{BlockProblems, DelayFunction};
         let base = RestartPolicy::block_default();
         let bad = |key: &'static str, message: String| RestartError { key, message };
-        let duration = |key: &'static str, text: &Option<String>, default: Duration| match text {
-            None => Ok(default),
-            Some(text) => parse_duration(text).map_err(|e| bad(key, e.to_string())),
+        let duration = |key: &'static str, text: &Option<String>| match text {
+            None => Ok(None),
+            Some(text) => parse_duration(text)
+                .map(Some)
+                .map_err(|e| bad(key, e.to_string())),
         };
-        let attempts = match self.attempts {
-            None => base.attempts,
+        let mut found = BlockProblems(Vec::new());
+        let attempts = found.keep(match self.attempts {
+            None => Ok(base.attempts),
             Some(n) => u32::try_from(n)
                 .ok()
                 .filter(|&n| n <= MAX_ATTEMPTS)
@@ -202,44 +205,58 @@ impl RawRestart {
                         "attempts",
                         format!("{n} is out of range; expected 0 to {MAX_ATTEMPTS}"),
                     )
-                })?,
-        };
-        let delay_function =
+                }),
+        });
+        let delay_function = found.keep(
             DelayFunction::parse(self.delay_function.as_deref(), base.delay_function)
-                .map_err(|message| bad("delay_function", message))?;
-        let mode = match self.mode.as_deref() {
-            None => base.mode,
-            Some("fail") => RestartMode::Fail,
-            Some("delay") => RestartMode::Delay,
-            Some(other) => {
-                return Err(bad(
-                    "mode",
-                    format!("{other:?}; expected \"fail\" or \"delay\""),
-                ));
-            }
+                .map_err(|message| bad("delay_function", message)),
+        );
+        let mode = found.keep(match self.mode.as_deref() {
+            None => Ok(base.mode),
+            Some("fail") => Ok(RestartMode::Fail),
+            Some("delay") => Ok(RestartMode::Delay),
+            Some(other) => Err(bad(
+                "mode",
+                format!(
+                    "{:?}; expected \"fail\" or \"delay\"",
+                    crate::util::text::cut(other, 64)
+                ),
+            )),
+        });
+        let delay = found.keep(duration("delay", &self.delay));
+        let interval = found.keep(duration("interval", &self.interval));
+        let max_delay = found.keep(duration("max_delay", &self.max_delay));
+        let (
+            Some(attempts),
+            Some(delay_function),
+            Some(mode),
+            Some(delay),
+            Some(interval),
+            Some(max_delay),
+        ) = (attempts, delay_function, mode, delay, interval, max_delay)
+        else {
+            return Err(found.0);
         };
-        let delay = duration("delay", &self.delay, base.delay)?;
+        let delay = delay.unwrap_or(base.delay);
         let policy = RestartPolicy {
             attempts,
-            interval: duration("interval", &self.interval, base.interval)?,
+            interval: interval.unwrap_or(base.interval),
             delay,
             delay_function,
             // Unset: 5 minutes for a growing wait (or the delay, if longer); a constant wait
             // needs no ceiling.
-            max_delay: duration(
-                "max_delay",
-                &self.max_delay,
-                match delay_function {
-                    DelayFunction::Constant => delay,
-                    DelayFunction::Exponential => delay.max(DEFAULT_MAX_DELAY),
-                },
-            )?,
+            max_delay: max_delay.unwrap_or(match delay_function {
+                DelayFunction::Constant => delay,
+                DelayFunction::Exponential => delay.max(DEFAULT_MAX_DELAY),
+            }),
             mode,
         };
-        crate::model::reschedule::check_delays(policy.delay, policy.max_delay)
-            .map_err(|(key, message)| bad(key, message))?;
+        found.keep(
+            crate::model::reschedule::check_delays(policy.delay, policy.max_delay)
+                .map_err(|(key, message)| bad(key, message)),
+        );
         if policy.interval < policy.delay {
-            return Err(bad(
+            found.0.push(bad(
                 "interval",
                 format!(
                     "{} is shorter than delay ({}); the window must hold at least one restart",
@@ -248,7 +265,7 @@ impl RawRestart {
                 ),
             ));
         }
-        Ok(policy)
+        found.or_value(policy)
     }
 }
 
@@ -330,7 +347,8 @@ mod tests {
 
     fn parse(toml_text: &str) -> Result<RestartPolicy, String> {
         let raw: RawRestart = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        raw.parse().map_err(|e| format!("{}: {}", e.key, e.message))
+        raw.parse_all()
+            .map_err(|problems| format!("{}: {}", problems[0].key, problems[0].message))
     }
 
     #[test]

@@ -500,6 +500,32 @@ mod tests {
     }
 
     #[test]
+    fn every_bad_policy_key_is_named() {
+        let text = "[job]\nid = \"web\"\ntype = \"service\"\ncount = 1\nrunner = \"r.wasm\"\n\
+                    [job.restart]\nattempts = -1\nmode = \"sometimes\"\n\
+                    [job.reschedule]\ndelay_function = \"fibonacci\"\ninterval = \"soon\"\n\
+                    [job.disconnect]\nlost_after = \"forever\"\nreconcile = \"coin\"\n";
+        let found = problems(text);
+        let fields: Vec<&str> = found
+            .iter()
+            .map(|p| p.split(": ").nth(1).unwrap_or(""))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "job.restart.attempts",
+                "job.restart.mode",
+                "job.reschedule.delay_function",
+                "job.reschedule.interval",
+                "job.disconnect.lost_after",
+                "job.disconnect.reconcile",
+            ],
+            "{found:#?}"
+        );
+        assert!(found[0].starts_with("line 7, "), "{found:?}");
+    }
+
+    #[test]
     fn a_far_miss_lists_what_is_known() {
         let text = "[job]\nid = \"web\"\ntype = \"batch\"\ncount = 1\nrunner = \"r.wasm\"\n\
                     [job.update]\nwhatever = true\n";

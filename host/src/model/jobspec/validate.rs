@@ -1,8 +1,8 @@
 //! A job document's values checked, every field apart: each problem is found, not only the
 //! first, so that a job file's author sees them all at once (`super::problems` puts them in
-//! file order with their lines), every bad limit and capability too. A policy block of its
-//! own (`[job.reschedule]`, `[job.restart]`, `[job.disconnect]`) and each constraint still
-//! stop at their first bad key.
+//! file order with their lines), every bad limit, capability and policy key too (a policy
+//! block's keys first, then how they agree). Each constraint still stops at its first bad
+//! key.
 
 use super::{
     DEFAULT_NAMESPACE, DEFAULT_RESCHEDULE_ATTEMPTS, JobSpec, JobType, MAX_JOB_BYTES, MigratePolicy,
@@ -36,19 +36,26 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
                 .collect()
         }),
     );
-    let reschedule = problems.keep(match &raw.reschedule {
+    let reschedule = problems.keep_all(match &raw.reschedule {
         None => Ok(None),
         Some(block) => block
-            .parse(DEFAULT_RESCHEDULE_ATTEMPTS)
+            .parse_all(DEFAULT_RESCHEDULE_ATTEMPTS)
             .map(Some)
-            .map_err(|e| error(format!("job.reschedule.{}", e.key), e.message)),
+            .map_err(|errors| {
+                errors
+                    .into_iter()
+                    .map(|e| error(format!("job.reschedule.{}", e.key), e.message))
+                    .collect()
+            }),
     });
-    let restart = problems.keep(match &raw.restart {
+    let restart = problems.keep_all(match &raw.restart {
         None => Ok(None),
-        Some(block) => block
-            .parse()
-            .map(Some)
-            .map_err(|e| error(format!("job.restart.{}", e.key), e.message)),
+        Some(block) => block.parse_all().map(Some).map_err(|errors| {
+            errors
+                .into_iter()
+                .map(|e| error(format!("job.restart.{}", e.key), e.message))
+                .collect()
+        }),
     });
     let constraints = if raw.constraint.len() > MAX_CONSTRAINTS {
         problems.keep(Err(error(
@@ -71,11 +78,14 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
         )
     };
     let placement = problems.keep(placement(raw.placement.as_deref()));
-    let disconnect = problems.keep(match raw.disconnect {
+    let disconnect = problems.keep_all(match raw.disconnect {
         None => Ok(None),
-        Some(block) => block
-            .parse()
-            .map_err(|(key, problem)| error(format!("job.disconnect.{key}"), problem)),
+        Some(block) => block.parse().map_err(|errors| {
+            errors
+                .into_iter()
+                .map(|(key, problem)| error(format!("job.disconnect.{key}"), problem))
+                .collect()
+        }),
     });
     let mut names: Vec<String> = Vec::new();
     let tasks = problems.keep_each(raw.tasks.into_iter().enumerate().map(|(i, task)| {
