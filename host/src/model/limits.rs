@@ -10,9 +10,11 @@
 //!
 //! This module is plain data: it enforces nothing (the runtime does) and reads no file.
 
+mod written;
 use crate::util::units::{format_bytes, format_duration, parse_bytes, parse_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+pub use written::WrittenLimits;
 
 /// The kind of value a limit takes: how it is typed and shown.
 pub trait LimitKind {
@@ -312,6 +314,9 @@ macro_rules! declare_limits {
             $( #[doc = concat!("`", $key, "`, when set.")] pub $field: Option<<$kind as LimitKind>::Value>, )*
             /// `wall_time`, when set.
             pub wall_time: Option<Duration>,
+            /// How each key set from a document was written, for saying it back.
+            #[serde(skip_serializing_if = "WrittenLimits::is_empty")]
+            pub written: WrittenLimits,
         }
 
         impl LimitOverrides {
@@ -349,6 +354,7 @@ macro_rules! declare_limits {
                     "wall_time" => self.wall_time = Some(parse::<Time>("wall_time", text)?),
                     _ => return Err(LimitError::Unknown { key: key.into() }),
                 }
+                self.written.record(key, text);
                 Ok(())
             }
         }
@@ -373,7 +379,11 @@ macro_rules! declare_limits {
             /// Every limit set, as overrides: what checking the agent's own defaults against
             /// its caps needs.
             pub fn as_overrides(&self) -> LimitOverrides {
-                LimitOverrides { $( $field: Some(self.$field), )* wall_time: self.wall_time }
+                LimitOverrides {
+                    $( $field: Some(self.$field), )*
+                    wall_time: self.wall_time,
+                    written: WrittenLimits::default(),
+                }
             }
         }
 
@@ -398,7 +408,10 @@ macro_rules! declare_limits {
                     if let Some(asked) = limits.$field.filter(|&asked| asked > self.$field) {
                         return Err(OverCap {
                             key: $key,
-                            asked: <$kind as LimitKind>::show(asked),
+                            asked: limits
+                                .written
+                                .get($key)
+                                .map_or_else(|| <$kind as LimitKind>::show(asked), str::to_string),
                             cap: <$kind as LimitKind>::show(self.$field),
                         });
                     }
@@ -524,6 +537,27 @@ mod tests {
             "0 means at once"
         );
         assert_eq!(overrides.check_values(), Ok(()));
+    }
+
+    #[test]
+    fn a_limit_is_said_back_as_written_and_how_it_was_written_changes_nothing() {
+        let mut asked = LimitOverrides::default();
+        asked.set("kill_timeout", " 60s ").unwrap();
+        let caps = LimitCaps::default();
+        assert_eq!(
+            caps.check(&asked).unwrap_err().to_string(),
+            "job.limits.kill_timeout: 60s is over this agent's cap of 30s \
+             (client.limit_caps.kill_timeout)"
+        );
+        let mut same = LimitOverrides::default();
+        same.set("kill_timeout", "1m").unwrap();
+        assert_eq!(asked, same, "the same limit, written another way");
+        assert_eq!(same.written.get("kill_timeout"), Some("1m"));
+        let saved = serde_json::to_string(&LimitOverrides::default()).unwrap();
+        assert!(
+            !saved.contains("written"),
+            "nothing written, nothing saved: {saved}"
+        );
     }
 
     #[test]

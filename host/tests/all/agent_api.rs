@@ -554,7 +554,7 @@ async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
     let (agent, _dir) = agent(|_| {}).await;
     let job = serde_json::json!({ "job": {
         "id": "small", "type": "service", "count": 1, "runner": MINIMAL,
-        "limits": { "memory": "32MiB", "kill_timeout": "1s" },
+        "limits": { "memory": "32MiB", "kill_timeout": "2000ms" },
     }})
     .to_string();
     let (status, answer) = http(agent.addr, "POST", "/v1/jobs", Some(&job), None).await;
@@ -570,11 +570,16 @@ async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
         serde_json::json!(["memory", "kill_timeout"]),
         "{local}"
     );
+    // As the job wrote them, not as the agent would print them (`32 MiB`, `2s`).
     assert_eq!(
         local["limits"][0],
-        serde_json::json!(["memory", "32 MiB"]),
+        serde_json::json!(["memory", "32MiB"]),
         "{local}"
     );
-    assert_eq!(local["limits"][1][0], "kill_timeout", "{local}");
+    assert_eq!(
+        local["limits"][1],
+        serde_json::json!(["kill_timeout", "2000ms"]),
+        "{local}"
+    );
     agent.stop().await;
 }

@@ -106,6 +106,14 @@ fn local_view(state: &ApiState, alloc_id: &str) -> Option<LocalAllocView> {
         .into_iter()
         .map(|(key, value)| (key.to_string(), value))
         .partition(|(key, value)| !defaults.iter().any(|(k, v)| k == key && v == value));
+    // What its job set reads as the job wrote it (`60s`, not `1m`).
+    let alloc = runner.alloc();
+    let as_written = |(key, value): (String, String)| {
+        let written = alloc.limits.written.get(&key);
+        let written = written.map(|text| crate::util::text::cut(text, 64).into_owned());
+        (key, written.unwrap_or(value))
+    };
+    let changed: Vec<(String, String)> = changed.into_iter().map(as_written).collect();
     let usage = runner.usage();
     let alloc_dir = state.client.alloc_dir(alloc_id);
     Some(LocalAllocView {
