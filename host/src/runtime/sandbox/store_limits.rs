@@ -31,9 +31,11 @@ impl UsageGauges {
         }
     }
 
-    /// The CPU time charged in all, guest and host together, in nanoseconds.
+    /// The CPU time charged in all, guest and host together, in nanoseconds. It only grows:
+    /// during an upgrade in place two runs publish their totals at once, and the alloc's
+    /// gauge (and the CPU chart drawn from it) must not swing between them.
     pub fn set_cpu_used_nanos(&self, nanos: u64) {
-        self.cpu_nanos.store(nanos, Ordering::Relaxed);
+        self.cpu_nanos.fetch_max(nanos, Ordering::Relaxed);
     }
 
     /// A store of the alloc was granted `bytes` more (an upgrade in place runs two stores
