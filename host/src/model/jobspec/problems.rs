@@ -398,6 +398,14 @@ fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
 mod tests {
     use super::*;
 
+    /// The field each problem names (`line L, column C: FIELD: message`).
+    fn fields_of(problems: &[String]) -> Vec<&str> {
+        problems
+            .iter()
+            .map(|p| p.split(": ").nth(1).unwrap_or(""))
+            .collect()
+    }
+
     fn problems(text: &str) -> Vec<String> {
         check_toml(text)
             .unwrap_err()
@@ -482,12 +490,8 @@ mod tests {
                     volumes = { \"relative/path\" = \"shared\" }\n\
                     env = { \"1BAD\" = \"x\", GOOD = \"y\" }\n";
         let found = problems(text);
-        let fields: Vec<&str> = found
-            .iter()
-            .map(|p| p.split(": ").nth(1).unwrap_or(""))
-            .collect();
         assert_eq!(
-            fields,
+            fields_of(&found),
             [
                 "job.capabilities.network[0]",
                 "job.capabilities.network[2]",
@@ -506,12 +510,8 @@ mod tests {
                     [job.reschedule]\ndelay_function = \"fibonacci\"\ninterval = \"soon\"\n\
                     [job.disconnect]\nlost_after = \"forever\"\nreconcile = \"coin\"\n";
         let found = problems(text);
-        let fields: Vec<&str> = found
-            .iter()
-            .map(|p| p.split(": ").nth(1).unwrap_or(""))
-            .collect();
         assert_eq!(
-            fields,
+            fields_of(&found),
             [
                 "job.restart.attempts",
                 "job.restart.mode",
