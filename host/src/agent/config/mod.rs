@@ -301,7 +301,7 @@ struct FileConfig {
     region: Option<String>,
     tls: Option<tls::TlsSection>,
     audit: Option<AuditSection>,
-    telemetry: Option<TelemetrySection>,
+    telemetry: Option<telemetry::TelemetrySection>,
     #[serde(default)]
     client: ClientSection,
     #[serde(default)]
@@ -372,22 +372,6 @@ struct AclSection {
 struct AuditSection {
     path: Option<PathBuf>,
 }
-
-/// `[telemetry]`: what the agent measures of itself (Nomad's block; its `collection_interval`).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TelemetrySection {
-    collection_interval: Option<String>,
-    otlp_endpoint: Option<String>,
-}
-
-/// The shortest and longest `[telemetry] collection_interval`: sampling every alloc more
-/// often than ten times a second would cost a node of many allocs real CPU, and a plot of
-/// samples an hour apart shows nothing.
-const COLLECTION_INTERVAL_RANGE: (std::time::Duration, std::time::Duration) = (
-    std::time::Duration::from_millis(100),
-    std::time::Duration::from_secs(3600),
-);
 
 /// `[client.capabilities]`: see [`CapabilityPolicy::parse`].
 #[derive(Debug, Default, Deserialize)]
@@ -563,24 +547,8 @@ pub fn apply_file(config: &mut AgentConfig, path: &str, text: &str) -> Result<()
     }
     file.server.read_into(config, path)?;
     tls::read(config, path, file.region, file.tls)?;
-    let telemetry = file.telemetry.unwrap_or_default();
-    if let Some(endpoint) = telemetry.otlp_endpoint.filter(|e| !e.is_empty()) {
-        config.otlp_endpoint = Some(endpoint);
-    }
-    if let Some(interval) = telemetry.collection_interval {
-        let key = "telemetry.collection_interval";
-        let interval = duration(key, &interval)?;
-        let (shortest, longest) = COLLECTION_INTERVAL_RANGE;
-        if interval < shortest || interval > longest {
-            return Err(out_of_range(
-                key,
-                format!(
-                    "between 100ms and 1h, not {}",
-                    crate::util::units::format_duration(interval)
-                ),
-            ));
-        }
-        config.collection_interval = interval;
+    if let Some(telemetry) = file.telemetry {
+        telemetry.read_into(config, path)?;
     }
     if let Some(audit) = file.audit {
         config.audit_path = audit.path;
@@ -599,6 +567,7 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr, BindError> {
 mod error;
 mod node;
 mod server;
+mod telemetry;
 pub mod tls;
 
 pub use error::{BindError, ConfigError};
