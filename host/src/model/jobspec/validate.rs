@@ -21,42 +21,28 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
     let count = problems.keep(count(raw.count));
     let runner = problems.keep(runner(raw.runner));
     let runner_sha256 = problems.keep(runner_sha256(raw.runner_sha256));
-    let limits = problems.keep_all(LimitOverrides::from_raw_all(&raw.limits).map_err(|errors| {
-        errors
-            .iter()
-            .map(|e| error(e.field("job.limits"), e.problem()))
-            .collect()
-    }));
+    let limits = problems.keep_named(LimitOverrides::from_raw_all(&raw.limits), |e| {
+        error(e.field("job.limits"), e.problem())
+    });
     let caps = &raw.capabilities;
-    let capabilities = problems.keep_all(
-        capabilities::parse_job_all(&caps.network, &caps.volumes, &caps.env).map_err(|errors| {
-            errors
-                .into_iter()
-                .map(|e| error(e.key, e.message))
-                .collect()
-        }),
+    let capabilities = problems.keep_named(
+        capabilities::parse_job_all(&caps.network, &caps.volumes, &caps.env),
+        |e| error(e.key, e.message),
     );
-    let reschedule = problems.keep_all(match &raw.reschedule {
-        None => Ok(None),
-        Some(block) => block
-            .parse_all(DEFAULT_RESCHEDULE_ATTEMPTS)
-            .map(Some)
-            .map_err(|errors| {
-                errors
-                    .into_iter()
-                    .map(|e| error(format!("job.reschedule.{}", e.key), e.message))
-                    .collect()
-            }),
-    });
-    let restart = problems.keep_all(match &raw.restart {
-        None => Ok(None),
-        Some(block) => block.parse_all().map(Some).map_err(|errors| {
-            errors
-                .into_iter()
-                .map(|e| error(format!("job.restart.{}", e.key), e.message))
-                .collect()
-        }),
-    });
+    let reschedule = problems.keep_named(
+        raw.reschedule
+            .as_ref()
+            .map(|block| block.parse_all(DEFAULT_RESCHEDULE_ATTEMPTS))
+            .transpose(),
+        |e| error(format!("job.reschedule.{}", e.key), e.message),
+    );
+    let restart = problems.keep_named(
+        raw.restart
+            .as_ref()
+            .map(|block| block.parse_all())
+            .transpose(),
+        |e| error(format!("job.restart.{}", e.key), e.message),
+    );
     let constraints = if raw.constraint.len() > MAX_CONSTRAINTS {
         problems.keep(Err(error(
             "job.constraint",
@@ -78,15 +64,10 @@ pub(super) fn validate_all(raw: RawJob) -> Result<JobSpec, Vec<SpecError>> {
         )
     };
     let placement = problems.keep(placement(raw.placement.as_deref()));
-    let disconnect = problems.keep_all(match raw.disconnect {
-        None => Ok(None),
-        Some(block) => block.parse().map_err(|errors| {
-            errors
-                .into_iter()
-                .map(|(key, problem)| error(format!("job.disconnect.{key}"), problem))
-                .collect()
-        }),
-    });
+    let disconnect = problems.keep_named(
+        raw.disconnect.map_or(Ok(None), |block| block.parse()),
+        |(key, problem)| error(format!("job.disconnect.{key}"), problem),
+    );
     let mut names: Vec<String> = Vec::new();
     let tasks = problems.keep_each(raw.tasks.into_iter().enumerate().map(|(i, task)| {
         let name = task_name(i, task.name, &names)?;
@@ -205,6 +186,16 @@ impl Problems {
         } else {
             Err(bad)
         })
+    }
+
+    /// The value checked, or `None` with its problems kept, each named as a job file's
+    /// field by `named`.
+    fn keep_named<T, E>(
+        &mut self,
+        checked: Result<T, Vec<E>>,
+        named: impl Fn(E) -> SpecError,
+    ) -> Option<T> {
+        self.keep_all(checked.map_err(|problems| problems.into_iter().map(named).collect()))
     }
 
     /// The value checked, or `None` with its problems kept.
