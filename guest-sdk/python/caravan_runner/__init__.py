@@ -80,6 +80,7 @@ __all__ = [
     "export",
     "log",
     "parse_duration_ms",
+    "quoted",
     "wakeup_for",
 ]
 

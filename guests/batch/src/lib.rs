@@ -5,7 +5,8 @@
 //! all four.
 //!
 //! Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
-//! 100). On `shutdown` it checkpoints each task's progress (version 1: a line
+//! 100), `result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a
+//! newline there when it is done, making its directories, and reads it back). On `shutdown` it checkpoints each task's progress (version 1: a line
 //! `name<TAB>next<TAB>sum` per task) and resumes from it, whichever language wrote it.
 
 use caravan_guest::{
@@ -28,6 +29,27 @@ struct Summing {
     next: i64,
     sum: u64,
     done: bool,
+    result_file: Option<String>,
+}
+
+/// `result_file`, when set: a path under `/alloc/`, the only directory a runner sees.
+fn result_file(config: &TaskConfig) -> Result<Option<String>, RunnerError> {
+    match config.get("result_file") {
+        Some(path) if !path.starts_with("/alloc/") => Err(config.invalid(
+            "result_file",
+            format!("{path:?} is not a path under /alloc/"),
+        )),
+        path => Ok(path.map(str::to_string)),
+    }
+}
+
+/// Writes `text` to `path` (its directories made first) and reads it back.
+fn write_and_read_back(path: &str, text: &str) -> std::io::Result<String> {
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text)?;
+    std::fs::read_to_string(path)
 }
 
 fn setting(
@@ -100,6 +122,7 @@ impl Runner for Batch {
                 next: 1,
                 sum: 0,
                 done: false,
+                result_file: result_file(&config)?,
             });
         }
         let mut batch = Batch { tasks };
@@ -132,11 +155,24 @@ impl Runner for Batch {
                     "task {} computed the sum of squares of 1..{}: {}",
                     task.name, task.numbers, task.sum
                 );
-                let message = format!(
+                let mut message = format!(
                     "Computed the sum of squares of 1..{}: {}",
                     task.numbers, task.sum
                 );
-                state.task_finished(&task.name, false, &message);
+                let mut failed = false;
+                if let Some(path) = &task.result_file {
+                    let result = format!("{{\"numbers\":{},\"sum\":{}}}\n", task.numbers, task.sum);
+                    match write_and_read_back(path, &result) {
+                        Ok(read) if read == result => {
+                            info!("task {} wrote {} bytes to {path}", task.name, read.len())
+                        }
+                        Ok(_) => (failed, message) = (true, format!("{path} reads back otherwise")),
+                        Err(error) => {
+                            (failed, message) = (true, format!("Cannot write {path}: {error}"))
+                        }
+                    }
+                }
+                state.task_finished(&task.name, failed, &message);
             }
         }
         Ok(())

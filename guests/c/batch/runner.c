@@ -5,15 +5,19 @@
 // conformance suite checks it).
 //
 // Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
-// 100). On `shutdown` it checkpoints each task's progress (version 1: a line
+// 100), `result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a
+// newline there when it is done, making its directories, and reads it back; wasi-libc's
+// stdio reaches the alloc dir, so the `alloc-runner` world is enough). On `shutdown` it checkpoints each task's progress (version 1: a line
 // `name<TAB>next<TAB>sum` per task) and resumes from it.
 
 #include "caravan_runner.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define CHECKPOINT_VERSION 1
 #define MAX_NUMBERS 1000000
@@ -23,6 +27,7 @@ typedef struct {
   int64_t numbers, chunk, next;
   uint64_t sum;
   bool done;
+  char *result_file; // NULL when not asked for
 } summing_t;
 
 typedef struct {
@@ -41,6 +46,49 @@ static bool setting(const caravan_task_t *spec, const char *key, int64_t fallbac
   }
   return caravan_config_invalid(err, spec, key, "%" PRId64 " is not between %" PRId64 " and %" PRId64,
                                 *value, low, high);
+}
+
+// `result_file` into `*path` (NULL when unset): a path under `/alloc/`, the only directory a
+// runner sees.
+static bool result_file(const caravan_task_t *spec, char **path, caravan_error_t *err) {
+  const alloc_runner_string_t *value = caravan_config_get(spec, "result_file");
+  *path = NULL;
+  if (!value) return true;
+  if (value->len < 7 || memcmp(value->ptr, "/alloc/", 7) || memchr(value->ptr, '\0', value->len)) {
+    char quoted[160];
+    caravan_quote(value->ptr, value->len, quoted, sizeof quoted);
+    return caravan_config_invalid(err, spec, "result_file", "%s is not a path under /alloc/", quoted);
+  }
+  *path = strndup((const char *)value->ptr, value->len);
+  return *path ? true : caravan_failed(err, "out of memory");
+}
+
+// Makes every directory above the file `path` (as `mkdir -p` of its parent).
+static bool make_parent_dirs(const char *path) {
+  char *copy = strdup(path);
+  if (!copy) return false;
+  bool ok = true;
+  for (char *slash = strchr(copy + 1, '/'); ok && slash; slash = strchr(slash + 1, '/')) {
+    *slash = '\0';
+    ok = mkdir(copy, 0755) == 0 || errno == EEXIST;
+    *slash = '/';
+  }
+  free(copy);
+  return ok;
+}
+
+// Writes `text` to `path` (its directories made first) and reads it back into `read`
+// (at most `size` - 1 bytes); false with errno set when a step fails.
+static bool write_and_read_back(const char *path, const char *text, char *read, size_t size) {
+  if (!make_parent_dirs(path)) return false;
+  FILE *file = fopen(path, "w");
+  if (!file) return false;
+  bool written = fputs(text, file) >= 0;
+  if (fclose(file) != 0 || !written) return false;
+  if (!(file = fopen(path, "r"))) return false;
+  size_t count = fread(read, 1, size - 1, file);
+  read[count] = '\0';
+  return fclose(file) == 0;
 }
 
 // Decimal digits only (no sign), fitting a u64, in `*value`; false otherwise.
@@ -110,7 +158,8 @@ static bool on_start(void *self, const caravan_alloc_t *alloc, const caravan_byt
     task->next = 1;
     if (!setting(spec, "numbers", 1000, 0, MAX_NUMBERS, &task->numbers, err)) return false;
     if (!setting(spec, "chunk", 100, 1, INT64_MAX, &task->chunk, err)) return false;
-    batch->count++;
+    batch->count++; // from here on `drop` frees its result_file
+    if (!result_file(spec, &task->result_file, err)) return false;
   }
   if (restored && !restore(batch, restored, err)) return false;
   for (size_t i = 0; i < batch->count; i++) caravan_state_task_started(state, batch->tasks[i].name);
@@ -144,7 +193,23 @@ static bool on_wakeup(void *self, caravan_state_t *state, caravan_error_t *err) 
              task->numbers, task->sum);
     caravan_info("batch", "task %s computed the sum of squares of 1..%" PRId64 ": %" PRIu64,
                  task->name, task->numbers, task->sum);
-    caravan_state_task_finished(state, task->name, false, message);
+    bool failed = false;
+    if (task->result_file) {
+      const char *path = task->result_file;
+      char result[64], read[64];
+      snprintf(result, sizeof result, "{\"numbers\":%" PRId64 ",\"sum\":%" PRIu64 "}\n",
+               task->numbers, task->sum);
+      if (!write_and_read_back(path, result, read, sizeof read)) {
+        failed = true;
+        snprintf(message, sizeof message, "Cannot write %.100s: %s", path, strerror(errno));
+      } else if (strcmp(read, result)) {
+        failed = true;
+        snprintf(message, sizeof message, "%.100s reads back otherwise", path);
+      } else {
+        caravan_info("batch", "task %s wrote %zu bytes to %s", task->name, strlen(read), path);
+      }
+    }
+    caravan_state_task_finished(state, task->name, failed, message);
   }
   return true;
 }
@@ -166,7 +231,11 @@ static void on_shutdown(void *self, caravan_bytes_t *checkpoint) {
   free(lines);
 }
 
-static void drop(void *self) { free(((batch_t *)self)->tasks); }
+static void drop(void *self) {
+  batch_t *batch = self;
+  for (size_t i = 0; i < batch->count; i++) free(batch->tasks[i].result_file);
+  free(batch->tasks);
+}
 
 static const caravan_runner_t BATCH = {
     .on_start = on_start,

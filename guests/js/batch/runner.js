@@ -4,12 +4,15 @@
 // every task has. It behaves as guests/batch (Rust) does, byte for byte (the conformance suite checks it).
 //
 // Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
-// 100). On `shutdown` it checkpoints each task's progress (version 1: a line
+// 100), `result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a
+// newline there when it is done, making its directories, and reads it back; the files SDK
+// needs the `file-runner` world, which guests/js/build builds this runner against). On `shutdown` it checkpoints each task's progress (version 1: a line
 // `name<TAB>next<TAB>sum` per task) and resumes from it.
 
 // @ts-check: `tsc --checkJs` (guests/js/build) checks this against caravan-runner.d.ts.
 import * as caravan from "../../../guest-sdk/js/caravan-runner.js";
 import { Failed, TaskConfig, exportRunner } from "../../../guest-sdk/js/caravan-runner.js";
+import * as files from "../../../guest-sdk/js/caravan-files.js";
 
 const CHECKPOINT_VERSION = 1;
 const MAX_NUMBERS = 1_000_000n;
@@ -26,6 +29,14 @@ function digits(text) {
   return BigInt(text);
 }
 
+/** Writes `text` to `path` (its directories made first) and reads it back.
+ * @param {string} path @param {string} text */
+function writeAndReadBack(path, text) {
+  files.makeDirs(path.slice(0, path.lastIndexOf("/")) || "/");
+  files.writeFile(path, text);
+  return files.readTextFile(path);
+}
+
 class Summing {
   /** @param {import("../../../guest-sdk/js/caravan-runner.js").Task} task */
   constructor(task) {
@@ -37,6 +48,10 @@ class Summing {
     }
     this.chunk = config.wholeNumber("chunk") ?? 100n;
     if (this.chunk < 1n) throw config.invalid("chunk", `${this.chunk} is not at least 1`);
+    this.resultFile = config.get("result_file");
+    if (this.resultFile !== undefined && !this.resultFile.startsWith("/alloc/")) {
+      throw config.invalid("result_file", `${caravan.quoted(this.resultFile)} is not a path under /alloc/`);
+    }
     this.next = 1n;
     this.sum = 0n;
     this.done = false;
@@ -100,7 +115,24 @@ class Batch extends caravan.Runner {
       if (task.next > task.numbers) {
         task.done = true;
         info(`task ${task.name} computed the sum of squares of 1..${task.numbers}: ${task.sum}`);
-        state.taskFinished(task.name, false, `Computed the sum of squares of 1..${task.numbers}: ${task.sum}`);
+        let message = `Computed the sum of squares of 1..${task.numbers}: ${task.sum}`;
+        let failed = false;
+        const path = task.resultFile;
+        if (path !== undefined) {
+          const result = `{"numbers":${task.numbers},"sum":${task.sum}}\n`;
+          try {
+            const read = writeAndReadBack(path, result);
+            if (read === result) {
+              info(`task ${task.name} wrote ${new TextEncoder().encode(read).length} bytes to ${path}`);
+            } else {
+              [failed, message] = [true, `${path} reads back otherwise`];
+            }
+          } catch (error) {
+            if (!(error instanceof files.FileError)) throw error;
+            [failed, message] = [true, `Cannot write ${path}: ${error.code}`];
+          }
+        }
+        state.taskFinished(task.name, failed, message);
       }
     }
   }

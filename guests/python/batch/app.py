@@ -3,11 +3,13 @@
 chunks), logs it and ends with it in the task's `Terminated` event; the alloc completes when
 every task has. It behaves as guests/batch (Rust) does, byte for byte (the conformance suite checks it).
 
-Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default 100).
-On `shutdown` it checkpoints each task's progress (version 1: a line `name<TAB>next<TAB>sum`
+Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default 100),
+`result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a newline
+there when it is done, making its directories, and reads it back). On `shutdown` it checkpoints each task's progress (version 1: a line `name<TAB>next<TAB>sum`
 per task) and resumes from it.
 """
 
+import os
 from typing import Optional
 
 import caravan_runner as caravan
@@ -28,6 +30,19 @@ def digits(text: str) -> Optional[int]:
     return int(text)
 
 
+def write_and_read_back(path: str, text: str) -> str:
+    """Writes `text` to `path` (its directories made first) and reads it back."""
+    parent = os.path.dirname(path)
+    # Not `makedirs(..., exist_ok=True)` on `/alloc` itself: the runner cannot see `/`, so
+    # makedirs, looking above `/alloc`, fails with ENOENT.
+    if not os.path.isdir(parent):
+        os.makedirs(parent)
+    with open(path, "w", encoding="utf-8", newline="") as file:
+        file.write(text)
+    with open(path, encoding="utf-8", newline="") as file:
+        return file.read()
+
+
 class Summing:
     def __init__(self, task):
         config = TaskConfig(task)
@@ -40,6 +55,9 @@ class Summing:
         self.chunk: int = 100 if chunk is None else chunk
         if self.chunk < 1:
             raise config.invalid("chunk", f"{self.chunk} is not at least 1")
+        self.result_file = config.get("result_file")
+        if self.result_file is not None and not self.result_file.startswith("/alloc/"):
+            raise config.invalid("result_file", f"{caravan.quoted(self.result_file)} is not a path under /alloc/")
         self.next = 1
         self.sum = 0
         self.done = False
@@ -91,7 +109,20 @@ class Batch(caravan.Runner):
             if task.next > task.numbers:
                 task.done = True
                 info(f"task {task.name} computed the sum of squares of 1..{task.numbers}: {task.sum}")
-                state.task_finished(task.name, False, f"Computed the sum of squares of 1..{task.numbers}: {task.sum}")
+                message = f"Computed the sum of squares of 1..{task.numbers}: {task.sum}"
+                failed = False
+                if task.result_file is not None:
+                    path = task.result_file
+                    result = f'{{"numbers":{task.numbers},"sum":{task.sum}}}\n'
+                    try:
+                        read = write_and_read_back(path, result)
+                        if read == result:
+                            info(f"task {task.name} wrote {len(read.encode())} bytes to {path}")
+                        else:
+                            failed, message = True, f"{path} reads back otherwise"
+                    except OSError as error:
+                        failed, message = True, f"Cannot write {path}: {error.strerror or error}"
+                state.task_finished(task.name, failed, message)
 
     def on_shutdown(self) -> Optional[bytes]:
         lines = "".join(f"{t.name}\t{t.next}\t{t.sum}\n" for t in self.tasks)

@@ -313,3 +313,65 @@ async fn a_batch_checkpoint_written_in_any_language_resumes_in_every_other() {
         );
     }
 }
+
+/// The file-writing batch (issue 44, part 1): each language writes its result through its
+/// own way to the alloc dir (Rust's `std::fs`, Python's `open`, C's stdio, JavaScript's
+/// `caravan-files.js` in the `file-runner` world), reads it back, and the files, the reports
+/// and the log lines are the same bytes in every language.
+#[tokio::test(start_paused = true)]
+async fn the_batch_runners_write_their_results_to_the_alloc_dir_alike() {
+    let mut reported = Vec::new();
+    let mut logged = Vec::new();
+    for (language, runner) in every_language("batch", BATCH) {
+        let logs = LogCapture::start();
+        let tasks = vec![
+            task("a", &[("result_file", "/alloc/out/deep/result.json")]),
+            task("b", &[("numbers", "7"), ("result_file", "/alloc/b.json")]),
+        ];
+        let started = start_runner(&runner, tasks, None);
+        let state = started.stopped().await;
+        let alloc_dir = started.data_dir.path().join(&started.alloc.id);
+        let read = |path: &str| std::fs::read_to_string(alloc_dir.join(path));
+        assert_eq!(
+            state.client_status,
+            ClientStatus::Complete,
+            "{language}: {state:?}\n{}",
+            guest_lines(&logs).join("\n")
+        );
+        assert_eq!(
+            read("out/deep/result.json").ok().as_deref(),
+            Some("{\"numbers\":1000,\"sum\":333833500}\n"),
+            "{language}"
+        );
+        assert_eq!(
+            read("b.json").ok().as_deref(),
+            Some("{\"numbers\":7,\"sum\":140}\n"),
+            "{language}"
+        );
+
+        let outside = vec![task("a", &[("result_file", "/etc/passwd")])];
+        let refused = start_runner(&runner, outside, None);
+        assert_eq!(
+            refused.stopped().await.description,
+            r#"invalid config: task "a": result_file: "/etc/passwd" is not a path under /alloc/"#,
+            "{language}"
+        );
+        // A directory where the file should be: the task fails, the alloc says which.
+        let blocked = vec![task("a", &[("numbers", "3"), ("result_file", "/alloc/")])];
+        let state = start_runner(&runner, blocked, None).stopped().await;
+        assert_eq!(
+            (state.client_status, state.description.as_str()),
+            (ClientStatus::Failed, "Failed tasks: a"),
+            "{language}: {state:?}"
+        );
+        let why = &state.task_states[0].events.last().unwrap().message;
+        assert!(
+            why.starts_with("Cannot write /alloc/: "),
+            "{language}: {why}"
+        );
+        reported.push((language, [reports(&started), reports(&refused)].concat()));
+        logged.push((language, guest_lines(&logs)));
+    }
+    assert_all_alike("the reported states", &reported);
+    assert_all_alike("the log lines", &logged);
+}
