@@ -1,9 +1,10 @@
 //! `caravan runner new`: a folder with a working runner in one of the four languages, its
 //! build script, a job file and a README with the three commands to build, check and run it.
 //!
-//! Each language's scaffold is the same small service runner ("hello", then a line every
-//! `log_every`) on that language's SDK (`guest-sdk/`: `caravan-guest`, `caravan_runner`,
-//! `caravan-runner.js`, `caravan_runner.h`). Each build script uses the SDK and the toolchain
+//! Each language's scaffold is the same small runner on that language's SDK (`guest-sdk/`:
+//! `caravan-guest`, `caravan_runner`, `caravan-runner.js`, `caravan_runner.h`): a service
+//! ("hello", then a line every `log_every`), or with `--files` a batch runner that writes
+//! `/alloc/out/result.json` in the language's own way and ends. Each build script uses the SDK and the toolchain
 //! of the Caravan checkout the `caravan` binary was built from (`scripts/setup` installs it),
 //! and checks what the language's checker can (mypy, TypeScript, the compiler's warnings);
 //! `CARAVAN_HOME` points a script at another checkout.
@@ -27,6 +28,15 @@ pub enum Language {
     C,
 }
 
+/// What the scaffold's runner does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Template {
+    /// A service: says hello, logs a line every `log_every`, runs until it is killed.
+    Service,
+    /// A batch runner that writes `/alloc/out/result.json`, reads it back and ends.
+    Files,
+}
+
 /// The Caravan checkout this binary was built from: its `wit/`, `guest-sdk/` and toolchains.
 pub fn default_caravan_home() -> PathBuf {
     let host = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -48,13 +58,14 @@ pub fn check_name(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the runner `name` in `language` into a new folder `parent/name`, with
-/// `caravan_home` baked into its build script; returns the folder. Refuses an existing
-/// folder, and leaves nothing behind when a write fails.
+/// Writes the runner `name` in `language`, doing what `template` says, into a new folder
+/// `parent/name`, with `caravan_home` baked into its build script; returns the folder.
+/// Refuses an existing folder, and leaves nothing behind when a write fails.
 pub fn create(
     parent: &Path,
     name: &str,
     language: Language,
+    template: Template,
     caravan_home: &Path,
 ) -> anyhow::Result<PathBuf> {
     check_name(name)?;
@@ -70,7 +81,7 @@ pub fn create(
         .prefix(&format!(".{name}-"))
         .tempdir_in(parent)
         .with_context(|| format!("cannot write in {}", parent.display()))?;
-    for (path, text) in files(name, language, caravan_home) {
+    for (path, text) in files(name, language, template, caravan_home) {
         let target = staging.path().join(&path);
         if let Some(dir) = target.parent() {
             std::fs::create_dir_all(dir)?;
@@ -92,33 +103,41 @@ fn set_executable(path: &Path) -> std::io::Result<()> {
 }
 
 /// Every file of the scaffold: its path in the folder, and its text.
-fn files(name: &str, language: Language, caravan_home: &Path) -> Vec<(String, String)> {
+fn files(
+    name: &str,
+    language: Language,
+    template: Template,
+    caravan_home: &Path,
+) -> Vec<(String, String)> {
     let home = caravan_home.display().to_string();
+    let files = template == Template::Files;
+    let pick = |service: &str, file_writer: &str| {
+        if files { file_writer } else { service }.replace("{name}", name)
+    };
     let (source_path, source, build_steps, setup) = match language {
         Language::Rust => (
             "src/lib.rs",
-            RUST_LIB.replace("{name}", name),
+            pick(RUST_LIB, RUST_FILES_LIB),
             rust_build(name),
             "rust",
         ),
         Language::Python => (
             "app.py",
-            HELLO_PYTHON.replace("{name}", name),
+            pick(HELLO_PYTHON, FILES_PYTHON),
             PYTHON_BUILD.replace("{name}", name),
             "python",
         ),
         Language::Js => (
             "runner.js",
-            HELLO_JS.replace("{name}", name),
-            JS_BUILD.replace("{name}", name),
+            pick(HELLO_JS, FILES_JS),
+            // Only the files SDK imports wasi:filesystem, which the runner's world must name.
+            JS_BUILD.replace("{name}", name).replace(
+                "{world}",
+                if files { "file-runner" } else { "alloc-runner" },
+            ),
             "js",
         ),
-        Language::C => (
-            "runner.c",
-            HELLO_C.replace("{name}", name),
-            c_build(name),
-            "c",
-        ),
+        Language::C => ("runner.c", pick(HELLO_C, FILES_C), c_build(name), "c"),
     };
     let build = format!(
         "#!/usr/bin/env bash\n\
@@ -131,12 +150,14 @@ fn files(name: &str, language: Language, caravan_home: &Path) -> Vec<(String, St
          {build_steps}\
          echo \"built out/{name}.wasm\"\n"
     );
+    let job_type = if files { "batch" } else { "service" };
     let job = format!(
         "# caravan job run {name}.toml (with an agent running: caravan agent --dev)\n\
-         [job]\nid = \"{name}\"\ntype = \"service\"\ncount = 1\nrunner = \"out/{name}.wasm\"\n\n\
+         [job]\nid = \"{name}\"\ntype = \"{job_type}\"\ncount = 1\nrunner = \"out/{name}.wasm\"\n\n\
          [[job.tasks]]\nname = \"main\"\nconfig = {{ }}\n"
     );
     let readme = README
+        .replace("{files}", if files { FILES_README } else { "" })
         .replace("{name}", name)
         .replace("{language}", language_name(language))
         .replace("{source}", source_path)
@@ -199,6 +220,9 @@ fn c_build(name: &str) -> String {
 const HELLO_PYTHON: &str = include_str!("scaffold/hello.py");
 const HELLO_JS: &str = include_str!("scaffold/hello.js");
 const HELLO_C: &str = include_str!("scaffold/hello.c");
+const FILES_PYTHON: &str = include_str!("scaffold/files.py");
+const FILES_JS: &str = include_str!("scaffold/files.js");
+const FILES_C: &str = include_str!("scaffold/files.c");
 
 /// The Python build: the SDK copied in (componentize-py leaves bytecode beside what it
 /// imports, which must not land in the checkout), the runner checked against the SDK's types
@@ -218,11 +242,11 @@ PYTHONDONTWRITEBYTECODE=1 "$python/componentize-py" --wit-path "$caravan_home/wi
 
 /// The JavaScript build: the SDK copied in (runner.js imports it from out/), the runner
 /// checked against its types by TypeScript, then componentized (componentize-js bundles
-/// what it imports).
+/// what it imports) against `{world}`: `file-runner` when the runner uses the files module.
 const JS_BUILD: &str = r#"bin="$caravan_home/target/toolchains/js/node_modules/.bin"
-cp "$caravan_home/guest-sdk/js/caravan-runner.js" "$caravan_home/guest-sdk/js/caravan-runner.d.ts" out/
+cp "$caravan_home"/guest-sdk/js/caravan-*.js "$caravan_home"/guest-sdk/js/caravan-*.d.ts out/
 "$bin/tsc" --noEmit --allowJs --checkJs --strict --target es2022 --module es2022 --moduleResolution bundler runner.js
-"$bin/componentize-js" --wit "$caravan_home/wit" --world-name alloc-runner --disable http fetch-event   --out out/{name}.wasm runner.js >/dev/null
+"$bin/componentize-js" --wit "$caravan_home/wit" --world-name {world} --disable http fetch-event   --out out/{name}.wasm runner.js >/dev/null
 "#;
 
 const RUST_LIB: &str = r#"//! {name}: a Caravan runner, made by `caravan runner new`. It starts its tasks, says hello,
@@ -271,6 +295,65 @@ impl Runner for Hello {
 caravan_guest::export_runner!(Hello);
 "#;
 
+/// A Rust batch runner writing `/alloc/out/result.json` with `std::fs`, which imports
+/// `wasi:filesystem` itself: the SDK's `alloc-runner` world is enough.
+const RUST_FILES_LIB: &str = r#"//! {name}: a Caravan batch runner, made by `caravan runner new --files`. It writes
+//! /alloc/out/result.json (the alloc's id and its number of tasks), reads it back, logs it
+//! and ends each task with it; `caravan alloc fs ALLOC out/result.json` shows the file.
+//! `std::fs` reaches the alloc dir: the runner is built against the `alloc-runner` world.
+//! The SDK's docs (`cargo doc --open`) give the event loop's rules and every hook.
+
+use caravan_guest::{Alloc, ClientStatus, Runner, RunnerError, State};
+
+const RESULT: &str = "/alloc/out/result.json";
+
+struct Files;
+
+impl Runner for Files {
+    fn start(
+        alloc: &Alloc,
+        _restored: Option<Vec<u8>>,
+        state: &mut State,
+    ) -> Result<Self, RunnerError> {
+        // The alloc id is a UUID: nothing in it needs escaping in JSON.
+        let result = format!("{{\"alloc\":\"{}\",\"tasks\":{}}}\n", alloc.id, alloc.tasks.len());
+        let written = write_and_read_back(&result)
+            .map_err(|error| RunnerError::Failed(format!("cannot write {RESULT}: {error}")))?;
+        caravan_guest::info!("wrote {RESULT}: {}", written.trim_end());
+        for task in &alloc.tasks {
+            state.task_started(&task.name);
+            state.task_finished(&task.name, false, &format!("Wrote {RESULT}"));
+        }
+        if alloc.tasks.is_empty() {
+            state.set_status(ClientStatus::Complete, "All tasks have completed");
+        }
+        Ok(Files)
+    }
+}
+
+fn write_and_read_back(text: &str) -> std::io::Result<String> {
+    std::fs::create_dir_all("/alloc/out")?;
+    std::fs::write(RESULT, text)?;
+    std::fs::read_to_string(RESULT)
+}
+
+caravan_guest::export_runner!(Files);
+"#;
+
+/// The README's part on the result file, for `--files`.
+const FILES_README: &str = r#"
+The runner writes `/alloc/out/result.json` and ends: the job is a batch job. Read the file
+back from the agent with
+
+```sh
+caravan job status {name}   # its allocs, with their ids
+caravan alloc fs ALLOC_ID out/result.json   # ALLOC_ID, or a unique prefix of it
+```
+
+or run one alloc without an agent and keep its dir: `caravan run out/{name}.wasm --keep`
+prints where the dir was kept. Only a runner that reaches files is given an alloc dir.
+"#;
+
 const README: &str = r#"# {name}: a Caravan runner in {language}
 
 Made by `caravan runner new`. Three commands, from this folder:
@@ -280,7 +363,7 @@ Made by `caravan runner new`. Three commands, from this folder:
 caravan runner check out/{name}.wasm     # drives it through the contract, one line per check
 caravan job run {name}.toml              # runs it on an agent (`caravan agent --dev` first)
 ```
-
+{files}
 `caravan run out/{name}.wasm` runs one alloc of it without an agent; Ctrl-C kills it. With
 `--watch`, each `./build` (in another terminal) upgrades that alloc in place, from its
 checkpoint; `caravan job run {name}.toml` again after a build does the same on an agent.
@@ -322,10 +405,18 @@ mod tests {
     fn an_existing_folder_is_never_written_over() {
         let parent = tempfile::tempdir().unwrap();
         let home = default_caravan_home();
-        let made = create(parent.path(), "hello", Language::Python, &home).unwrap();
+        let made = create(
+            parent.path(),
+            "hello",
+            Language::Python,
+            Template::Service,
+            &home,
+        )
+        .unwrap();
         assert!(made.join("app.py").is_file() && made.join("build").is_file());
         std::fs::write(made.join("app.py"), "mine").unwrap();
-        let again = create(parent.path(), "hello", Language::C, &home).unwrap_err();
+        let again =
+            create(parent.path(), "hello", Language::C, Template::Files, &home).unwrap_err();
         assert!(again.to_string().contains("exists already"), "{again}");
         assert_eq!(
             std::fs::read_to_string(made.join("app.py")).unwrap(),

@@ -48,6 +48,10 @@ pub struct NewCommand {
     /// Where to make the folder.
     #[arg(long, default_value = ".", value_name = "DIR")]
     dir: PathBuf,
+    /// A batch runner that writes `/alloc/out/result.json` and ends, instead of a service
+    /// (in JavaScript, built against the `file-runner` world).
+    #[arg(long)]
+    files: bool,
 }
 
 impl NewCommand {
@@ -55,12 +59,20 @@ impl NewCommand {
     /// exists) exit 2 through the caller, having written nothing.
     fn execute(self) -> anyhow::Result<ExitCode> {
         let home = crate::scaffold::default_caravan_home();
-        let folder = crate::scaffold::create(&self.dir, &self.name, self.lang, &home)?;
+        let template = if self.files {
+            crate::scaffold::Template::Files
+        } else {
+            crate::scaffold::Template::Service
+        };
+        let folder = crate::scaffold::create(&self.dir, &self.name, self.lang, template, &home)?;
         let name = &self.name;
         println!("made {}: from there,", folder.display());
         println!("  ./build                               # out/{name}.wasm");
         println!("  caravan runner check out/{name}.wasm");
         println!("  caravan job run {name}.toml           # with an agent running");
+        if self.files {
+            println!("  caravan alloc fs ALLOC_ID out/result.json   # the file it wrote");
+        }
         Ok(ExitCode::SUCCESS)
     }
 }
