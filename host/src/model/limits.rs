@@ -10,11 +10,10 @@
 //!
 //! This module is plain data: it enforces nothing (the runtime does) and reads no file.
 
-mod written;
+pub use crate::model::written::AsWritten;
 use crate::util::units::{format_bytes, format_duration, parse_bytes, parse_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-pub use written::WrittenLimits;
 
 /// The kind of value a limit takes: how it is typed and shown.
 pub trait LimitKind {
@@ -315,8 +314,8 @@ macro_rules! declare_limits {
             /// `wall_time`, when set.
             pub wall_time: Option<Duration>,
             /// How each key set from a document was written, for saying it back.
-            #[serde(skip_serializing_if = "WrittenLimits::is_empty")]
-            pub written: WrittenLimits,
+            #[serde(skip_serializing_if = "AsWritten::is_empty")]
+            pub written: AsWritten,
         }
 
         impl LimitOverrides {
@@ -382,7 +381,7 @@ macro_rules! declare_limits {
                 LimitOverrides {
                     $( $field: Some(self.$field), )*
                     wall_time: self.wall_time,
-                    written: WrittenLimits::default(),
+                    written: AsWritten::default(),
                 }
             }
         }

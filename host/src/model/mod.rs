@@ -26,3 +26,4 @@ pub mod node;
 pub mod reschedule;
 pub mod restart;
 pub mod structs;
+pub mod written;

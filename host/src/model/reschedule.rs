@@ -7,6 +7,7 @@
 //! A leaf: the policy as a job states it, and the arithmetic of one decision. It reads no
 //! clock (callers pass the time) and knows nothing of servers or runners.
 
+use crate::model::written::AsWritten;
 use crate::util::units::{format_duration, parse_duration};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use std::time::Duration;
 /// How a job's failed allocs are replaced. Without a `[job.reschedule]` block a service job
 /// gets [`ReschedulePolicy::service_default`] and a batch job none (see
 /// [`ReschedulePolicy::default_for`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReschedulePolicy {
     /// Replacements allowed within `interval`, per chain of replacements.
     pub attempts: u32,
@@ -29,6 +30,9 @@ pub struct ReschedulePolicy {
     /// Replace without limit (`attempts` is then ignored; the delay still grows with the
     /// replacements within `interval`).
     pub unlimited: bool,
+    /// How the block wrote its durations, to say them back as written.
+    #[serde(default, skip_serializing_if = "AsWritten::is_empty")]
+    pub written: AsWritten,
 }
 
 /// How the wait before a replacement grows.
@@ -75,13 +79,14 @@ impl DelayFunction {
 pub(crate) fn check_delays(
     delay: Duration,
     max_delay: Duration,
+    written: &AsWritten,
 ) -> Result<(), (&'static str, String)> {
     if delay < MIN_DELAY {
         return Err((
             "delay",
             format!(
                 "{} is too short; at least {}: a shorter wait would spin a crashing runner",
-                format_duration(delay),
+                written.duration("delay", delay),
                 format_duration(MIN_DELAY)
             ),
         ));
@@ -91,8 +96,8 @@ pub(crate) fn check_delays(
             "max_delay",
             format!(
                 "{} is shorter than delay ({})",
-                format_duration(max_delay),
-                format_duration(delay)
+                written.duration("max_delay", max_delay),
+                written.duration("delay", delay)
             ),
         ));
     }
@@ -115,6 +120,7 @@ impl ReschedulePolicy {
             delay_function: DelayFunction::Exponential,
             max_delay: Duration::from_secs(300),
             unlimited: false,
+            written: AsWritten::default(),
         }
     }
 
@@ -281,9 +287,14 @@ impl RawReschedule {
             delay_function,
             max_delay,
             unlimited: self.unlimited.unwrap_or(base.unlimited),
+            written: AsWritten::of(&[
+                ("interval", &self.interval),
+                ("delay", &self.delay),
+                ("max_delay", &self.max_delay),
+            ]),
         };
         found.keep(
-            check_delays(policy.delay, policy.max_delay)
+            check_delays(policy.delay, policy.max_delay, &policy.written)
                 .map_err(|(key, message)| RescheduleError { key, message }),
         );
         if policy.interval.is_zero() && !policy.unlimited && policy.attempts > 0 {
@@ -391,6 +402,13 @@ mod tests {
             assert_eq!(error.key, key, "{text}");
             assert!(error.message.contains(message), "{text}: {}", error.message);
         }
+        let echoed = raw("delay = \"120s\"\nmax_delay = \"90s\"")
+            .parse_all(3)
+            .unwrap_err();
+        assert_eq!(
+            echoed[0].message, "90s is shorter than delay (120s)",
+            "as written"
+        );
         let policy = raw("attempts = 2\ndelay_function = \"constant\"")
             .parse_all(3)
             .unwrap();

@@ -11,14 +11,15 @@
 //! A leaf: the policy as a job states it, and a tracker that decides one crash at a time. It
 //! reads no clock (callers pass the time) and knows nothing of runners.
 
-use crate::util::units::{format_duration, parse_duration};
+use crate::model::written::AsWritten;
+use crate::util::units::parse_duration;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// How an alloc's crashed runner is restarted in place. Without a `[job.restart]` block it
 /// is not: the job's reschedule policy replaces the failed alloc instead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestartPolicy {
     /// Restarts allowed within `interval`.
     pub attempts: u32,
@@ -32,6 +33,9 @@ pub struct RestartPolicy {
     pub max_delay: Duration,
     /// What happens once `attempts` are used within `interval`.
     pub mode: RestartMode,
+    /// How the block wrote its durations, to say them back as written.
+    #[serde(default, skip_serializing_if = "AsWritten::is_empty")]
+    pub written: AsWritten,
 }
 
 /// What happens once a window's restarts are used.
@@ -68,6 +72,7 @@ impl RestartPolicy {
             delay_function: crate::model::reschedule::DelayFunction::Constant,
             max_delay: Duration::from_secs(15),
             mode: RestartMode::Fail,
+            written: AsWritten::default(),
         }
     }
 
@@ -78,7 +83,18 @@ impl RestartPolicy {
 
     /// `2 in 30m`, as statuses word the limit.
     pub fn limit_text(&self) -> String {
-        format!("{} in {}", self.attempts, format_duration(self.interval))
+        let interval = self.written.duration("interval", self.interval);
+        format!("{} in {interval}", self.attempts)
+    }
+
+    /// A wait before a restart, as statuses word it: the job's `delay` as written when the
+    /// wait is that delay, the agent's form for a wait grown from it.
+    pub fn wait_text(&self, wait: Duration) -> String {
+        if wait == self.delay {
+            self.written.duration("delay", wait)
+        } else {
+            crate::util::units::format_duration(wait)
+        }
     }
 }
 
@@ -121,7 +137,7 @@ impl RestartTracker {
 
     /// The runner crashed at `now`: restart it (after how long), or let the alloc fail.
     pub fn on_crash(&mut self, now: Instant) -> RestartDecision {
-        let policy = self.policy;
+        let policy = &self.policy;
         if policy.attempts == 0 {
             return RestartDecision::LimitReached;
         }
@@ -250,9 +266,14 @@ impl RawRestart {
                 DelayFunction::Exponential => delay.max(DEFAULT_MAX_DELAY),
             }),
             mode,
+            written: AsWritten::of(&[
+                ("interval", &self.interval),
+                ("delay", &self.delay),
+                ("max_delay", &self.max_delay),
+            ]),
         };
         found.keep(
-            crate::model::reschedule::check_delays(policy.delay, policy.max_delay)
+            crate::model::reschedule::check_delays(policy.delay, policy.max_delay, &policy.written)
                 .map_err(|(key, message)| bad(key, message)),
         );
         if policy.interval < policy.delay {
@@ -260,8 +281,8 @@ impl RawRestart {
                 "interval",
                 format!(
                     "{} is shorter than delay ({}); the window must hold at least one restart",
-                    format_duration(policy.interval),
-                    format_duration(policy.delay)
+                    policy.written.duration("interval", policy.interval),
+                    policy.written.duration("delay", policy.delay)
                 ),
             ));
         }
@@ -389,8 +410,26 @@ mod tests {
                 "delay_function = \"exponential\"\nmax_delay = \"5s\"",
                 "max_delay: 5s is shorter than delay (15s)",
             ),
+            (
+                "delay = \"90s\"\ninterval = \"60s\"",
+                "interval: 60s is shorter than delay (90s); the window must hold at least one restart",
+            ),
         ] {
             assert_eq!(parse(text), Err(error.to_string()), "{text}");
         }
+    }
+
+    #[test]
+    fn the_limit_reads_as_the_block_wrote_it_and_how_it_was_written_changes_nothing() {
+        let written = parse("attempts = 3\ninterval = \"600s\"").unwrap();
+        assert_eq!(written.limit_text(), "3 in 600s");
+        let plain = parse("attempts = 3\ninterval = \"10m\"").unwrap();
+        assert_eq!(plain.limit_text(), "3 in 10m");
+        assert_eq!(written, plain, "600s and 10m are the same policy");
+        let unwritten = RestartPolicy {
+            interval: Duration::from_secs(600),
+            ..RestartPolicy::block_default()
+        };
+        assert_eq!(unwritten.limit_text(), "2 in 10m");
     }
 }

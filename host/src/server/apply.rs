@@ -139,7 +139,7 @@ impl State {
             meta: spec.meta.clone(),
             limits: spec.limits.clone(),
             capabilities: spec.capabilities.clone(),
-            restart: spec.restart,
+            restart: spec.restart.clone(),
             runner_sha256: spec.runner_sha256.clone(),
             ..Alloc::new(
                 uuid::Uuid::new_v4().to_string(),

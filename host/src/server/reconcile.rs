@@ -216,7 +216,7 @@ pub fn stop_job<'a>(job_id: &str, allocs: impl IntoIterator<Item = &'a AllocReco
 /// The reschedule policy `job` runs under: its own, or its type's default, in which a
 /// service job gets `reschedule_limit` attempts (the agent's `[server] reschedule_limit`).
 pub fn reschedule_policy(job: &JobSpec, reschedule_limit: u32) -> Option<ReschedulePolicy> {
-    job.reschedule.or_else(|| {
+    job.reschedule.clone().or_else(|| {
         ReschedulePolicy::default_for(job.job_type == JobType::Service, reschedule_limit)
     })
 }

@@ -18,6 +18,7 @@ fn policy(attempts: u32, delay_secs: u64) -> RestartPolicy {
         delay_function: DelayFunction::Constant,
         max_delay: Duration::from_secs(delay_secs),
         mode: RestartMode::Fail,
+        ..RestartPolicy::block_default()
     }
 }
 

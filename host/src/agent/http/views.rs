@@ -6,7 +6,6 @@ use crate::model::jobspec::JobType;
 use crate::model::structs::{ClientStatus, DesiredStatus, Reschedule, TaskState};
 use crate::server::reconcile;
 use crate::server::{AllocRecord, EmbeddedServer, JobRecord};
-use crate::util::units::format_duration;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -329,7 +328,7 @@ fn recovery_line(
     Some(format!(
         "reschedule limit reached: {} in {} ({})",
         policy.attempts_text(),
-        format_duration(policy.interval),
+        policy.written.duration("interval", policy.interval),
         failure(&given_up.alloc.id)
     ))
 }

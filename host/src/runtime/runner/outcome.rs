@@ -218,21 +218,20 @@ pub(in crate::runtime) fn add_unreported_tasks(task_states: &mut Vec<TaskState>,
     }
 }
 
-/// The state of an alloc whose runner crashed (`why`) and starts again in `delay`, its
+/// The state of an alloc whose runner crashed (`why`) and starts again in `wait`, its
 /// `attempt`-th restart of `limit` (`2 in 30m`): pending, every task pending again with a
 /// restart counted and the events Nomad gives one (`Terminated` for a task that was still
 /// running, then `Restarting`).
 pub(in crate::runtime) fn restarting_state(
     last: AllocState,
     why: &str,
-    delay: std::time::Duration,
+    wait: &str,
     attempt: u32,
     limit: &str,
     now_unix_ms: u64,
 ) -> AllocState {
     let mut task_states = last.task_states;
     end_unfinished_tasks(&mut task_states, true, why, now_unix_ms);
-    let wait = format_duration(delay);
     for task in &mut task_states {
         task.state = TaskLifecycle::Pending;
         task.failed = false;

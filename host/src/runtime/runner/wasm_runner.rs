@@ -124,7 +124,7 @@ impl WasmAllocRunner {
         let finished = initial.client_status.is_terminal();
         let limits = Arc::new(config.limits.with_overrides(&config.alloc.limits));
         // Held once, by the restarts: each run starts from a copy of the last checkpoint.
-        let restarts = Restarts::new(config.alloc.restart, config.restored.take());
+        let restarts = Restarts::new(config.alloc.restart.clone(), config.restored.take());
         let state = Arc::new(StateCell::new(
             config.alloc.id.clone(),
             crate::model::limits::as_len(limits.description_bytes),

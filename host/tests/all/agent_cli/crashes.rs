@@ -10,7 +10,8 @@ use serde_json::Value;
 fn alloc_status_explains_a_crash_without_the_agent_log() {
     let agent = AgentProcess::start();
     let dir = tempfile::tempdir().unwrap();
-    let reschedule = "[job.reschedule]\nattempts = 1\ndelay = \"1s\"\n";
+    // The interval is said back as written, not as the agent would write it (`60m`).
+    let reschedule = "[job.reschedule]\nattempts = 1\ndelay = \"1s\"\ninterval = \"3600s\"\n";
     let job_file = sleeper_job(
         dir.path(),
         "crashy",
@@ -109,7 +110,7 @@ fn alloc_status_explains_a_crash_without_the_agent_log() {
         })
         .expect("the restart limit is reached within 15 s");
     assert!(
-        restarts.starts_with("Recovery: reschedule limit reached: 1 in 60m (alloc ")
+        restarts.starts_with("Recovery: reschedule limit reached: 1 in 3600s (alloc ")
             && restarts.contains(" failed: wasm trap: "),
         "{restarts}"
     );
@@ -171,7 +172,8 @@ fn a_crashed_runner_waiting_to_restart_says_what_is_next_and_why() {
         "[job.restart]\nattempts = 1\ndelay = \"1h\"\ninterval = \"2h\"\n",
     );
     agent.caravan(&["job", "run", "--detach", job_file.to_str().unwrap()]);
-    let expected = " restarting in 60m (restart 1, at most 1 in 120m) after: wasm trap";
+    // The wait and the window as the job wrote them.
+    let expected = " restarting in 1h (restart 1, at most 1 in 2h) after: wasm trap";
     let waiting = stdout_once_it_says(&agent, &["job", "status", "waiting"], expected);
     assert!(
         waiting.contains("Recovery: alloc ") && waiting.contains(expected),
@@ -188,7 +190,7 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
         "restarty",
         1,
         r#"crash_after = "50ms""#,
-        "[job.restart]\nattempts = 1\ndelay = \"5s\"\n",
+        "[job.restart]\nattempts = 1\ndelay = \"5s\"\ninterval = \"1800s\"\n",
     );
     agent.caravan(&["job", "run", "--detach", job_file.to_str().unwrap()]);
     let (failed, _) = agent.wait_for("the restarted runner's final failure", |line| {
@@ -196,7 +198,7 @@ fn a_job_files_restart_block_restarts_a_crashed_runner_in_place_then_lets_it_fai
     });
     let description = failed["fields"]["description"].as_str().unwrap();
     assert!(
-        description.ends_with("(restart limit reached: 1 in 30m)"),
+        description.ends_with("(restart limit reached: 1 in 1800s)"),
         "{description}"
     );
     let alloc_id = failed["span"]["alloc_id"].as_str().unwrap();

@@ -41,6 +41,8 @@ pub(super) enum CrashPlan {
         why: String,
         /// The wait.
         delay: Duration,
+        /// The wait as statuses word it (the job's `delay` as written, when it is that).
+        wait: String,
         /// Which restart of the window, from 1.
         attempt: u32,
         /// The policy's limit, as statuses word it (`2 in 30m`).
@@ -90,6 +92,7 @@ impl Restarts {
             RestartDecision::Restart { delay, attempt } => CrashPlan::Restart {
                 why,
                 delay,
+                wait: tracker.policy().wait_text(delay),
                 attempt,
                 limit,
             },
@@ -186,6 +189,7 @@ impl Shared {
             let CrashPlan::Restart {
                 why,
                 delay,
+                wait,
                 attempt,
                 limit,
             } = plan
@@ -198,7 +202,7 @@ impl Shared {
             let restarting = crate::runtime::runner::outcome::restarting_state(
                 last,
                 &why,
-                delay,
+                &wait,
                 attempt,
                 &limit,
                 crate::util::timestamp::unix_ms_now(),
