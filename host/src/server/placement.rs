@@ -11,7 +11,8 @@
 //!   terminal. An alloc reserves its memory limit: its job's, or, when the job sets none,
 //!   the node's default (what its client will give it there).
 //! - Ranking is Nomad's: `binpack` (the default) scores a node by how full it would be
-//!   (memory and slots), `spread` by how empty; either way a node that already runs allocs
+//!   (memory and slots), `spread` by how empty (a dimension a node does not state is ranked
+//!   by how empty, whatever the algorithm); either way a node that already runs allocs
 //!   of the job is penalised by how many (Nomad's job anti-affinity), so a job's allocs
 //!   land on different nodes while there is room. Ties go to the node named first: the same
 //!   inputs always give the same placements.
@@ -227,9 +228,20 @@ impl<'a> Placer<'a> {
         if exhausted(info, used, memory).is_some() {
             return None;
         }
-        // Nomad's fit: each dimension's free share after placing, as 10^free, summed;
-        // binpack prefers little free (a full node scores 1), spread much.
+        // Nomad's fit: each dimension's free share after placing, as 10^free; binpack
+        // prefers little free (a full dimension scores 1), spread much; the fit is the mean
+        // of the dimensions'. A dimension the node does not state has no size to pack
+        // toward, so it always prefers the less loaded node: binpacking toward an assumed
+        // size would pile a large job onto a few such nodes (a job of 10,000 over 1,000 of
+        // them put 5,000 allocs on one, the rest one each, before the anti-affinity caught up).
         let free = |used: f64, total: f64| (1.0 - used / total).clamp(0.0, 1.0);
+        let packs = job.spec.placement == Algorithm::Binpack;
+        let dimension = |free: f64, stated: bool| match (packs, stated) {
+            (true, true) => (10.0 - 10f64.powf(free)) / 9.0,
+            // From 0 unused down to -1: less loaded is better, and never above a stated fit.
+            (true, false) => (10f64.powf(free) - 10.0) / 9.0,
+            (false, _) => (10f64.powf(free) - 1.0) / 9.0,
+        };
         let free_memory = info.resources.memory_bytes.map_or(1.0, |total| {
             free(
                 used.memory_bytes.saturating_add(memory) as f64,
@@ -238,11 +250,9 @@ impl<'a> Placer<'a> {
         });
         let slots = info.resources.alloc_slots.unwrap_or(UNSAID_SLOTS);
         let free_slots = free(f64::from(used.allocs + 1), f64::from(slots));
-        let total = 10f64.powf(free_memory) + 10f64.powf(free_slots);
-        let fit = match job.spec.placement {
-            Algorithm::Binpack => (20.0 - total) / 18.0,
-            Algorithm::Spread => (total - 2.0) / 18.0,
-        };
+        let fit = (dimension(free_memory, info.resources.memory_bytes.is_some())
+            + dimension(free_slots, info.resources.alloc_slots.is_some()))
+            / 2.0;
         let score = if on_node == 0 {
             fit
         } else {

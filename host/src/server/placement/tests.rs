@@ -91,6 +91,37 @@ fn a_jobs_allocs_go_to_different_nodes_while_there_is_room_for_them() {
 }
 
 #[test]
+fn nodes_that_say_nothing_of_their_size_share_a_large_job_evenly_under_either_algorithm() {
+    // As nodesim's nodes without --node-memory or --node-slots: never full, size unknown.
+    let nodes: Nodes = (0..100)
+        .map(|n| (format!("sim-{n:03}"), NodeInfo::default()))
+        .collect();
+    for placement in [Algorithm::Binpack, Algorithm::Spread] {
+        let big = JobSpec {
+            placement,
+            ..spec("big", JobType::Service, 1_000)
+        };
+        let mut per_node = BTreeMap::<String, usize>::new();
+        for node in placed(&nodes, &[], &big).into_iter().flatten() {
+            *per_node.entry(node).or_default() += 1;
+        }
+        assert_eq!(per_node.len(), 100, "{placement:?}: every node used");
+        assert!(
+            per_node.values().all(|&n| n == 10),
+            "{placement:?}: 10 each, not piled onto a few: {per_node:?}"
+        );
+    }
+    // One-alloc jobs, one after another: the least loaded node each time.
+    let mut allocs = Vec::new();
+    for n in 0..3 {
+        let one = spec(&format!("one-{n}"), JobType::Service, 1);
+        let at = placed(&nodes, &allocs, &one).remove(0);
+        assert_eq!(at.as_deref(), Some(format!("sim-{n:03}").as_str()));
+        allocs.push(alloc_on(&one.id, 1, at.as_deref()));
+    }
+}
+
+#[test]
 fn nodes_that_cannot_hold_the_alloc_are_filtered_and_the_rest_left_unplaced() {
     let nodes = cluster(&[
         ("small", node(256, 100, "")),

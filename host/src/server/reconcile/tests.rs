@@ -502,7 +502,20 @@ fn a_takeover_fills_only_what_a_deploy_left_out() {
 #[test]
 fn a_replacement_goes_to_a_node_its_chain_has_not_failed_on() {
     let current = job(spec("web", JobType::Service, 1), 1);
-    let nodes = nodes(&["n1", "n2", "n3"]);
+    // Nodes that state their size: binpack has one to pack toward (one that states none is
+    // ranked by how empty it is).
+    let sized = crate::model::node::NodeInfo {
+        resources: crate::model::node::NodeResources {
+            memory_bytes: Some(4 << 30),
+            default_alloc_memory_bytes: Some(64 << 20),
+            alloc_slots: Some(100),
+        },
+        ..Default::default()
+    };
+    let nodes: crate::server::placement::Nodes = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| (n.to_string(), sized.clone()))
+        .collect();
     // Alloc 1 failed on n1 and was replaced by alloc 2, which failed on n2; n3 is busiest.
     let first = AllocRecord {
         replaced: true,

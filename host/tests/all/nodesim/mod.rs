@@ -197,6 +197,42 @@ async fn simulated_nodes_run_collect_and_restore_a_jobs_allocs() {
     agent.stop();
 }
 
+/// More nodes in one process than tokio's blocking pool has threads (512), each needing the
+/// runner it lacks: every node's build waited on a blocking thread for the one fetch, whose
+/// file write needed a thread of that same pool, and no alloc ever started. And nodes that
+/// say nothing of their size share the job evenly (binpack piled it onto a few).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_nodes_than_blocking_threads_fetch_the_runner_and_share_the_job_evenly() {
+    // Two allocs each, within the 1,100 live allocs the helper's nodesim allows.
+    const MANY: usize = 520;
+    let agent = AgentProcess::start_configured(&["--dev"], "enabled = false\n");
+    let mut sim = Nodesim::start(&agent, &["--nodes", &MANY.to_string()]);
+    sim.wait_for("every node registered", |l| {
+        l.contains(&format!("nodes {MANY}/{MANY} registered"))
+    });
+    register(
+        &agent,
+        serde_json::json!({"id": "wide", "type": "service", "count": 2 * MANY, "runner": SIM}),
+    )
+    .await;
+    sim.wait_for("every alloc running", |l| {
+        l.contains(&format!("allocs {0} (running {0})", 2 * MANY))
+    });
+    let (_, nodes) = http(agent.socket_addr(), "GET", "/v1/nodes", None, None).await;
+    let per_node: Vec<u64> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["allocs"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(
+        per_node.iter().all(|&n| n == 2),
+        "two per node: {per_node:?}"
+    );
+    drop(sim);
+    agent.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_of_a_killed_nodesim_go_down_and_their_allocs_move_to_live_ones() {
     // Long enough for a node to compile the sim runner between two watches on a busy
