@@ -17,7 +17,8 @@ import { getDirectories } from "wasi:filesystem/preopens@0.2.12";
 /** How much one `read` asks for. */
 const READ_CHUNK = 64n * 1024n;
 
-/** A file call failed: `code` is WASI's `error-code` (such as `no-entry`), or `bad-path`. */
+/** A file call failed: `code` is WASI's `error-code` (such as `no-entry`), or `bad-path` for a
+ * path outside the alloc dir and the job's volumes or with a `.` or `..` part. */
 export class FileError extends Error {
   /** @param {string} message @param {string} code */
   constructor(message, code) {
@@ -47,27 +48,43 @@ function locate(path) {
   if (found === undefined) {
     throw new FileError(`${path} is not under /alloc or a volume of this job`, "bad-path");
   }
-  const relative = path.slice(found.root.length).replace(/^\/+/, "");
-  return { dir: found.dir, relative: relative === "" ? "." : relative };
+  const parts = path.slice(found.root.length).split("/").filter((part) => part !== "");
+  if (parts.some((part) => part === "." || part === "..")) {
+    throw new FileError(`${path} has a "." or ".." part: name the file plainly`, "bad-path");
+  }
+  return { dir: found.dir, relative: parts.length === 0 ? "." : parts.join("/") };
 }
 
-/** Runs `call`, rethrowing WASI's error as a FileError that says what was being done. */
+/** WASI's error code, when `error` is one thrown by a `wasi:filesystem` call. */
+function wasiCode(error) {
+  return typeof error?.payload === "string" ? error.payload : undefined;
+}
+
+/** Runs `call`, rethrowing WASI's error as a FileError that says what was being done;
+ * anything else (a bug) goes up as it is. */
 function attempt(what, path, call) {
   try {
     return call();
   } catch (error) {
-    if (error instanceof FileError) throw error;
-    const code = String(error?.payload ?? error);
+    const code = wasiCode(error);
+    if (code === undefined) throw error;
     throw new FileError(`cannot ${what} ${path}: ${code}`, code);
   }
 }
 
-/** Closes a handle now rather than when the engine collects it. */
+/** Closes a handle now. The bindings stop the engine from collecting a handle once a
+ * method was called on it, so one not closed here would stay open (and count against the
+ * alloc's `open_files`) until the alloc ends. */
 function close(handle) {
-  handle[Symbol.dispose]?.();
+  const dispose = handle[Symbol.dispose ?? Symbol.for("dispose")];
+  if (typeof dispose !== "function") {
+    throw new FileError("cannot close a file: this engine's handles have no dispose method", "io");
+  }
+  dispose.call(handle);
 }
 
-/** Makes the directory `path` and every missing parent (as `mkdir -p`). */
+/** Makes the directory `path` and every missing parent (as `mkdir -p`); a part that exists
+ * as a file fails with `exist`. */
 export function makeDirs(path) {
   const { dir, relative } = locate(path);
   if (relative === ".") return;
@@ -77,8 +94,10 @@ export function makeDirs(path) {
     try {
       dir.createDirectoryAt(prefix);
     } catch (error) {
-      const code = String(error?.payload ?? error);
-      if (code !== "exist") throw new FileError(`cannot make the directory ${path}: ${code}`, code);
+      const code = wasiCode(error);
+      if (code === undefined) throw error;
+      const made = code === "exist" && attempt("look at", path, () => dir.statAt({}, prefix)).type === "directory";
+      if (!made) throw new FileError(`cannot make the directory ${path}: ${code}`, code);
     }
   }
 }

@@ -5,9 +5,15 @@
 //! all four.
 //!
 //! Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
-//! 100), `result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a
-//! newline there when it is done, making its directories, and reads it back). On `shutdown` it checkpoints each task's progress (version 1: a line
-//! `name<TAB>next<TAB>sum` per task) and resumes from it, whichever language wrote it.
+//! 100), `result_file` (a file under `/alloc/`, at most 128 bytes, its parts neither empty nor
+//! `.` or `..`: the task writes `{"numbers":N,"sum":S}` and a newline there when it is done,
+//! making its directories, and reads it back; a write that fails fails the task with the
+//! reason as a WASI error code, `Cannot write PATH: is-directory`). On `shutdown` it
+//! checkpoints each task's progress (version 1: a line `name<TAB>next<TAB>sum` per task) and
+//! resumes from it, whichever language wrote it.
+//!
+//! Writing files makes this runner import `wasi:filesystem` (through `std::fs`), so each of
+//! its allocs is given an alloc dir, `result_file` or not.
 
 use caravan_guest::{
     Alloc, ClientStatus, Runner, RunnerError, State, TaskConfig, decode_checkpoint,
@@ -32,14 +38,41 @@ struct Summing {
     result_file: Option<String>,
 }
 
-/// `result_file`, when set: a path under `/alloc/`, the only directory a runner sees.
+/// The longest `result_file`, in bytes.
+const MAX_RESULT_FILE: usize = 128;
+
+/// `result_file`, when set: a file under `/alloc/`, the only directory a runner sees, named
+/// plainly (no empty, `.` or `..` part), so that every language resolves it alike.
 fn result_file(config: &TaskConfig) -> Result<Option<String>, RunnerError> {
-    match config.get("result_file") {
-        Some(path) if !path.starts_with("/alloc/") => Err(config.invalid(
-            "result_file",
-            format!("{path:?} is not a path under /alloc/"),
-        )),
-        path => Ok(path.map(str::to_string)),
+    let Some(path) = config.get("result_file") else {
+        return Ok(None);
+    };
+    if path.len() > MAX_RESULT_FILE {
+        let why = format!("is longer than {MAX_RESULT_FILE} bytes");
+        return Err(config.invalid("result_file", why));
+    }
+    let plain = path.strip_prefix("/alloc/").is_some_and(|rest| {
+        rest.split('/')
+            .all(|part| !matches!(part, "" | "." | "..") && !part.contains('\0'))
+    });
+    if !plain {
+        let why = format!("{path:?} is not a file under /alloc/");
+        return Err(config.invalid("result_file", why));
+    }
+    Ok(Some(path.to_string()))
+}
+
+/// Why a write failed, as the WASI error code every language's batch names it by.
+fn reason(error: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::IsADirectory => "is-directory",
+        ErrorKind::NotADirectory => "not-directory",
+        ErrorKind::NotFound => "no-entry",
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded => "insufficient-space",
+        ErrorKind::PermissionDenied => "access",
+        ErrorKind::AlreadyExists => "exist",
+        _ => "io",
     }
 }
 
@@ -168,7 +201,8 @@ impl Runner for Batch {
                         }
                         Ok(_) => (failed, message) = (true, format!("{path} reads back otherwise")),
                         Err(error) => {
-                            (failed, message) = (true, format!("Cannot write {path}: {error}"))
+                            let why = reason(&error);
+                            (failed, message) = (true, format!("Cannot write {path}: {why}"))
                         }
                     }
                 }

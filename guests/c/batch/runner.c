@@ -5,9 +5,11 @@
 // conformance suite checks it).
 //
 // Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
-// 100), `result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a
-// newline there when it is done, making its directories, and reads it back; wasi-libc's
-// stdio reaches the alloc dir, so the `alloc-runner` world is enough). On `shutdown` it checkpoints each task's progress (version 1: a line
+// 100), `result_file` (a file under `/alloc/`, at most 128 bytes, its parts neither empty nor
+// `.` or `..`: the task writes `{"numbers":N,"sum":S}` and a newline there when it is done,
+// making its directories, and reads it back; a write that fails fails the task with the
+// reason as a WASI error code, `Cannot write PATH: is-directory`; wasi-libc's stdio reaches
+// the alloc dir, so the `alloc-runner` world is enough). On `shutdown` it checkpoints each task's progress (version 1: a line
 // `name<TAB>next<TAB>sum` per task) and resumes from it.
 
 #include "caravan_runner.h"
@@ -21,6 +23,7 @@
 
 #define CHECKPOINT_VERSION 1
 #define MAX_NUMBERS 1000000
+#define MAX_RESULT_FILE 128
 
 typedef struct {
   const char *name; // the state's copy
@@ -48,19 +51,66 @@ static bool setting(const caravan_task_t *spec, const char *key, int64_t fallbac
                                 *value, low, high);
 }
 
-// `result_file` into `*path` (NULL when unset): a path under `/alloc/`, the only directory a
-// runner sees.
+// Whether `text` (`len` bytes) is `/alloc/` and parts separated by single slashes, none of
+// them empty, `.` or `..`, and no NUL.
+static bool plain_file_under_alloc(const uint8_t *text, size_t len) {
+  if (len < 7 || memcmp(text, "/alloc/", 7) || memchr(text, '\0', len)) return false;
+  for (size_t start = 7, end; start <= len; start = end + 1) {
+    const uint8_t *slash = memchr(text + start, '/', len - start);
+    end = slash ? (size_t)(slash - text) : len;
+    size_t part = end - start;
+    if (part == 0 || (part == 1 && text[start] == '.') ||
+        (part == 2 && text[start] == '.' && text[start + 1] == '.')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `result_file` into `*path` (NULL when unset): a file under `/alloc/`, the only directory a
+// runner sees, named plainly so that every language resolves it alike.
 static bool result_file(const caravan_task_t *spec, char **path, caravan_error_t *err) {
   const alloc_runner_string_t *value = caravan_config_get(spec, "result_file");
   *path = NULL;
   if (!value) return true;
-  if (value->len < 7 || memcmp(value->ptr, "/alloc/", 7) || memchr(value->ptr, '\0', value->len)) {
-    char quoted[160];
+  if (value->len > MAX_RESULT_FILE) {
+    return caravan_config_invalid(err, spec, "result_file", "is longer than %d bytes", MAX_RESULT_FILE);
+  }
+  if (!plain_file_under_alloc(value->ptr, value->len)) {
+    // Room for every byte quoted at its longest (`\u{1f}`): never cut, and with the rest of
+    // the message within the SDK's CARAVAN_TEXT_BYTES.
+    char quoted[MAX_RESULT_FILE * 6 + 3];
     caravan_quote(value->ptr, value->len, quoted, sizeof quoted);
-    return caravan_config_invalid(err, spec, "result_file", "%s is not a path under /alloc/", quoted);
+    return caravan_config_invalid(err, spec, "result_file", "%s is not a file under /alloc/", quoted);
   }
   *path = strndup((const char *)value->ptr, value->len);
   return *path ? true : caravan_failed(err, "out of memory");
+}
+
+// Why a write failed (errno), as the WASI error code every language's batch names it by.
+static const char *reason(int error) {
+  switch (error) {
+  case EISDIR: return "is-directory";
+  case ENOTDIR: return "not-directory";
+  case ENOENT: return "no-entry";
+  case ENOSPC:
+  case EDQUOT: return "insufficient-space";
+  case EACCES:
+  case EPERM: return "access";
+  case EEXIST: return "exist";
+  default: return "io";
+  }
+}
+
+// Makes the directory `dir` unless it is one already; false with errno set otherwise (EEXIST
+// for a file in its place, as Rust's `create_dir_all` says).
+static bool make_dir(const char *dir) {
+  if (mkdir(dir, 0755) == 0) return true;
+  if (errno != EEXIST) return false;
+  struct stat found;
+  if (stat(dir, &found) == 0 && S_ISDIR(found.st_mode)) return true;
+  errno = EEXIST;
+  return false;
 }
 
 // Makes every directory above the file `path` (as `mkdir -p` of its parent).
@@ -70,10 +120,12 @@ static bool make_parent_dirs(const char *path) {
   bool ok = true;
   for (char *slash = strchr(copy + 1, '/'); ok && slash; slash = strchr(slash + 1, '/')) {
     *slash = '\0';
-    ok = mkdir(copy, 0755) == 0 || errno == EEXIST;
+    ok = make_dir(copy);
     *slash = '/';
   }
+  int error = errno;
   free(copy);
+  errno = error;
   return ok;
 }
 
@@ -188,7 +240,8 @@ static bool on_wakeup(void *self, caravan_state_t *state, caravan_error_t *err) 
     task->next = last + 1;
     if (task->next <= task->numbers) continue;
     task->done = true;
-    char message[160];
+    // The path is at most MAX_RESULT_FILE bytes: the message is never cut.
+    char message[MAX_RESULT_FILE + 64];
     snprintf(message, sizeof message, "Computed the sum of squares of 1..%" PRId64 ": %" PRIu64,
              task->numbers, task->sum);
     caravan_info("batch", "task %s computed the sum of squares of 1..%" PRId64 ": %" PRIu64,
@@ -201,10 +254,10 @@ static bool on_wakeup(void *self, caravan_state_t *state, caravan_error_t *err) 
                task->numbers, task->sum);
       if (!write_and_read_back(path, result, read, sizeof read)) {
         failed = true;
-        snprintf(message, sizeof message, "Cannot write %.100s: %s", path, strerror(errno));
+        snprintf(message, sizeof message, "Cannot write %s: %s", path, reason(errno));
       } else if (strcmp(read, result)) {
         failed = true;
-        snprintf(message, sizeof message, "%.100s reads back otherwise", path);
+        snprintf(message, sizeof message, "%s reads back otherwise", path);
       } else {
         caravan_info("batch", "task %s wrote %zu bytes to %s", task->name, strlen(read), path);
       }

@@ -4,9 +4,11 @@
 // every task has. It behaves as guests/batch (Rust) does, byte for byte (the conformance suite checks it).
 //
 // Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default
-// 100), `result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a
-// newline there when it is done, making its directories, and reads it back; the files SDK
-// needs the `file-runner` world, which guests/js/build builds this runner against). On `shutdown` it checkpoints each task's progress (version 1: a line
+// 100), `result_file` (a file under `/alloc/`, at most 128 bytes, its parts neither empty nor
+// `.` or `..`: the task writes `{"numbers":N,"sum":S}` and a newline there when it is done,
+// making its directories, and reads it back; a write that fails fails the task with the
+// reason as a WASI error code, `Cannot write PATH: is-directory`; the files SDK needs the
+// `file-runner` world, which guests/js/build builds this runner against). On `shutdown` it checkpoints each task's progress (version 1: a line
 // `name<TAB>next<TAB>sum` per task) and resumes from it.
 
 // @ts-check: `tsc --checkJs` (guests/js/build) checks this against caravan-runner.d.ts.
@@ -16,6 +18,17 @@ import * as files from "../../../guest-sdk/js/caravan-files.js";
 
 const CHECKPOINT_VERSION = 1;
 const MAX_NUMBERS = 1_000_000n;
+const MAX_RESULT_FILE = 128;
+
+/** Why a write failed, as the WASI error code every language's batch names it by.
+ * @param {string} code */
+function reason(code) {
+  const same = ["is-directory", "not-directory", "no-entry", "insufficient-space", "access", "exist"];
+  if (same.includes(code)) return code;
+  if (code === "quota") return "insufficient-space";
+  if (code === "not-permitted") return "access";
+  return "io";
+}
 
 /** @param {string} message */
 const info = (message) => caravan.info(message, "batch");
@@ -49,8 +62,17 @@ class Summing {
     this.chunk = config.wholeNumber("chunk") ?? 100n;
     if (this.chunk < 1n) throw config.invalid("chunk", `${this.chunk} is not at least 1`);
     this.resultFile = config.get("result_file");
-    if (this.resultFile !== undefined && !this.resultFile.startsWith("/alloc/")) {
-      throw config.invalid("result_file", `${caravan.quoted(this.resultFile)} is not a path under /alloc/`);
+    const path = this.resultFile;
+    if (path !== undefined) {
+      // A file under /alloc/ named plainly (no empty, `.` or `..` part), so that every
+      // language resolves it alike.
+      if (new TextEncoder().encode(path).length > MAX_RESULT_FILE) {
+        throw config.invalid("result_file", `is longer than ${MAX_RESULT_FILE} bytes`);
+      }
+      const parts = path.slice("/alloc/".length).split("/");
+      if (!path.startsWith("/alloc/") || parts.some((p) => p === "" || p === "." || p === ".." || p.includes("\0"))) {
+        throw config.invalid("result_file", `${caravan.quoted(path)} is not a file under /alloc/`);
+      }
     }
     this.next = 1n;
     this.sum = 0n;
@@ -129,7 +151,7 @@ class Batch extends caravan.Runner {
             }
           } catch (error) {
             if (!(error instanceof files.FileError)) throw error;
-            [failed, message] = [true, `Cannot write ${path}: ${error.code}`];
+            [failed, message] = [true, `Cannot write ${path}: ${reason(error.code)}`];
           }
         }
         state.taskFinished(task.name, failed, message);

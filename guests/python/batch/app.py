@@ -4,11 +4,14 @@ chunks), logs it and ends with it in the task's `Terminated` event; the alloc co
 every task has. It behaves as guests/batch (Rust) does, byte for byte (the conformance suite checks it).
 
 Task config (all optional): `numbers` (default 1000, at most 1000000), `chunk` (default 100),
-`result_file` (a path under `/alloc/`: the task writes `{"numbers":N,"sum":S}` and a newline
-there when it is done, making its directories, and reads it back). On `shutdown` it checkpoints each task's progress (version 1: a line `name<TAB>next<TAB>sum`
+`result_file` (a file under `/alloc/`, at most 128 bytes, its parts neither empty nor `.` or
+`..`: the task writes `{"numbers":N,"sum":S}` and a newline there when it is done, making its
+directories, and reads it back; a write that fails fails the task with the reason as a WASI
+error code, `Cannot write PATH: is-directory`). On `shutdown` it checkpoints each task's progress (version 1: a line `name<TAB>next<TAB>sum`
 per task) and resumes from it.
 """
 
+import errno
 import os
 from typing import Optional
 
@@ -17,6 +20,19 @@ from caravan_runner import Failed, State, TaskConfig
 
 CHECKPOINT_VERSION = 1
 MAX_NUMBERS = 1_000_000
+MAX_RESULT_FILE = 128
+
+# Why a write failed, as the WASI error code every language's batch names it by.
+REASONS = {
+    errno.EISDIR: "is-directory",
+    errno.ENOTDIR: "not-directory",
+    errno.ENOENT: "no-entry",
+    errno.ENOSPC: "insufficient-space",
+    errno.EDQUOT: "insufficient-space",
+    errno.EACCES: "access",
+    errno.EPERM: "access",
+    errno.EEXIST: "exist",
+}
 
 
 def info(message: str) -> None:
@@ -56,8 +72,15 @@ class Summing:
         if self.chunk < 1:
             raise config.invalid("chunk", f"{self.chunk} is not at least 1")
         self.result_file = config.get("result_file")
-        if self.result_file is not None and not self.result_file.startswith("/alloc/"):
-            raise config.invalid("result_file", f"{caravan.quoted(self.result_file)} is not a path under /alloc/")
+        if self.result_file is not None:
+            # A file under /alloc/ named plainly (no empty, `.` or `..` part), so that every
+            # language resolves it alike.
+            path = self.result_file
+            if len(path.encode()) > MAX_RESULT_FILE:
+                raise config.invalid("result_file", f"is longer than {MAX_RESULT_FILE} bytes")
+            parts = path[len("/alloc/"):].split("/")
+            if not path.startswith("/alloc/") or any(p in ("", ".", "..") or "\0" in p for p in parts):
+                raise config.invalid("result_file", f"{caravan.quoted(path)} is not a file under /alloc/")
         self.next = 1
         self.sum = 0
         self.done = False
@@ -121,7 +144,8 @@ class Batch(caravan.Runner):
                         else:
                             failed, message = True, f"{path} reads back otherwise"
                     except OSError as error:
-                        failed, message = True, f"Cannot write {path}: {error.strerror or error}"
+                        reason = REASONS.get(error.errno or 0, "io")
+                        failed, message = True, f"Cannot write {path}: {reason}"
                 state.task_finished(task.name, failed, message)
 
     def on_shutdown(self) -> Optional[bytes]:

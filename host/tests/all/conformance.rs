@@ -349,27 +349,66 @@ async fn the_batch_runners_write_their_results_to_the_alloc_dir_alike() {
             "{language}"
         );
 
-        let outside = vec![task("a", &[("result_file", "/etc/passwd")])];
-        let refused = start_runner(&runner, outside, None);
+        // Refused alike before anything is written: outside /alloc/, not plainly named, or
+        // too long to be said back whole.
+        let long = format!("/alloc/{}", "x".repeat(122));
+        let mut refusals = Vec::new();
+        for (path, why) in [
+            (
+                "/etc/passwd",
+                r#""/etc/passwd" is not a file under /alloc/"#,
+            ),
+            ("/alloc/", r#""/alloc/" is not a file under /alloc/"#),
+            (
+                "/alloc/x/../y",
+                r#""/alloc/x/../y" is not a file under /alloc/"#,
+            ),
+            ("/alloc//y", r#""/alloc//y" is not a file under /alloc/"#),
+            (
+                "/alloc/\u{0}y",
+                r#""/alloc/\0y" is not a file under /alloc/"#,
+            ),
+            (&long, "is longer than 128 bytes"),
+        ] {
+            let refused = start_runner(&runner, vec![task("a", &[("result_file", path)])], None);
+            assert_eq!(
+                refused.stopped().await.description,
+                format!(r#"invalid config: task "a": result_file: {why}"#),
+                "{language}"
+            );
+            refusals.extend(reports(&refused));
+        }
+        // Writes that fail fail their task, with the same reason in every language: a
+        // directory where the file should be, a file where a directory should be.
+        let blocked = vec![
+            task("a", &[("numbers", "3"), ("result_file", "/alloc/x/y.json")]),
+            task("b", &[("numbers", "3"), ("result_file", "/alloc/x")]),
+            task(
+                "c",
+                &[("numbers", "3"), ("result_file", "/alloc/x/y.json/z")],
+            ),
+        ];
+        let blocked = start_runner(&runner, blocked, None);
+        let state = blocked.stopped().await;
+        let ends: Vec<&str> = state
+            .task_states
+            .iter()
+            .map(|t| t.events.last().unwrap().message.as_str())
+            .collect();
         assert_eq!(
-            refused.stopped().await.description,
-            r#"invalid config: task "a": result_file: "/etc/passwd" is not a path under /alloc/"#,
-            "{language}"
-        );
-        // A directory where the file should be: the task fails, the alloc says which.
-        let blocked = vec![task("a", &[("numbers", "3"), ("result_file", "/alloc/")])];
-        let state = start_runner(&runner, blocked, None).stopped().await;
-        assert_eq!(
-            (state.client_status, state.description.as_str()),
-            (ClientStatus::Failed, "Failed tasks: a"),
+            ends,
+            [
+                "Computed the sum of squares of 1..3: 14",
+                "Cannot write /alloc/x: is-directory",
+                "Cannot write /alloc/x/y.json/z: exist",
+            ],
             "{language}: {state:?}"
         );
-        let why = &state.task_states[0].events.last().unwrap().message;
-        assert!(
-            why.starts_with("Cannot write /alloc/: "),
-            "{language}: {why}"
-        );
-        reported.push((language, [reports(&started), reports(&refused)].concat()));
+        assert_eq!(state.description, "Failed tasks: b, c", "{language}");
+        reported.push((
+            language,
+            [reports(&started), refusals, reports(&blocked)].concat(),
+        ));
         logged.push((language, guest_lines(&logs)));
     }
     assert_all_alike("the reported states", &reported);
