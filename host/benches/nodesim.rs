@@ -25,8 +25,18 @@
 //! than `vm.max_map_count` allows (about 7 per live alloc; `scripts/bench` raises it when run
 //! as root) says so and runs; should it fail, the failure names the maps held and the limit.
 //! A failed run kills the agent and nodesim it spawned.
+//!
+//! With `--cluster etcd` (issue 45, target 2) each size runs the wasm nodes twice: against
+//! the embedded server as above (the baseline, same run), and joined to a three-member etcd
+//! on loopback (`nodesim --cluster etcd`: a lease and a live key per node, one watch of its
+//! allocs per node, its status writes) with one agent in cluster mode as the scheduler (its
+//! own node too small to hold an alloc). It adds, for the etcd run, what etcd spent: its three members'
+//! CPU time over the run (from `/proc`), their RSS at the end, and the database's size.
 
 mod common;
+#[path = "../tests/all/etcd.rs"]
+#[allow(dead_code)]
+mod etcd;
 
 use caravan_test_artifacts::SIM;
 use common::{Agent, spawn_agent};
@@ -40,6 +50,7 @@ fn main() {
     let mut sizes = vec![100usize, 1_000, 5_000];
     let mut per_node = 10usize;
     let mut runs = 3usize;
+    let mut on_etcd = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -51,6 +62,7 @@ fn main() {
             "--allocs-per-node" => {
                 per_node = args.next().and_then(|n| n.parse().ok()).unwrap_or(per_node);
             }
+            "--cluster" => on_etcd = args.next().as_deref() == Some("etcd"),
             "--runs" => {
                 runs = args
                     .next()
@@ -81,9 +93,14 @@ fn main() {
         "RSS/alloc",
         "start p50/p99"
     );
+    let modes: [(&str, Target); 2] = if on_etcd {
+        [("wasm", Target::Embedded), ("wasm", Target::Etcd)]
+    } else {
+        [("native", Target::Embedded), ("wasm", Target::Embedded)]
+    };
     for &nodes in &sizes {
         let mut rates = Vec::new();
-        for runner in ["native", "wasm"] {
+        for (runner, target) in modes {
             let allocs = nodes * per_node;
             // Each node holds a connection or two to the agent. A sim alloc holds no
             // descriptor: its runner imports no `wasi:filesystem` and a quiet one opens no
@@ -105,10 +122,15 @@ fn main() {
                 );
             }
             let mut measured: Vec<Run> = (0..runs)
-                .map(|_| measure(nodes, allocs, runner, cache.path()))
+                .map(|_| measure(nodes, allocs, runner, target, cache.path()))
                 .collect();
             measured.sort_by_key(|run| run.all_running);
             let run = measured.swap_remove(measured.len() / 2);
+            let runner = if target == Target::Etcd {
+                "etcd"
+            } else {
+                runner
+            };
             println!(
                 "{nodes:>6} {runner:>7} {allocs:>8} {:>9.2}s {:>11.2}s {:>11.0} {:>10.0} {:>8.1}K {:>8.1}K {:>5}/{}ms",
                 run.register.as_secs_f64(),
@@ -120,9 +142,32 @@ fn main() {
                 run.start_p50,
                 run.start_p99,
             );
+            if let Some(spent) = &run.etcd {
+                println!(
+                    "{nodes:>6} etcd spent: {:.1} CPU s over the run ({:.0}% of one core), {:.0} MiB RSS in its 3 members, database {:.1} MiB ({:.1} MiB in use)",
+                    spent.cpu.as_secs_f64(),
+                    100.0 * spent.cpu.as_secs_f64() / run.all_running.as_secs_f64(),
+                    spent.rss as f64 / MIB,
+                    spent.db_size as f64 / MIB,
+                    spent.db_size_in_use as f64 / MIB,
+                );
+            }
             rates.push((runner, run.placement_rate()));
         }
-        if let [(_, native), (_, wasm)] = rates[..] {
+        if on_etcd {
+            if let [(_, embedded), (_, joined)] = rates[..] {
+                println!(
+                    "{nodes:>6} on etcd / embedded placement rate: {:.2}x",
+                    joined / embedded
+                );
+                common::scoreboard(
+                    "nodesim_etcd",
+                    &format!("{nodes} nodes on etcd: {joined:.0} allocs/s"),
+                    &format!("embedded server: {embedded:.0} allocs/s"),
+                    &format!("{:.2}x", joined / embedded),
+                );
+            }
+        } else if let [(_, native), (_, wasm)] = rates[..] {
             println!(
                 "{nodes:>6} wasm/native placement rate: {:.2}x",
                 wasm / native
@@ -137,6 +182,25 @@ fn main() {
     }
 }
 
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// What the nodes talk to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// One agent's embedded server, over HTTP.
+    Embedded,
+    /// A three-member etcd, with one agent in cluster mode as the scheduler.
+    Etcd,
+}
+
+/// What etcd spent over an etcd run.
+struct EtcdSpent {
+    cpu: Duration,
+    rss: u64,
+    db_size: u64,
+    db_size_in_use: u64,
+}
+
 struct Run {
     register: Duration,
     all_running: Duration,
@@ -146,6 +210,7 @@ struct Run {
     rss_running: u64,
     start_p50: String,
     start_p99: String,
+    etcd: Option<EtcdSpent>,
 }
 
 impl Run {
@@ -154,20 +219,58 @@ impl Run {
     }
 }
 
-fn measure(nodes: usize, allocs: usize, runner: &str, cache: &std::path::Path) -> Run {
+fn measure(
+    nodes: usize,
+    allocs: usize,
+    runner: &str,
+    target: Target,
+    cache: &std::path::Path,
+) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.toml");
-    // Nodes busy starting thousands of allocs must not be taken for dead meanwhile.
-    std::fs::write(
-        &config,
-        "[client]\nenabled = false\n[server]\nnode_ttl = \"5m\"\n",
-    )
-    .unwrap();
-    let agent = spawn_agent(dir.path(), &config, &["--dev"]);
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let etcd_cluster = (target == Target::Etcd).then(|| tokio.block_on(etcd::EtcdCluster::start()));
+    let (agent, reach) = match &etcd_cluster {
+        None => {
+            // Nodes busy starting thousands of allocs must not be taken for dead meanwhile.
+            std::fs::write(
+                &config,
+                "[client]\nenabled = false\n[server]\nnode_ttl = \"5m\"\n",
+            )
+            .unwrap();
+            let agent = spawn_agent(dir.path(), &config, &["--dev"]);
+            let reach = vec!["--server".to_string(), format!("http://{}", agent.addr)];
+            (agent, reach)
+        }
+        Some(etcd) => {
+            // In a cluster every agent is a node too: this one's holds too little memory for
+            // any alloc, so all go to the simulated nodes. The nodes keep the default TTL
+            // (10 s): a node whose lease lapses under the load is replaced, and it shows.
+            std::fs::write(
+                &config,
+                "[client]\nmemory_total = \"1MiB\"\n[cluster]\nmode = \"etcd\"\n",
+            )
+            .unwrap();
+            let endpoints = etcd.endpoints().join(",");
+            let agent = spawn_agent(
+                &dir.path().join("data"),
+                &config,
+                &["--etcd-endpoints", &endpoints, "--node-name", "scheduler"],
+            );
+            let reach = ["--cluster", "etcd", "--etcd-endpoints", &endpoints].map(String::from);
+            (agent, reach.to_vec())
+        }
+    };
+    let etcd_pids = etcd_cluster
+        .as_ref()
+        .map(etcd::EtcdCluster::pids)
+        .unwrap_or_default();
+    let cpu_before = cpu_of(&etcd_pids);
     let started = Instant::now();
-    let mut sim = Nodesim::start(&agent, nodes, runner, allocs, cache);
+    let mut sim = Nodesim::start(&reach, nodes, runner, allocs, cache);
     sim.wait_for(&format!("nodes {nodes}/{nodes} registered"));
-    while node_count(&agent) < nodes {
+    // On etcd the scheduling agent's own node is listed too.
+    while node_count(&agent) < nodes + usize::from(target == Target::Etcd) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let register = started.elapsed();
@@ -201,6 +304,17 @@ fn measure(nodes: usize, allocs: usize, runner: &str, cache: &std::path::Path) -
         std::thread::sleep(Duration::from_millis(20));
     }
     let all_running = submitted.elapsed();
+    let etcd = etcd_cluster.as_ref().map(|cluster| {
+        let space = tokio
+            .block_on(async { cluster.store().await.space().await })
+            .expect("etcd answers its status");
+        EtcdSpent {
+            cpu: cpu_of(&etcd_pids).saturating_sub(cpu_before),
+            rss: etcd_pids.iter().map(|&pid| rss_of(pid)).sum(),
+            db_size: space.db_size,
+            db_size_in_use: space.db_size_in_use,
+        }
+    });
     let updates = agent.metric("caravan_server_alloc_updates_total");
     // The last summary line has every start measured.
     sim.wait_for(&format!("allocs {allocs} (running {allocs})"));
@@ -223,6 +337,7 @@ fn measure(nodes: usize, allocs: usize, runner: &str, cache: &std::path::Path) -
         rss_running,
         start_p50: latency("start p50 "),
         start_p99: latency(" p99 "),
+        etcd,
     };
     sim.stop();
     agent.stop();
@@ -241,15 +356,17 @@ struct Nodesim {
 }
 
 impl Nodesim {
+    /// `reach`: how the nodes reach their server (`--server URL`, or `--cluster etcd ...`).
     fn start(
-        agent: &Agent,
+        reach: &[String],
         nodes: usize,
         runner: &str,
         allocs: usize,
         cache: &std::path::Path,
     ) -> Nodesim {
         let mut child = Command::new(CARAVAN)
-            .args(["nodesim", "--server", &format!("http://{}", agent.addr)])
+            .arg("nodesim")
+            .args(reach)
             .args(["--nodes", &nodes.to_string(), "--runner", runner])
             .args(["--summary-every", "100ms", "--log-level", "error"])
             .args(["--max-live-allocs", &(allocs + 100).to_string()])
@@ -311,6 +428,24 @@ fn running(agent: &Agent) -> usize {
         .ok()
         .and_then(|job| job["allocs"]["running"].as_u64())
         .unwrap_or(0) as usize
+}
+
+/// The CPU time (user and system) the processes `pids` have spent so far.
+fn cpu_of(pids: &[u32]) -> Duration {
+    // /proc counts in USER_HZ, which Linux fixes at 100 whatever the kernel's own tick.
+    let ticks = 100.0;
+    let spent: u64 = pids
+        .iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            // The fields after the command's closing parenthesis; utime and stime are
+            // the 12th and 13th of them.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum();
+    Duration::from_secs_f64(spent as f64 / ticks)
 }
 
 fn rss_of(pid: u32) -> u64 {

@@ -271,8 +271,17 @@ impl NodesimCommand {
                         format_duration(MIN_NODE_TTL)
                     );
                 }
-                let store = EtcdStore::connect_with(&endpoints, &security.access()?).await?;
+                let access = security.access()?;
+                let store = EtcdStore::connect_with(&endpoints, &access).await?;
                 store.check_schema().await?;
+                // Each hundred nodes has a connection of its own, as real nodes each have:
+                // one connection carrying every node's lease and watch streams would be one
+                // queue, and one failure, for all of them.
+                let mut stores = vec![store.clone()];
+                for _ in 1..config.nodes.div_ceil(NODES_PER_CONNECTION) {
+                    stores.push(EtcdStore::connect_with(&endpoints, &access).await?);
+                }
+                let connection_of = |number: usize| &stores[(number - 1) / NODES_PER_CONNECTION];
                 let members = (1..=config.nodes)
                     .map(|number| {
                         let record = MemberRecord {
@@ -283,7 +292,11 @@ impl NodesimCommand {
                             agent: uuid::Uuid::new_v4().to_string(),
                             info: config.node_info.clone(),
                         };
-                        Member::join_as_node_only(store.clone(), record, self.node_ttl)
+                        Member::join_as_node_only(
+                            connection_of(number).clone(),
+                            record,
+                            self.node_ttl,
+                        )
                     })
                     .collect();
                 let agents = store.clone();
@@ -298,8 +311,21 @@ impl NodesimCommand {
                             .collect()
                     })
                 });
-                let api = EtcdServerApi::new(store.clone());
-                let nodes: NodeServers = Arc::new(move |_: &str| api.clone() as Arc<dyn ServerApi>);
+                let apis: Vec<Arc<EtcdServerApi>> = stores
+                    .iter()
+                    .map(|s| EtcdServerApi::new(s.clone()))
+                    .collect();
+                let by_node: std::collections::HashMap<String, Arc<EtcdServerApi>> = (1..=config
+                    .nodes)
+                    .map(|number| {
+                        let api = apis[(number - 1) / NODES_PER_CONNECTION].clone();
+                        (node_name(&config.name_prefix, number), api)
+                    })
+                    .collect();
+                let first = apis[0].clone();
+                let nodes: NodeServers = Arc::new(move |node: &str| {
+                    by_node.get(node).unwrap_or(&first).clone() as Arc<dyn ServerApi>
+                });
                 Ok(Servers {
                     nodes,
                     target: format!("etcd at {}", store.endpoints()),
@@ -312,6 +338,9 @@ impl NodesimCommand {
         }
     }
 }
+
+/// How many simulated nodes share one connection to etcd.
+const NODES_PER_CONNECTION: usize = 100;
 
 /// The API a simulated node's member record names: nothing answers there, and no agent
 /// fetches a runner build from it.

@@ -10,8 +10,11 @@
 //! leadership, and the next leadership (which compares another create revision, so no late
 //! attempt of this one lands) starts from what etcd holds.
 
-use super::store::{EtcdStore, KeyValue, StoreError, read_in};
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use super::store::{
+    CALL_TIMEOUT, EtcdStore, KeyValue, RETRY_BACKOFF, RETRY_FOR, StoreError, described, is_refusal,
+    read_in,
+};
+use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
 use std::time::Duration;
 
 /// Most operations one fenced transaction carries: etcd refuses more than 128, and the
@@ -25,6 +28,88 @@ pub enum LeaseState {
     Alive,
     /// Expired: every key attached to it is gone. Grant a new one.
     Expired,
+}
+
+/// Renews one lease. etcd's keep-alive is a stream: this keeps one open between renewals
+/// and sends each renewal on it. Opening a stream per renewal and dropping it after its
+/// first answer reset streams as fast as renewals came; with thousands of nodes in one
+/// process (nodesim's) that was faster than etcd's gRPC server allows (its answer is
+/// "resource exhausted", against rapid resets), and every call on the connection failed.
+pub struct LeaseRenewer {
+    store: EtcdStore,
+    lease: i64,
+    /// The open stream, and whether a renewal sent on it still waits for its answer (its
+    /// caller gave up): such a stream is dropped, so that no answer is taken for another's.
+    open: Option<(LeaseKeeper, LeaseKeepAliveStream, bool)>,
+}
+
+impl LeaseRenewer {
+    /// Renews the lease once. [`LeaseState::Expired`] when etcd no longer has it; an error
+    /// when no member answered within the store's retries (the lease may still be alive: try
+    /// again before its TTL is out). A call cut short (its future dropped) costs only the
+    /// stream, opened again by the next call.
+    pub async fn renew(&mut self) -> Result<LeaseState, StoreError> {
+        let started = tokio::time::Instant::now();
+        let mut failures = 0;
+        loop {
+            let reason = match tokio::time::timeout(CALL_TIMEOUT, self.renew_once()).await {
+                Ok(Ok(state)) => return Ok(state),
+                Ok(Err(error)) if is_refusal(&error) => {
+                    self.open = None;
+                    return Err(StoreError::Refused {
+                        endpoints: self.store.endpoints(),
+                        what: "renewing a lease".into(),
+                        reason: error.to_string(),
+                    });
+                }
+                Ok(Err(error)) => described(&error),
+                Err(_) => format!("renewing a lease took longer than {CALL_TIMEOUT:?}"),
+            };
+            self.open = None;
+            if started.elapsed() >= RETRY_FOR {
+                return Err(StoreError::Unreachable {
+                    endpoints: self.store.endpoints(),
+                    reason,
+                });
+            }
+            tracing::debug!(reason, "renewing a lease failed; retrying");
+            failures += 1;
+            tokio::time::sleep(RETRY_BACKOFF.wait(failures)).await;
+        }
+    }
+
+    async fn renew_once(&mut self) -> Result<LeaseState, etcd_client::Error> {
+        if self.open.as_ref().is_some_and(|(_, _, waiting)| *waiting) {
+            self.open = None;
+        }
+        let Some((keeper, stream, waiting)) = self.open.as_mut() else {
+            // Opening the stream renews once and reads the answer.
+            let mut client = self.store.client.clone();
+            return match client.lease_keep_alive(self.lease).await {
+                Ok((keeper, stream)) => {
+                    self.open = Some((keeper, stream, false));
+                    Ok(LeaseState::Alive)
+                }
+                Err(etcd_client::Error::LeaseKeepAliveError(reason))
+                    if reason.contains("lease not found") =>
+                {
+                    Ok(LeaseState::Expired)
+                }
+                Err(error) => Err(error),
+            };
+        };
+        *waiting = true;
+        keeper.keep_alive().await?;
+        let answer = stream.message().await?;
+        *waiting = false;
+        match answer {
+            Some(answer) if answer.ttl() > 0 => Ok(LeaseState::Alive),
+            Some(_) => Ok(LeaseState::Expired),
+            None => Err(etcd_client::Error::LeaseKeepAliveError(
+                "etcd ended the keep-alive stream".into(),
+            )),
+        }
+    }
 }
 
 /// The key an elected writer holds, and the revision that created it: its writes compare
@@ -76,25 +161,14 @@ impl EtcdStore {
         .await
     }
 
-    /// Renews `lease` once. [`LeaseState::Expired`] when etcd no longer has it; an error when
-    /// no member answered (the lease may still be alive: try again before its TTL is out).
-    pub async fn keep_lease_alive(&self, lease: i64) -> Result<LeaseState, StoreError> {
-        let client = self.client.clone();
-        self.retrying("renewing a lease", |_| {
-            let mut client = client.clone();
-            async move {
-                match client.lease_keep_alive(lease).await {
-                    Ok(_) => Ok(LeaseState::Alive),
-                    Err(etcd_client::Error::LeaseKeepAliveError(reason))
-                        if reason.contains("lease not found") =>
-                    {
-                        Ok(LeaseState::Expired)
-                    }
-                    Err(error) => Err(error),
-                }
-            }
-        })
-        .await
+    /// What renews `lease` from now on, over one keep-alive stream kept open between
+    /// renewals.
+    pub fn lease_renewer(&self, lease: i64) -> LeaseRenewer {
+        LeaseRenewer {
+            store: self.clone(),
+            lease,
+            open: None,
+        }
     }
 
     /// Revokes `lease`: every key attached to it is deleted at once. False when etcd no

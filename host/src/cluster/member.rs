@@ -268,6 +268,7 @@ async fn keep_membership(store: EtcdStore, joining: Joining, view: watch::Sender
             revoke_previous_run(&store, previous).await;
         }
         let mut leader_changed = leader_changed.clone();
+        let mut renewer = store.lease_renewer(lease);
         let mut renew = tokio::time::interval(renew_every);
         renew.tick().await;
         loop {
@@ -280,7 +281,7 @@ async fn keep_membership(store: EtcdStore, joining: Joining, view: watch::Sender
             tokio::select! {
                 _ = renew.tick() => {
                     let renewing = tokio::time::Instant::now();
-                    let renewed = tokio::time::timeout(renew_every, store.keep_lease_alive(lease));
+                    let renewed = tokio::time::timeout(renew_every, renewer.renew());
                     let renewed = match renewed.await {
                         Ok(answer) => answer.map_err(|error| error.to_string()),
                         Err(_) => Err(format!("no answer within {renew_every:?}")),

@@ -284,6 +284,14 @@ impl EtcdCluster {
         self.members[i].process = Some(process);
     }
 
+    /// The process id of every member running now.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.process.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// Every member's client URL.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.client_url.clone()).collect()
