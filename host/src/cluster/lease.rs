@@ -141,13 +141,6 @@ pub enum FencedOp {
 }
 
 impl FencedOp {
-    /// The key it writes or deletes.
-    pub fn key(&self) -> &str {
-        match self {
-            FencedOp::Put { key, .. } | FencedOp::Delete { key } => key,
-        }
-    }
-
     fn to_txn_op(&self) -> TxnOp {
         match self {
             FencedOp::Put { key, value } => TxnOp::put(key.as_str(), value.as_slice(), None),

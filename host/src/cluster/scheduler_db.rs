@@ -28,10 +28,8 @@
 //! leader ([`EtcdSchedulerDb::deposed`]): the next leader starts again from what etcd holds,
 //! rather than this one guessing which of its writes landed.
 
-mod writer;
-
 use super::keys;
-use super::lease::{Fence, FencedOp};
+use super::lease::{Fence, FencedOp, MAX_FENCED_OPS};
 use super::member::MemberRecord;
 use super::store::{EtcdStore, KeyValue, StoreError};
 use crate::model::node::NodeInfo;
@@ -44,7 +42,6 @@ use crate::util::locks::LockUnpoisoned;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use tokio::sync::watch;
-use writer::{Group, Writer};
 
 /// A server table's records: key and saved bytes.
 type Records = Vec<(String, Vec<u8>)>;
@@ -429,6 +426,103 @@ impl Written {
 }
 
 /// Writes that land in one transaction or not at all.
+type Group = Vec<FencedOp>;
+
+/// One save: its writes, and where to say how it went.
+type Save = (Vec<Group>, std::sync::mpsc::Sender<Result<(), StateError>>);
+
+/// The thread that makes the saves (see the module docs); it ends when its sender is
+/// dropped.
+struct Writer {
+    saves: tokio::sync::mpsc::UnboundedSender<Save>,
+}
+
+impl Writer {
+    /// `like`: the store whose cluster and access the writer's own connection copies (made
+    /// on the writer's thread's runtime, which its calls must run on).
+    async fn start(like: EtcdStore, fence: Fence) -> Result<Writer, StoreError> {
+        let (saves, mut pending) = tokio::sync::mpsc::unbounded_channel::<Save>();
+        let (connected, connection) = tokio::sync::oneshot::channel();
+        let joined = like.endpoints();
+        let unreachable = |reason: String| StoreError::Unreachable {
+            endpoints: joined.clone(),
+            reason,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Local(format!("cannot start the scheduler's writer: {e}")))?;
+        let spawned = std::thread::Builder::new()
+            .name("caravan-scheduler-writer".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let store = match like.connect_again().await {
+                        Ok(store) => {
+                            let _ = connected.send(Ok(()));
+                            store
+                        }
+                        Err(error) => {
+                            let _ = connected.send(Err(error));
+                            return;
+                        }
+                    };
+                    while let Some((ops, answer)) = pending.recv().await {
+                        let _ = answer.send(write(&store, &fence, &ops).await);
+                    }
+                })
+            });
+        if let Err(error) = spawned {
+            return Err(StoreError::Local(format!(
+                "cannot start the scheduler's writer: {error}"
+            )));
+        }
+        connection
+            .await
+            .unwrap_or_else(|_| Err(unreachable("the scheduler's writer stopped".into())))?;
+        Ok(Writer { saves })
+    }
+
+    /// Makes `ops` and waits for the answer, blocking this thread.
+    fn save(&self, ops: Vec<Group>) -> Result<(), StateError> {
+        let (answer, answered) = std::sync::mpsc::channel();
+        self.saves
+            .send((ops, answer))
+            .map_err(|_| StateError::Io("the scheduler's writer stopped".into()))?;
+        answered
+            .recv()
+            .unwrap_or_else(|_| Err(StateError::Io("the scheduler's writer stopped".into())))
+    }
+}
+
+/// Makes `groups` in fenced transactions of at most [`MAX_FENCED_OPS`], none split.
+async fn write(store: &EtcdStore, fence: &Fence, groups: &[Group]) -> Result<(), StateError> {
+    let mut transactions: Vec<Vec<FencedOp>> = vec![Vec::new()];
+    for group in groups {
+        if transactions
+            .last()
+            .is_some_and(|t| t.len() + group.len() > MAX_FENCED_OPS)
+        {
+            transactions.push(Vec::new());
+        }
+        if let Some(transaction) = transactions.last_mut() {
+            transaction.extend(group.iter().cloned());
+        }
+    }
+    for transaction in transactions.iter().filter(|t| !t.is_empty()) {
+        let held = store
+            .write_fenced(fence, transaction)
+            .await
+            .map_err(|e| StateError::Io(e.to_string()))?;
+        if !held {
+            return Err(StateError::Io(format!(
+                "this agent no longer holds {} (another agent leads): nothing more is written",
+                fence.key
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl StateDb for EtcdSchedulerDb {
     fn apply(&self, writes: Vec<Write>) -> Result<(), StateError> {
         if *self.deposed.borrow() {
