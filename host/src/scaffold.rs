@@ -156,8 +156,16 @@ fn files(
          [job]\nid = \"{name}\"\ntype = \"{job_type}\"\ncount = 1\nrunner = \"out/{name}.wasm\"\n\n\
          [[job.tasks]]\nname = \"main\"\nconfig = {{ }}\n"
     );
+    let run = if files {
+        "`caravan run out/{name}.wasm` runs one alloc of it without an agent, until it ends."
+    } else {
+        "`caravan run out/{name}.wasm` runs one alloc of it without an agent; Ctrl-C kills it. With\n\
+         `--watch`, each `./build` (in another terminal) upgrades that alloc in place, from its\n\
+         checkpoint; `caravan job run {name}.toml` again after a build does the same on an agent."
+    };
     let readme = README
         .replace("{files}", if files { FILES_README } else { "" })
+        .replace("{run}", run)
         .replace("{name}", name)
         .replace("{language}", language_name(language))
         .replace("{source}", source_path)
@@ -364,9 +372,7 @@ caravan runner check out/{name}.wasm     # drives it through the contract, one l
 caravan job run {name}.toml              # runs it on an agent (`caravan agent --dev` first)
 ```
 {files}
-`caravan run out/{name}.wasm` runs one alloc of it without an agent; Ctrl-C kills it. With
-`--watch`, each `./build` (in another terminal) upgrades that alloc in place, from its
-checkpoint; `caravan job run {name}.toml` again after a build does the same on an agent.
+{run}
 
 Change `{source}` to do your work: the contract is `wit/runner.wit` in the Caravan checkout,
 and its runner guide (`docs/writing-a-runner.md`) walks through every rule and every

@@ -426,6 +426,8 @@ mod tests {
         let plain = parse("attempts = 3\ninterval = \"10m\"").unwrap();
         assert_eq!(plain.limit_text(), "3 in 10m");
         assert_eq!(written, plain, "600s and 10m are the same policy");
+        let broken = parse("attempts = 3\ninterval = \"600\\n s\"").unwrap();
+        assert_eq!(broken.limit_text(), "3 in 600 s", "said back on one line");
         let unwritten = RestartPolicy {
             interval: Duration::from_secs(600),
             ..RestartPolicy::block_default()

@@ -5,9 +5,10 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Each key a job set in one block, and its value as written (trimmed). Never part of what
-/// the block says: two blocks that differ only in how they were written are equal, so that
-/// writing `60s` where `1m` was is no change to the job.
+/// Each key a job set in one block, and its value as written (trimmed, each run of
+/// whitespace one space). Never part of what the block says: two blocks that differ only in
+/// how they were written are equal, so that writing `60s` where `1m` was is no change to the
+/// job.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct AsWritten(BTreeMap<String, String>);
@@ -26,7 +27,10 @@ impl AsWritten {
 
     /// Records that `key` was written as `text`.
     pub(crate) fn record(&mut self, key: &str, text: &str) {
-        self.0.insert(key.to_string(), text.trim().to_string());
+        // Runs of whitespace (a line break a parser let through included) said back as one
+        // space: what is said back goes into one-line descriptions and log fields.
+        let said = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        self.0.insert(key.to_string(), said);
     }
 
     /// How `key` was written, if it was.
