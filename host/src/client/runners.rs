@@ -11,17 +11,6 @@ use crate::model::structs::{Alloc, AllocState, DesiredStatus};
 use crate::util::locks::LockUnpoisoned;
 use std::sync::{Arc, Weak};
 
-/// How many batches of runner builds may hold a thread of the blocking pool at once, in the
-/// whole process. A build that lacks its runner waits, on its blocking thread, for a fetch
-/// that itself writes the file through that pool (tokio's files): with as many builds
-/// waiting as the pool has threads (512), the fetch would never get one. One process with
-/// thousands of clients (nodesim's nodes) did exactly that; a bound well under the pool's
-/// size leaves the fetch its thread. After a runner's first build the rest are cheap, so
-/// the bound costs nothing measurable.
-const MAX_BUILDS_AT_ONCE: usize = 64;
-static BUILDS_AT_ONCE: tokio::sync::Semaphore =
-    tokio::sync::Semaphore::const_new(MAX_BUILDS_AT_ONCE);
-
 /// What the runner of an alloc restored after a restart starts from.
 #[derive(Default)]
 pub(super) struct Restoring {
@@ -95,8 +84,7 @@ impl ClientInner {
 
     /// Calls the factory for each config, in order, off the async workers: a factory may
     /// read and compile a component (tens of milliseconds, seconds for some languages). One
-    /// trip to the blocking pool for the lot (once one of [`MAX_BUILDS_AT_ONCE`] turns is
-    /// free), since after a component's first build each is
+    /// trip to the blocking pool for the lot (with a turn: see [`crate::util::blocking`]), since after a component's first build each is
     /// cheap, cheaper than a trip; each result is handed back as soon as it is made, so a
     /// runner need not wait for the builds after it (ten thousand of them, or a compile of
     /// another language's component). A panic costs its own alloc only. The receiver ends
@@ -113,6 +101,11 @@ impl ClientInner {
         let factory = self.factory.clone();
         let build = move || {
             for config in configs {
+                if results.is_closed() {
+                    // Whoever wanted these stopped waiting (maybe while this waited for its
+                    // turn): none need be built.
+                    return;
+                }
                 let (alloc, span) = (config.alloc.clone(), config.span.clone());
                 let last_state = config.last_state.clone();
                 let runner =
@@ -130,13 +123,7 @@ impl ClientInner {
                 }
             }
         };
-        tokio::spawn(async move {
-            // Closed never: the semaphore lives as long as the process.
-            let Ok(_turn) = BUILDS_AT_ONCE.acquire().await else {
-                return;
-            };
-            let _ = tokio::task::spawn_blocking(build).await;
-        });
+        tokio::spawn(crate::util::blocking::with_a_turn(build));
         received
     }
 

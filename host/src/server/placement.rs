@@ -11,8 +11,8 @@
 //!   terminal. An alloc reserves its memory limit: its job's, or, when the job sets none,
 //!   the node's default (what its client will give it there).
 //! - Ranking is Nomad's: `binpack` (the default) scores a node by how full it would be
-//!   (memory and slots), `spread` by how empty (a dimension a node does not state is ranked
-//!   by how empty, whatever the algorithm); either way a node that already runs allocs
+//!   (memory and slots), `spread` by how empty (slots a node does not state rank it by how
+//!   empty, whatever the algorithm); either way a node that already runs allocs
 //!   of the job is penalised by how many (Nomad's job anti-affinity), so a job's allocs
 //!   land on different nodes while there is room. Ties go to the node named first: the same
 //!   inputs always give the same placements.
@@ -35,9 +35,8 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 /// The registered nodes, by id, with what each said of itself.
 pub type Nodes = BTreeMap<String, NodeInfo>;
 
-/// How many allocs ranking takes a node that does not say how many it runs to hold (the
-/// agent's default `max_live_allocs`), so that load still counts on such a node; it is
-/// never full.
+/// The scale of load on a node that does not say how many allocs it holds (the agent's
+/// default `max_live_allocs`): such a node is never full, and ranks emptier first.
 const UNSAID_SLOTS: u32 = 1_000;
 
 /// What a node's non-terminal allocs hold.
@@ -230,29 +229,36 @@ impl<'a> Placer<'a> {
         }
         // Nomad's fit: each dimension's free share after placing, as 10^free; binpack
         // prefers little free (a full dimension scores 1), spread much; the fit is the mean
-        // of the dimensions'. A dimension the node does not state has no size to pack
-        // toward, so it always prefers the less loaded node: binpacking toward an assumed
-        // size would pile a large job onto a few such nodes (a job of 10,000 over 1,000 of
-        // them put 5,000 allocs on one, the rest one each, before the anti-affinity caught up).
+        // of the dimensions', from 0 to 1 (never below: the job's anti-affinity below halves
+        // it with its penalty, which only penalises a fit that is not negative).
         let free = |used: f64, total: f64| (1.0 - used / total).clamp(0.0, 1.0);
-        let packs = job.spec.placement == Algorithm::Binpack;
-        let dimension = |free: f64, stated: bool| match (packs, stated) {
-            (true, true) => (10.0 - 10f64.powf(free)) / 9.0,
-            // From 0 unused down to -1: less loaded is better, and never above a stated fit.
-            (true, false) => (10f64.powf(free) - 10.0) / 9.0,
-            (false, _) => (10f64.powf(free) - 1.0) / 9.0,
+        let by_algorithm = |free: f64| match job.spec.placement {
+            Algorithm::Binpack => (10.0 - 10f64.powf(free)) / 9.0,
+            Algorithm::Spread => (10f64.powf(free) - 1.0) / 9.0,
         };
-        let free_memory = info.resources.memory_bytes.map_or(1.0, |total| {
+        // Memory a node does not state is all free: the same for every such node.
+        let memory_fit = by_algorithm(info.resources.memory_bytes.map_or(1.0, |total| {
             free(
                 used.memory_bytes.saturating_add(memory) as f64,
                 total as f64,
             )
-        });
-        let slots = info.resources.alloc_slots.unwrap_or(UNSAID_SLOTS);
-        let free_slots = free(f64::from(used.allocs + 1), f64::from(slots));
-        let fit = (dimension(free_memory, info.resources.memory_bytes.is_some())
-            + dimension(free_slots, info.resources.alloc_slots.is_some()))
-            / 2.0;
+        }));
+        let slots_fit = match info.resources.alloc_slots {
+            Some(slots) => by_algorithm(free(f64::from(used.allocs + 1), f64::from(slots))),
+            // A node that does not say how many allocs it holds is never full and has no size
+            // to pack toward: the emptier the better, however loaded (binpacking toward an
+            // assumed size piled a job of 10,000 onto two of 1,000 such nodes). Under binpack
+            // it counts for little, below any stated node's packing, so that among such nodes
+            // the job's anti-affinity decides first and their load second.
+            None => {
+                let empty = f64::from(UNSAID_SLOTS) / f64::from(UNSAID_SLOTS + used.allocs + 1);
+                match job.spec.placement {
+                    Algorithm::Binpack => empty * 1e-3,
+                    Algorithm::Spread => empty,
+                }
+            }
+        };
+        let fit = (memory_fit + slots_fit) / 2.0;
         let score = if on_node == 0 {
             fit
         } else {

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`backoff`]: the one backoff (doubling, capped, jittered) every retry waits by.
+//! - [`blocking`]: turns in the blocking pool for work that may wait there on a fetch.
 //! - [`fs_tree`]: guest-made directory trees removed iteratively, whatever their depth.
 //! - [`histogram`]: a fixed-bucket latency histogram that renders itself for Prometheus.
 //! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
@@ -12,6 +13,7 @@
 //! - [`units`]: sizes and durations as operators type them.
 
 pub mod backoff;
+pub mod blocking;
 pub mod fs_tree;
 pub mod histogram;
 pub mod locks;

@@ -45,7 +45,7 @@ async fn check_job(state: &ApiState, body: &str) -> ApiResult<(JobSpec, String)>
         runtime: state.runtime.clone(),
         store: state.runners.clone(),
     };
-    let (admitted, spec_back) = tokio::task::spawn_blocking(move || {
+    let (admitted, spec_back) = crate::util::blocking::with_a_turn(move || {
         let admitted = admission.admit_job(&spec, &defaults, &runners);
         (admitted, spec)
     })

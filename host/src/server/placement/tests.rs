@@ -122,6 +122,50 @@ fn nodes_that_say_nothing_of_their_size_share_a_large_job_evenly_under_either_al
 }
 
 #[test]
+fn over_unsized_nodes_already_loaded_a_job_still_spreads_and_one_alloc_goes_to_the_emptiest() {
+    let nodes: Nodes = (0..10)
+        .map(|n| (format!("n{n}"), NodeInfo::default()))
+        .collect();
+    // Node n holds 30 n allocs of another job: the fuller nodes must not draw the new job.
+    let mut allocs = Vec::new();
+    for n in 0..10 {
+        for _ in 0..30 * n {
+            let sequence = allocs.len() as u64 + 1;
+            allocs.push(alloc_on("old", sequence, Some(&format!("n{n}"))));
+        }
+    }
+    for placement in [Algorithm::Binpack, Algorithm::Spread] {
+        let job = JobSpec {
+            placement,
+            ..spec("new", JobType::Service, 20)
+        };
+        let mut per_node = BTreeMap::<String, usize>::new();
+        for node in placed(&nodes, &allocs, &job).into_iter().flatten() {
+            *per_node.entry(node).or_default() += 1;
+        }
+        let counts: Vec<usize> = (0..10).map(|n| per_node[&format!("n{n}")]).collect();
+        match placement {
+            // Among such nodes the job's anti-affinity decides first: an even spread.
+            Algorithm::Binpack => assert_eq!(counts, [2; 10], "binpack"),
+            // Spread also evens the nodes' whole load: the emptier take more, none nothing.
+            Algorithm::Spread => assert!(
+                counts.windows(2).all(|pair| pair[0] >= pair[1]) && counts[9] >= 1,
+                "spread: {counts:?}"
+            ),
+        }
+        let one = JobSpec {
+            placement,
+            ..spec("one", JobType::Service, 1)
+        };
+        assert_eq!(
+            names(&placed(&nodes, &allocs, &one)),
+            ["n0"],
+            "{placement:?}"
+        );
+    }
+}
+
+#[test]
 fn nodes_that_cannot_hold_the_alloc_are_filtered_and_the_rest_left_unplaced() {
     let nodes = cluster(&[
         ("small", node(256, 100, "")),

@@ -212,7 +212,7 @@ impl Shared {
         tracing::info!(parent: &self.config.span, runner = %alloc.runner, "upgrading the runner in place");
         tokio::spawn(async move {
             let (runtime, store, asked) = (self.runtime.clone(), self.store.clone(), alloc.clone());
-            let loaded = tokio::task::spawn_blocking(move || {
+            let loaded = crate::util::blocking::with_a_turn(move || {
                 runtime.load_for_alloc(&asked, store.as_ref(), true)
             })
             .await;
