@@ -4,10 +4,10 @@
 //! Each language's scaffold is the same small runner on that language's SDK (`guest-sdk/`:
 //! `caravan-guest`, `caravan_runner`, `caravan-runner.js`, `caravan_runner.h`): a service
 //! ("hello", then a line every `log_every`), or with `--files` a batch runner that writes
-//! `/alloc/out/result.json` in the language's own way and ends. Each build script uses the SDK and the toolchain
-//! of the Caravan checkout the `caravan` binary was built from (`scripts/setup` installs it),
-//! and checks what the language's checker can (mypy, TypeScript, the compiler's warnings);
-//! `CARAVAN_HOME` points a script at another checkout.
+//! `/alloc/out/result.json` in the language's own way and ends. Each build script uses the
+//! SDK and the toolchain of the Caravan checkout the `caravan` binary was built from
+//! (`scripts/setup` installs it), and checks what the language's checker can (mypy,
+//! TypeScript, the compiler's warnings); `CARAVAN_HOME` points a script at another checkout.
 //!
 //! A leaf: it writes files under the folder it makes, never over an existing one, and knows
 //! nothing of runners beyond their text.
