@@ -24,3 +24,77 @@ pub async fn with_a_turn<T: Send + 'static>(
     let _turn = TURNS.acquire().await;
     tokio::task::spawn_blocking(work).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Condvar, Mutex};
+
+    /// A gate work waits at, opened once.
+    #[derive(Default)]
+    struct Gate {
+        open: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    impl Gate {
+        fn wait(&self) {
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.opened.wait(open).unwrap();
+            }
+        }
+
+        fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.opened.notify_all();
+        }
+    }
+
+    /// Twice as much waiting work as there are turns, on a pool with one thread more than
+    /// the turns: the work blocks until something that itself needs a pool thread (as a
+    /// fetch's file write does) opens the gate. Without the turns every thread would hold
+    /// waiting work and the gate would never open.
+    #[test]
+    fn work_waiting_on_the_pool_leaves_it_a_thread() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(MAX_TURNS + 1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let gate = Arc::new(Gate::default());
+        let finished = runtime.block_on(async {
+            let started = Arc::new(AtomicUsize::new(0));
+            let work: Vec<_> = (0..2 * MAX_TURNS)
+                .map(|_| {
+                    let (gate, started) = (gate.clone(), started.clone());
+                    tokio::spawn(with_a_turn(move || {
+                        started.fetch_add(1, Ordering::SeqCst);
+                        gate.wait();
+                    }))
+                })
+                .collect();
+            while started.load(Ordering::SeqCst) < MAX_TURNS {
+                tokio::task::yield_now().await;
+            }
+            let opener = gate.clone();
+            let opened = tokio::task::spawn_blocking(move || opener.open());
+            let all = async {
+                opened.await.unwrap();
+                for done in work {
+                    done.await.unwrap().unwrap();
+                }
+            };
+            // A bound on a hang, not on speed: the work is done in milliseconds.
+            tokio::time::timeout(std::time::Duration::from_secs(60), all).await
+        });
+        // Whatever happened, nothing waits any more, so the runtime can shut down.
+        gate.open();
+        assert!(
+            finished.is_ok(),
+            "the work waited for ever: the pool had no thread left"
+        );
+    }
+}
