@@ -10,10 +10,7 @@
 //! leadership, and the next leadership (which compares another create revision, so no late
 //! attempt of this one lands) starts from what etcd holds.
 
-use super::store::{
-    CALL_TIMEOUT, EtcdStore, KeyValue, RETRY_BACKOFF, RETRY_FOR, StoreError, described, is_refusal,
-    read_in,
-};
+use super::store::{EtcdStore, KeyValue, StoreError, read_in};
 use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
 use std::time::Duration;
 
@@ -38,77 +35,85 @@ pub enum LeaseState {
 pub struct LeaseRenewer {
     store: EtcdStore,
     lease: i64,
-    /// The open stream, and whether a renewal sent on it still waits for its answer (its
-    /// caller gave up): such a stream is dropped, so that no answer is taken for another's.
-    open: Option<(LeaseKeeper, LeaseKeepAliveStream, bool)>,
+    /// The open stream, if any; shared with the store's retries, each attempt of which may
+    /// be cut short by the store's call timeout.
+    open: std::sync::Arc<tokio::sync::Mutex<Option<OpenStream>>>,
+}
+
+/// A keep-alive stream, and whether a renewal sent on it still waits for its answer (its
+/// caller gave up): such a stream is dropped, so that no answer is taken for another's.
+struct OpenStream {
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+    waiting: bool,
 }
 
 impl LeaseRenewer {
-    /// Renews the lease once. [`LeaseState::Expired`] when etcd no longer has it; an error
-    /// when no member answered within the store's retries (the lease may still be alive: try
-    /// again before its TTL is out). A call cut short (its future dropped) costs only the
-    /// stream, opened again by the next call.
-    pub async fn renew(&mut self) -> Result<LeaseState, StoreError> {
-        let started = tokio::time::Instant::now();
-        let mut failures = 0;
-        loop {
-            let reason = match tokio::time::timeout(CALL_TIMEOUT, self.renew_once()).await {
-                Ok(Ok(state)) => return Ok(state),
-                Ok(Err(error)) if is_refusal(&error) => {
-                    self.open = None;
-                    return Err(StoreError::Refused {
-                        endpoints: self.store.endpoints(),
-                        what: "renewing a lease".into(),
-                        reason: error.to_string(),
-                    });
+    /// Renews the lease once, retried as the store retries its calls.
+    /// [`LeaseState::Expired`] when etcd no longer has it; an error when no member answered
+    /// (the lease may still be alive: try again before its TTL is out). An attempt that
+    /// fails or is cut short costs only the stream, opened again by the next attempt.
+    pub async fn renew(&self) -> Result<LeaseState, StoreError> {
+        let (client, lease) = (self.store.client.clone(), self.lease);
+        self.store
+            .retrying("renewing a lease", |_| {
+                let (mut client, open) = (client.clone(), self.open.clone());
+                async move {
+                    let mut open = open.lock().await;
+                    let renewed = renew_once(&mut client, lease, &mut open).await;
+                    if renewed.is_err() {
+                        *open = None;
+                    }
+                    renewed
                 }
-                Ok(Err(error)) => described(&error),
-                Err(_) => format!("renewing a lease took longer than {CALL_TIMEOUT:?}"),
-            };
-            self.open = None;
-            if started.elapsed() >= RETRY_FOR {
-                return Err(StoreError::Unreachable {
-                    endpoints: self.store.endpoints(),
-                    reason,
-                });
-            }
-            tracing::debug!(reason, "renewing a lease failed; retrying");
-            failures += 1;
-            tokio::time::sleep(RETRY_BACKOFF.wait(failures)).await;
-        }
+            })
+            .await
     }
+}
 
-    async fn renew_once(&mut self) -> Result<LeaseState, etcd_client::Error> {
-        if self.open.as_ref().is_some_and(|(_, _, waiting)| *waiting) {
-            self.open = None;
-        }
-        let Some((keeper, stream, waiting)) = self.open.as_mut() else {
-            // Opening the stream renews once and reads the answer.
-            let mut client = self.store.client.clone();
-            return match client.lease_keep_alive(self.lease).await {
-                Ok((keeper, stream)) => {
-                    self.open = Some((keeper, stream, false));
-                    Ok(LeaseState::Alive)
-                }
-                Err(etcd_client::Error::LeaseKeepAliveError(reason))
-                    if reason.contains("lease not found") =>
-                {
-                    Ok(LeaseState::Expired)
-                }
-                Err(error) => Err(error),
-            };
+/// One renewal of `lease`, on `open`'s stream, or on a new one when there is none.
+async fn renew_once(
+    client: &mut etcd_client::Client,
+    lease: i64,
+    open: &mut Option<OpenStream>,
+) -> Result<LeaseState, etcd_client::Error> {
+    if open.as_ref().is_some_and(|stream| stream.waiting) {
+        *open = None;
+    }
+    let Some(OpenStream {
+        keeper,
+        stream,
+        waiting,
+    }) = open.as_mut()
+    else {
+        // Opening the stream renews once and reads the answer.
+        return match client.lease_keep_alive(lease).await {
+            Ok((keeper, stream)) => {
+                *open = Some(OpenStream {
+                    keeper,
+                    stream,
+                    waiting: false,
+                });
+                Ok(LeaseState::Alive)
+            }
+            Err(etcd_client::Error::LeaseKeepAliveError(reason))
+                if reason.contains("lease not found") =>
+            {
+                Ok(LeaseState::Expired)
+            }
+            Err(error) => Err(error),
         };
-        *waiting = true;
-        keeper.keep_alive().await?;
-        let answer = stream.message().await?;
-        *waiting = false;
-        match answer {
-            Some(answer) if answer.ttl() > 0 => Ok(LeaseState::Alive),
-            Some(_) => Ok(LeaseState::Expired),
-            None => Err(etcd_client::Error::LeaseKeepAliveError(
-                "etcd ended the keep-alive stream".into(),
-            )),
-        }
+    };
+    *waiting = true;
+    keeper.keep_alive().await?;
+    let answer = stream.message().await?;
+    *waiting = false;
+    match answer {
+        Some(answer) if answer.ttl() > 0 => Ok(LeaseState::Alive),
+        Some(_) => Ok(LeaseState::Expired),
+        None => Err(etcd_client::Error::LeaseKeepAliveError(
+            "etcd ended the keep-alive stream".into(),
+        )),
     }
 }
 
@@ -167,7 +172,7 @@ impl EtcdStore {
         LeaseRenewer {
             store: self.clone(),
             lease,
-            open: None,
+            open: Default::default(),
         }
     }
 

@@ -268,7 +268,7 @@ async fn keep_membership(store: EtcdStore, joining: Joining, view: watch::Sender
             revoke_previous_run(&store, previous).await;
         }
         let mut leader_changed = leader_changed.clone();
-        let mut renewer = store.lease_renewer(lease);
+        let renewer = store.lease_renewer(lease);
         let mut renew = tokio::time::interval(renew_every);
         renew.tick().await;
         loop {

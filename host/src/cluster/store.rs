@@ -15,7 +15,7 @@ use std::time::Duration;
 /// How long one call to etcd may take before it is retried, and how long all retries of one
 /// operation may take: an etcd leader election takes about 2 s, a member's death 0.4 s.
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-pub(super) const RETRY_FOR: Duration = Duration::from_secs(15);
+const RETRY_FOR: Duration = Duration::from_secs(15);
 
 /// Keys read per response of a listing: a new leader reads every alloc of the cluster, and
 /// 100,000 of them in one response would be hundreds of MiB, past what a response may carry
@@ -39,7 +39,7 @@ pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// An etcd error as one line: a failed connection (a TLS alert, a reset) is named by its
 /// root cause ("received fatal alert: BadCertificate") rather than by gRPC's nested debug
 /// output of every layer.
-pub(super) fn described(error: &etcd_client::Error) -> String {
+fn described(error: &etcd_client::Error) -> String {
     let source: Option<&(dyn std::error::Error + 'static)> = match error {
         etcd_client::Error::GRpcStatus(status) => std::error::Error::source(status),
         etcd_client::Error::TransportError(transport) => Some(transport),
@@ -55,8 +55,7 @@ pub(super) fn described(error: &etcd_client::Error) -> String {
 }
 
 /// The waits between retries of one call: from 50 ms, doubling to 1 s, jittered.
-pub(super) const RETRY_BACKOFF: Backoff =
-    Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
 /// The largest response decoded: a watch catching up sends up to a thousand revisions in one
 /// response, far past the crate's default of 4 MiB, and a response over the limit would fail
