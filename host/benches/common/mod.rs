@@ -136,6 +136,95 @@ pub fn rss_bytes() -> u64 {
     pages * 4096
 }
 
+/// This process's memory by kind of page, in bytes, from `/proc/self/status` and
+/// `/proc/self/smaps_rollup`. RSS counts a page once per mapping of it, so the copy-on-write
+/// memory image that every instance of a component maps is counted once per instance though
+/// it is in RAM once; `pss` counts it once, and `private` is what no other mapping shares.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryKinds {
+    pub rss: u64,
+    /// Anonymous pages: heap, stacks, and every page an instance wrote.
+    pub anon: u64,
+    /// Pages of files, the compiled code among them.
+    pub file: u64,
+    /// Shared memory: the memfd copy-on-write images of linear memories, as mapped.
+    pub shmem: u64,
+    /// The proportional set size: each page divided among its mappings.
+    pub pss: u64,
+    /// Pages mapped once (clean or dirty).
+    pub private: u64,
+    /// The whole machine's memory not available to a new program (`MemTotal -
+    /// MemAvailable`): what every process and the page cache hold, so it moves with
+    /// everything else on the machine, but it counts a shared page once whoever maps it.
+    pub machine_used: u64,
+}
+
+impl MemoryKinds {
+    pub fn now() -> MemoryKinds {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
+        let kib = |text: &str, key: &str| -> u64 {
+            text.lines()
+                .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+                .and_then(|rest| rest.trim().trim_end_matches(" kB").parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        MemoryKinds {
+            rss: kib(&status, "VmRSS"),
+            anon: kib(&status, "RssAnon"),
+            file: kib(&status, "RssFile"),
+            shmem: kib(&status, "RssShmem"),
+            pss: kib(&rollup, "Pss"),
+            private: kib(&rollup, "Private_Clean") + kib(&rollup, "Private_Dirty"),
+            machine_used: kib(&meminfo, "MemTotal").saturating_sub(kib(&meminfo, "MemAvailable")),
+        }
+    }
+
+    /// The change from `earlier` to `self` divided by `count` (negative where it shrank).
+    pub fn per_item_since(&self, earlier: &MemoryKinds, count: usize) -> MemoryPerItem {
+        let each = |now: u64, then: u64| (now as f64 - then as f64) / count as f64;
+        MemoryPerItem {
+            rss: each(self.rss, earlier.rss),
+            anon: each(self.anon, earlier.anon),
+            file: each(self.file, earlier.file),
+            shmem: each(self.shmem, earlier.shmem),
+            pss: each(self.pss, earlier.pss),
+            private: each(self.private, earlier.private),
+            machine_used: each(self.machine_used, earlier.machine_used),
+        }
+    }
+}
+
+/// [`MemoryKinds`]' growth per item, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryPerItem {
+    pub rss: f64,
+    pub anon: f64,
+    pub file: f64,
+    pub shmem: f64,
+    pub pss: f64,
+    pub private: f64,
+    pub machine_used: f64,
+}
+
+impl MemoryPerItem {
+    pub fn describe_kib(&self) -> String {
+        format!(
+            "pss {:.0}, rss {:.0} (anon {:.0}, file {:.0}, shmem {:.0}), private {:.0} KiB; \
+             the machine's used memory {:.0} KiB",
+            self.pss / 1024.0,
+            self.rss / 1024.0,
+            self.anon / 1024.0,
+            self.file / 1024.0,
+            self.shmem / 1024.0,
+            self.private / 1024.0,
+            self.machine_used / 1024.0,
+        )
+    }
+}
+
 /// A spawned `caravan agent` and its address. Dropping it kills the agent, so a bench that
 /// panics leaves no agent running behind it.
 pub struct Agent {
