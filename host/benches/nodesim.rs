@@ -20,8 +20,8 @@
 //!   to its node reporting it running).
 //!
 //! A wasm size whose nodes would need more open files than this process may have (a
-//! connection or two per node; the sim runner imports no `wasi:filesystem`, so its allocs
-//! hold no alloc dir open) is skipped with the reason. One that may need more memory maps
+//! connection per 64 nodes; the sim runner imports no `wasi:filesystem`, so its allocs hold
+//! no alloc dir open) is skipped with the reason. One that may need more memory maps
 //! than `vm.max_map_count` allows (about 7 per live alloc; `scripts/bench` raises it when run
 //! as root) says so and runs; should it fail, the failure names the maps held and the limit.
 //! A failed run kills the agent and nodesim it spawned.
@@ -103,10 +103,10 @@ fn main() {
         let mut rates = Vec::new();
         for (runner, target) in modes {
             let allocs = nodes * per_node;
-            // Each node holds a connection or two to the agent. A sim alloc holds no
-            // descriptor: its runner imports no `wasi:filesystem` and a quiet one opens no
-            // log file.
-            let needed = (nodes * 2 + 1_000) as u64;
+            // Every 64 nodes share an HTTP/2 connection to the agent (nodesim's
+            // NODES_PER_AGENT_CONNECTION). A sim alloc holds no descriptor: its runner
+            // imports no `wasi:filesystem` and a quiet one opens no log file.
+            let needed = (nodes.div_ceil(64) * 2 + 1_000) as u64;
             if runner == "wasm" && needed > open_files {
                 println!(
                     "{nodes:>6} {runner:>7} {allocs:>8} skipped: needs about {needed} open files, the limit is {open_files}"
@@ -142,6 +142,10 @@ fn main() {
                 run.rss_running.saturating_sub(run.rss_registered) as f64 / allocs as f64 / 1024.0,
                 run.start_p50,
                 run.start_p99,
+            );
+            println!(
+                "{nodes:>6} {runner:>7} open files once all run: nodesim {}, the agent {}",
+                run.descriptors.0, run.descriptors.1
             );
             if let Some(spent) = &run.etcd {
                 let database =
@@ -182,8 +186,14 @@ fn main() {
                 "{nodes:>6} wasm/native placement rate: {:.2}x",
                 wasm / native
             );
+            // The scoreboard's rows are of these sizes.
+            let row = match nodes {
+                5_000 => "nodesim",
+                10_000 => "nodesim_10000",
+                _ => continue,
+            };
             common::scoreboard(
-                "nodesim",
+                row,
                 &format!("{nodes} nodes: {wasm:.0} allocs/s"),
                 &format!("native: {native:.0} allocs/s"),
                 &format!("{:.2}x", wasm / native),
@@ -220,6 +230,8 @@ struct Run {
     updates: u64,
     rss_registered: u64,
     rss_running: u64,
+    /// Open files of nodesim and of the agent, once all run.
+    descriptors: (usize, usize),
     start_p50: String,
     start_p99: String,
     etcd: Option<EtcdSpent>,
@@ -335,6 +347,10 @@ fn measure(
     sim.wait_for(&format!("allocs {allocs} (running {allocs})"));
     let line = sim.wait_for("start p50");
     let rss_running = rss_of(sim.child.id());
+    let descriptors = (
+        descriptors_of(sim.child.id()),
+        descriptors_of(agent.child.id()),
+    );
     let latency = |label: &str| {
         line.split(label)
             .nth(1)
@@ -350,6 +366,7 @@ fn measure(
         updates,
         rss_registered,
         rss_running,
+        descriptors,
         start_p50: latency("start p50 "),
         start_p99: latency(" p99 "),
         etcd,
@@ -461,6 +478,10 @@ fn cpu_of(pids: &[u32]) -> Duration {
         })
         .sum();
     Duration::from_secs_f64(spent as f64 / ticks)
+}
+
+fn descriptors_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |fds| fds.count())
 }
 
 fn rss_of(pid: u32) -> u64 {

@@ -1,4 +1,5 @@
-//! Serving the API on the agent's listener: HTTP/1, over TLS when `[tls]` is on, with each
+//! Serving the API on the agent's listener: HTTP/1, or HTTP/2 for a caller that speaks it from
+//! its first byte (nodesim's nodes share connections so), over TLS when `[tls]` is on, with each
 //! request told what its connection's certificate makes the caller ([`PeerRole`], a request
 //! extension that `http`'s authorisation reads).
 //!
@@ -14,7 +15,7 @@ use super::http::CallerAddr;
 use crate::tls::{PeerRole, ServeTls};
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -23,6 +24,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 /// How long a caller has to complete the TLS handshake once connected.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most requests one HTTP/2 connection may have in flight at once (hyper's default is
+/// 200): a nodesim's connection carries up to 64 nodes' waiting watches, their reports and
+/// fetches. An HTTP/1 connection has one at a time.
+pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 /// How long accepting pauses after an error that is not one connection's (out of file
 /// descriptors): accepting again at once would spin.
@@ -156,8 +162,11 @@ async fn connection<S>(
         let mut router = router.clone();
         async move { tower_service::Service::call(&mut router, request).await }
     });
-    let connection =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     tokio::select! {
         served = connection.as_mut() => {

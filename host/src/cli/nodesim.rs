@@ -18,14 +18,22 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The most nodes one process simulates: each holds a connection to the agent open for its
-/// watch, and one address has about 28,000 local ports to connect from.
-const MAX_NODES: usize = 20_000;
+/// The most nodes one process simulates, as measured: 50,000 ran 100,000 sim allocs
+/// (BENCHMARKS.md). Past a few thousand, what a node costs while idle (its watch and its
+/// sync tick, 18 KiB) is what grows; connections no longer do (they are shared).
+const MAX_NODES: usize = 50_000;
+
+/// How many nodes share one HTTP/2 connection to the agent, each call a stream of it. With
+/// a connection each, as separate agents have, the nodes' waiting watches held a descriptor
+/// apiece on both sides, and open files were the first limit a process met (at about 12,000
+/// nodes under a limit of 20,000). 64 nodes' watches, reports and fetches stay within the
+/// streams an agent takes on one connection at once.
+const NODES_PER_AGENT_CONNECTION: usize = 64;
 
 /// `caravan nodesim`'s flags.
 #[derive(Debug, clap::Args)]
 pub struct NodesimCommand {
-    /// How many nodes to simulate (1 to 20000).
+    /// How many nodes to simulate (1 to 50000).
     #[arg(long, value_name = "N")]
     nodes: usize,
     /// The agent whose server the nodes register with.
@@ -233,10 +241,21 @@ impl NodesimCommand {
     async fn servers(&self, config: &NodeSimConfig) -> anyhow::Result<Servers> {
         match self.cluster.as_deref() {
             None | Some("embedded") => {
-                let server = HttpServer::new(&self.tls.pool()?, &self.server, self.token.clone())?;
-                let agent = server.clone();
-                let nodes: NodeServers =
-                    Arc::new(move |node: &str| server.node(node) as Arc<dyn ServerApi>);
+                let pool = self.tls.pool()?;
+                let agent = HttpServer::new(&pool, &self.server, self.token.clone())?;
+                let connections = (0..config.nodes.div_ceil(NODES_PER_AGENT_CONNECTION))
+                    .map(|_| HttpServer::new(&pool.multiplexed(), &self.server, self.token.clone()))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let by_node: std::collections::HashMap<String, HttpServer> = (1..=config.nodes)
+                    .map(|number| {
+                        let connection = &connections[(number - 1) / NODES_PER_AGENT_CONNECTION];
+                        (node_name(&config.name_prefix, number), connection.clone())
+                    })
+                    .collect();
+                let first = connections[0].clone();
+                let nodes: NodeServers = Arc::new(move |node: &str| {
+                    by_node.get(node).unwrap_or(&first).node(node) as Arc<dyn ServerApi>
+                });
                 Ok(Servers {
                     nodes,
                     target: self.server.clone(),
@@ -278,10 +297,11 @@ impl NodesimCommand {
                 // one connection carrying every node's lease and watch streams would be one
                 // queue, and one failure, for all of them.
                 let mut stores = vec![store.clone()];
-                for _ in 1..config.nodes.div_ceil(NODES_PER_CONNECTION) {
+                for _ in 1..config.nodes.div_ceil(NODES_PER_ETCD_CONNECTION) {
                     stores.push(EtcdStore::connect_with(&endpoints, &access).await?);
                 }
-                let connection_of = |number: usize| &stores[(number - 1) / NODES_PER_CONNECTION];
+                let connection_of =
+                    |number: usize| &stores[(number - 1) / NODES_PER_ETCD_CONNECTION];
                 let members = (1..=config.nodes)
                     .map(|number| {
                         let record = MemberRecord {
@@ -318,7 +338,7 @@ impl NodesimCommand {
                 let by_node: std::collections::HashMap<String, Arc<EtcdServerApi>> = (1..=config
                     .nodes)
                     .map(|number| {
-                        let api = apis[(number - 1) / NODES_PER_CONNECTION].clone();
+                        let api = apis[(number - 1) / NODES_PER_ETCD_CONNECTION].clone();
                         (node_name(&config.name_prefix, number), api)
                     })
                     .collect();
@@ -340,7 +360,7 @@ impl NodesimCommand {
 }
 
 /// How many simulated nodes share one connection to etcd.
-const NODES_PER_CONNECTION: usize = 100;
+const NODES_PER_ETCD_CONNECTION: usize = 100;
 
 /// The API a simulated node's member record names: nothing answers there, and no agent
 /// fetches a runner build from it.

@@ -33,12 +33,16 @@ pub struct Unanswered {
     pub timed_out: bool,
 }
 
-/// One pool of HTTP/1 connections to agents, plain or TLS. Cheap to clone.
+/// One pool of connections to agents, plain or TLS: HTTP/1, a request per connection at a
+/// time, or (see [`AgentPool::multiplexed`]) HTTP/2, every request a stream of one
+/// connection per agent. Cheap to clone.
 #[derive(Clone)]
 pub struct AgentPool {
     http: HttpClient<HttpsConnector<HttpConnector>, Body>,
     /// Whether this pool dials `https://` (and only that) rather than `http://`.
     tls: bool,
+    /// What it dials TLS with, kept for [`AgentPool::multiplexed`].
+    config: Arc<rustls::ClientConfig>,
 }
 
 impl Default for AgentPool {
@@ -61,7 +65,21 @@ impl AgentPool {
         AgentPool::with(config, true)
     }
 
+    /// A pool that dials as this one does, but speaks HTTP/2 from the first byte (prior
+    /// knowledge; agents answer both on one port): all its requests to one agent are streams
+    /// of a single connection. For a process that speaks for many nodes (nodesim), whose
+    /// waiting watches would otherwise hold a connection, and a descriptor on either side,
+    /// each. An agent takes at most 256 requests at once on one connection; more wait for a
+    /// stream to end.
+    pub fn multiplexed(&self) -> AgentPool {
+        AgentPool::build(self.config.clone(), self.tls, true)
+    }
+
     fn with(config: Arc<rustls::ClientConfig>, tls: bool) -> AgentPool {
+        AgentPool::build(config, tls, false)
+    }
+
+    fn build(config: Arc<rustls::ClientConfig>, tls: bool, http2: bool) -> AgentPool {
         let connector =
             hyper_rustls::HttpsConnectorBuilder::new().with_tls_config((*config).clone());
         let connector = if tls {
@@ -72,8 +90,10 @@ impl AgentPool {
         AgentPool {
             http: HttpClient::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(90))
+                .http2_only(http2)
                 .build(connector.enable_http1().wrap_connector(http_connector())),
             tls,
+            config,
         }
     }
 

@@ -200,7 +200,8 @@ async fn simulated_nodes_run_collect_and_restore_a_jobs_allocs() {
 /// More nodes in one process than tokio's blocking pool has threads (512), each needing the
 /// runner it lacks: every node's build waited on a blocking thread for the one fetch, whose
 /// file write needed a thread of that same pool, and no alloc ever started. And nodes that
-/// say nothing of their size share the job evenly (binpack piled it onto a few).
+/// say nothing of their size share the job evenly (binpack piled it onto a few), and share
+/// their connections to the agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_nodes_than_blocking_threads_fetch_the_runner_and_share_the_job_evenly() {
     // Two allocs each, within the 1,100 live allocs the helper's nodesim allows.
@@ -229,8 +230,26 @@ async fn more_nodes_than_blocking_threads_fetch_the_runner_and_share_the_job_eve
         per_node.iter().all(|&n| n == 2),
         "two per node: {per_node:?}"
     );
+    // Its nodes share HTTP/2 connections, 64 nodes to one (9 here), where each node's
+    // waiting watch held a connection of its own: a descriptor per node on both sides.
+    for (process, pid) in [("nodesim", sim.child.id()), ("the agent", agent.pid())] {
+        let sockets = sockets_held(pid);
+        assert!(
+            sockets <= 9 + 10,
+            "{process} holds {sockets} sockets for {MANY} nodes, which share a connection per 64"
+        );
+    }
     drop(sim);
     agent.stop();
+}
+
+/// How many sockets process `pid` has open.
+fn sockets_held(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
