@@ -29,7 +29,7 @@ mod common;
 
 use caravan_host::cluster::{Change, EtcdStore, PrefixWatch};
 use caravan_test_artifacts::MINIMAL;
-use common::{Agent, spawn_agent, wait_for};
+use common::{Agent, cpu_of, spawn_agent, wait_for};
 use std::time::{Duration, Instant};
 
 fn main() {
@@ -124,16 +124,40 @@ fn embedded(allocs: u64) -> f64 {
         ),
     );
     let agent = spawn_agent(&work.path().join("data"), &config, &[]);
+    let cpu_before = cpu_of(&[agent.child.id()]);
     let started = submit(&agent, allocs);
     agent.wait_instantiations(allocs);
     let elapsed = started.elapsed();
+    let cpu = cpu_of(&[agent.child.id()]).saturating_sub(cpu_before);
     agent.stop();
     let rate = allocs as f64 / elapsed.as_secs_f64();
     println!(
-        "cluster: baseline, embedded server: {allocs} allocs running in {:.2} s, {rate:.0} allocs/s",
-        elapsed.as_secs_f64()
+        "cluster: baseline, embedded server: {allocs} allocs running in {:.2} s, {rate:.0} allocs/s; \
+         the agent spent {:.2} CPU s ({})",
+        elapsed.as_secs_f64(),
+        cpu.as_secs_f64(),
+        share_of_cores(cpu, elapsed),
     );
     rate
+}
+
+/// The node of the agent that leads, as `agent` sees it.
+fn leader_node(agent: &Agent) -> String {
+    let answer = agent.request("GET", "/v1/status/leader", "");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|status| status["leader"]["node"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `cpu` as a share of what this machine's cores could give over `wall`.
+fn share_of_cores(cpu: Duration, wall: Duration) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "{:.0}% of {cores} cores",
+        100.0 * cpu.as_secs_f64() / (wall.as_secs_f64() * cores as f64)
+    )
 }
 
 /// Three agents in cluster mode on `etcd`, `node-1` to `node-3`, each with its data under
@@ -186,11 +210,21 @@ async fn cluster(allocs: u64, baseline: f64) -> f64 {
     let first = agents[0].as_ref().unwrap();
     let store = etcd.store().await;
     let before = store.list("/caravan/v1/").await.unwrap().1;
+    let agent_pids: Vec<u32> = agents.iter().flatten().map(|a| a.child.id()).collect();
+    let etcd_pids = etcd.pids();
+    let cpu_before: Vec<Duration> = agent_pids.iter().map(|&pid| cpu_of(&[pid])).collect();
+    let etcd_cpu_before = cpu_of(&etcd_pids);
     let started = submit(first, allocs);
     wait_for("every alloc running", || {
         total_instantiations(&agents) >= allocs
     });
     let elapsed = started.elapsed();
+    let agents_cpu: Vec<Duration> = agent_pids
+        .iter()
+        .zip(&cpu_before)
+        .map(|(&pid, before)| cpu_of(&[pid]).saturating_sub(*before))
+        .collect();
+    let etcd_cpu = cpu_of(&etcd_pids).saturating_sub(etcd_cpu_before);
     let rate = allocs as f64 / elapsed.as_secs_f64();
     println!(
         "cluster: 3 agents on etcd: {allocs} allocs running in {:.2} s, {rate:.0} allocs/s; \
@@ -198,14 +232,35 @@ async fn cluster(allocs: u64, baseline: f64) -> f64 {
         elapsed.as_secs_f64(),
         rate / baseline
     );
+    let held: Vec<u64> = agents.iter().flatten().map(Agent::instantiations).collect();
+    let all_cpu = agents_cpu.iter().sum::<Duration>() + etcd_cpu;
+    println!(
+        "cluster: CPU from the submit to all running: etcd's 3 members {:.2} s, the agents \
+         {} (the leader: {}); in all {:.2} s, {}",
+        etcd_cpu.as_secs_f64(),
+        agents_cpu
+            .iter()
+            .zip(&held)
+            .enumerate()
+            .map(|(i, (cpu, held))| {
+                format!("node-{} {:.2} s ({held} allocs)", i + 1, cpu.as_secs_f64())
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        leader_node(first),
+        all_cpu.as_secs_f64(),
+        share_of_cores(all_cpu, elapsed),
+    );
     // Let the last client states land, then count what the run wrote.
     std::thread::sleep(Duration::from_secs(2));
     let after = store.list("/caravan/v1/").await.unwrap().1;
-    let writes = count_writes(&store, before, after).await;
+    let (writes, bytes) = count_writes(&store, before, after).await;
     println!(
-        "cluster: etcd writes: {writes} keys in {} transactions, {:.2} keys per placed alloc",
+        "cluster: etcd writes: {writes} keys in {} transactions, {:.2} keys per placed alloc, \
+         {:.0} bytes a key put on average",
         after - before,
-        writes as f64 / allocs as f64
+        writes as f64 / allocs as f64,
+        bytes as f64 / writes.max(1) as f64
     );
     common::scoreboard(
         "cluster",
@@ -251,18 +306,23 @@ async fn cluster(allocs: u64, baseline: f64) -> f64 {
 
 /// Keys written or deleted under Caravan's prefix between two revisions, from etcd's
 /// history.
-async fn count_writes(store: &EtcdStore, from: i64, to: i64) -> u64 {
+/// The keys written (put or deleted) under Caravan's prefix in revisions `from` (exclusive)
+/// to `to`, and the bytes of the keys and values put.
+async fn count_writes(store: &EtcdStore, from: i64, to: i64) -> (u64, u64) {
     let mut watch = PrefixWatch::from_revision(store, "/caravan/v1/", from + 1);
-    let mut writes = 0u64;
+    let (mut writes, mut bytes) = (0u64, 0u64);
     while watch.next_revision() <= to {
         for change in watch.next().await.expect("etcd's history since the job") {
-            let revision = match change {
-                Change::Put(kv) => kv.mod_revision,
-                Change::Delete { mod_revision, .. } => mod_revision,
+            let (revision, size) = match change {
+                Change::Put(kv) => (kv.mod_revision, kv.key.len() + kv.value.len()),
+                Change::Delete { mod_revision, .. } => (mod_revision, 0),
                 Change::Relisted { .. } => panic!("history compacted during the bench"),
             };
-            writes += u64::from(revision <= to);
+            if revision <= to {
+                writes += 1;
+                bytes += size as u64;
+            }
         }
     }
-    writes
+    (writes, bytes)
 }

@@ -40,7 +40,7 @@ mod common;
 mod etcd;
 
 use caravan_test_artifacts::SIM;
-use common::{Agent, spawn_agent};
+use common::{Agent, cpu_of, spawn_agent};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -460,24 +460,6 @@ fn running(agent: &Agent) -> usize {
         .ok()
         .and_then(|job| job["allocs"]["running"].as_u64())
         .unwrap_or(0) as usize
-}
-
-/// The CPU time (user and system) the processes `pids` have spent so far.
-fn cpu_of(pids: &[u32]) -> Duration {
-    // /proc counts in USER_HZ, which Linux fixes at 100 whatever the kernel's own tick.
-    let ticks = 100.0;
-    let spent: u64 = pids
-        .iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            // The fields after the command's closing parenthesis; utime and stime are
-            // the 12th and 13th of them.
-            let rest = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        })
-        .sum();
-    Duration::from_secs_f64(spent as f64 / ticks)
 }
 
 fn descriptors_of(pid: u32) -> usize {
