@@ -165,6 +165,17 @@ fn main() {
                     100.0 * spent.cpu.as_secs_f64() / spent.over.as_secs_f64(),
                     spent.rss as f64 / MIB,
                 );
+                let mut calls: Vec<(&String, &f64)> = spent.calls.iter().collect();
+                calls.sort_by(|a, b| b.1.total_cmp(a.1));
+                println!(
+                    "{nodes:>6} etcd was asked (summed over its members): {}",
+                    calls
+                        .iter()
+                        .take(12)
+                        .map(|(call, count)| format!("{call} {count:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
             }
             rates.push((runner, run.placement_rate()));
         }
@@ -218,6 +229,9 @@ enum Target {
 struct EtcdSpent {
     cpu: Duration,
     over: Duration,
+    /// What etcd's members handled over that span, by gRPC method (and the raft proposals
+    /// they applied), summed over the members.
+    calls: std::collections::BTreeMap<String, f64>,
     rss: u64,
     /// The database's size and what of it is in use; none when etcd did not answer.
     db_size: Option<(u64, u64)>,
@@ -290,6 +304,11 @@ fn measure(
         .map(etcd::EtcdCluster::pids)
         .unwrap_or_default();
     let cpu_before = cpu_of(&etcd_pids);
+    let endpoints = etcd_cluster
+        .as_ref()
+        .map(etcd::EtcdCluster::endpoints)
+        .unwrap_or_default();
+    let calls_before = etcd_calls(&endpoints);
     let started = Instant::now();
     let mut sim = Nodesim::start(&reach, nodes, runner, allocs, cache);
     sim.wait_for(&format!("nodes {nodes}/{nodes} registered"));
@@ -336,6 +355,16 @@ fn measure(
         EtcdSpent {
             cpu,
             over,
+            calls: etcd_calls(&endpoints)
+                .into_iter()
+                .map(|(call, count)| {
+                    (
+                        call.clone(),
+                        count - calls_before.get(&call).unwrap_or(&0.0),
+                    )
+                })
+                .filter(|(_, count)| *count > 0.0)
+                .collect(),
             rss: etcd_pids.iter().map(|&pid| rss_of(pid)).sum(),
             db_size: space
                 .ok()
@@ -460,6 +489,51 @@ fn running(agent: &Agent) -> usize {
         .ok()
         .and_then(|job| job["allocs"]["running"].as_u64())
         .unwrap_or(0) as usize
+}
+
+/// The members' counters that say what they were asked, summed over `endpoints`: gRPC
+/// calls handled and stream messages received, by method, and raft proposals applied, from
+/// each member's `/metrics`. Empty where a member does not answer.
+fn etcd_calls(endpoints: &[String]) -> std::collections::BTreeMap<String, f64> {
+    use std::io::{Read, Write};
+    let mut counts = std::collections::BTreeMap::new();
+    for endpoint in endpoints {
+        let Some(address) = endpoint.strip_prefix("http://") else {
+            continue;
+        };
+        let Ok(mut stream) = std::net::TcpStream::connect(address) else {
+            continue;
+        };
+        let _ = write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        for line in text.lines() {
+            let name = if line.starts_with("grpc_server_handled_total") {
+                "handled"
+            } else if line.starts_with("grpc_server_msg_received_total") {
+                "messages"
+            } else if line.starts_with("etcd_server_proposals_applied_total") {
+                "proposals applied"
+            } else {
+                continue;
+            };
+            let method = line
+                .split("grpc_method=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("");
+            let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            *counts
+                .entry(format!("{name} {method}").trim().to_string())
+                .or_insert(0.0) += value;
+        }
+    }
+    counts
 }
 
 fn descriptors_of(pid: u32) -> usize {

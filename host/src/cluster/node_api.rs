@@ -5,10 +5,12 @@
 //! Keys (see `docs/cluster.md`): a node's desired allocs are `allocs/<node>/<alloc>`, written
 //! by the scheduler; their client states are `status/<alloc>`, written here; the node's own
 //! record is `nodes/<node>`. A node's allocs are known through one [`PrefixWatch`] per node,
-//! kept by a task that mirrors them (id and revision) in memory: a `watch_allocs` answer is
-//! that mirror, whole, at the revision of its last change, so answers never go back in time
-//! and a restarted agent's first answer is at least as new as any it gave before (etcd's
-//! revisions only grow). An alloc's modify index is its key's modify revision.
+//! kept by a task that mirrors them in memory (id, revision, and the alloc as the watch
+//! delivered it, decoded once): a `watch_allocs` answer is that mirror's ids, whole, at the
+//! revision of its last change, so answers never go back in time and a restarted agent's
+//! first answer is at least as new as any it gave before (etcd's revisions only grow); a
+//! `get_allocs` answer is the mirror's allocs, read from etcd no second time. An alloc's
+//! modify index is its key's modify revision.
 //!
 //! It touches only those keys, and knows nothing of the client's runners or of scheduling.
 
@@ -35,12 +37,37 @@ struct AllocEntry {
     alloc: Alloc,
 }
 
-/// One node's allocs as the mirror holds them: revision of the last change, and each alloc's
-/// modify revision.
-#[derive(Debug, Clone, Default)]
+/// One node's allocs as the mirror holds them: revision of the last change, each alloc's
+/// modify revision, and each alloc (none for a value that cannot be read, which a fetch
+/// skips).
+#[derive(Debug, Default)]
 struct Mirror {
     revision: u64,
     allocs: HashMap<String, u64>,
+    values: HashMap<String, Arc<Alloc>>,
+}
+
+impl Mirror {
+    /// Takes in `kv`, an alloc key under the mirror's prefix whose alloc id is `id`.
+    fn put(&mut self, id: &str, kv: &super::KeyValue) {
+        let revision = kv.mod_revision.max(0) as u64;
+        self.allocs.insert(id.to_string(), revision);
+        match serde_json::from_slice::<AllocEntry>(&kv.value) {
+            Ok(AllocEntry { mut alloc }) => {
+                alloc.modify_index = revision;
+                self.values.insert(id.to_string(), Arc::new(alloc));
+            }
+            Err(error) => {
+                tracing::warn!(key = %kv.key, %error, "an alloc in etcd cannot be read; skipped");
+                self.values.remove(id);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        self.allocs.remove(id);
+        self.values.remove(id);
+    }
 }
 
 /// [`ServerApi`] on etcd. Cheap to share (`Arc`); mirror tasks end when it is dropped.
@@ -75,6 +102,18 @@ impl EtcdServerApi {
         self.tasks.lock_unpoisoned().push(task.abort_handle());
         mirrors.insert(node_id.to_string(), receiver.clone());
         receiver
+    }
+
+    /// The node whose mirror holds each of `ids`, for the ids some mirror holds.
+    fn owners<'a>(&self, ids: impl Iterator<Item = &'a str>) -> HashMap<&'a str, String> {
+        let mirrors = self.mirrors.lock_unpoisoned();
+        ids.filter_map(|id| {
+            let (node, _) = mirrors
+                .iter()
+                .find(|(_, m)| m.borrow().allocs.contains_key(id))?;
+            Some((id, node.clone()))
+        })
+        .collect()
     }
 }
 
@@ -115,7 +154,7 @@ async fn keep_mirror(store: EtcdStore, prefix: String, mirror: watch::Sender<Mir
                         };
                         let revision = kv.mod_revision.max(0) as u64;
                         mirror.send_modify(|m| {
-                            m.allocs.insert(id.to_string(), revision);
+                            m.put(id, &kv);
                             m.revision = m.revision.max(revision);
                         });
                     }
@@ -125,7 +164,7 @@ async fn keep_mirror(store: EtcdStore, prefix: String, mirror: watch::Sender<Mir
                         };
                         let revision = mod_revision.max(0) as u64;
                         mirror.send_modify(|m| {
-                            m.allocs.remove(id);
+                            m.remove(id);
                             m.revision = m.revision.max(revision);
                         });
                     }
@@ -144,15 +183,15 @@ fn replace(
     entries: Vec<super::KeyValue>,
     revision: u64,
 ) {
-    let allocs = entries
-        .into_iter()
-        .filter_map(|kv| {
-            let id = kv.key.strip_prefix(prefix)?.to_string();
-            Some((id, kv.mod_revision.max(0) as u64))
-        })
-        .collect();
+    let mut listed = Mirror::default();
+    for kv in &entries {
+        if let Some(id) = kv.key.strip_prefix(prefix) {
+            listed.put(id, kv);
+        }
+    }
     mirror.send_modify(|m| {
-        m.allocs = allocs;
+        m.allocs = listed.allocs;
+        m.values = listed.values;
         m.revision = m.revision.max(revision);
     });
 }
@@ -188,7 +227,7 @@ impl ServerApi for EtcdServerApi {
             mirror.wait_for(|m| m.revision > 0 && m.revision > min_index),
         )
         .await;
-        let current = mirror.borrow().clone();
+        let current = mirror.borrow();
         if current.revision == 0 {
             return Err(ServerError::Unavailable(format!(
                 "the allocs of node {node_id} could not be listed from etcd yet"
@@ -196,49 +235,28 @@ impl ServerApi for EtcdServerApi {
         }
         Ok(NodeAllocs {
             index: current.revision,
-            allocs: current.allocs,
+            allocs: current.allocs.clone(),
         })
     }
 
     async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
-        // The ids are this agent's nodes' allocs: look each up under every node mirrored.
-        let nodes: Vec<String> = self.mirrors.lock_unpoisoned().keys().cloned().collect();
-        let keys: Vec<String> = nodes
+        // The ids are this agent's nodes' allocs, each in the mirror of the node that holds
+        // it, as the watch delivered it. An alloc no mirror holds is gone: not returned.
+        let mirrors = self.mirrors.lock_unpoisoned();
+        Ok(ids
             .iter()
-            .flat_map(|node| ids.iter().map(move |id| alloc_key(node, id)))
-            .collect();
-        let mut allocs = Vec::new();
-        for chunk in keys.chunks(MAX_KEYS_PER_TXN) {
-            for kv in self.store.get_many(chunk).await.map_err(unavailable)? {
-                match serde_json::from_slice::<AllocEntry>(&kv.value) {
-                    Ok(AllocEntry { mut alloc }) => {
-                        alloc.modify_index = kv.mod_revision.max(0) as u64;
-                        allocs.push(Arc::new(alloc));
-                    }
-                    Err(error) => {
-                        tracing::warn!(key = %kv.key, %error, "an alloc in etcd cannot be read; skipped")
-                    }
-                }
-            }
-        }
-        Ok(allocs)
+            .filter_map(|id| {
+                mirrors
+                    .values()
+                    .find_map(|mirror| mirror.borrow().values.get(id).cloned())
+            })
+            .collect())
     }
 
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
         // Each alloc's owner, from the mirrors: an alloc no mirror holds is gone, and its
         // state is dropped (the contract's "an update for an alloc the server no longer has").
-        let owners: HashMap<String, String> = {
-            let mirrors = self.mirrors.lock_unpoisoned();
-            updates
-                .iter()
-                .filter_map(|update| {
-                    let (node, _) = mirrors
-                        .iter()
-                        .find(|(_, m)| m.borrow().allocs.contains_key(&update.alloc_id))?;
-                    Some((update.alloc_id.clone(), node.clone()))
-                })
-                .collect()
-        };
+        let owners = self.owners(updates.iter().map(|update| update.alloc_id.as_str()));
         // One put per alloc (its latest state): a transaction may not name a key twice.
         let mut latest: Vec<&AllocUpdate> = Vec::with_capacity(updates.len());
         let mut position: HashMap<&str, usize> = HashMap::with_capacity(updates.len());
@@ -259,7 +277,7 @@ impl ServerApi for EtcdServerApi {
             let writes: Vec<GuardedPut> = chunk
                 .iter()
                 .filter_map(|update| {
-                    let node = owners.get(&update.alloc_id)?;
+                    let node = owners.get(update.alloc_id.as_str())?;
                     Some(GuardedPut {
                         guard: alloc_key(node, &update.alloc_id),
                         key: status_key(&update.alloc_id),

@@ -255,6 +255,89 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
     assert!(client.alloc_ids().contains(&second.id));
 }
 
+/// One seam serving two nodes, as each of nodesim's etcd connections serves a hundred: a
+/// fetch answers each alloc from the mirror of the node that holds it, as its watch
+/// delivered it (with its key's modify revision), nothing for an id no node holds, and asks
+/// etcd nothing: the watch has already brought every value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
+    use caravan_host::cluster::{EtcdServerApi, alloc_key};
+    use caravan_host::model::node::NodeInfo;
+    use caravan_host::rpc::ServerApi;
+    use caravan_test_artifacts::MINIMAL;
+
+    let cluster = EtcdCluster::start_with(1, &[]).await;
+    let store = cluster.store().await;
+    let api = EtcdServerApi::new(store.clone());
+    let mut placed = Vec::new();
+    for node in ["node-1", "node-2"] {
+        api.register_node(node, &NodeInfo::default()).await.unwrap();
+        let alloc = crate::support::alloc(MINIMAL, &["main"], &[]);
+        let value = serde_json::to_vec(&serde_json::json!({ "alloc": alloc })).unwrap();
+        store
+            .put(&alloc_key(node, &alloc.id), &value)
+            .await
+            .unwrap();
+        let (entries, _) = store.list(&alloc_key(node, &alloc.id)).await.unwrap();
+        placed.push((node, alloc.id, kv_revision(&entries) as u64));
+    }
+    for (node, id, _) in &placed {
+        crate::support::eventually_async("the alloc in its node's mirror", || async {
+            let answer = api.watch_allocs(node, 0, Duration::from_secs(1)).await;
+            answer.is_ok_and(|answer| answer.allocs.contains_key(id))
+        })
+        .await;
+    }
+
+    let reads_before = etcd_reads(&cluster.endpoints()[0]);
+    let wanted: Vec<String> = placed
+        .iter()
+        .map(|(_, id, _)| id.clone())
+        .chain(["no-such-alloc".to_string()])
+        .collect();
+    let mut fetched: Vec<(String, u64)> = api
+        .get_allocs(&wanted)
+        .await
+        .unwrap()
+        .iter()
+        .map(|alloc| (alloc.id.clone(), alloc.modify_index))
+        .collect();
+    fetched.sort();
+    let mut expected: Vec<(String, u64)> = placed
+        .iter()
+        .map(|(_, id, revision)| (id.clone(), *revision))
+        .collect();
+    expected.sort();
+    assert_eq!(fetched, expected);
+    assert_eq!(
+        etcd_reads(&cluster.endpoints()[0]),
+        reads_before,
+        "the fetch read from etcd"
+    );
+}
+
+/// The reads etcd's member at `endpoint` has handled (ranges and transactions), from its
+/// `/metrics`.
+fn etcd_reads(endpoint: &str) -> u64 {
+    use std::io::{Read, Write};
+    let address = endpoint.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|line| {
+            line.starts_with("grpc_server_handled_total")
+                && (line.contains("grpc_method=\"Range\"") || line.contains("grpc_method=\"Txn\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 #[tokio::test]
 async fn a_listing_in_pages_reads_every_key_once_in_order_at_one_revision() {
     let etcd = EtcdCluster::start_with(1, &[]).await;
