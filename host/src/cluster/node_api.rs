@@ -48,25 +48,89 @@ struct Mirror {
 }
 
 impl Mirror {
-    /// Takes in `kv`, an alloc key under the mirror's prefix whose alloc id is `id`.
-    fn put(&mut self, id: &str, kv: &super::KeyValue) {
-        let revision = kv.mod_revision.max(0) as u64;
-        self.allocs.insert(id.to_string(), revision);
-        match serde_json::from_slice::<AllocEntry>(&kv.value) {
-            Ok(AllocEntry { mut alloc }) => {
-                alloc.modify_index = revision;
-                self.values.insert(id.to_string(), Arc::new(alloc));
-            }
-            Err(error) => {
-                tracing::warn!(key = %kv.key, %error, "an alloc in etcd cannot be read; skipped");
-                self.values.remove(id);
+    /// Makes `edits`, in order (under one `send_modify`, so that waiters see them together).
+    fn apply(&mut self, edits: Vec<Edit>) {
+        for edit in edits {
+            match edit {
+                Edit::Put {
+                    id,
+                    revision,
+                    alloc,
+                } => {
+                    self.allocs.insert(id.clone(), revision);
+                    match alloc {
+                        Some(alloc) => self.values.insert(id, alloc),
+                        None => self.values.remove(&id),
+                    };
+                    self.revision = self.revision.max(revision);
+                }
+                Edit::Delete { id, revision } => {
+                    self.allocs.remove(&id);
+                    self.values.remove(&id);
+                    self.revision = self.revision.max(revision);
+                }
+                Edit::Replace(listed) => {
+                    self.allocs = listed.allocs;
+                    self.values = listed.values;
+                    self.revision = self.revision.max(listed.revision);
+                }
             }
         }
     }
+}
 
-    fn remove(&mut self, id: &str) {
-        self.allocs.remove(id);
-        self.values.remove(id);
+/// One change to a node's mirror, its alloc decoded before the mirror is locked.
+enum Edit {
+    Put {
+        id: String,
+        revision: u64,
+        /// `None` for a value that cannot be read.
+        alloc: Option<Arc<Alloc>>,
+    },
+    Delete {
+        id: String,
+        revision: u64,
+    },
+    /// A re-list: the mirror becomes this.
+    Replace(Mirror),
+}
+
+impl Edit {
+    /// The edit for `kv`, an alloc key under `prefix`; `None` for a key that is not one.
+    fn put(prefix: &str, kv: &super::KeyValue) -> Option<Edit> {
+        let id = kv.key.strip_prefix(prefix)?.to_string();
+        let revision = kv.mod_revision.max(0) as u64;
+        let alloc = match serde_json::from_slice::<AllocEntry>(&kv.value) {
+            Ok(AllocEntry { mut alloc }) => {
+                alloc.modify_index = revision;
+                Some(Arc::new(alloc))
+            }
+            Err(error) => {
+                tracing::warn!(key = %kv.key, %error, "an alloc in etcd cannot be read; skipped");
+                None
+            }
+        };
+        Some(Edit::Put {
+            id,
+            revision,
+            alloc,
+        })
+    }
+
+    /// The mirror that a listing of `prefix` at `revision` makes.
+    fn replace(prefix: &str, entries: &[super::KeyValue], revision: u64) -> Edit {
+        let mut listed = Mirror {
+            revision,
+            ..Mirror::default()
+        };
+        listed.apply(
+            entries
+                .iter()
+                .filter_map(|kv| Edit::put(prefix, kv))
+                .collect(),
+        );
+        listed.revision = revision;
+        Edit::Replace(listed)
     }
 }
 
@@ -125,7 +189,10 @@ impl Drop for EtcdServerApi {
     }
 }
 
-/// Keeps `mirror` equal to the allocs under `prefix`, for as long as anyone holds it.
+/// Keeps `mirror` equal to the allocs under `prefix`, for as long as anyone holds it. Each
+/// batch of changes the watch delivers is made in one step: a transaction's allocs share a
+/// revision, and a waiter woken between them would answer that revision with part of them,
+/// then wait for a change past it before it learnt of the rest.
 async fn keep_mirror(store: EtcdStore, prefix: String, mirror: watch::Sender<Mirror>) {
     loop {
         let (entries, mut watch) = match PrefixWatch::start(&store, &prefix).await {
@@ -137,7 +204,8 @@ async fn keep_mirror(store: EtcdStore, prefix: String, mirror: watch::Sender<Mir
             }
         };
         let listed_at = (watch.next_revision() - 1).max(0) as u64;
-        replace(&mirror, &prefix, entries, listed_at);
+        let listed = Edit::replace(&prefix, &entries, listed_at);
+        mirror.send_modify(|m| m.apply(vec![listed]));
         loop {
             let changes = match watch.next().await {
                 Ok(changes) => changes,
@@ -146,54 +214,24 @@ async fn keep_mirror(store: EtcdStore, prefix: String, mirror: watch::Sender<Mir
                     break;
                 }
             };
-            for change in changes {
-                match change {
-                    Change::Put(kv) => {
-                        let Some(id) = kv.key.strip_prefix(&prefix) else {
-                            continue;
-                        };
-                        let revision = kv.mod_revision.max(0) as u64;
-                        mirror.send_modify(|m| {
-                            m.put(id, &kv);
-                            m.revision = m.revision.max(revision);
-                        });
-                    }
-                    Change::Delete { key, mod_revision } => {
-                        let Some(id) = key.strip_prefix(&prefix) else {
-                            continue;
-                        };
-                        let revision = mod_revision.max(0) as u64;
-                        mirror.send_modify(|m| {
-                            m.remove(id);
-                            m.revision = m.revision.max(revision);
-                        });
-                    }
+            let edits: Vec<Edit> = changes
+                .into_iter()
+                .filter_map(|change| match change {
+                    Change::Put(kv) => Edit::put(&prefix, &kv),
+                    Change::Delete { key, mod_revision } => Some(Edit::Delete {
+                        id: key.strip_prefix(&prefix)?.to_string(),
+                        revision: mod_revision.max(0) as u64,
+                    }),
                     Change::Relisted { entries, revision } => {
-                        replace(&mirror, &prefix, entries, revision.max(0) as u64);
+                        Some(Edit::replace(&prefix, &entries, revision.max(0) as u64))
                     }
-                }
+                })
+                .collect();
+            if !edits.is_empty() {
+                mirror.send_modify(|m| m.apply(edits));
             }
         }
     }
-}
-
-fn replace(
-    mirror: &watch::Sender<Mirror>,
-    prefix: &str,
-    entries: Vec<super::KeyValue>,
-    revision: u64,
-) {
-    let mut listed = Mirror::default();
-    for kv in &entries {
-        if let Some(id) = kv.key.strip_prefix(prefix) {
-            listed.put(id, kv);
-        }
-    }
-    mirror.send_modify(|m| {
-        m.allocs = listed.allocs;
-        m.values = listed.values;
-        m.revision = m.revision.max(revision);
-    });
 }
 
 fn unavailable(error: StoreError) -> ServerError {

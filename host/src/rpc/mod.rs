@@ -106,8 +106,9 @@ pub trait ServerApi: Send + Sync {
         wait: Duration,
     ) -> Result<NodeAllocs, ServerError>;
 
-    /// The allocs with these ids, as the server has them now. Ids it no longer has are left
-    /// out of the answer.
+    /// The allocs with these ids, each at least as new as in the last `watch_allocs` answer
+    /// that named it (the embedded server's as it has them now; on etcd, as the node's watch
+    /// last delivered them). Ids it no longer has are left out of the answer.
     async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError>;
 
     /// Stores a batch of client states. Returns the ids the server accepted; the others (the

@@ -258,7 +258,8 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
 /// One seam serving two nodes, as each of nodesim's etcd connections serves a hundred: a
 /// fetch answers each alloc from the mirror of the node that holds it, as its watch
 /// delivered it (with its key's modify revision), nothing for an id no node holds, and asks
-/// etcd nothing: the watch has already brought every value.
+/// etcd nothing: the watch has already brought every value. The allocs of one transaction
+/// reach a waiting watch together; a rewritten alloc is fetched anew, a deleted one no more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
     use caravan_host::cluster::{EtcdServerApi, alloc_key};
@@ -314,6 +315,84 @@ async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
         reads_before,
         "the fetch read from etcd"
     );
+
+    // Twenty allocs placed in one transaction share a revision: the first answer past the
+    // last index has all of them, not those the mirror had taken in when it woke.
+    let index = api
+        .watch_allocs("node-1", 0, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .index;
+    let batch: Vec<_> = (0..20)
+        .map(|_| crate::support::alloc(MINIMAL, &["main"], &[]))
+        .collect();
+    let puts: Vec<etcd_client::TxnOp> = batch
+        .iter()
+        .map(|alloc| {
+            let value = serde_json::to_vec(&serde_json::json!({ "alloc": alloc })).unwrap();
+            etcd_client::TxnOp::put(alloc_key("node-1", &alloc.id), value, None)
+        })
+        .collect();
+    let mut raw = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    raw.txn(etcd_client::Txn::new().and_then(puts))
+        .await
+        .unwrap();
+    let answer = api
+        .watch_allocs("node-1", index, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let missing: Vec<&String> = batch
+        .iter()
+        .map(|alloc| &alloc.id)
+        .filter(|id| !answer.allocs.contains_key(*id))
+        .collect();
+    assert!(missing.is_empty(), "the first answer lacks {missing:?}");
+
+    // An alloc written again is fetched at its new revision; one deleted is gone.
+    let (node, rewritten, _) = &placed[0];
+    let again = api
+        .get_allocs(std::slice::from_ref(rewritten))
+        .await
+        .unwrap();
+    let mut alloc = (*again[0]).clone();
+    alloc.meta.push(("changed".into(), "yes".into()));
+    let value = serde_json::to_vec(&serde_json::json!({ "alloc": alloc })).unwrap();
+    store
+        .put(&alloc_key(node, rewritten), &value)
+        .await
+        .unwrap();
+    let (entries, _) = store.list(&alloc_key(node, rewritten)).await.unwrap();
+    let revision = kv_revision(&entries) as u64;
+    crate::support::eventually_async(
+        "the rewritten alloc fetched at its new revision",
+        || async {
+            let fetched = api
+                .get_allocs(std::slice::from_ref(rewritten))
+                .await
+                .unwrap();
+            fetched
+                .first()
+                .is_some_and(|a| a.modify_index == revision && a.meta.len() == alloc.meta.len())
+        },
+    )
+    .await;
+    let (node, deleted, _) = &placed[1];
+    raw.delete(alloc_key(node, deleted), None).await.unwrap();
+    crate::support::eventually_async("the deleted alloc gone from its node's answers", || async {
+        let listed = api
+            .watch_allocs(node, 0, Duration::from_secs(1))
+            .await
+            .unwrap();
+        !listed.allocs.contains_key(deleted)
+            && api
+                .get_allocs(std::slice::from_ref(deleted))
+                .await
+                .unwrap()
+                .is_empty()
+    })
+    .await;
 }
 
 /// The reads etcd's member at `endpoint` has handled (ranges and transactions), from its
