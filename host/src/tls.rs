@@ -246,7 +246,9 @@ impl ServeTls {
                     cert.path.display()
                 ))
             })?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // HTTP/2 first for a caller that offers it (nodesim's nodes share connections so),
+        // HTTP/1.1 for the rest: both are served on one port.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let role_check = WebPkiServerVerifier::builder_with_provider(roots, provider())
             .build()
             .map_err(|e| files.ca.error(e.to_string()))?;

@@ -6,8 +6,10 @@
 //! With TLS, a connection that does not complete the handshake (a certificate from another
 //! CA, an expired one, none where `verify_https_client` needs one) is closed before any
 //! request is read; one that speaks plain HTTP is answered 400, saying to use HTTPS.
-//! Stopping stops accepting, lets each connection finish the request it is answering, and
-//! returns once every connection has closed.
+//! Stopping stops accepting, lets each connection finish the requests it is answering (one
+//! for HTTP/1.1; on HTTP/2, those of its streams open, once the caller has acknowledged the
+//! GOAWAY), and returns once every connection has closed: the agent waits for that at most
+//! `HTTP_DRAIN`.
 //!
 //! Owns only connections: what is answered is the router's.
 
@@ -28,7 +30,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most requests one HTTP/2 connection may have in flight at once (hyper's default is
 /// 200): a nodesim's connection carries up to 64 nodes' waiting watches, their reports and
 /// fetches. An HTTP/1 connection has one at a time.
-pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 /// How long accepting pauses after an error that is not one connection's (out of file
 /// descriptors): accepting again at once would spin.

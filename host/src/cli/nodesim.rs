@@ -28,7 +28,7 @@ const MAX_NODES: usize = 50_000;
 /// apiece on both sides, and open files were the first limit a process met (at about 12,000
 /// nodes under a limit of 20,000). 64 nodes' watches, reports and fetches stay within the
 /// streams an agent takes on one connection at once.
-const NODES_PER_AGENT_CONNECTION: usize = 64;
+pub const NODES_PER_AGENT_CONNECTION: usize = 64;
 
 /// `caravan nodesim`'s flags.
 #[derive(Debug, clap::Args)]
@@ -243,6 +243,12 @@ impl NodesimCommand {
             None | Some("embedded") => {
                 let pool = self.tls.pool()?;
                 let agent = HttpServer::new(&pool, &self.server, self.token.clone())?;
+                // Once, over HTTP/1.1, before the nodes' HTTP/2: what is wrong with the
+                // address is then said in words (a TLS agent called over plain HTTP answers
+                // a 400 only HTTP/1.1 can read).
+                if let Err(error) = agent.check_reachable().await {
+                    bail!("cannot use the agent at {}: {error}", self.server);
+                }
                 let connections = (0..config.nodes.div_ceil(NODES_PER_AGENT_CONNECTION))
                     .map(|_| HttpServer::new(&pool.multiplexed(), &self.server, self.token.clone()))
                     .collect::<anyhow::Result<Vec<_>>>()?;

@@ -115,6 +115,25 @@ impl HttpServer {
         })
     }
 
+    /// Whether the agent answers over this pool's HTTP/1.1: `GET /v1/agent/health`, which
+    /// needs no token. The error says why not, in the agent's words where it gave any (a TLS
+    /// agent called over plain HTTP says to use HTTPS, which a caller speaking HTTP/2 could
+    /// not read).
+    pub async fn check_reachable(&self) -> Result<(), ServerError> {
+        let path = "/v1/agent/health";
+        let (status, bytes) = self
+            .exchange(hyper::Method::GET, path, None, CALL_TIMEOUT)
+            .await?;
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(ServerError::Refused(format!(
+            "{path}: {} ({})",
+            error_message(&bytes),
+            status.as_u16()
+        )))
+    }
+
     /// The agent's `/v1/metrics`, in Prometheus' text format (for a report: not part of
     /// the client-server seam).
     pub async fn metrics_text(&self) -> Result<String, ServerError> {

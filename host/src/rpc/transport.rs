@@ -43,6 +43,8 @@ pub struct AgentPool {
     tls: bool,
     /// What it dials TLS with, kept for [`AgentPool::multiplexed`].
     config: Arc<rustls::ClientConfig>,
+    /// Whether it speaks HTTP/2 rather than HTTP/1.1.
+    http2: bool,
 }
 
 impl Default for AgentPool {
@@ -69,8 +71,8 @@ impl AgentPool {
     /// knowledge; agents answer both on one port): all its requests to one agent are streams
     /// of a single connection. For a process that speaks for many nodes (nodesim), whose
     /// waiting watches would otherwise hold a connection, and a descriptor on either side,
-    /// each. An agent takes at most 256 requests at once on one connection; more wait for a
-    /// stream to end.
+    /// each. An agent takes at most 256 requests at once on one connection (`agent::serve`);
+    /// more wait for a stream to end.
     pub fn multiplexed(&self) -> AgentPool {
         AgentPool::build(self.config.clone(), self.tls, true)
     }
@@ -87,13 +89,20 @@ impl AgentPool {
         } else {
             connector.https_or_http()
         };
+        // Over TLS, the protocol is agreed in the handshake (ALPN): `h2` alone for HTTP/2.
+        let connector = if http2 {
+            connector.enable_http2().wrap_connector(http_connector())
+        } else {
+            connector.enable_http1().wrap_connector(http_connector())
+        };
         AgentPool {
             http: HttpClient::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(90))
                 .http2_only(http2)
-                .build(connector.enable_http1().wrap_connector(http_connector())),
+                .build(connector),
             tls,
             config,
+            http2,
         }
     }
 
@@ -208,6 +217,13 @@ impl AgentApi {
             .parse()
             .map_err(|e| self.unanswered(format!("cannot address {path}: {e}")))?;
         request.headers_mut().remove(header::HOST);
+        // Sent in this pool's protocol, whichever the request came in: hyper refuses to send
+        // a request of another version than its connection's.
+        *request.version_mut() = if self.pool.http2 {
+            hyper::Version::HTTP_2
+        } else {
+            hyper::Version::HTTP_11
+        };
         self.send_request(request, timeout).await
     }
 

@@ -583,3 +583,40 @@ async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
     );
     agent.stop().await;
 }
+
+/// A request that came in over HTTP/2 (as nodesim's do) is relayed to another agent over the
+/// forwarding pool's HTTP/1.1: hyper refuses to send a request of another version than its
+/// connection's, and a follower answered such a request 502.
+#[tokio::test]
+async fn a_request_received_over_http2_is_relayed_over_http1() {
+    use caravan_host::rpc::transport::AgentPool;
+    let agent = AgentProcess::start();
+    let api = AgentPool::new().agent(&agent.addr, None).unwrap();
+    let request = hyper::Request::builder()
+        .version(hyper::Version::HTTP_2)
+        .uri("/v1/agent/health")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let answer = api
+        .relay(request, std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    // And the agent answers HTTP/2 itself, on the same port.
+    let multiplexed = AgentPool::new()
+        .multiplexed()
+        .agent(&agent.addr, None)
+        .unwrap();
+    let request = hyper::Request::builder()
+        .uri("/v1/agent/health")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let answer = multiplexed
+        .relay(request, std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        (answer.status().as_u16(), answer.version()),
+        (200, hyper::Version::HTTP_2)
+    );
+}

@@ -1,5 +1,6 @@
 //! TLS on the API, end to end: a real `caravan agent` serving HTTPS with certificates from a
-//! test CA, called by the real CLI and by the host's own HTTP client. It answers plain HTTP
+//! test CA, called by the real CLI and by the host's own HTTP client (HTTP/1.1, and HTTP/2
+//! agreed by ALPN). It answers plain HTTP
 //! with a 400 and nothing else, refuses certificates from another CA, expired ones and (with `verify_https_client`) callers with
 //! none; the routes only agents call need an agent's certificate whatever else the caller
 //! has; and an agent with a key that is not its certificate's does not start.
@@ -49,6 +50,28 @@ async fn an_agent_that_verifies_clients_lets_in_only_current_certificates_from_i
         call(&pki.pool(Some(&cli)), &agent.addr, "GET", "/v1/jobs").await,
         Ok(200)
     );
+
+    // A multiplexed pool (offering `h2` by ALPN) is answered in HTTP/2, and a pool offering
+    // HTTP/1.1 only in that, on the same port.
+    for (pool, expected) in [
+        (pki.pool(Some(&cli)).multiplexed(), hyper::Version::HTTP_2),
+        (pki.pool(Some(&cli)), hyper::Version::HTTP_11),
+    ] {
+        let request = hyper::Request::builder()
+            .uri("/v1/jobs")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = pool
+            .agent(&agent.addr, None)
+            .unwrap()
+            .relay(request, DEADLINE)
+            .await
+            .unwrap();
+        assert_eq!(
+            (answer.status().as_u16(), answer.version()),
+            (200, expected)
+        );
+    }
 
     // Plain HTTP is told what to do instead, and nothing else.
     assert_eq!(

@@ -48,6 +48,39 @@ async fn simulated_nodes_join_a_tls_agent_with_a_nodes_certificate_only() {
     });
 }
 
+/// nodesim given a TLS agent's address as plain HTTP stops at once, saying to use HTTPS: its
+/// nodes speak HTTP/2, which cannot read the agent's plain-HTTP answer, so it first asks
+/// once over HTTP/1.1. The same for an address where no agent listens.
+#[test]
+fn nodesim_stops_at_once_where_the_agent_cannot_be_used() {
+    use caravan_host::cli::tls::Role;
+    let pki = crate::support::pki::Pki::new("plain");
+    let server = pki.issue(Role::Server, "server");
+    let agent = AgentProcess::start_configured(
+        &["--dev"],
+        &format!("enabled = false\n{}", pki.agent_config(&server, false)),
+    );
+    let plain = agent.addr.replace("https://", "http://");
+    let nobody = {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        format!("http://127.0.0.1:{port}")
+    };
+    for (server, said) in [(plain.as_str(), "serves HTTPS only"), (&nobody, "refused")] {
+        let output =
+            crate::support::run_caravan(&["nodesim", "--nodes", "1", "--server", server], None);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(said) && stderr.contains(server) && stderr.trim().lines().count() == 1,
+            "{stderr}"
+        );
+    }
+}
+
 /// Simulated nodes join an agent with ACLs on with a `node` token (made as an operator
 /// would, `caravan acl token create --role node`): they register, run a job's allocs and
 /// report them. With an operator's token instead, the node routes refuse them: a node needs
