@@ -210,6 +210,7 @@ async fn cluster(allocs: u64, baseline: f64) -> f64 {
     let first = agents[0].as_ref().unwrap();
     let store = etcd.store().await;
     let before = store.list("/caravan/v1/").await.unwrap().1;
+    // All three run until the job has: `node-N` is `agents[N - 1]`.
     let agent_pids: Vec<u32> = agents.iter().flatten().map(|a| a.child.id()).collect();
     let etcd_pids = etcd.pids();
     let cpu_before: Vec<Duration> = agent_pids.iter().map(|&pid| cpu_of(&[pid])).collect();
@@ -304,10 +305,8 @@ async fn cluster(allocs: u64, baseline: f64) -> f64 {
     rate
 }
 
-/// Keys written or deleted under Caravan's prefix between two revisions, from etcd's
-/// history.
 /// The keys written (put or deleted) under Caravan's prefix in revisions `from` (exclusive)
-/// to `to`, and the bytes of the keys and values put.
+/// to `to`, and the bytes of the keys and values put, from etcd's history.
 async fn count_writes(store: &EtcdStore, from: i64, to: i64) -> (u64, u64) {
     let mut watch = PrefixWatch::from_revision(store, "/caravan/v1/", from + 1);
     let (mut writes, mut bytes) = (0u64, 0u64);

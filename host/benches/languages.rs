@@ -49,7 +49,8 @@ async fn measure(language: &'static str, path: &str, rounds: usize, live: usize)
         .len();
     let cache = tempfile::tempdir().unwrap();
     let runtime_config = RuntimeConfig {
-        // One alloc at a time here: the live ones run in a process of their own.
+        // The start rounds hold one alloc at a time: the live ones run in a process of
+        // their own.
         max_live_allocs: 10,
         cache_dir: Some(cache.path().to_path_buf()),
         ..RuntimeConfig::default()

@@ -103,10 +103,11 @@ fn main() {
         let mut rates = Vec::new();
         for (runner, target) in modes {
             let allocs = nodes * per_node;
-            // Every 64 nodes share an HTTP/2 connection to the agent (nodesim's
-            // NODES_PER_AGENT_CONNECTION). A sim alloc holds no descriptor: its runner
-            // imports no `wasi:filesystem` and a quiet one opens no log file.
-            let needed = (nodes.div_ceil(64) * 2 + 1_000) as u64;
+            // Nodes share HTTP/2 connections to the agent. A sim alloc holds no descriptor:
+            // its runner imports no `wasi:filesystem` and a quiet one opens no log file.
+            let connections =
+                nodes.div_ceil(caravan_host::cli::nodesim::NODES_PER_AGENT_CONNECTION);
+            let needed = (connections * 2 + 1_000) as u64;
             if runner == "wasm" && needed > open_files {
                 println!(
                     "{nodes:>6} {runner:>7} {allocs:>8} skipped: needs about {needed} open files, the limit is {open_files}"
