@@ -1,5 +1,6 @@
-//! Serving the API on the agent's listener: HTTP/1, or HTTP/2 for a caller that speaks it from
-//! its first byte (nodesim's nodes share connections so), over TLS when `[tls]` is on, with each
+//! Serving the API on the agent's listener: HTTP/1.1, or HTTP/2 (agreed by ALPN over TLS,
+//! spoken from the first byte over plain HTTP: nodesim's nodes share connections so), over
+//! TLS when `[tls]` is on, with each
 //! request told what its connection's certificate makes the caller ([`PeerRole`], a request
 //! extension that `http`'s authorisation reads).
 //!
