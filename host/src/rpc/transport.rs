@@ -67,9 +67,9 @@ impl AgentPool {
         AgentPool::with(config, true)
     }
 
-    /// A pool that dials as this one does, but speaks HTTP/2 from the first byte (prior
-    /// knowledge; agents answer both on one port): all its requests to one agent are streams
-    /// of a single connection. For a process that speaks for many nodes (nodesim), whose
+    /// A pool that dials as this one does, but speaks HTTP/2 (over TLS as agreed by ALPN,
+    /// over plain HTTP from the first byte; agents answer both on one port): all its requests
+    /// to one agent are streams of a single connection. For a process that speaks for many nodes (nodesim), whose
     /// waiting watches would otherwise hold a connection, and a descriptor on either side,
     /// each. An agent takes at most 256 requests at once on one connection (`agent::serve`);
     /// more wait for a stream to end.
@@ -217,8 +217,8 @@ impl AgentApi {
             .parse()
             .map_err(|e| self.unanswered(format!("cannot address {path}: {e}")))?;
         request.headers_mut().remove(header::HOST);
-        // Sent in this pool's protocol, whichever the request came in: hyper refuses to send
-        // a request of another version than its connection's.
+        // Sent in this pool's protocol, whichever the request came in: hyper sends no
+        // HTTP/2 request over an HTTP/1.1 connection.
         *request.version_mut() = if self.pool.http2 {
             hyper::Version::HTTP_2
         } else {

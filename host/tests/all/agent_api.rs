@@ -585,8 +585,8 @@ async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
 }
 
 /// A request that came in over HTTP/2 (as nodesim's do) is relayed to another agent over the
-/// forwarding pool's HTTP/1.1: hyper refuses to send a request of another version than its
-/// connection's, and a follower answered such a request 502.
+/// forwarding pool's HTTP/1.1: hyper sends no HTTP/2 request over an HTTP/1.1 connection,
+/// and a follower answered such a request 502.
 #[tokio::test]
 async fn a_request_received_over_http2_is_relayed_over_http1() {
     use caravan_host::rpc::transport::AgentPool;
