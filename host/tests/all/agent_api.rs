@@ -591,32 +591,36 @@ async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
 async fn a_request_received_over_http2_is_relayed_over_http1() {
     use caravan_host::rpc::transport::AgentPool;
     let agent = AgentProcess::start();
-    let api = AgentPool::new().agent(&agent.addr, None).unwrap();
-    let request = hyper::Request::builder()
-        .version(hyper::Version::HTTP_2)
-        .uri("/v1/agent/health")
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let answer = api
-        .relay(request, std::time::Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-    // And the agent answers HTTP/2 itself, on the same port.
-    let multiplexed = AgentPool::new()
-        .multiplexed()
-        .agent(&agent.addr, None)
-        .unwrap();
-    let request = hyper::Request::builder()
-        .uri("/v1/agent/health")
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let answer = multiplexed
-        .relay(request, std::time::Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert_eq!(
-        (answer.status().as_u16(), answer.version()),
-        (200, hyper::Version::HTTP_2)
-    );
+    let health = |version| {
+        hyper::Request::builder()
+            .version(version)
+            .uri("/v1/agent/health")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    // A request that came in over HTTP/2, relayed by an HTTP/1.1 pool; then the agent's own
+    // HTTP/2, on the same port, through a multiplexed pool.
+    for (pool, came_in, answered) in [
+        (
+            AgentPool::new(),
+            hyper::Version::HTTP_2,
+            hyper::Version::HTTP_11,
+        ),
+        (
+            AgentPool::new().multiplexed(),
+            hyper::Version::HTTP_11,
+            hyper::Version::HTTP_2,
+        ),
+    ] {
+        let answer = pool
+            .agent(&agent.addr, None)
+            .unwrap()
+            .relay(health(came_in), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(
+            (answer.status().as_u16(), answer.version()),
+            (200, answered)
+        );
+    }
 }
