@@ -136,6 +136,8 @@ fn kill_leader_and_time(
     let leader = leader_of(&agents[0]).expect("a leader");
     let dead = if leader == "node-1" { 0 } else { 1 };
     let survivor = 1 - dead;
+    let survivor_pid = agents[survivor].child.id();
+    let rss_before = memory_mib(survivor_pid, "VmRSS");
     let killed = Instant::now();
     agents[dead].child.kill().unwrap();
     agents[dead].child.wait().unwrap();
@@ -159,6 +161,12 @@ fn kill_leader_and_time(
          (its lease's end, then the takeover)",
         killed.elapsed().as_secs_f64()
     );
+    println!(
+        "takeover: the survivor's memory: {rss_before:.0} MiB before, {:.0} MiB at its peak so \
+         far, {:.0} MiB once it schedules",
+        memory_mib(survivor_pid, "VmHWM"),
+        memory_mib(survivor_pid, "VmRSS"),
+    );
     let logged = agents[survivor].last_logged("this agent now schedules the cluster", "took_ms");
     let read = agents[survivor].last_logged("this agent now schedules the cluster", "read_ms");
     let open = agents[survivor].last_logged("this agent now schedules the cluster", "open_ms");
@@ -173,4 +181,20 @@ fn kill_leader_and_time(
     );
     agents[dead] = start_agent(dead + 1);
     (took, logged)
+}
+
+/// A size from `/proc/PID/status` (`VmRSS`, `VmHWM`: the most RSS so far), in MiB.
+fn memory_mib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
 }
