@@ -5,13 +5,13 @@ use caravan_host::agent::Agent;
 use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use serde_json::Value;
 
-fn job(id: &str, job_type: &str, count: i64, runner: &str) -> String {
+pub(super) fn job(id: &str, job_type: &str, count: i64, runner: &str) -> String {
     serde_json::json!({ "job": { "id": id, "type": job_type, "count": count, "runner": runner } })
         .to_string()
 }
 
 /// Waits until `count` allocs listed at `path` have client status `status`.
-async fn wait_for_allocs(agent: &Agent, path: &str, status: &str, count: usize) {
+pub(super) async fn wait_for_allocs(agent: &Agent, path: &str, status: &str, count: usize) {
     let what = format!("{count} {status} allocs at {path}");
     eventually_async(&what, || async {
         allocs_with(agent, path, status).await == count
@@ -516,39 +516,6 @@ async fn every_write_route_needs_the_token() {
 }
 
 #[tokio::test]
-async fn stopping_the_agent_ends_an_open_log_follow() {
-    let _logs = LogCapture::start();
-    let (agent, _dir) = agent(|_| {}).await;
-    let (_, registered) = http(
-        agent.addr,
-        "POST",
-        "/v1/jobs",
-        Some(&job("svc", "service", 1, MINIMAL)),
-        None,
-    )
-    .await;
-    let id = registered["placed"][0].as_str().unwrap().to_string();
-    wait_for_allocs(&agent, "/v1/allocations", "running", 1).await;
-    // Open the follow and read its headers, so it is surely streaming when the agent stops.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
-    let request =
-        format!("GET /v1/client/allocation/{id}/logs?follow=true HTTP/1.1\r\nHost: x\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut head = vec![0u8; 12];
-    within("the follow's status line", stream.read_exact(&mut head))
-        .await
-        .unwrap();
-    assert_eq!(&head, b"HTTP/1.1 200");
-
-    within("the agent to stop with a follower attached", agent.stop()).await;
-    let mut rest = Vec::new();
-    within("the follow to end", stream.read_to_end(&mut rest))
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
 async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
     let _logs = LogCapture::start();
     let (agent, _dir) = agent(|_| {}).await;
@@ -582,45 +549,4 @@ async fn an_allocs_view_puts_the_limits_its_job_changed_first() {
         "{local}"
     );
     agent.stop().await;
-}
-
-/// A request that came in over HTTP/2 (as nodesim's do) is relayed to another agent over the
-/// forwarding pool's HTTP/1.1: hyper sends no HTTP/2 request over an HTTP/1.1 connection,
-/// and a follower answered such a request 502.
-#[tokio::test]
-async fn a_request_received_over_http2_is_relayed_over_http1() {
-    use caravan_host::rpc::transport::AgentPool;
-    let agent = AgentProcess::start();
-    let health = |version| {
-        hyper::Request::builder()
-            .version(version)
-            .uri("/v1/agent/health")
-            .body(axum::body::Body::empty())
-            .unwrap()
-    };
-    // A request that came in over HTTP/2, relayed by an HTTP/1.1 pool; then the agent's own
-    // HTTP/2, on the same port, through a multiplexed pool.
-    for (pool, came_in, answered) in [
-        (
-            AgentPool::new(),
-            hyper::Version::HTTP_2,
-            hyper::Version::HTTP_11,
-        ),
-        (
-            AgentPool::new().multiplexed(),
-            hyper::Version::HTTP_11,
-            hyper::Version::HTTP_2,
-        ),
-    ] {
-        let answer = pool
-            .agent(&agent.addr, None)
-            .unwrap()
-            .relay(health(came_in), std::time::Duration::from_secs(10))
-            .await
-            .unwrap();
-        assert_eq!(
-            (answer.status().as_u16(), answer.version()),
-            (200, answered)
-        );
-    }
 }

@@ -7,6 +7,7 @@ mod support;
 mod acl;
 mod agent_api;
 mod agent_cli;
+mod agent_connections;
 mod agent_restart;
 mod alloc_actions;
 mod audit;
