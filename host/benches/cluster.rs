@@ -141,16 +141,6 @@ fn embedded(allocs: u64) -> f64 {
     rate
 }
 
-/// The node of the agent that leads, as `agent` sees it.
-fn leader_node(agent: &Agent) -> String {
-    let answer = agent.request("GET", "/v1/status/leader", "");
-    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|status| status["leader"]["node"].as_str().map(str::to_string))
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// `cpu` as a share of what this machine's cores could give over `wall`.
 fn share_of_cores(cpu: Duration, wall: Duration) -> String {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -248,7 +238,7 @@ async fn cluster(allocs: u64, baseline: f64) -> f64 {
             })
             .collect::<Vec<_>>()
             .join(", "),
-        leader_node(first),
+        first.leader_node().unwrap_or_else(|| "unknown".into()),
         all_cpu.as_secs_f64(),
         share_of_cores(all_cpu, elapsed),
     );

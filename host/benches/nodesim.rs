@@ -30,9 +30,12 @@
 //! the embedded server as above (the baseline, same run), and joined to a three-member etcd
 //! on loopback (`nodesim --cluster etcd`: a lease and a live key per node, one watch of its
 //! allocs per node, its status writes) with one agent in cluster mode as the scheduler (its
-//! own node too small to hold an alloc). It adds, for the etcd run, what etcd spent: its three members'
-//! CPU time from the nodes' start to all running (from `/proc`), their RSS at the end, and
-//! the database's size.
+//! own node too small to hold an alloc). It adds, for the etcd run, what etcd spent: its
+//! three members' CPU time from the nodes' start to all running (from `/proc`), what they
+//! were asked over that span (gRPC calls and stream messages by method, raft proposals, from
+//! their `/metrics`), their RSS at the end, and the database's size.
+//!
+//! Every run also prints the open files nodesim and the agent hold once all run.
 
 mod common;
 #[path = "../tests/all/etcd.rs"]
@@ -40,7 +43,7 @@ mod common;
 mod etcd;
 
 use caravan_test_artifacts::SIM;
-use common::{Agent, cpu_of, spawn_agent};
+use common::{Agent, cpu_of, spawn_agent, status_bytes};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -305,11 +308,7 @@ fn measure(
         .map(etcd::EtcdCluster::pids)
         .unwrap_or_default();
     let cpu_before = cpu_of(&etcd_pids);
-    let endpoints = etcd_cluster
-        .as_ref()
-        .map(etcd::EtcdCluster::endpoints)
-        .unwrap_or_default();
-    let calls_before = etcd_calls(&endpoints);
+    let calls_before = etcd_calls(etcd_cluster.as_ref());
     let started = Instant::now();
     let mut sim = Nodesim::start(&reach, nodes, runner, allocs, cache);
     sim.wait_for(&format!("nodes {nodes}/{nodes} registered"));
@@ -318,7 +317,7 @@ fn measure(
         std::thread::sleep(Duration::from_millis(20));
     }
     let register = started.elapsed();
-    let rss_registered = rss_of(sim.child.id());
+    let rss_registered = status_bytes(sim.child.id(), "VmRSS");
 
     let job = format!(
         r#"{{"job": {{"id": "scale", "type": "service", "count": {allocs}, "runner": {SIM:?}}}}}"#
@@ -356,7 +355,7 @@ fn measure(
         EtcdSpent {
             cpu,
             over,
-            calls: etcd_calls(&endpoints)
+            calls: etcd_calls(Some(cluster))
                 .into_iter()
                 .map(|(call, count)| {
                     (
@@ -366,7 +365,10 @@ fn measure(
                 })
                 .filter(|(_, count)| *count > 0.0)
                 .collect(),
-            rss: etcd_pids.iter().map(|&pid| rss_of(pid)).sum(),
+            rss: etcd_pids
+                .iter()
+                .map(|&pid| status_bytes(pid, "VmRSS"))
+                .sum(),
             db_size: space
                 .ok()
                 .map(|space| (space.db_size, space.db_size_in_use)),
@@ -376,7 +378,7 @@ fn measure(
     // The last summary line has every start measured.
     sim.wait_for(&format!("allocs {allocs} (running {allocs})"));
     let line = sim.wait_for("start p50");
-    let rss_running = rss_of(sim.child.id());
+    let rss_running = status_bytes(sim.child.id(), "VmRSS");
     let descriptors = (
         descriptors_of(sim.child.id()),
         descriptors_of(agent.child.id()),
@@ -492,26 +494,16 @@ fn running(agent: &Agent) -> usize {
         .unwrap_or(0) as usize
 }
 
-/// The members' counters that say what they were asked, summed over `endpoints`: gRPC
-/// calls handled and stream messages received, by method, and raft proposals applied, from
-/// each member's `/metrics`. Empty where a member does not answer.
-fn etcd_calls(endpoints: &[String]) -> std::collections::BTreeMap<String, f64> {
-    use std::io::{Read, Write};
+/// The members' counters that say what they were asked, summed over the members of
+/// `cluster`: gRPC calls handled and stream messages received, by method, and raft proposals
+/// applied, from each member's `/metrics`. Empty without a cluster.
+fn etcd_calls(cluster: Option<&etcd::EtcdCluster>) -> std::collections::BTreeMap<String, f64> {
     let mut counts = std::collections::BTreeMap::new();
-    for endpoint in endpoints {
-        let Some(address) = endpoint.strip_prefix("http://") else {
-            continue;
-        };
-        let Ok(mut stream) = std::net::TcpStream::connect(address) else {
-            continue;
-        };
-        let _ = write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n"
-        );
-        let mut text = String::new();
-        let _ = stream.read_to_string(&mut text);
-        for line in text.lines() {
+    let Some(cluster) = cluster else {
+        return counts;
+    };
+    for member in 0..cluster.endpoints().len() {
+        for line in cluster.metrics(member).lines() {
             let name = if line.starts_with("grpc_server_handled_total") {
                 "handled"
             } else if line.starts_with("grpc_server_msg_received_total") {
@@ -539,15 +531,6 @@ fn etcd_calls(endpoints: &[String]) -> std::collections::BTreeMap<String, f64> {
 
 fn descriptors_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |fds| fds.count())
-}
-
-fn rss_of(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
 }
 
 /// How many memory maps the process `pid` holds.

@@ -51,7 +51,7 @@ fn main() {
 
     // The baseline: an empty cluster's takeover.
     let mut agents = vec![start_agent(1), start_agent(2)];
-    wait_for("a leader", || leader_of(&agents[0]).is_some());
+    wait_for("a leader", || agents[0].leader_node().is_some());
     let (empty, _) = kill_leader_and_time(&mut agents, &start_agent);
 
     // The cluster at scale: simulated nodes, then the job.
@@ -106,14 +106,6 @@ fn main() {
     }
 }
 
-/// The node that leads, as `agent` sees it.
-fn leader_of(agent: &Agent) -> Option<String> {
-    let answer = agent.request("GET", "/v1/status/leader", "");
-    let body = answer.split("\r\n\r\n").nth(1)?;
-    let value: serde_json::Value = serde_json::from_str(body).ok()?;
-    value["leader"]["node"].as_str().map(str::to_string)
-}
-
 /// Allocs running, as the job's view counts them.
 fn running(agent: &Agent) -> usize {
     let answer = agent.request("GET", "/v1/job/many", "");
@@ -133,17 +125,18 @@ fn kill_leader_and_time(
     agents: &mut [Agent],
     start_agent: &impl Fn(usize) -> Agent,
 ) -> (Duration, u64) {
-    let leader = leader_of(&agents[0]).expect("a leader");
+    let leader = agents[0].leader_node().expect("a leader");
     let dead = if leader == "node-1" { 0 } else { 1 };
     let survivor = 1 - dead;
     let survivor_pid = agents[survivor].child.id();
-    let rss_before = memory_mib(survivor_pid, "VmRSS");
+    let mib = |field| common::status_bytes(survivor_pid, field) as f64 / (1024.0 * 1024.0);
+    let rss_before = mib("VmRSS");
     let killed = Instant::now();
     agents[dead].child.kill().unwrap();
     agents[dead].child.wait().unwrap();
     let me = format!("node-{}", survivor + 1);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while leader_of(&agents[survivor]).as_deref() != Some(me.as_str()) {
+    while agents[survivor].leader_node().as_deref() != Some(me.as_str()) {
         assert!(Instant::now() < deadline, "no takeover within 120 s");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -164,8 +157,8 @@ fn kill_leader_and_time(
     println!(
         "takeover: the survivor's memory: {rss_before:.0} MiB before, {:.0} MiB at its peak so \
          far, {:.0} MiB once it schedules",
-        memory_mib(survivor_pid, "VmHWM"),
-        memory_mib(survivor_pid, "VmRSS"),
+        mib("VmHWM"),
+        mib("VmRSS"),
     );
     let logged = agents[survivor].last_logged("this agent now schedules the cluster", "took_ms");
     let read = agents[survivor].last_logged("this agent now schedules the cluster", "read_ms");
@@ -181,20 +174,4 @@ fn kill_leader_and_time(
     );
     agents[dead] = start_agent(dead + 1);
     (took, logged)
-}
-
-/// A size from `/proc/PID/status` (`VmRSS`, `VmHWM`: the most RSS so far), in MiB.
-fn memory_mib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
 }

@@ -148,6 +148,28 @@ pub fn cpu_of(pids: &[u32]) -> Duration {
     Duration::from_secs_f64(spent as f64 / ticks)
 }
 
+/// The value of `key` in a `/proc` file of `Key:  N kB` lines (`status`, `meminfo`,
+/// `smaps_rollup`), in KiB; 0 where it is not there.
+pub fn kib_field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// `field` of process `pid`'s `/proc/PID/status` (`VmRSS`, or `VmHWM`: the most RSS so
+/// far), in bytes; 0 for a process that is gone.
+pub fn status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    kib_field(&status, field) * 1024
+}
+
 pub fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -182,13 +204,7 @@ impl MemoryKinds {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
-        let kib = |text: &str, key: &str| -> u64 {
-            text.lines()
-                .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
-                .and_then(|rest| rest.trim().trim_end_matches(" kB").parse::<u64>().ok())
-                .unwrap_or(0)
-                * 1024
-        };
+        let kib = |text: &str, key: &str| kib_field(text, key) * 1024;
         MemoryKinds {
             rss: kib(&status, "VmRSS"),
             anon: kib(&status, "RssAnon"),
@@ -311,6 +327,15 @@ pub fn spawn_agent(data_dir: &std::path::Path, config: &std::path::Path, extra: 
 }
 
 impl Agent {
+    /// The node of the agent that leads the cluster, as this agent sees it; none while there
+    /// is none (or this agent does not answer).
+    pub fn leader_node(&self) -> Option<String> {
+        let answer = self.request("GET", "/v1/status/leader", "");
+        let body = answer.split("\r\n\r\n").nth(1)?;
+        let status: serde_json::Value = serde_json::from_str(body).ok()?;
+        status["leader"]["node"].as_str().map(str::to_string)
+    }
+
     pub fn request(&self, method: &str, path: &str, body: &str) -> String {
         let mut stream = std::net::TcpStream::connect(&self.addr).unwrap();
         write!(

@@ -84,10 +84,10 @@ impl ClientInner {
 
     /// Calls the factory for each config, in order, off the async workers: a factory may
     /// read and compile a component (tens of milliseconds, seconds for some languages). One
-    /// trip to the blocking pool for the lot (with a turn: see [`crate::util::blocking`]), since after a component's first build each is
-    /// cheap, cheaper than a trip; each result is handed back as soon as it is made, so a
-    /// runner need not wait for the builds after it (ten thousand of them, or a compile of
-    /// another language's component). A panic costs its own alloc only. The receiver ends
+    /// trip to the blocking pool for the lot (with a turn: see [`crate::util::blocking`]),
+    /// since after a component's first build each is cheap, cheaper than a trip; each result
+    /// is handed back as soon as it is made, so a runner need not wait for the builds after
+    /// it (ten thousand of them, or a compile of another language's component). A panic costs its own alloc only. The receiver ends
     /// after the last config, or at once when there is none (no trip then); a runtime
     /// shutting down may end it early, and then nothing is left to start anyway.
     pub(super) fn build_runners(

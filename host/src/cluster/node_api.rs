@@ -119,16 +119,14 @@ impl Edit {
 
     /// The mirror that a listing of `prefix` at `revision` makes.
     fn replace(prefix: &str, entries: &[super::KeyValue], revision: u64) -> Edit {
-        let mut listed = Mirror {
-            revision,
-            ..Mirror::default()
-        };
+        let mut listed = Mirror::default();
         listed.apply(
             entries
                 .iter()
                 .filter_map(|kv| Edit::put(prefix, kv))
                 .collect(),
         );
+        // The listing's revision, which no key's may pass.
         listed.revision = revision;
         Edit::Replace(listed)
     }

@@ -290,7 +290,7 @@ async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
         .await;
     }
 
-    let reads_before = etcd_reads(&cluster.endpoints()[0]);
+    let reads_before = etcd_reads(&cluster);
     let wanted: Vec<String> = placed
         .iter()
         .map(|(_, id, _)| id.clone())
@@ -311,7 +311,7 @@ async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
     expected.sort();
     assert_eq!(fetched, expected);
     assert_eq!(
-        etcd_reads(&cluster.endpoints()[0]),
+        etcd_reads(&cluster),
         reads_before,
         "the fetch read from etcd"
     );
@@ -395,20 +395,11 @@ async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
     .await;
 }
 
-/// The reads etcd's member at `endpoint` has handled (ranges and transactions), from its
-/// `/metrics`.
-fn etcd_reads(endpoint: &str) -> u64 {
-    use std::io::{Read, Write};
-    let address = endpoint.strip_prefix("http://").unwrap();
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text.lines()
+/// The reads member 0 of `cluster` has handled (ranges and transactions).
+fn etcd_reads(cluster: &EtcdCluster) -> u64 {
+    cluster
+        .metrics(0)
+        .lines()
         .filter(|line| {
             line.starts_with("grpc_server_handled_total")
                 && (line.contains("grpc_method=\"Range\"") || line.contains("grpc_method=\"Txn\""))

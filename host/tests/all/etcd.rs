@@ -293,6 +293,25 @@ impl EtcdCluster {
             .collect()
     }
 
+    /// What member `i` counts (its `/metrics`, Prometheus' text, served on its plain client
+    /// URL); empty when it does not answer.
+    pub fn metrics(&self, i: usize) -> String {
+        use std::io::{Read, Write};
+        let Some(address) = self.members[i].client_url.strip_prefix("http://") else {
+            return String::new();
+        };
+        let Ok(mut stream) = std::net::TcpStream::connect(address) else {
+            return String::new();
+        };
+        let _ = write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        text
+    }
+
     /// Every member's client URL.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.client_url.clone()).collect()
