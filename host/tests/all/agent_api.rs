@@ -5,18 +5,33 @@ use caravan_host::agent::Agent;
 use caravan_test_artifacts::{MINIMAL, SLEEPER};
 use serde_json::Value;
 
-pub(super) fn job(id: &str, job_type: &str, count: i64, runner: &str) -> String {
+fn job(id: &str, job_type: &str, count: i64, runner: &str) -> String {
     serde_json::json!({ "job": { "id": id, "type": job_type, "count": count, "runner": runner } })
         .to_string()
 }
 
 /// Waits until `count` allocs listed at `path` have client status `status`.
-pub(super) async fn wait_for_allocs(agent: &Agent, path: &str, status: &str, count: usize) {
+async fn wait_for_allocs(agent: &Agent, path: &str, status: &str, count: usize) {
     let what = format!("{count} {status} allocs at {path}");
     eventually_async(&what, || async {
         allocs_with(agent, path, status).await == count
     })
     .await;
+}
+
+/// Registers a service job `svc` of one `minimal` alloc, and returns that alloc's id once it
+/// runs.
+pub(super) async fn one_running_alloc(agent: &Agent) -> String {
+    let (_, registered) = http(
+        agent.addr,
+        "POST",
+        "/v1/jobs",
+        Some(&job("svc", "service", 1, MINIMAL)),
+        None,
+    )
+    .await;
+    wait_for_allocs(agent, "/v1/allocations", "running", 1).await;
+    registered["placed"][0].as_str().unwrap().to_string()
 }
 
 async fn allocs_with(agent: &Agent, path: &str, status: &str) -> usize {
@@ -173,17 +188,7 @@ async fn unknown_ids_get_404_and_a_running_alloc_cannot_be_collected() {
         assert_eq!(status, 404, "{method} {path}: {error}");
         assert!(error["error"].as_str().unwrap().contains("nope"), "{error}");
     }
-    http(
-        agent.addr,
-        "POST",
-        "/v1/jobs",
-        Some(&job("svc", "service", 1, MINIMAL)),
-        None,
-    )
-    .await;
-    wait_for_allocs(&agent, "/v1/allocations", "running", 1).await;
-    let (_, allocs) = http(agent.addr, "GET", "/v1/allocations", None, None).await;
-    let id = allocs[0]["id"].as_str().unwrap().to_string();
+    let id = one_running_alloc(&agent).await;
     let (status, by_prefix) = http(
         agent.addr,
         "GET",

@@ -1,24 +1,14 @@
 //! How a real agent serves its connections: HTTP/1.1 and HTTP/2 on one port, a request's
 //! version when it is forwarded, and open streams ended when the agent stops.
 
-use crate::agent_api::{job, wait_for_allocs};
+use crate::agent_api::one_running_alloc;
 use crate::support::*;
-use caravan_test_artifacts::MINIMAL;
 
 #[tokio::test]
 async fn stopping_the_agent_ends_an_open_log_follow() {
     let _logs = LogCapture::start();
     let (agent, _dir) = agent(|_| {}).await;
-    let (_, registered) = http(
-        agent.addr,
-        "POST",
-        "/v1/jobs",
-        Some(&job("svc", "service", 1, MINIMAL)),
-        None,
-    )
-    .await;
-    let id = registered["placed"][0].as_str().unwrap().to_string();
-    wait_for_allocs(&agent, "/v1/allocations", "running", 1).await;
+    let id = one_running_alloc(&agent).await;
     // Open the follow and read its headers, so it is surely streaming when the agent stops.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
