@@ -92,6 +92,9 @@ pub struct RuntimeConfig {
     pub pooling: Pooling,
     /// Where compiled components are kept across restarts; `None` keeps them in memory only.
     pub cache_dir: Option<PathBuf>,
+    /// How many bytes of compiled code `cache_dir` may hold before the least recently used
+    /// entries are removed ([`disk_cache::DEFAULT_MAX_BYTES`] unless a test wants less).
+    pub cache_max_bytes: u64,
     /// How many host descriptors runners may hold together (`None`: no budget); an open past
     /// it fails in the guest, so the agent keeps descriptors of its own whatever runners do.
     pub guest_descriptors: Option<u64>,
@@ -116,6 +119,7 @@ impl Default for RuntimeConfig {
             max_live_allocs: 1_000,
             pooling: Pooling::Auto,
             cache_dir: None,
+            cache_max_bytes: disk_cache::DEFAULT_MAX_BYTES,
             guest_descriptors: None,
         }
     }
@@ -195,7 +199,7 @@ impl Runtime {
         let disk_cache = config
             .cache_dir
             .clone()
-            .map(|dir| disk_cache::DiskCache::new(dir, &engine));
+            .map(|dir| disk_cache::DiskCache::new(dir, &engine, config.cache_max_bytes));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 disk_cache,

@@ -182,3 +182,104 @@ async fn a_cache_entry_others_may_write_is_never_loaded() {
     // Writing the entry again closed the directory to others: the next start trusts it.
     assert_eq!(load().origin, Origin::DiskCache);
 }
+
+#[tokio::test]
+async fn the_cache_keeps_to_its_budget_by_removing_the_least_recently_used_entries() {
+    use std::time::{Duration, SystemTime};
+    let logs = LogCapture::start();
+    let entry_of = |dir: &Path, runner: &str| {
+        let runtime = Runtime::new(&cached_in(dir)).unwrap();
+        assert_eq!(
+            runtime.load_file(Path::new(runner)).unwrap().origin,
+            Origin::Compiled
+        );
+        let entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        entries[0].clone()
+    };
+    let scratch = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let minimal_entry = entry_of(scratch[0].path(), MINIMAL);
+    let sleeper_bytes = std::fs::metadata(entry_of(scratch[1].path(), SLEEPER))
+        .unwrap()
+        .len();
+
+    // A cache that already holds the minimal runner, used an hour ago, and two entries of
+    // 1,000 bytes (another wasmtime build's, say): one used two hours ago, one a minute ago.
+    // Adding the sleeper takes it 500 bytes over budget: only the oldest has to go.
+    let cache = tempfile::tempdir().unwrap();
+    let aged = |path: &Path, bytes: usize, age_secs: u64| {
+        if !path.exists() {
+            std::fs::write(path, vec![0u8; bytes]).unwrap();
+        }
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(SystemTime::now() - Duration::from_secs(age_secs))
+            .unwrap();
+    };
+    let kept_minimal = cache.path().join(minimal_entry.file_name().unwrap());
+    std::fs::copy(&minimal_entry, &kept_minimal).unwrap();
+    aged(&kept_minimal, 0, 3_600);
+    let oldest = cache.path().join("oldest-0000000000000000.cwasm");
+    aged(&oldest, 1_000, 7_200);
+    let recent = cache.path().join("recent-0000000000000000.cwasm");
+    aged(&recent, 1_000, 60);
+    // The temporary files of writes in progress, and of one whose process died.
+    let abandoned = cache.path().join(".partial-abandoned");
+    aged(&abandoned, 10, 2 * 3_600);
+    let in_progress = cache.path().join(".partial-in-progress");
+    aged(&in_progress, 10, 60);
+
+    let minimal_bytes = std::fs::metadata(&kept_minimal).unwrap().len();
+    let config = RuntimeConfig {
+        cache_max_bytes: minimal_bytes + sleeper_bytes + 1_500,
+        ..cached_in(cache.path())
+    };
+    let runtime = Runtime::new(&config).unwrap();
+    assert_eq!(
+        runtime.load_file(Path::new(MINIMAL)).unwrap().origin,
+        Origin::DiskCache
+    );
+    let used_now = std::fs::metadata(&kept_minimal)
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert!(
+        used_now > SystemTime::now() - Duration::from_secs(600),
+        "loading an entry marks it used"
+    );
+    assert_eq!(
+        runtime.load_file(Path::new(SLEEPER)).unwrap().origin,
+        Origin::Compiled
+    );
+
+    let left: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left.len(), 4, "{left:?}");
+    let holds = |name: &str| left.iter().any(|left| left == name);
+    assert!(
+        !holds("oldest-0000000000000000.cwasm"),
+        "the oldest goes: {left:?}"
+    );
+    assert!(!holds(".partial-abandoned"), "{left:?}");
+    assert!(holds("recent-0000000000000000.cwasm"), "{left:?}");
+    assert!(holds(".partial-in-progress"), "{left:?}");
+    assert!(
+        holds(kept_minimal.file_name().unwrap().to_str().unwrap()),
+        "{left:?}"
+    );
+    let sleeper_hash = &runtime.load_file(Path::new(SLEEPER)).unwrap().hash;
+    assert!(
+        left.iter()
+            .any(|name| name.starts_with(sleeper_hash.as_str())),
+        "the entry just written stays: {left:?}"
+    );
+    assert_eq!(
+        logs.with_message("removed the least recently used compiled runners from the cache")
+            .len(),
+        1
+    );
+}

@@ -8,15 +8,32 @@
 //! run. Entries are written to a temporary file and renamed, so a crash leaves either the old
 //! entry or the new one.
 //!
+//! The directory is bounded: every runner build, and every wasmtime build, leaves an entry
+//! (a Python runner's is 36 MiB), so after each write the least recently used entries are
+//! removed until the rest fit the budget, as wasmtime's own cache does. Loading an entry
+//! marks it used (its modification time), so what a node runs stays.
+//!
 //! What this may not touch: anything outside its directory.
 
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
 const DIGEST_BYTES: usize = 32;
+
+/// How much compiled code a cache directory keeps: 1 GiB, wasmtime's own cache's default,
+/// holds some 28 Python runners or hundreds of Rust ones.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+/// What an entry's temporary file is called until it is renamed into place.
+const PARTIAL_PREFIX: &str = ".partial-";
+
+/// A temporary file this old belongs to a write that will never finish (its process died):
+/// no compile takes an hour.
+const ABANDONED_AFTER: Duration = Duration::from_secs(60 * 60);
 
 /// The cache the agent, `caravan run`, `caravan runner check` and `caravan nodesim` share
 /// when not given one (`--cache-dir`, `CARAVAN_CACHE_DIR`): `$XDG_CACHE_HOME/caravan/components`,
@@ -38,11 +55,13 @@ pub fn shared_dir() -> Option<PathBuf> {
 pub struct DiskCache {
     dir: PathBuf,
     engine_hash: String,
+    max_bytes: u64,
 }
 
 impl DiskCache {
-    /// A cache in `dir` for `engine`'s compiled code. The directory is created on first write.
-    pub fn new(dir: PathBuf, engine: &Engine) -> Self {
+    /// A cache in `dir` for `engine`'s compiled code, holding at most `max_bytes` of entries
+    /// (but always the last one written). The directory is created on first write.
+    pub fn new(dir: PathBuf, engine: &Engine, max_bytes: u64) -> Self {
         // Stable for one build of the host, which is all a cache key needs: another build
         // at worst misses and recompiles.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -50,6 +69,7 @@ impl DiskCache {
         DiskCache {
             dir,
             engine_hash: format!("{:016x}", hasher.finish()),
+            max_bytes,
         }
     }
 
@@ -63,8 +83,8 @@ impl DiskCache {
     /// is reported (WARN) and treated as missing.
     pub fn load(&self, engine: &Engine, component_hash: &str) -> Option<Component> {
         let path = self.entry_path(component_hash);
-        let bytes = match self.read_trusted(&path) {
-            Ok(Some(bytes)) => bytes,
+        let (file, bytes) = match self.read_trusted(&path) {
+            Ok(Some(read)) => read,
             Ok(None) => return None,
             Err(Unusable::Damaged(reason)) => {
                 warn_damaged(&path, &reason);
@@ -94,7 +114,14 @@ impl DiskCache {
         #[allow(unsafe_code)]
         let loaded = unsafe { Component::deserialize(engine, code) };
         match loaded {
-            Ok(component) => Some(component),
+            Ok(component) => {
+                // Used now: the last entries the budget removes. Failing to say so only makes
+                // it an earlier candidate.
+                if let Err(error) = file.set_modified(SystemTime::now()) {
+                    tracing::debug!(path = %path.display(), %error, "cannot mark a compiled-component cache entry as used");
+                }
+                Some(component)
+            }
             Err(error) => {
                 warn_damaged(&path, &format!("wasmtime refused it: {error:#}"));
                 None
@@ -102,10 +129,11 @@ impl DiskCache {
         }
     }
 
-    /// The entry's bytes, `None` when there is none, or why it may not be trusted: code to
-    /// run must come from a file only this user could have written, in a directory only this
-    /// user may change (a cache under a shared or foreign home is someone else's code).
-    fn read_trusted(&self, path: &Path) -> Result<Option<Vec<u8>>, Unusable> {
+    /// The entry, open, and its bytes; `None` when there is none, or why it may not be
+    /// trusted: code to run must come from a file only this user could have written, in a
+    /// directory only this user may change (a cache under a shared or foreign home is someone
+    /// else's code).
+    fn read_trusted(&self, path: &Path) -> Result<Option<(std::fs::File, Vec<u8>)>, Unusable> {
         use std::io::Read;
         use std::os::unix::fs::MetadataExt;
         let mut file = match std::fs::File::open(path) {
@@ -131,7 +159,7 @@ impl DiskCache {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)
             .map_err(|e| Unusable::Damaged(format!("cannot read it: {e}")))?;
-        Ok(Some(bytes))
+        Ok(Some((file, bytes)))
     }
 
     /// Saves `component`'s compiled code; failures are logged and otherwise ignored (the
@@ -151,10 +179,84 @@ impl DiskCache {
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
             .create(&self.dir)?;
         close_to_others(&self.dir)?;
-        let mut temporary = tempfile::NamedTempFile::new_in(&self.dir)?;
+        let mut temporary = tempfile::Builder::new()
+            .prefix(PARTIAL_PREFIX)
+            .tempfile_in(&self.dir)?;
         std::io::Write::write_all(&mut temporary, &bytes)?;
-        temporary.persist(self.entry_path(component_hash))?;
+        let entry = self.entry_path(component_hash);
+        temporary.persist(&entry)?;
+        self.keep_within_budget(&entry)
+            .map_err(|error| anyhow::anyhow!("cannot keep the cache within its budget: {error}"))
+    }
+
+    /// Removes the least recently used entries until the directory's entries fit
+    /// `max_bytes`, never `just_written`, and the temporary files of writes that died.
+    /// Entries of other wasmtime builds count like any other, and, no longer used, go first.
+    /// Another process sharing the directory may be doing the same: an entry already gone is
+    /// not an error, and one it is loading stays readable until it closes it.
+    fn keep_within_budget(&self, just_written: &Path) -> std::io::Result<()> {
+        let now = SystemTime::now();
+        let mut total = 0u64;
+        let mut candidates = Vec::new();
+        for item in std::fs::read_dir(&self.dir)? {
+            let item = item?;
+            let Ok(metadata) = item.metadata() else {
+                continue; // removed meanwhile
+            };
+            if !metadata.is_file() {
+                continue;
+            }
+            let path = item.path();
+            let used = metadata.modified()?;
+            if item
+                .file_name()
+                .to_string_lossy()
+                .starts_with(PARTIAL_PREFIX)
+            {
+                let age = now.duration_since(used).unwrap_or_default();
+                if age > ABANDONED_AFTER {
+                    remove_if_present(&path)?;
+                }
+            } else if path
+                .extension()
+                .is_some_and(|extension| extension == "cwasm")
+            {
+                total += metadata.len();
+                if path != just_written {
+                    candidates.push((used, path, metadata.len()));
+                }
+            }
+        }
+        if total <= self.max_bytes {
+            return Ok(());
+        }
+        candidates.sort();
+        let (mut removed, mut freed) = (0usize, 0u64);
+        for (_, path, bytes) in candidates {
+            if total <= self.max_bytes {
+                break;
+            }
+            remove_if_present(&path)?;
+            total -= bytes;
+            removed += 1;
+            freed += bytes;
+        }
+        tracing::info!(
+            dir = %self.dir.display(),
+            removed,
+            freed_mib = freed / (1 << 20),
+            kept_mib = total / (1 << 20),
+            budget_mib = self.max_bytes / (1 << 20),
+            "removed the least recently used compiled runners from the cache"
+        );
         Ok(())
+    }
+}
+
+fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
     }
 }
 
