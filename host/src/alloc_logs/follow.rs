@@ -92,7 +92,7 @@ impl LogFollower {
     pub(super) async fn read_new(&mut self) -> std::io::Result<Vec<u8>> {
         let log = self.log.clone();
         let position = self.position;
-        let (position, read) = tokio::task::spawn_blocking(move || {
+        let (position, read) = crate::util::determinism::spawn_blocking(move || {
             let mut position = position;
             let read = position.read_new(&log);
             (position, read)

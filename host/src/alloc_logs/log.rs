@@ -201,7 +201,7 @@ impl AllocLog {
             unfinished.in_flight = count;
             let log = this.clone();
             // A panic while writing loses that batch only; it still counts as done.
-            written = tokio::task::spawn_blocking(move || {
+            written = crate::util::determinism::spawn_blocking(move || {
                 log.write_batch(&batch);
                 batch
             })

@@ -276,7 +276,8 @@ impl AllocLogWriter {
     /// Deletes this alloc's files, as [`AllocLogs::remove`] does, on the blocking pool.
     pub async fn remove(&self) {
         let writer = self.clone();
-        let removed = tokio::task::spawn_blocking(move || writer.remove_blocking()).await;
+        let removed =
+            crate::util::determinism::spawn_blocking(move || writer.remove_blocking()).await;
         if let Err(error) = removed {
             tracing::warn!(alloc_id = %self.log.alloc_id, error = %error, "cannot remove the alloc's log files");
         }

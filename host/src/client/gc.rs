@@ -30,9 +30,10 @@
 
 use super::metrics::Metrics;
 use crate::allocrunner::AllocRunner;
+use crate::util::determinism::{HashMap, HashSet};
 use crate::util::locks::LockUnpoisoned;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, Semaphore};
@@ -145,7 +146,7 @@ struct Destroys {
     live: usize,
     /// Allocs claimed for a destroy that has not finished: a pass does not count them as
     /// live, and no alloc is destroyed twice at once.
-    claimed: std::collections::HashMap<String, Arc<dyn AllocRunner>>,
+    claimed: HashMap<String, Arc<dyn AllocRunner>>,
 }
 
 /// The queue of marked allocs, oldest first.
@@ -153,7 +154,7 @@ struct Destroys {
 struct GcQueue {
     /// (mark sequence, alloc id): a min-heap on the order allocs were marked.
     heap: BinaryHeap<Reverse<(u64, String)>>,
-    runners: std::collections::HashMap<String, Arc<dyn AllocRunner>>,
+    runners: HashMap<String, Arc<dyn AllocRunner>>,
     /// Every id ever marked and not yet forgotten, so an alloc is marked (and logged) once.
     ever_marked: HashSet<String>,
     next_sequence: u64,

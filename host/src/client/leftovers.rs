@@ -13,7 +13,7 @@
 //! `<data_dir>/allocs` and touches nothing else.
 
 use super::ClientInner;
-use std::collections::HashSet;
+use crate::util::determinism::HashSet;
 use std::ffi::OsString;
 use std::path::Path;
 use std::sync::Weak;
@@ -83,7 +83,7 @@ pub(super) async fn sweep_loop(client: Weak<ClientInner>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     // Unowned at the last sweep: removed if still unowned at this one.
-    let mut suspects: HashSet<OsString> = HashSet::new();
+    let mut suspects: HashSet<OsString> = HashSet::default();
     loop {
         ticker.tick().await;
         let Some(inner) = client.upgrade() else {
@@ -93,7 +93,8 @@ pub(super) async fn sweep_loop(client: Weak<ClientInner>) {
         // Listed before the owners are read: a directory listed was made by an alloc
         // already in the map.
         let listing = allocs_dir.clone();
-        let Ok(listed) = tokio::task::spawn_blocking(move || list_alloc_dirs(&listing)).await
+        let Ok(listed) =
+            crate::util::determinism::spawn_blocking(move || list_alloc_dirs(&listing)).await
         else {
             continue;
         };
@@ -113,7 +114,8 @@ pub(super) async fn sweep_loop(client: Weak<ClientInner>) {
         let metrics = inner.metrics.clone();
         drop(inner);
         // What is removed is not listed next time; what failed is, and is tried again.
-        let removal = tokio::task::spawn_blocking(move || remove_leftovers(&allocs_dir, &due));
+        let removal =
+            crate::util::determinism::spawn_blocking(move || remove_leftovers(&allocs_dir, &due));
         if let Ok((_removed, failed)) = removal.await {
             metrics.set_leftover_dirs(failed as u64);
         }

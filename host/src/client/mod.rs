@@ -45,11 +45,12 @@ use crate::model::node::NodeInfo;
 use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::rpc::ServerApi;
 use crate::state::{MemoryStateDb, StateDb};
+use crate::util::determinism::{HashMap, HashSet};
 use crate::util::locks::LockUnpoisoned;
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
 use persist::Persister;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -118,7 +119,7 @@ struct ClientInner {
     /// stopped (see `migrate`).
     moved: Mutex<HashMap<String, migrate::Leaving>>,
     /// Allocs moved here whose checkpoint is being fetched: their runner starts after.
-    arriving: Mutex<std::collections::HashSet<String>>,
+    arriving: Mutex<HashSet<String>>,
 }
 
 impl Drop for ClientInner {
@@ -181,8 +182,8 @@ impl Client {
                 config,
                 server,
                 factory,
-                runners: Mutex::new(HashMap::new()),
-                runnerless: Mutex::new(HashMap::new()),
+                runners: Mutex::new(HashMap::default()),
+                runnerless: Mutex::new(HashMap::default()),
                 metrics,
                 tasks: Mutex::new(Vec::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
@@ -422,7 +423,7 @@ impl Client {
     /// The client's counters, with allocs counted by client status now (collected ones by
     /// their final status, and once more under `allocs_destroyed`).
     pub fn metrics(&self) -> MetricsSnapshot {
-        let mut counts: HashMap<ClientStatus, u64> = HashMap::new();
+        let mut counts: HashMap<ClientStatus, u64> = HashMap::default();
         let mut destroyed = 0;
         let runners: Vec<_> = self.inner.runners_lock().values().cloned().collect();
         for runner in runners {

@@ -26,8 +26,8 @@
 use super::metrics::Metrics;
 use crate::model::structs::{Alloc, AllocState};
 use crate::state::{StateDb, StateError, Write, call_store};
+use crate::util::determinism::HashMap;
 use crate::util::locks::LockUnpoisoned;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, oneshot};
 

@@ -23,7 +23,7 @@ use super::{Client, ClientInner, check_alloc_id};
 use crate::allocrunner::alloc_span;
 use crate::model::structs::{AllocState, ClientStatus};
 use crate::state::{SavedAlloc, StateError};
-use std::collections::HashSet;
+use crate::util::determinism::HashSet;
 use std::sync::Arc;
 
 impl Client {
@@ -50,7 +50,7 @@ impl ClientInner {
             .map(|record| record.alloc_id.clone())
             .collect();
         let allocs_dir = self.config.data_dir.join("allocs");
-        let swept = tokio::task::spawn_blocking(move || {
+        let swept = crate::util::determinism::spawn_blocking(move || {
             let mut unowned = list_alloc_dirs(&allocs_dir);
             unowned.retain(|name| !owned_by(name, &owned));
             remove_leftovers(&allocs_dir, &unowned)

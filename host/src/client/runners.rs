@@ -152,9 +152,12 @@ impl ClientInner {
             // Stopped meanwhile (killed, shut down, destroyed): the runner is let go at once.
             let stopped = runner.wait();
             tokio::spawn(async move {
+                // Biased, stop first: a runner stopped as its delay ends is not run, and a
+                // simulation replays (an unbiased select draws from tokio's own random).
                 tokio::select! {
-                    () = tokio::time::sleep(wait) => runner.run(),
+                    biased;
                     () = stopped.wait() => {}
+                    () = tokio::time::sleep(wait) => runner.run(),
                 }
             });
         } else {

@@ -17,8 +17,8 @@ use super::metrics::Metrics;
 use crate::model::structs::AllocState;
 use crate::rpc::{AllocUpdate, ServerApi};
 use crate::util::backoff::Backoff;
+use crate::util::determinism::{HashMap, HashSet};
 use crate::util::locks::LockUnpoisoned;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -140,8 +140,7 @@ impl AllocSync {
     /// The server took `sent`; drops each pending update that is still the one sent.
     fn acknowledge(&self, sent: Vec<AllocUpdate>, accepted: &[String]) {
         // A set: a busy node sends thousands at once, and a scan per update was quadratic.
-        let accepted: std::collections::HashSet<&str> =
-            accepted.iter().map(String::as_str).collect();
+        let accepted: HashSet<&str> = accepted.iter().map(String::as_str).collect();
         let mut taken = Vec::new();
         {
             let mut sync = self.lock();
@@ -169,7 +168,10 @@ impl AllocSync {
         let mut failures: u32 = 0;
         let mut retry_at: Option<tokio::time::Instant> = None;
         loop {
+            // Biased so that a simulation replays (an unbiased select draws from tokio's own
+            // random); an urgent wake-up not taken now is still there on the next turn.
             let typical_due = tokio::select! {
+                biased;
                 _ = ticker.tick() => {
                     ticks += 1;
                     ticks.is_multiple_of(TYPICAL_EVERY_TICKS)

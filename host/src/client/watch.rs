@@ -15,7 +15,7 @@
 use super::{Client, ClientInner, check_alloc_id, sync};
 use crate::allocrunner::alloc_span;
 use crate::rpc::{NodeAllocs, ServerError};
-use std::collections::HashMap;
+use crate::util::determinism::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 /// How an alloc diff sorts the server's answer. Each list is sorted by id, so a caller may
@@ -107,7 +107,7 @@ impl ClientInner {
             self.server.get_allocs(&wanted).await?
         };
         // Each requested alloc once; what the server sends besides is not ours to add.
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::default();
         let (mut added, mut updated) = (Vec::new(), Vec::new());
         for alloc in fetched {
             if !seen.insert(alloc.id.clone()) {
@@ -220,7 +220,7 @@ mod tests {
     fn the_diff_sorts_server_allocs_by_modify_index() {
         let client = map(&[("same", 3), ("newer", 3), ("gone", 1)]);
         let server = map(&[("same", 3), ("newer", 4), ("new", 1)]);
-        let diff = diff_allocs(&client, &HashMap::new(), &server);
+        let diff = diff_allocs(&client, &HashMap::default(), &server);
         assert_eq!(diff.added, ["new"]);
         assert_eq!(diff.updated, ["newer"]);
         assert_eq!(diff.removed, ["gone"]);
@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn an_older_index_from_the_server_is_ignored_not_applied() {
-        let diff = diff_allocs(&map(&[("a", 5)]), &HashMap::new(), &map(&[("a", 4)]));
+        let diff = diff_allocs(&map(&[("a", 5)]), &HashMap::default(), &map(&[("a", 4)]));
         assert_eq!(diff.ignored, ["a"]);
         assert!(diff.updated.is_empty());
     }
@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn updates_for_a_failed_alloc_are_ignored_and_its_removal_is_not() {
         let failed = map(&[("bad", 1), ("dropped", 1)]);
-        let diff = diff_allocs(&HashMap::new(), &failed, &map(&[("bad", 7)]));
+        let diff = diff_allocs(&HashMap::default(), &failed, &map(&[("bad", 7)]));
         assert_eq!(diff.ignored, ["bad"]);
         assert_eq!(diff.removed, ["dropped"]);
         assert!(diff.added.is_empty());

@@ -20,8 +20,8 @@ use super::{PrefixWatch, watch::Change};
 use crate::model::node::NodeInfo;
 use crate::model::structs::Alloc;
 use crate::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
+use crate::util::determinism::HashMap;
 use crate::util::locks::LockUnpoisoned;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -144,7 +144,7 @@ impl EtcdServerApi {
     pub fn new(store: EtcdStore) -> Arc<EtcdServerApi> {
         Arc::new(EtcdServerApi {
             store,
-            mirrors: Mutex::new(HashMap::new()),
+            mirrors: Mutex::new(HashMap::default()),
             tasks: Mutex::new(Vec::new()),
         })
     }
@@ -295,7 +295,8 @@ impl ServerApi for EtcdServerApi {
         let owners = self.owners(updates.iter().map(|update| update.alloc_id.as_str()));
         // One put per alloc (its latest state): a transaction may not name a key twice.
         let mut latest: Vec<&AllocUpdate> = Vec::with_capacity(updates.len());
-        let mut position: HashMap<&str, usize> = HashMap::with_capacity(updates.len());
+        let mut position: HashMap<&str, usize> =
+            HashMap::with_capacity_and_hasher(updates.len(), Default::default());
         for update in updates {
             match position.get(update.alloc_id.as_str()) {
                 Some(&at) => latest[at] = update,

@@ -44,7 +44,7 @@ pub mod transport;
 
 use crate::model::node::NodeInfo;
 use crate::model::structs::{Alloc, AllocState};
-use std::collections::HashMap;
+use crate::util::determinism::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 

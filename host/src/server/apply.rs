@@ -142,7 +142,7 @@ impl State {
             restart: spec.restart.clone(),
             runner_sha256: spec.runner_sha256.clone(),
             ..Alloc::new(
-                uuid::Uuid::new_v4().to_string(),
+                crate::util::determinism::new_id(),
                 spec.id.clone(),
                 spec.runner.clone(),
                 spec.tasks.clone(),

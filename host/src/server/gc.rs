@@ -17,7 +17,8 @@
 use super::records::{AllocRecord, JobRecord};
 use crate::model::jobspec::JobType;
 use crate::model::structs::DesiredStatus;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use crate::util::determinism::HashSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::time::Instant;
 

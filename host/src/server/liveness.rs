@@ -8,8 +8,8 @@
 //! on a save. A server opened on saved state gives every node it knows one TTL from then.
 //! In cluster mode the scheduler learns liveness from etcd's leases instead and never asks.
 
+use crate::util::determinism::HashMap;
 use crate::util::locks::LockUnpoisoned;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;

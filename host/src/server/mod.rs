@@ -50,6 +50,7 @@ use crate::model::jobspec::JobSpec;
 use crate::model::node::NodeInfo;
 use crate::model::structs::ClientStatus;
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking, call_store};
+use crate::util::determinism::HashSet;
 use crate::util::locks::LockUnpoisoned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -459,7 +460,7 @@ impl EmbeddedServer {
         &self,
         node: &str,
         ids: impl IntoIterator<Item = &'a String>,
-    ) -> std::collections::HashSet<String> {
+    ) -> HashSet<String> {
         let state = self.lock();
         ids.into_iter()
             .filter(|id| {

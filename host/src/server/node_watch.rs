@@ -15,7 +15,8 @@
 //!   a restart could give again (a change that failed to save took one).
 
 use super::records::AllocRecord;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use crate::util::determinism::{HashMap, HashSet};
+use std::collections::BTreeMap;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -39,7 +40,7 @@ struct NodeEntry {
 impl NodeEntry {
     fn new(index: u64) -> Self {
         NodeEntry {
-            allocs: HashMap::new(),
+            allocs: HashMap::default(),
             changed: watch::channel(index).0,
             changed_at: Instant::now(),
         }
@@ -66,7 +67,7 @@ impl NodeAllocIndex {
         touched: impl IntoIterator<Item = &'a String>,
         index: u64,
     ) -> usize {
-        let mut changed_nodes = HashSet::new();
+        let mut changed_nodes = HashSet::default();
         let mut placed = 0;
         for alloc_id in touched {
             let now = allocs.get(alloc_id).and_then(|record| {

@@ -29,8 +29,9 @@ use crate::model::constraint::{Algorithm, Compiled};
 use crate::model::jobspec::JobSpec;
 use crate::model::limits::{LimitOverrides, Limits};
 use crate::model::node::NodeInfo;
+use crate::util::determinism::HashMap;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 
 /// The registered nodes, by id, with what each said of itself.
 pub type Nodes = BTreeMap<String, NodeInfo>;
@@ -117,7 +118,7 @@ impl<'a> Placer<'a> {
             nodes,
             usage,
             allocs,
-            placed: HashMap::new(),
+            placed: HashMap::default(),
         }
     }
 
@@ -341,7 +342,7 @@ impl<'s> Job<'s> {
                 }
             }
         }
-        let mut existing: HashMap<String, u32> = HashMap::new();
+        let mut existing: HashMap<String, u32> = HashMap::default();
         for record in &placer.allocs {
             if record.alloc.job_id == ask.job.id
                 && record.is_wanted()
@@ -469,7 +470,7 @@ pub fn place_unplaced<'a>(
     let mut placer = Placer::new(nodes, allocs);
     // One placement per job, of all its waiting allocs, in the order the first was given.
     let mut by_job: Vec<(&str, Vec<&AllocRecord>)> = Vec::new();
-    let mut index_of: HashMap<&str, usize> = HashMap::new();
+    let mut index_of: HashMap<&str, usize> = HashMap::default();
     for record in waiting {
         let job_id = record.alloc.job_id.as_str();
         let index = *index_of.entry(job_id).or_insert_with(|| {
@@ -478,7 +479,7 @@ pub fn place_unplaced<'a>(
         });
         by_job[index].1.push(record);
     }
-    let mut chosen: HashMap<&str, Option<String>> = HashMap::new();
+    let mut chosen: HashMap<&str, Option<String>> = HashMap::default();
     for (job_id, records) in by_job {
         let nodes = match job_of(job_id) {
             Some(job) => placer.place(Ask::new(job, records.len())),

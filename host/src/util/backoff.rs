@@ -6,7 +6,6 @@
 //! `cluster::store`); this module only says how long to wait. A leaf: it uses nothing of the
 //! crate.
 
-use std::hash::BuildHasher;
 use std::time::Duration;
 
 /// How long to wait before each retry of one operation.
@@ -31,14 +30,13 @@ impl Backoff {
     }
 }
 
-/// A duration from zero to `most`, drawn afresh each call: std's hasher keys are random per
-/// `RandomState`, which is all the randomness a jitter needs.
+/// A duration from zero to `most`, drawn afresh each call.
 fn jitter(most: Duration) -> Duration {
     let most_nanos = u64::try_from(most.as_nanos()).unwrap_or(u64::MAX);
     if most_nanos == 0 {
         return Duration::ZERO;
     }
-    let draw = std::collections::hash_map::RandomState::new().hash_one(most_nanos);
+    let draw = super::determinism::random_u64();
     Duration::from_nanos(draw % (most_nanos + 1))
 }
 

@@ -20,6 +20,9 @@ static TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_TUR
 pub async fn with_a_turn<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, tokio::task::JoinError> {
+    if super::determinism::blocking_work_runs_in_place() {
+        return Ok(work());
+    }
     // The semaphore is never closed: it lives as long as the process.
     let _turn = TURNS.acquire().await;
     tokio::task::spawn_blocking(work).await

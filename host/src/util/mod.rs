@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`backoff`]: the one backoff (doubling, capped, jittered) every retry waits by.
 //! - [`blocking`]: turns in the blocking pool for work that may wait there on a fetch.
+//! - [`determinism`]: randomness, the wall clock, hash map order and the blocking pool, which
+//!   a simulation replaces.
 //! - [`fs_tree`]: guest-made directory trees removed iteratively, whatever their depth.
 //! - [`histogram`]: a fixed-bucket latency histogram that renders itself for Prometheus.
 //! - [`locks`]: `lock_unpoisoned`, the one way the host locks a mutex.
@@ -14,6 +16,7 @@
 
 pub mod backoff;
 pub mod blocking;
+pub mod determinism;
 pub mod fs_tree;
 pub mod histogram;
 pub mod locks;

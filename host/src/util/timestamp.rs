@@ -29,7 +29,7 @@ thread_local! {
 /// Milliseconds since the Unix epoch now, as events and records carry times (0 for a clock
 /// before 1970).
 pub fn unix_ms_now() -> u64 {
-    unix_ms(SystemTime::now())
+    unix_ms(super::determinism::wall_clock())
 }
 
 /// Milliseconds since the Unix epoch at `at` (0 for a time before 1970).
