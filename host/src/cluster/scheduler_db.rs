@@ -550,11 +550,18 @@ impl StateDb for EtcdSchedulerDb {
         Ok(Vec::new())
     }
 
+    /// The records loaded at takeover, handed over once (see `reads_back_saved_state`).
     fn server_records(&self, table: ServerTable) -> Result<Vec<(String, Vec<u8>)>, StateError> {
         Ok(self
             .loaded
             .lock_unpoisoned()
             .remove(table_name(table))
             .unwrap_or_default())
+    }
+
+    /// A failed save ends this leadership, and the next leader reads etcd afresh: there is
+    /// nothing to read back.
+    fn reads_back_saved_state(&self) -> bool {
+        false
     }
 }

@@ -226,9 +226,12 @@ impl EmbeddedServer {
     /// commit is a fraction of a millisecond; an etcd transaction in cluster mode a few, up
     /// to its timeout; readers wait that long).
     ///
-    /// When saving fails the change stays in memory, its records stay dirty for the next
-    /// change to save, and watchers are not woken: clients learn of it only once it is on
-    /// disk. The error is logged and returned for callers that can retry.
+    /// When saving fails the change is forgotten: the state is read back from the store, as
+    /// a restart would find it, so a change refused to its caller is never saved by a later
+    /// one (the simulator found a refused scale that landed with the next change).
+    /// Watchers are not woken; they wait on the index of the last save, which did not move.
+    /// The error is logged and returned for callers that can retry. A store that cannot be
+    /// read back keeps the change in memory, unsaved, for the next change to save.
     fn change<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> (T, Result<(), StateError>) {
         let mut state = self.lock();
         let index = state.index + 1;
@@ -263,7 +266,10 @@ impl EmbeddedServer {
                 self.metrics.placed(placed);
                 state.mark_saved();
             }
-            Err(error) => tracing::error!(error = %error, "cannot save server state"),
+            Err(error) => {
+                tracing::error!(error = %error, "cannot save server state");
+                state.forget_unsaved_changes(self.db.as_ref());
+            }
         }
         (result, saved)
     }

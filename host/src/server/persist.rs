@@ -129,6 +129,25 @@ impl State {
         Ok(state)
     }
 
+    /// After a failed save: the state becomes what `db` holds again, but for the nodes'
+    /// alloc index, which only a save moves (so it already is what `db` holds) and which
+    /// the nodes' watches wait on. Kept as it is when `db` cannot be read back.
+    pub(super) fn forget_unsaved_changes(&mut self, db: &dyn StateDb) {
+        if !db.reads_back_saved_state() {
+            return;
+        }
+        match call_store(db, || State::load(db)) {
+            Ok(mut saved) => {
+                std::mem::swap(&mut saved.node_allocs, &mut self.node_allocs);
+                *self = saved;
+            }
+            Err(error) => tracing::error!(
+                error = %error,
+                "cannot read the server state back after a failed save; the unsaved change stays in memory"
+            ),
+        }
+    }
+
     pub(super) fn job_mut(&mut self, job_id: &str) -> Option<&mut JobRecord> {
         self.dirty_jobs.insert(job_id.to_string());
         self.jobs.get_mut(job_id)

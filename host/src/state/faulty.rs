@@ -68,6 +68,10 @@ impl StateDb for FaultyStateDb {
         self.inner.server_records(table)
     }
 
+    fn reads_back_saved_state(&self) -> bool {
+        self.inner.reads_back_saved_state()
+    }
+
     fn waits_on_io(&self) -> bool {
         self.inner.waits_on_io()
     }

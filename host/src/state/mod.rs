@@ -174,6 +174,14 @@ pub trait StateDb: Send + Sync + 'static {
             .and_then(|saved| saved.checkpoint))
     }
 
+    /// Whether [`StateDb::server_records`] reads what was saved every time it is called, so
+    /// that the server can read its state back after a save fails (and forget the change
+    /// that failed). A store that hands its records over once (cluster mode's, whose failed
+    /// save ends the leadership anyway) says no. Fixed for the store's life.
+    fn reads_back_saved_state(&self) -> bool {
+        true
+    }
+
     /// Whether a call may wait on I/O. Callers on an async worker hand such calls to
     /// [`call_store`]; a store that never waits (one held in memory) is called in place,
     /// which spares each commit a hand-over of the worker to another thread. Fixed for the

@@ -219,13 +219,46 @@ async fn a_node_registering_again_costs_no_save_and_is_answered_while_saves_fail
         matches!(refused, ServerError::Unavailable(_)),
         "{refused:?}"
     );
-    // n2's change waits to be saved, so the next group saves (and fails) again; n1 is still
-    // a node, and is told so: a node that cannot register cannot watch.
+    // n2's change was forgotten with its failed save, so n1's next registration has nothing
+    // to save again; n1 is still a node, and is told so: a node that cannot register cannot
+    // watch.
     server
         .register_node("n1", &Default::default())
         .await
         .unwrap();
-    assert_eq!(db.failed_writes(), 2);
+    assert_eq!(db.failed_writes(), 1);
+    assert_eq!(server.nodes(), vec!["n1".to_string()], "n2 was refused");
+}
+
+#[tokio::test]
+async fn a_change_refused_because_its_save_failed_is_never_saved_by_a_later_one() {
+    let db = Arc::new(crate::state::FaultyStateDb::new(Arc::new(
+        MemoryStateDb::new(),
+    )));
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    server
+        .register_job(spec("web", JobType::Service, 1))
+        .unwrap();
+    db.fail_writes(true);
+    let refused = server.scale_job("web", 4).unwrap_err();
+    assert!(
+        matches!(refused, super::super::RequestError::NotSaved(_)),
+        "{refused:?}"
+    );
+    assert_eq!(
+        server.job("web").unwrap().spec.count,
+        1,
+        "forgotten at once"
+    );
+    db.fail_writes(false);
+    // The next change saves only itself: the refused scale does not ride along.
+    server
+        .register_job(spec("api", JobType::Service, 1))
+        .unwrap();
+    let reopened = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    assert_eq!(reopened.job("web").unwrap().spec.count, 1);
+    assert_eq!(server.job("web").unwrap().spec.count, 1);
+    assert_eq!(server.job_allocs("web").len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
