@@ -230,6 +230,16 @@ impl Client {
         inner.tasks.lock_unpoisoned().extend(handles);
     }
 
+    /// Stops every loop of this client now, as the death of its process would: nothing
+    /// more is watched, saved, reported or collected, whatever was under way (a commit not
+    /// yet made is lost, as it would be). Its runners are not told: whoever owns them stops
+    /// them. For simulations of a crash; an agent that stops uses [`Client::shutdown_all`].
+    pub fn halt(&self) {
+        for task in self.inner.tasks.lock_unpoisoned().drain(..) {
+            task.abort();
+        }
+    }
+
     /// The ids of every alloc the client holds (collected ones included).
     pub fn alloc_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.inner.runners_lock().keys().cloned().collect();

@@ -49,6 +49,7 @@ mod runner_builds;
 mod runner_check;
 mod runner_new;
 mod sim;
+mod simulation;
 mod sleeper;
 mod stateful;
 mod tls_api;

@@ -140,6 +140,11 @@ fn no_two_modules_use_each_other() {
     let mut pairs = Vec::new();
     for (module, uses) in &graph {
         for used in uses {
+            // The test tools are the one room both ways: rooms' tests use them, and they
+            // drive the rooms (the simulator runs the client and the server).
+            if module == TEST_TOOLS || used == TEST_TOOLS {
+                continue;
+            }
             if module < used && graph.get(used).is_some_and(|back| back.contains(module)) {
                 pairs.push(format!("{module} <-> {used}"));
             }

@@ -1,0 +1,273 @@
+//! What happens to the simulated cluster between checks, each drawn from the seed: an
+//! operator's change (register, scale, stop, purge, GC, drain), or a fault (a node's process
+//! killed and restarted on its store, the server restarted on its store, a node cut off, a
+//! disk that refuses writes).
+
+use super::runner::{BEHAVIOUR_META, Behaviour};
+use super::trace::Trace;
+use super::{MAX_JOBS, ServerSlot, SimJob, World};
+use crate::model::jobspec::{JobSpec, JobType};
+use crate::model::structs::Task;
+use crate::server::{DrainRequest, EmbeddedServer};
+
+impl World {
+    /// One operator action or fault, drawn from the seed.
+    pub(super) async fn act(&mut self) {
+        match self.draws.below(100) {
+            0..=19 => self.register(),
+            20..=39 => self.scale(),
+            40..=46 => self.stop(),
+            47..=54 => self.collect_garbage(),
+            55..=62 => self.crash_node().await,
+            63..=67 => self.restart_server(),
+            68..=74 => self.partition_node(),
+            75..=78 => self.fail_disk(),
+            79..=81 => self.drain_node(),
+            _ => {}
+        }
+    }
+
+    fn register(&mut self) {
+        if self.registered >= MAX_JOBS {
+            return;
+        }
+        self.registered += 1;
+        let behaviour = match self.draws.below(3) {
+            0 => Behaviour::Steady,
+            1 => Behaviour::Flaky,
+            _ => Behaviour::Batch,
+        };
+        let count = 1 + self.draws.below(4) as u32;
+        let id = format!("job-{}", self.registered);
+        let spec = job_spec(&id, behaviour, count);
+        match self.slot.server().register_job(spec) {
+            Ok(registration) => {
+                self.trace.record(format!(
+                    "register {id} ({}, count {count}): {} placed",
+                    behaviour.name(),
+                    registration.placed.len()
+                ));
+                let job = SimJob {
+                    behaviour,
+                    count,
+                    stopped: false,
+                };
+                self.jobs.insert(id, job);
+            }
+            Err(error) => self.trace.record(format!("register {id} refused: {error}")),
+        }
+    }
+
+    /// A job drawn from those still registered.
+    fn some_job(&mut self, services_only: bool) -> Option<String> {
+        let candidates: Vec<_> = self
+            .jobs
+            .iter()
+            .filter(|(_, job)| {
+                let wanted = !services_only || job.behaviour != Behaviour::Batch;
+                !job.stopped && wanted
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let index = self.draws.below(candidates.len() as u64) as usize;
+        candidates.get(index).cloned()
+    }
+
+    fn scale(&mut self) {
+        let Some(id) = self.some_job(true) else {
+            return;
+        };
+        let count = self.draws.below(6) as u32;
+        match self.slot.server().scale_job(&id, count) {
+            Ok(_) => {
+                self.trace.record(format!("scale {id} to {count}"));
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.count = count;
+                }
+            }
+            Err(error) => self.trace.record(format!("scale {id} refused: {error}")),
+        }
+    }
+
+    fn stop(&mut self) {
+        let Some(id) = self.some_job(false) else {
+            return;
+        };
+        let purge = self.draws.percent(50);
+        match self.slot.server().stop_job(&id, purge) {
+            Ok(stopped) => {
+                self.trace.record(format!(
+                    "stop {id} (purge {purge}): {} allocs",
+                    stopped.len()
+                ));
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.stopped = true;
+                }
+            }
+            Err(error) => self.trace.record(format!("stop {id} refused: {error}")),
+        }
+    }
+
+    fn collect_garbage(&mut self) {
+        match self.slot.server().collect_garbage(true) {
+            Ok(removed) => self
+                .trace
+                .record(format!("server gc: {} allocs forgotten", removed.len())),
+            Err(error) => self.trace.record(format!("server gc refused: {error}")),
+        }
+    }
+
+    /// Kills a node's process (its runners die with it, unreported), and starts a new one
+    /// on the same store a moment later.
+    async fn crash_node(&mut self) {
+        let index = self.draws.below(self.nodes.len() as u64) as usize;
+        let down_for = self.draws.millis(0, 5_000);
+        let node = &mut self.nodes[index];
+        node.process.kill();
+        self.ledger.crashed(&node.name, &node.process.name);
+        if let Some(client) = node.client.take() {
+            client.halt();
+        }
+        tokio::time::sleep(down_for).await;
+        self.start_node(index).await;
+    }
+
+    /// The server dies and a new one opens the same store: what it acknowledged must be
+    /// there.
+    fn restart_server(&mut self) {
+        let server = match EmbeddedServer::open(self.server_config.clone(), self.server_db.clone())
+        {
+            Ok(server) => server,
+            Err(error) => {
+                self.ledger
+                    .violation(format!("the server cannot reopen its store: {error}"));
+                return;
+            }
+        };
+        self.slot.replace(server);
+        self.trace.record("server restarted".to_string());
+        self.check_acknowledged();
+    }
+
+    /// Cuts a node off for a while: its calls hang until the cut heals.
+    fn partition_node(&mut self) {
+        let index = self.draws.below(self.nodes.len() as u64) as usize;
+        let heals_after = self.draws.millis(1_000, 30_000);
+        let link = self.nodes[index].link.clone();
+        link.partition(true);
+        self.trace.record(format!(
+            "partition {} for {} ms",
+            self.nodes[index].name,
+            heals_after.as_millis()
+        ));
+        tokio::spawn(async move {
+            tokio::time::sleep(heals_after).await;
+            link.partition(false);
+        });
+    }
+
+    /// A disk fails every write for a while, as a full one does: a node's (its client
+    /// cannot save states, checkpoints or new allocs) or the server's (it refuses changes).
+    fn fail_disk(&mut self) {
+        let which = self.draws.below(self.nodes.len() as u64 + 1) as usize;
+        let heals_after = self.draws.millis(500, 20_000);
+        let (name, db) = match self.nodes.get(which) {
+            Some(node) => (node.name.clone(), node.db.clone()),
+            None => ("the server".to_string(), self.server_db.clone()),
+        };
+        db.fail_writes(true);
+        self.trace.record(format!(
+            "disk of {name} fails writes for {} ms",
+            heals_after.as_millis()
+        ));
+        let trace = self.trace.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(heals_after).await;
+            db.fail_writes(false);
+            trace.record(format!("disk of {name} writes again"));
+        });
+    }
+
+    /// An operator drains a node (its allocs move elsewhere, by a deadline or not), and
+    /// ends the drain a while later.
+    fn drain_node(&mut self) {
+        let index = self.draws.below(self.nodes.len() as u64) as usize;
+        let name = self.nodes[index].name.clone();
+        let deadline = self.draws.percent(50).then(|| self.draws.millis(0, 20_000));
+        let ends_after = self.draws.millis(1_000, 40_000);
+        let request = DrainRequest {
+            deadline,
+            ignore_system: false,
+        };
+        match self.slot.server().set_drain(&name, Some(request), false) {
+            Ok(_) => self.trace.record(format!(
+                "drain {name} (deadline {:?} ms) for {} ms",
+                deadline.map(|d| d.as_millis()),
+                ends_after.as_millis()
+            )),
+            Err(error) => {
+                self.trace.record(format!("drain {name} refused: {error}"));
+                return;
+            }
+        }
+        let (slot, trace) = (self.slot.clone(), self.trace.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(ends_after).await;
+            end_drain(&slot, &trace, &name);
+        });
+    }
+}
+
+/// Ends a drain, and makes the node eligible again (a drain that finished leaves its node
+/// ineligible, as Nomad's does, until an operator says otherwise).
+pub(super) fn end_drain(slot: &ServerSlot, trace: &Trace, node: &str) {
+    let server = slot.server();
+    let details = server.node_details();
+    let Some(schedule) = details
+        .iter()
+        .find(|details| details.id == node)
+        .map(|details| &details.schedule)
+    else {
+        return;
+    };
+    let ended = if schedule.drain.is_some() {
+        server.set_drain(node, None, false)
+    } else if schedule.ineligible {
+        server.set_eligibility(node, true)
+    } else {
+        return;
+    };
+    match ended {
+        Ok(_) => trace.record(format!("{node} eligible again")),
+        Err(error) => trace.record(format!("making {node} eligible again refused: {error}")),
+    }
+}
+
+fn job_spec(id: &str, behaviour: Behaviour, count: u32) -> JobSpec {
+    JobSpec {
+        namespace: "default".into(),
+        id: id.into(),
+        job_type: if behaviour == Behaviour::Batch {
+            JobType::Batch
+        } else {
+            JobType::Service
+        },
+        count,
+        runner: "simulated.wasm".into(),
+        runner_sha256: None,
+        limits: Default::default(),
+        tasks: vec![Task {
+            name: "main".into(),
+            config: Vec::new(),
+        }],
+        meta: vec![(BEHAVIOUR_META.into(), behaviour.name().into())],
+        capabilities: Default::default(),
+        reschedule: None,
+        restart: None,
+        update: Default::default(),
+        constraints: Vec::new(),
+        placement: Default::default(),
+        migrate: Default::default(),
+        disconnect: None,
+    }
+}
