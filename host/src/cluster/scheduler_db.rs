@@ -558,10 +558,4 @@ impl StateDb for EtcdSchedulerDb {
             .remove(table_name(table))
             .unwrap_or_default())
     }
-
-    /// A failed save ends this leadership, and the next leader reads etcd afresh: there is
-    /// nothing to read back.
-    fn reads_back_saved_state(&self) -> bool {
-        false
-    }
 }

@@ -8,10 +8,12 @@
 //! Invariants, for the reasons given:
 //! - A report is answered only after the save that holds it, with what that save accepted,
 //!   or with the save's error, so a client never forgets an update a restart would undo. A
-//!   registration likewise, except for a node the server already holds: it is answered yes
-//!   even when its group's save fails, as it was before groups, since registering again
-//!   changes nothing and a node that cannot register cannot watch (a server restarted before
-//!   the node was saved does not hold it, and the node's next watch registers it again).
+//!   registration likewise, except for a node the server already holds that says nothing
+//!   new of itself: it is answered yes even when its group's save fails, as it was before
+//!   groups, since registering again changes nothing and a node that cannot register cannot
+//!   watch (a server restarted before the node was saved does not hold it, and the node's
+//!   next watch registers it again). A known node that says something new is answered as
+//!   a new one: a failed save forgets what it said, and it registers again.
 //! - Requests are taken in the order their calls queued them: two reports of one alloc keep
 //!   their order.
 //! - Whoever leads a group takes it whole and then steps aside: no caller serves others for
@@ -162,11 +164,17 @@ impl EmbeddedServer {
                         info,
                         answer,
                     } if state.nodes.contains_key(&node_id) => {
-                        state.add_node(&node_id, info);
+                        let changed = state.add_node(&node_id, info);
                         // Registered all along at a new leader, its allocs unknown since an
                         // earlier one: they are known again too.
                         state.reconnect_node(&node_id, index);
-                        Reply::Known(answer)
+                        if changed {
+                            // What it says of itself is new: answered as a registration,
+                            // so a failed save makes it register again.
+                            Reply::Registered(answer, true)
+                        } else {
+                            Reply::Known(answer)
+                        }
                     }
                     Request::Register {
                         node_id,

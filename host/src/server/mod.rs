@@ -143,6 +143,9 @@ struct State {
     /// What nodes taken down last said of themselves: a node that watches again is back
     /// with it (it registers only after an error).
     departed: BTreeMap<String, NodeInfo>,
+    /// A save failed and the saved state could not be read back since: memory may hold
+    /// changes refused to their callers, so nothing is saved until it is read back.
+    reload_pending: bool,
     /// What operators set for nodes (eligibility, drains) by name; defaults are not kept.
     schedules: BTreeMap<String, drain::NodeSchedule>,
     /// The registered nodes new allocs may go to: `nodes` less the ineligible and
@@ -230,12 +233,25 @@ impl EmbeddedServer {
     /// a restart would find it, so a change refused to its caller is never saved by a later
     /// one (the simulator found a refused scale that landed with the next change).
     /// Watchers are not woken; they wait on the index of the last save, which did not move.
-    /// The error is logged and returned for callers that can retry. A store that cannot be
-    /// read back keeps the change in memory, unsaved, for the next change to save.
+    /// The error is logged and returned for callers that can retry. When the store cannot
+    /// be read back either, every change is refused unsaved until it can. A store that does
+    /// not read back at all (cluster mode's, whose failed save ends the leadership) keeps
+    /// the change in memory, unsaved.
     fn change<T>(&self, change: impl FnOnce(&mut State, u64) -> T) -> (T, Result<(), StateError>) {
         let mut state = self.lock();
+        if state.reload_pending {
+            state.reload_pending = false;
+            state.forget_unsaved_changes(self.db.as_ref());
+        }
         let index = state.index + 1;
         let result = change(&mut state, index);
+        if state.reload_pending {
+            let unsaved = StateError::Io(
+                "not saved: the server's saved state cannot be read back since a save failed"
+                    .into(),
+            );
+            return (result, Err(unsaved));
+        }
         if std::mem::take(&mut state.room_made) && !state.waiting.is_empty() {
             state.place_unplaced(index);
         }
@@ -566,7 +582,8 @@ impl EmbeddedServer {
     /// Takes a node that stopped answering out of placement: its allocs that
     /// were not terminal become `lost` and are asked to stop, and those their jobs still
     /// want are replaced on the other nodes. Returns the ids lost; an error when the change
-    /// could not be saved (it stays in memory, as for every change).
+    /// could not be saved (it is forgotten, as every change that cannot be saved is; the
+    /// next sweep tries again).
     pub fn node_down(&self, node_id: &str) -> Result<Vec<String>, StateError> {
         let now = crate::util::timestamp::unix_ms_now();
         let (lost, saved) = self.change(|state, index| state.node_down(node_id, index, now));

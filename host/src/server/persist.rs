@@ -5,8 +5,10 @@
 //! - Every mutation of a job or alloc goes through the tracked accessors here, which mark it
 //!   dirty (removed ones too): a change then writes only the records it touched plus the
 //!   small metadata record, so a save costs the size of the change, not of the cluster.
-//! - Dirty marks are cleared only once their write is committed: a failed save leaves them
-//!   for the next change to write.
+//! - Dirty marks are cleared only once their write is committed. A failed save reads the
+//!   state back instead (`forget_unsaved_changes`), so a change refused to its caller is not
+//!   written by the next one; only a store that cannot be read back (cluster mode's) leaves
+//!   the marks for the next change to write.
 //! - A record that cannot be read is skipped with a WARN naming it; a store that cannot be
 //!   read is an error: one bad record must not keep the agent from starting, and a store this
 //!   build cannot read is the operator's to look at.
@@ -129,9 +131,12 @@ impl State {
         Ok(state)
     }
 
-    /// After a failed save: the state becomes what `db` holds again, but for the nodes'
-    /// alloc index, which only a save moves (so it already is what `db` holds) and which
-    /// the nodes' watches wait on. Kept as it is when `db` cannot be read back.
+    /// After a failed save: the state becomes what `db` holds again, but for what is kept
+    /// in memory only and is still true: the nodes' alloc index (only a save moves it, so it
+    /// already is what `db` holds, and the nodes' watches wait on it) and what departed
+    /// nodes said of themselves. When `db` cannot be read back, `reload_pending` says so:
+    /// nothing is saved until a later attempt succeeds (see `EmbeddedServer::change`).
+    /// A store that does not read back (cluster mode's) keeps the change in memory.
     pub(super) fn forget_unsaved_changes(&mut self, db: &dyn StateDb) {
         if !db.reads_back_saved_state() {
             return;
@@ -139,12 +144,20 @@ impl State {
         match call_store(db, || State::load(db)) {
             Ok(mut saved) => {
                 std::mem::swap(&mut saved.node_allocs, &mut self.node_allocs);
+                saved.departed = std::mem::take(&mut self.departed);
+                // A node the forgotten change took down is a node again.
+                saved
+                    .departed
+                    .retain(|node, _| !saved.nodes.contains_key(node));
                 *self = saved;
             }
-            Err(error) => tracing::error!(
-                error = %error,
-                "cannot read the server state back after a failed save; the unsaved change stays in memory"
-            ),
+            Err(error) => {
+                tracing::error!(
+                    error = %error,
+                    "cannot read the server state back after a failed save; nothing is saved until it can be"
+                );
+                self.reload_pending = true;
+            }
         }
     }
 

@@ -46,6 +46,10 @@ impl MemoryStateDb {
 }
 
 impl StateDb for MemoryStateDb {
+    fn reads_back_saved_state(&self) -> bool {
+        true
+    }
+
     fn apply(&self, writes: Vec<Write>) -> Result<(), StateError> {
         let changes = super::rows_of(writes);
         let mut rows = self.lock();

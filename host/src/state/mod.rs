@@ -176,10 +176,11 @@ pub trait StateDb: Send + Sync + 'static {
 
     /// Whether [`StateDb::server_records`] reads what was saved every time it is called, so
     /// that the server can read its state back after a save fails (and forget the change
-    /// that failed). A store that hands its records over once (cluster mode's, whose failed
-    /// save ends the leadership anyway) says no. Fixed for the store's life.
+    /// that failed). Stores opt in: one that hands its records over once (cluster mode's,
+    /// whose failed save ends the leadership anyway) must not be read twice. Fixed for the
+    /// store's life.
     fn reads_back_saved_state(&self) -> bool {
-        true
+        false
     }
 
     /// Whether a call may wait on I/O. Callers on an async worker hand such calls to

@@ -342,6 +342,10 @@ fn migrate(
 type RowChangeInTable = (String, Option<Vec<u8>>);
 
 impl StateDb for RedbStateDb {
+    fn reads_back_saved_state(&self) -> bool {
+        true
+    }
+
     fn apply(&self, writes: Vec<Write>) -> Result<(), StateError> {
         // Rows grouped by table, each table's rows in order: one open per table per batch.
         let mut by_table: BTreeMap<Table, Vec<RowChangeInTable>> = BTreeMap::new();

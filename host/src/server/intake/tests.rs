@@ -230,6 +230,102 @@ async fn a_node_registering_again_costs_no_save_and_is_answered_while_saves_fail
     assert_eq!(server.nodes(), vec!["n1".to_string()], "n2 was refused");
 }
 
+fn faulty_server() -> (Arc<crate::state::FaultyStateDb>, Arc<EmbeddedServer>) {
+    let db = Arc::new(crate::state::FaultyStateDb::new(Arc::new(
+        MemoryStateDb::new(),
+    )));
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    (db, server)
+}
+
+fn info_of_class(class: &str) -> crate::model::node::NodeInfo {
+    crate::model::node::NodeInfo {
+        class: class.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_node_taken_down_keeps_what_it_said_of_itself_across_a_failed_save() {
+    let (db, server) = faulty_server();
+    server
+        .register_node("n1", &info_of_class("edge"))
+        .await
+        .unwrap();
+    server.node_down("n1").unwrap();
+    db.fail_writes(true);
+    server
+        .register_job(spec("web", JobType::Service, 1))
+        .unwrap_err();
+    db.fail_writes(false);
+    // Back without registering (it registers only after an error): as it said it was.
+    server
+        .watch_allocs("n1", 0, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let details = server.node_details();
+    assert_eq!(details.len(), 1);
+    assert_eq!(details[0].info.class, "edge");
+}
+
+#[tokio::test]
+async fn a_known_node_that_says_something_new_is_told_when_that_is_not_saved() {
+    let (db, server) = faulty_server();
+    server
+        .register_node("n1", &info_of_class("edge"))
+        .await
+        .unwrap();
+    db.fail_writes(true);
+    server
+        .register_node("n1", &info_of_class("edge"))
+        .await
+        .unwrap();
+    let refused = server
+        .register_node("n1", &info_of_class("core"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ServerError::Unavailable(_)),
+        "{refused:?}"
+    );
+    assert_eq!(server.node_details()[0].info.class, "edge", "forgotten");
+    db.fail_writes(false);
+    server
+        .register_node("n1", &info_of_class("core"))
+        .await
+        .unwrap();
+    assert_eq!(server.node_details()[0].info.class, "core");
+}
+
+#[tokio::test]
+async fn nothing_is_saved_while_the_state_cannot_be_read_back_after_a_failed_save() {
+    let (db, server) = faulty_server();
+    server
+        .register_job(spec("web", JobType::Service, 1))
+        .unwrap();
+    db.fail_writes(true);
+    db.fail_reads(true);
+    server.scale_job("web", 4).unwrap_err();
+    db.fail_writes(false);
+    // The disk writes again but cannot be read: the scale still in memory must not ride
+    // along with the next change, which is refused too.
+    let refused = server
+        .register_job(spec("api", JobType::Service, 1))
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("cannot be read back"),
+        "{refused}"
+    );
+    db.fail_reads(false);
+    server
+        .register_job(spec("api", JobType::Service, 1))
+        .unwrap();
+    let reopened = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    assert_eq!(reopened.job("web").unwrap().spec.count, 1);
+    assert_eq!(server.job("web").unwrap().spec.count, 1);
+    assert!(reopened.job("api").is_ok());
+}
+
 #[tokio::test]
 async fn a_change_refused_because_its_save_failed_is_never_saved_by_a_later_one() {
     let db = Arc::new(crate::state::FaultyStateDb::new(Arc::new(
