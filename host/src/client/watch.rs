@@ -16,6 +16,7 @@ use super::{Client, ClientInner, check_alloc_id, sync};
 use crate::allocrunner::alloc_span;
 use crate::rpc::{NodeAllocs, ServerError};
 use crate::util::determinism::{HashMap, HashSet};
+use crate::util::locks::LockUnpoisoned;
 use std::sync::{Arc, Weak};
 
 /// How an alloc diff sorts the server's answer. Each list is sorted by id, so a caller may
@@ -119,6 +120,14 @@ impl ClientInner {
             } else {
                 updated.push(alloc);
             }
+        }
+        // The fetch took a while: an alloc an earlier answer added (one moved here from a
+        // drained node starts on a task of its own) may have its runner by now, or be about
+        // to. Saving it again is harmless, but failing it when that save fails would report
+        // a running alloc failed, and the GC would destroy it.
+        {
+            let (runners, arriving) = (self.runners_lock(), self.arriving.lock_unpoisoned());
+            added.retain(|alloc| !runners.contains_key(&alloc.id) && !arriving.contains(&alloc.id));
         }
         // New allocs are on disk before any runner is built: one commit for the lot.
         let (valid, invalid): (Vec<_>, Vec<_>) = added
