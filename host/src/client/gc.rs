@@ -341,7 +341,10 @@ impl GarbageCollector {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         loop {
+            // Biased so that a simulation replays (an unbiased select draws from tokio's own
+            // random); either way one pass follows, and a trigger not taken stays.
             tokio::select! {
+                biased;
                 _ = ticker.tick() => {}
                 _ = self.trigger.notified() => {}
             }

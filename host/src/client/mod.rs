@@ -231,10 +231,15 @@ impl Client {
     }
 
     /// Stops every loop of this client now, as the death of its process would: nothing
-    /// more is watched, saved, reported or collected, whatever was under way (a commit not
-    /// yet made is lost, as it would be). Its runners are not told: whoever owns them stops
-    /// them. For simulations of a crash; an agent that stops uses [`Client::shutdown_all`].
+    /// more is watched, saved, reported or collected, and no runner starts, whatever was
+    /// under way (a commit not yet made is lost, as it would be). Its runners are not told,
+    /// and a task it spawned for one (a delayed start, a destroy) may still call it: whoever
+    /// owns the runners stops them. For simulations of a crash; an agent that stops uses
+    /// [`Client::shutdown_all`].
     pub fn halt(&self) {
+        self.inner
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         for task in self.inner.tasks.lock_unpoisoned().drain(..) {
             task.abort();
         }

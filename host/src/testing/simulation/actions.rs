@@ -54,7 +54,10 @@ impl World {
                 };
                 self.jobs.insert(id, job);
             }
-            Err(error) => self.trace.record(format!("register {id} refused: {error}")),
+            Err(error) => {
+                self.trace.record(format!("register {id} refused: {error}"));
+                self.refused.insert(id);
+            }
         }
     }
 

@@ -52,9 +52,18 @@ enum Fault {
     Duplicated,
 }
 
+/// What the server has heard of a node, as the wire saw it reach the server: the server
+/// counts a node live while a watch of it is open, and for a TTL after its last watch,
+/// registration or saved report.
+struct Contact {
+    open_watches: usize,
+    last: tokio::time::Instant,
+}
+
 /// One node's wire to the server.
 pub(super) struct Link {
-    node: String,
+    pub(super) node: String,
+    contact: Mutex<Contact>,
     slot: Arc<ServerSlot>,
     faults_on: Arc<AtomicBool>,
     draws: Mutex<Draws>,
@@ -73,6 +82,10 @@ impl Link {
     ) -> Arc<Link> {
         Arc::new(Link {
             node: node.to_string(),
+            contact: Mutex::new(Contact {
+                open_watches: 0,
+                last: tokio::time::Instant::now(),
+            }),
             slot,
             faults_on,
             draws: Mutex::new(Draws::new(seed ^ super::trace::fnv1a(node.as_bytes()))),
@@ -88,6 +101,23 @@ impl Link {
         if !cut {
             self.healed.notify_waiters();
         }
+    }
+
+    /// How long the server has heard nothing of this node; `None` while a watch is open.
+    pub(super) fn silent_for(&self) -> Option<Duration> {
+        let contact = self.contact.lock_unpoisoned();
+        (contact.open_watches == 0).then(|| contact.last.elapsed())
+    }
+
+    fn heard(&self) {
+        self.contact.lock_unpoisoned().last = tokio::time::Instant::now();
+    }
+
+    fn watch_opened(&self) -> OpenWatch<'_> {
+        let mut contact = self.contact.lock_unpoisoned();
+        contact.open_watches += 1;
+        contact.last = tokio::time::Instant::now();
+        OpenWatch(self)
     }
 
     fn draw_fault(&self, duplicable: bool) -> Option<Fault> {
@@ -168,6 +198,7 @@ impl Link {
 impl ServerApi for Link {
     async fn register_node(&self, node_id: &str, info: &NodeInfo) -> Result<(), ServerError> {
         self.call("registration", false, |server| async move {
+            self.heard();
             server.register_node(node_id, info).await
         })
         .await
@@ -180,6 +211,7 @@ impl ServerApi for Link {
         wait: Duration,
     ) -> Result<NodeAllocs, ServerError> {
         self.call("watch", false, |server| async move {
+            let _open = self.watch_opened();
             server.watch_allocs(node_id, min_index, wait).await
         })
         .await
@@ -194,8 +226,23 @@ impl ServerApi for Link {
 
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
         self.call("report", true, |server| async move {
-            server.update_allocs(updates).await
+            let taken = server.update_allocs(updates).await;
+            if taken.is_ok() {
+                self.heard();
+            }
+            taken
         })
         .await
+    }
+}
+
+/// A watch at the server: it ends (answered, or cut) when dropped.
+struct OpenWatch<'a>(&'a Link);
+
+impl Drop for OpenWatch<'_> {
+    fn drop(&mut self) {
+        let mut contact = self.0.contact.lock_unpoisoned();
+        contact.open_watches = contact.open_watches.saturating_sub(1);
+        contact.last = tokio::time::Instant::now();
     }
 }

@@ -16,7 +16,11 @@
 //!   wants running and does not hold lost;
 //! - the GC destroys no alloc its server wants running, and never more at once on a node than
 //!   `gc_parallel_destroys`;
-//! - every job change the server acknowledged is there after a server restart;
+//! - every job change the server acknowledged is there, after a server restart too, and no
+//!   job whose registration it refused ever is;
+//! - the server holds each node with what that node said of itself;
+//! - a node is taken down (its allocs lost) only after a TTL in which the server heard
+//!   nothing of it;
 //! - once the faults stop, every steady service job converges to exactly its count within
 //!   a bounded simulated time, and nothing of a stopped job runs.
 //!
@@ -28,7 +32,8 @@
 //!
 //! Test-only, with the rest of `testing`: it drives the server and the client through their
 //! public seams and changes neither. A crash is [`Client::halt`] and the runners' process
-//! marked dead: nothing of the old process acts after it.
+//! marked dead: the old client watches, saves and reports nothing more, and its runners
+//! ignore what a task it left behind still asks of them.
 
 mod actions;
 mod link;
@@ -37,13 +42,14 @@ mod trace;
 
 use crate::client::gc::{DiskStats, GcConfig, StatsSource};
 use crate::client::{Client, ClientConfig};
+use crate::model::node::NodeInfo;
 use crate::model::structs::{ClientStatus, DesiredStatus};
 use crate::server::{EmbeddedServer, ServerConfig};
 use crate::state::{FaultyStateDb, MemoryStateDb, StateDb};
 use actions::end_drain;
 use link::{Link, ServerSlot};
 use runner::{Behaviour, Ledger, Process};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -168,6 +174,16 @@ struct SimNode {
     client: Option<Client>,
 }
 
+/// What node `name` says of itself: its own class and meta, so that a server that mixed
+/// them up, or forgot them, shows.
+fn node_info(name: &str) -> NodeInfo {
+    NodeInfo {
+        class: format!("class-of-{name}"),
+        meta: BTreeMap::from([("node".to_string(), name.to_string())]),
+        ..NodeInfo::default()
+    }
+}
+
 /// A disk that is never full: the GC here collects by count and by the server's word.
 struct RoomyDisk;
 
@@ -193,6 +209,8 @@ struct World {
     nodes: Vec<SimNode>,
     jobs: BTreeMap<String, SimJob>,
     registered: usize,
+    /// Jobs whose registration the server refused: they must never appear.
+    refused: BTreeSet<String>,
     gc: GcConfig,
     data_dir: tempfile::TempDir,
 }
@@ -208,7 +226,8 @@ impl World {
             "seed {}: {} nodes, gc_parallel_destroys {}",
             config.seed, config.nodes, world.gc.parallel_destroys
         ));
-        let sweeper = tokio::spawn(sweep(world.slot.clone()));
+        let links = world.nodes.iter().map(|node| node.link.clone()).collect();
+        let sweeper = tokio::spawn(sweep(world.slot.clone(), links, world.ledger.clone()));
         for _ in 0..config.steps {
             let pause = world.draws.millis(50, 3_000);
             tokio::time::sleep(pause).await;
@@ -289,6 +308,7 @@ impl World {
             nodes,
             jobs: BTreeMap::new(),
             registered: 0,
+            refused: BTreeSet::new(),
             gc,
             data_dir: tempfile::tempdir().expect("a temporary directory"),
         };
@@ -305,6 +325,7 @@ impl World {
         node.process = Process::new(&node.name, node.incarnation, node.db.clone());
         let mut config = ClientConfig::new(&node.name, self.data_dir.path().join(&node.name));
         config.gc = self.gc.clone();
+        config.node_info = node_info(&node.name);
         config.watch_wait = Duration::from_secs(5);
         let factory = runner::factory(
             self.seed,
@@ -324,7 +345,8 @@ impl World {
         self.trace.record(format!("start {}", node.process.name));
     }
 
-    /// Every job change the server acknowledged is in the server now.
+    /// Every job change the server acknowledged is in the server now, and no job whose
+    /// registration it refused.
     fn check_acknowledged(&self) {
         let server = self.slot.server();
         for (id, job) in &self.jobs {
@@ -348,11 +370,26 @@ impl World {
                     .violation(format!("{id}: acknowledged job lost: {error}")),
             }
         }
+        for id in &self.refused {
+            if server.job(id).is_ok() {
+                self.ledger
+                    .violation(format!("{id}: its registration was refused, yet it exists"));
+            }
+        }
     }
 
     /// The invariants that hold at every step.
     async fn check(&self) {
+        self.check_acknowledged();
         let server = self.slot.server();
+        for details in server.node_details() {
+            if details.info != node_info(&details.id) {
+                self.ledger.violation(format!(
+                    "the server holds {} with what another said of itself: {:?}",
+                    details.id, details.info
+                ));
+            }
+        }
         let mut running_per_job: BTreeMap<String, u32> = BTreeMap::new();
         for (alloc_id, _node, job_id) in self.ledger.running() {
             let Ok(record) = server.alloc(&alloc_id) else {
@@ -422,13 +459,28 @@ impl World {
 }
 
 /// What the agent's sweep does, on the simulated clock: nodes without a watch go down, and
-/// drains and disconnects move on.
-async fn sweep(slot: Arc<ServerSlot>) {
+/// drains and disconnects move on. A node taken down must have been silent for a TTL, as
+/// its wire saw it: a node is lost only when it truly stopped talking.
+async fn sweep(slot: Arc<ServerSlot>, links: Vec<Arc<Link>>, ledger: Arc<Ledger>) {
     let mut sweeps = tokio::time::interval(NODE_TTL / 4);
     loop {
         sweeps.tick().await;
         let server = slot.server();
-        let _ = server.down_silent_nodes("");
+        let downed = server.down_silent_nodes("").unwrap_or_default();
+        for node in downed {
+            let Some(link) = links.iter().find(|link| link.node == node) else {
+                continue;
+            };
+            match link.silent_for() {
+                None => ledger.violation(format!("{node} taken down while it watched")),
+                Some(silent) if silent <= NODE_TTL => ledger.violation(format!(
+                    "{node} taken down after {} ms of silence, within its TTL of {} ms",
+                    silent.as_millis(),
+                    NODE_TTL.as_millis()
+                )),
+                Some(_) => {}
+            }
+        }
         let _ = server.tick();
     }
 }

@@ -179,7 +179,11 @@ impl Ledger {
             record.alloc.desired_status == DesiredStatus::Run && !lost
         });
         let mut state = self.state.lock_unpoisoned();
-        let running_here = state.running.contains_key(alloc_id);
+        let node = process.split('#').next().unwrap_or(process);
+        let running_here = state
+            .running
+            .get(alloc_id)
+            .is_some_and(|(on, _)| on == node);
         if server_wants_it && running_here {
             let what = format!("alloc {alloc_id} destroyed while its server wants it running");
             self.violated(&mut state, what);
