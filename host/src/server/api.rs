@@ -38,14 +38,23 @@ impl ServerApi for EmbeddedServer {
     ) -> Result<NodeAllocs, ServerError> {
         let _open = self.liveness.watching(node_id);
         // A node that watches is registered: one taken down while it was between two
-        // watches (see `down_silent_nodes`) is back, and allocs may be placed on it again.
+        // watches (see `down_silent_nodes`) is back with what it said of itself, and allocs
+        // may be placed on it again. One the server knows nothing of (it restarted since,
+        // and what departed nodes said is kept in memory only) is told to register: taking
+        // it back as saying nothing would place on it as if it had no class, pool, meta or
+        // limits, until it happened to register again.
         let departed = {
             let state = self.lock();
-            (!state.nodes.contains_key(node_id))
-                .then(|| state.departed.get(node_id).cloned().unwrap_or_default())
+            (!state.nodes.contains_key(node_id)).then(|| state.departed.get(node_id).cloned())
         };
-        if let Some(info) = departed {
-            self.register_node(node_id, &info).await?;
+        match departed {
+            Some(Some(info)) => self.register_node(node_id, &info).await?,
+            Some(None) => {
+                return Err(ServerError::Unavailable(format!(
+                    "node {node_id:?} is not registered with this server: register it again"
+                )));
+            }
+            None => {}
         }
         let mut changed = {
             let mut state = self.lock();

@@ -196,10 +196,7 @@ async fn nodes_that_join_during_a_save_join_in_the_next_one_and_share_the_waitin
 
 #[tokio::test]
 async fn a_node_registering_again_costs_no_save_and_is_answered_while_saves_fail() {
-    let db = Arc::new(crate::state::FaultyStateDb::new(Arc::new(
-        MemoryStateDb::new(),
-    )));
-    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    let (db, server) = faulty_server();
     server
         .register_node("n1", &Default::default())
         .await
@@ -269,6 +266,40 @@ async fn a_node_taken_down_keeps_what_it_said_of_itself_across_a_failed_save() {
 }
 
 #[tokio::test]
+async fn a_node_the_server_does_not_know_is_told_to_register_when_it_watches() {
+    let db = Arc::new(MemoryStateDb::new());
+    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    server
+        .register_node("n1", &info_of_class("edge"))
+        .await
+        .unwrap();
+    server.node_down("n1").unwrap();
+    // What departed nodes said of themselves is kept in memory only: a restart forgets it.
+    let server = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
+    let refused = server
+        .watch_allocs("n1", 0, std::time::Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("register it again"),
+        "{refused}"
+    );
+    assert!(
+        server.node_details().is_empty(),
+        "not taken back as saying nothing"
+    );
+    server
+        .register_node("n1", &info_of_class("edge"))
+        .await
+        .unwrap();
+    server
+        .watch_allocs("n1", 0, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(server.node_details()[0].info.class, "edge");
+}
+
+#[tokio::test]
 async fn a_known_node_that_says_something_new_is_told_when_that_is_not_saved() {
     let (db, server) = faulty_server();
     server
@@ -328,10 +359,7 @@ async fn nothing_is_saved_while_the_state_cannot_be_read_back_after_a_failed_sav
 
 #[tokio::test]
 async fn a_change_refused_because_its_save_failed_is_never_saved_by_a_later_one() {
-    let db = Arc::new(crate::state::FaultyStateDb::new(Arc::new(
-        MemoryStateDb::new(),
-    )));
-    let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    let (db, server) = faulty_server();
     server
         .register_job(spec("web", JobType::Service, 1))
         .unwrap();

@@ -227,7 +227,8 @@ impl ServerApi for Link {
     async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
         self.call("report", true, |server| async move {
             let taken = server.update_allocs(updates).await;
-            if taken.is_ok() {
+            // The server counts a report as word from its node only when it took some of it.
+            if taken.as_ref().is_ok_and(|ids| !ids.is_empty()) {
                 self.heard();
             }
             taken

@@ -149,7 +149,10 @@ pub fn simulate(config: &SimConfig) -> SimOutcome {
     runtime.block_on(World::run(config))
 }
 
-/// How long a node may go without a watch open before the server takes it down.
+/// How long a node may go without a watch open before the server takes it down: shorter
+/// than the default 30 s, so that partitions take nodes down often. It is shorter than a
+/// client's longest wait between two watches too (its backoff, up to 12.5 s): a node that
+/// is only waiting to try again may be taken down, as it would be with this TTL.
 const NODE_TTL: Duration = Duration::from_secs(10);
 /// How long the cluster gets to converge once the faults stop.
 const SETTLE: Duration = Duration::from_secs(120);

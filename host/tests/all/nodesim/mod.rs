@@ -443,6 +443,13 @@ async fn with_a_token_every_node_route_needs_it_the_watch_too() {
         !nodes.to_string().contains("n1"),
         "a refused watch registers nothing: {nodes}"
     );
+    // With the token the watch is let through; a node the server does not know is told to
+    // register first, and then watches.
+    let (status, answer) = http(addr, "GET", watch, None, Some("s3cret")).await;
+    assert_eq!(status, 503, "{answer}");
+    assert!(answer.to_string().contains("register it again"), "{answer}");
+    let (status, answer) = http(addr, "PUT", "/v1/node/n1/register", None, Some("s3cret")).await;
+    assert_eq!(status, 200, "{answer}");
     let (status, answer) = http(addr, "GET", watch, None, Some("s3cret")).await;
     assert_eq!(status, 200, "{answer}");
     agent.stop();
