@@ -44,8 +44,8 @@ fn every_invariant_holds_for_five_hundred_seeds() {
 }
 
 /// Seeds that found a defect, each fixed since: they run as they are in every test run. The
-/// simulation may change under them and leave a seed testing something else: a defect that
-/// a test of its own can reach has one too (seed 84's, in `server::intake::tests`).
+/// simulation may change under them and leave a seed testing something else, so each
+/// defect has a test of its own too (in `server::intake::tests` and `client::alloc_map`).
 const REGRESSION_SEEDS: [(u64, &str); 3] = [
     (
         84,

@@ -1,5 +1,6 @@
 //! The alloc map and its sync with the server: allocs the server drops, runners that fail to
-//! build, wasm runners, stray updates, and a client shutting down mid-build.
+//! build, wasm runners, stray updates, a client shutting down mid-build, and an alloc named
+//! as new again while it starts.
 
 use super::*;
 use caravan_host::allocrunner::AllocRunnerConfig;
@@ -317,4 +318,123 @@ async fn no_runner_starts_once_the_client_is_shutting_down() {
         );
     }
     client.flush_state().await;
+}
+
+/// A server whose second watch answers at once with the first answer's allocs (as one whose
+/// index moved for something else would), and whose second fetch is slow, with the client's
+/// disk failing from then on: the window in which an alloc moved here from a drained node
+/// starts on a task of its own while a second answer still names it as new.
+struct SlowSecondFetch {
+    inner: Arc<InMemoryServer>,
+    client_disk: Arc<caravan_host::testing::FaultyStateDb>,
+    watches: std::sync::atomic::AtomicU32,
+    fetches: std::sync::atomic::AtomicU32,
+    first_answer: Mutex<Option<NodeAllocs>>,
+}
+
+#[async_trait::async_trait]
+impl ServerApi for SlowSecondFetch {
+    async fn register_node(
+        &self,
+        node_id: &str,
+        info: &caravan_host::model::node::NodeInfo,
+    ) -> Result<(), ServerError> {
+        self.inner.register_node(node_id, info).await
+    }
+
+    async fn watch_allocs(
+        &self,
+        node_id: &str,
+        min_index: u64,
+        wait: Duration,
+    ) -> Result<NodeAllocs, ServerError> {
+        use std::sync::atomic::Ordering;
+        if self.watches.fetch_add(1, Ordering::SeqCst) == 1 {
+            let first = self.first_answer.lock().unwrap().clone().unwrap();
+            return Ok(NodeAllocs {
+                index: first.index + 1,
+                allocs: first.allocs,
+            });
+        }
+        let answer = self.inner.watch_allocs(node_id, min_index, wait).await?;
+        self.first_answer
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| answer.clone());
+        Ok(answer)
+    }
+
+    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
+        use std::sync::atomic::Ordering;
+        if self.fetches.fetch_add(1, Ordering::SeqCst) == 1 {
+            self.client_disk.fail_writes(true);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        self.inner.get_allocs(ids).await
+    }
+
+    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
+        self.inner.update_allocs(updates).await
+    }
+}
+
+/// Found by the simulation (seed 60,459): the second answer's save failed, and the client
+/// failed the alloc, reported it failed while its runner ran, and its GC destroyed it.
+#[tokio::test(start_paused = true)]
+async fn an_alloc_starting_after_a_move_is_not_failed_by_a_slow_second_answer() {
+    let _logs = LogCapture::start();
+    let inner = InMemoryServer::new();
+    let client_disk = Arc::new(caravan_host::testing::FaultyStateDb::new(Arc::new(
+        caravan_host::state::MemoryStateDb::new(),
+    )));
+    let server = Arc::new(SlowSecondFetch {
+        inner: inner.clone(),
+        client_disk: client_disk.clone(),
+        watches: Default::default(),
+        fetches: Default::default(),
+        first_answer: Mutex::new(None),
+    });
+    let moved = Alloc {
+        previous_alloc: Some(caravan_host::model::structs::PreviousAlloc {
+            alloc_id: "drained-away".into(),
+            node_id: "node-2".into(),
+            checkpoint: true,
+        }),
+        ..alloc("native", &["main"], &[])
+    };
+    inner.place(NODE, moved.clone());
+    let mut config = ClientConfig::new(NODE, own_data_dir());
+    config.gc = gc_config(0, 2);
+    let client = Client::with_state(
+        config,
+        server.clone(),
+        empty_factory(),
+        Arc::new(FakeStats::default()),
+        client_disk.clone(),
+    );
+    client.start();
+
+    eventually("the second fetch", || {
+        server.fetches.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    client_disk.fail_writes(false);
+    eventually("running and reported so", || {
+        inner
+            .client_state(&moved.id)
+            .is_some_and(|state| state.client_status == ClientStatus::Running)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let runner = client.runner(&moved.id).expect("its runner");
+    assert_eq!(runner.alloc_state().client_status, ClientStatus::Running);
+    assert!(!runner.is_destroyed(), "the GC destroyed a running alloc");
+    assert_eq!(
+        inner
+            .client_state(&moved.id)
+            .map(|state| state.client_status),
+        Some(ClientStatus::Running),
+        "the server heard it failed"
+    );
 }
