@@ -12,12 +12,17 @@
 //!
 //! A leaf: it knows nothing of what asks it.
 
-/// A new random id: a UUID v4 in text.
+/// A new random id: a UUID v4 in text, from the system's random source, or from the
+/// simulation's draws.
 pub fn new_id() -> String {
-    let bits = (u128::from(random_u64()) << 64) | u128::from(random_u64());
-    uuid::Builder::from_random_bytes(bits.to_be_bytes())
-        .into_uuid()
-        .to_string()
+    #[cfg(feature = "testing")]
+    if let (Some(high), Some(low)) = (simulated::next_draw(), simulated::next_draw()) {
+        let bits = (u128::from(high) << 64) | u128::from(low);
+        return uuid::Builder::from_random_bytes(bits.to_be_bytes())
+            .into_uuid()
+            .to_string();
+    }
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// 64 random bits (not for secrets), or the simulation's next draw. std's hasher keys are

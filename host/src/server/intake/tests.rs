@@ -242,13 +242,15 @@ fn info_of_class(class: &str) -> crate::model::node::NodeInfo {
     }
 }
 
+/// Registers `node` as of `class`.
+async fn register_as(server: &EmbeddedServer, node: &str, class: &str) -> Result<(), ServerError> {
+    server.register_node(node, &info_of_class(class)).await
+}
+
 #[tokio::test]
 async fn a_node_taken_down_keeps_what_it_said_of_itself_across_a_failed_save() {
     let (db, server) = faulty_server();
-    server
-        .register_node("n1", &info_of_class("edge"))
-        .await
-        .unwrap();
+    register_as(&server, "n1", "edge").await.unwrap();
     server.node_down("n1").unwrap();
     db.fail_writes(true);
     server
@@ -269,10 +271,7 @@ async fn a_node_taken_down_keeps_what_it_said_of_itself_across_a_failed_save() {
 async fn a_node_the_server_does_not_know_is_told_to_register_when_it_watches() {
     let db = Arc::new(MemoryStateDb::new());
     let server = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
-    server
-        .register_node("n1", &info_of_class("edge"))
-        .await
-        .unwrap();
+    register_as(&server, "n1", "edge").await.unwrap();
     server.node_down("n1").unwrap();
     // What departed nodes said of themselves is kept in memory only: a restart forgets it.
     let server = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
@@ -288,10 +287,7 @@ async fn a_node_the_server_does_not_know_is_told_to_register_when_it_watches() {
         server.node_details().is_empty(),
         "not taken back as saying nothing"
     );
-    server
-        .register_node("n1", &info_of_class("edge"))
-        .await
-        .unwrap();
+    register_as(&server, "n1", "edge").await.unwrap();
     server
         .watch_allocs("n1", 0, std::time::Duration::ZERO)
         .await
@@ -302,29 +298,17 @@ async fn a_node_the_server_does_not_know_is_told_to_register_when_it_watches() {
 #[tokio::test]
 async fn a_known_node_that_says_something_new_is_told_when_that_is_not_saved() {
     let (db, server) = faulty_server();
-    server
-        .register_node("n1", &info_of_class("edge"))
-        .await
-        .unwrap();
+    register_as(&server, "n1", "edge").await.unwrap();
     db.fail_writes(true);
-    server
-        .register_node("n1", &info_of_class("edge"))
-        .await
-        .unwrap();
-    let refused = server
-        .register_node("n1", &info_of_class("core"))
-        .await
-        .unwrap_err();
+    register_as(&server, "n1", "edge").await.unwrap();
+    let refused = register_as(&server, "n1", "core").await.unwrap_err();
     assert!(
         matches!(refused, ServerError::Unavailable(_)),
         "{refused:?}"
     );
     assert_eq!(server.node_details()[0].info.class, "edge", "forgotten");
     db.fail_writes(false);
-    server
-        .register_node("n1", &info_of_class("core"))
-        .await
-        .unwrap();
+    register_as(&server, "n1", "core").await.unwrap();
     assert_eq!(server.node_details()[0].info.class, "core");
 }
 

@@ -235,7 +235,7 @@ impl World {
             let pause = world.draws.millis(50, 3_000);
             tokio::time::sleep(pause).await;
             world.act().await;
-            world.check().await;
+            world.check();
             if world.ledger.first_violation().is_some() {
                 break;
             }
@@ -382,7 +382,7 @@ impl World {
     }
 
     /// The invariants that hold at every step.
-    async fn check(&self) {
+    fn check(&self) {
         self.check_acknowledged();
         let server = self.slot.server();
         for details in server.node_details() {
