@@ -20,9 +20,9 @@
 //!
 //! It knows etcd and nothing of what the keys mean.
 
+use super::backend::CallError;
 use super::store::{CALL_TIMEOUT, EtcdStore, StoreError};
 use crate::util::prometheus::{Kind, header, sample, single};
-use etcd_client::{AlarmAction, AlarmType};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -320,39 +320,28 @@ impl EtcdStore {
     /// earlier attempt whose answer was lost, or by another compactor) is success: the
     /// history is as short as asked.
     pub async fn compact(&self, revision: i64) -> Result<(), StoreError> {
-        let mut kv = self.client.kv_client();
-        let outcome = tokio::time::timeout(CALL_TIMEOUT, kv.compact(revision, None)).await;
+        let outcome = tokio::time::timeout(CALL_TIMEOUT, self.backend().compact(revision)).await;
         let reason = match outcome {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(error)) if already_compacted(&error) => return Ok(()),
-            Ok(Err(error)) if super::store::is_refusal(&error) => {
+            Ok(Ok(())) | Ok(Err(CallError::Compacted(_))) => return Ok(()),
+            Ok(Err(CallError::Lost(reason))) => reason,
+            Ok(Err(refusal)) => {
                 return Err(StoreError::Refused {
                     endpoints: self.endpoints(),
                     what: format!("compacting to revision {revision}"),
-                    reason: error.to_string(),
+                    reason: refusal.to_string(),
                 });
             }
-            Ok(Err(error)) => error.to_string(),
             Err(_) => format!("compacting took longer than {CALL_TIMEOUT:?}"),
         };
         Err(self.unreachable(reason))
     }
 
     /// What etcd says of its space now: one member's status, the raised alarms, and the
-    /// members' names. Each call is tried once, within the store's call timeout: this is a probe,
-    /// and the next one is soon.
+    /// members' names. Tried once, within the store's call timeout: this is a probe, and
+    /// the next one is soon.
     pub async fn space(&self) -> Result<EtcdSpace, StoreError> {
-        let probe = async {
-            let mut maintenance = self.client.maintenance_client();
-            let status = maintenance.status().await?;
-            let alarms = maintenance
-                .alarm(AlarmAction::Get, AlarmType::None, None)
-                .await?;
-            let members = self.client.cluster_client().member_list().await?;
-            Ok::<_, etcd_client::Error>((status, alarms, members))
-        };
-        let (status, alarms, members) = match tokio::time::timeout(CALL_TIMEOUT, probe).await {
-            Ok(Ok(answers)) => answers,
+        let status = match tokio::time::timeout(CALL_TIMEOUT, self.backend().status()).await {
+            Ok(Ok(status)) => status,
             Ok(Err(error)) => return Err(self.unreachable(error.to_string())),
             Err(_) => {
                 return Err(self.unreachable(format!(
@@ -360,28 +349,20 @@ impl EtcdStore {
                 )));
             }
         };
-        let name_of = |id: u64| {
-            members
-                .members()
-                .iter()
-                .find(|m| m.id() == id && !m.name().is_empty())
-                .map(|m| crate::util::text::cut(m.name(), 64).into_owned())
-                .unwrap_or_else(|| format!("{id:x}"))
-        };
-        let header = status.header();
+        // What etcd says of itself is shown and logged: bounded, as any text from outside.
+        let name = |name: &str| crate::util::text::cut(name, 64).into_owned();
         Ok(EtcdSpace {
-            member: name_of(header.map_or(0, |h| h.member_id())),
-            version: crate::util::text::cut(status.version(), 32).into_owned(),
-            db_size: u64::try_from(status.db_size()).unwrap_or(0),
-            db_size_in_use: u64::try_from(status.raft_used_db_size()).unwrap_or(0),
-            revision: header.map_or(0, |h| h.revision()),
-            alarms: alarms
-                .alarms()
+            member: name(&status.member),
+            version: crate::util::text::cut(&status.version, 32).into_owned(),
+            db_size: status.db_size,
+            db_size_in_use: status.db_size_in_use,
+            revision: status.revision,
+            alarms: status
+                .alarms
                 .iter()
-                .filter(|a| a.alarm() != AlarmType::None)
-                .map(|a| EtcdAlarm {
-                    member: name_of(a.member_id()),
-                    alarm: a.alarm().as_str_name().to_string(),
+                .map(|(member, alarm)| EtcdAlarm {
+                    member: name(member),
+                    alarm: alarm.clone(),
                 })
                 .collect(),
         })
@@ -393,13 +374,6 @@ impl EtcdStore {
             reason,
         }
     }
-}
-
-/// Whether etcd refused a compaction because its history is compacted further already
-/// (gRPC `OutOfRange`, "mvcc: required revision has been compacted").
-fn already_compacted(error: &etcd_client::Error) -> bool {
-    matches!(error, etcd_client::Error::GRpcStatus(status)
-        if status.message().contains("required revision has been compacted"))
 }
 
 #[cfg(test)]

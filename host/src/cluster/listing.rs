@@ -1,8 +1,8 @@
 //! Reading many keys: a prefix in pages, and a whole cluster's ranges at once, all at one
 //! revision, so that what is read is one consistent view however many responses it takes.
 
+use super::backend::RangeRead;
 use super::store::{EtcdStore, KeyValue, LIST_PAGE, StoreError, prefix_end};
-use etcd_client::GetOptions;
 
 impl EtcdStore {
     /// Every key under `prefix`, and the revision the read was made at: a watch from the
@@ -68,29 +68,33 @@ impl EtcdStore {
         let mut from = start.to_vec();
         loop {
             let (start, end) = (&from, &end);
-            let mut response = self
-                .retrying("listing a prefix", |mut client| async move {
-                    let mut options = GetOptions::new()
-                        .with_range(end.to_vec())
-                        .with_limit(page.max(1));
-                    if revision > 0 {
-                        options = options.with_revision(revision);
-                    }
-                    client.get(start.clone(), Some(options)).await
+            let answer = self
+                .retrying("listing a prefix", |etcd| async move {
+                    let read = RangeRead {
+                        start: start.clone(),
+                        end: end.to_vec(),
+                        revision,
+                        limit: page.max(1),
+                        count_only: false,
+                    };
+                    etcd.range(read).await
                 })
                 .await?;
             if revision == 0 {
-                revision = response.header().map_or(0, |h| h.revision());
+                revision = answer.revision;
             }
-            let more = response.more();
-            let kvs = response.take_kvs();
-            entries.extend(kvs.iter().map(KeyValue::from_etcd));
-            match kvs.last() {
-                Some(last) if more => {
-                    from = last.key().to_vec();
-                    from.push(0);
+            let next = match answer.kvs.last() {
+                Some(last) if answer.more => {
+                    let mut next = last.key.as_bytes().to_vec();
+                    next.push(0);
+                    Some(next)
                 }
-                _ => return Ok((entries, revision)),
+                _ => None,
+            };
+            entries.extend(answer.kvs);
+            match next {
+                Some(next) => from = next,
+                None => return Ok((entries, revision)),
             }
         }
     }

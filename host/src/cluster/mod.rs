@@ -2,6 +2,8 @@
 //! design and the key layout).
 //!
 //! Layout, from the bottom up:
+//! - [`backend::EtcdBackend`] (`backend`): the etcd calls cluster mode makes, as a trait;
+//!   `grpc` is etcd itself, the simulation has its own in memory.
 //! - [`EtcdStore`] (`store`): the connection, with every member named and watches requiring
 //!   a leader; reads and compare-guarded writes retried; the schema check an agent makes
 //!   before it touches anything. `listing`: a prefix in pages, and a cluster's ranges at
@@ -23,6 +25,8 @@
 
 mod access;
 mod acl_tokens;
+pub mod backend;
+mod grpc;
 mod history;
 pub mod keys;
 mod lease;

@@ -5,11 +5,12 @@
 //! revision: [`is_refusal`]) is not retried: asking again gets the same answer, and the
 //! caller must hear it at once rather than after the whole retry window.
 
+use super::backend::{
+    CallError, CompareOp, CreatedCompare, EtcdBackend, RangeRead, Transaction, TxnStep,
+};
 use super::{SCHEMA_KEY, SCHEMA_VERSION};
 use crate::util::backoff::Backoff;
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, WatchClient,
-};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long one call to etcd may take before it is retried, and how long all retries of one
@@ -18,14 +19,14 @@ pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_FOR: Duration = Duration::from_secs(15);
 
 /// Keys read per response of a listing: a new leader reads every alloc of the cluster, and
-/// 100,000 of them in one response would be hundreds of MiB, past what a response may carry
-/// ([`MAX_RESPONSE_BYTES`]); a page of this many is a few MiB.
+/// 100,000 of them in one response would be hundreds of MiB, past what a response may carry;
+/// a page of this many is a few MiB.
 pub const LIST_PAGE: i64 = 1_000;
 
 /// The end of the range of keys that start with `prefix`, by etcd's own rule: the prefix
 /// with its last byte below 0xff raised by one and what follows it dropped (every key from
 /// the prefix on, `\0`, when there is none).
-pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -36,31 +37,8 @@ pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// An etcd error as one line: a failed connection (a TLS alert, a reset) is named by its
-/// root cause ("received fatal alert: BadCertificate") rather than by gRPC's nested debug
-/// output of every layer.
-fn described(error: &etcd_client::Error) -> String {
-    let source: Option<&(dyn std::error::Error + 'static)> = match error {
-        etcd_client::Error::GRpcStatus(status) => std::error::Error::source(status),
-        etcd_client::Error::TransportError(transport) => Some(transport),
-        _ => None,
-    };
-    let Some(mut root) = source else {
-        return error.to_string();
-    };
-    while let Some(deeper) = root.source() {
-        root = deeper;
-    }
-    format!("cannot connect: {root}")
-}
-
 /// The waits between retries of one call: from 50 ms, doubling to 1 s, jittered.
 const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-
-/// The largest response decoded: a watch catching up sends up to a thousand revisions in one
-/// response, far past the crate's default of 4 MiB, and a response over the limit would fail
-/// the same way at every re-open. Values are small (etcd refuses requests over 1.5 MiB).
-const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
 /// Why an etcd operation failed, after its retries.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -124,40 +102,26 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
-/// What the single-key gets of a transaction found, in order (keys that do not exist left out).
-pub(super) fn read_in(response: etcd_client::TxnResponse) -> Vec<KeyValue> {
-    response
-        .op_responses()
-        .into_iter()
-        .filter_map(|op| match op {
-            etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(KeyValue::from_etcd),
-            _ => None,
-        })
-        .collect()
-}
-
 /// One transaction making every put of `writes` if every guard exists, and none otherwise.
-fn guarded_txn(writes: &[GuardedPut]) -> Txn {
-    let guards: Vec<Compare> = writes
-        .iter()
-        .map(|w| Compare::create_revision(w.guard.as_str(), CompareOp::Greater, 0))
-        .collect();
-    let puts: Vec<TxnOp> = writes
-        .iter()
-        .map(|w| TxnOp::put(w.key.as_str(), w.value.as_slice(), None))
-        .collect();
-    Txn::new().when(guards).and_then(puts)
-}
-
-impl KeyValue {
-    pub(super) fn from_etcd(kv: &etcd_client::KeyValue) -> Self {
-        KeyValue {
-            key: String::from_utf8_lossy(kv.key()).into_owned(),
-            value: kv.value().to_vec(),
-            mod_revision: kv.mod_revision(),
-            create_revision: kv.create_revision(),
-            lease: kv.lease(),
-        }
+fn guarded_txn(writes: &[GuardedPut]) -> Transaction {
+    Transaction {
+        when: writes
+            .iter()
+            .map(|w| CreatedCompare {
+                key: w.guard.clone(),
+                op: CompareOp::Greater,
+                revision: 0,
+            })
+            .collect(),
+        then: writes
+            .iter()
+            .map(|w| TxnStep::Put {
+                key: w.key.clone(),
+                value: w.value.clone(),
+                lease: 0,
+            })
+            .collect(),
+        otherwise: Vec::new(),
     }
 }
 
@@ -175,9 +139,10 @@ pub struct GuardedPut {
 /// A connection to an etcd cluster, every member named. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdStore {
-    pub(super) client: Client,
+    backend: Arc<dyn EtcdBackend>,
     endpoints: Vec<String>,
-    access: std::sync::Arc<super::EtcdAccess>,
+    /// How it connected, to connect again; `None` for a store made over a given backend.
+    access: Option<Arc<super::EtcdAccess>>,
 }
 
 impl EtcdStore {
@@ -192,27 +157,17 @@ impl EtcdStore {
         endpoints: &[String],
         access: &super::EtcdAccess,
     ) -> Result<EtcdStore, StoreError> {
-        // Watches fail when their member loses the cluster's leader, rather than staying open
-        // and silent for ever; no timeout on the client itself, which would end every watch.
-        // HTTP/2 keep-alive pings find a member that froze or was cut off, which could
-        // otherwise never tell a watch it lost its leader.
-        let options = ConnectOptions::new()
-            .with_require_leader(true)
-            .with_connect_timeout(CALL_TIMEOUT)
-            .with_keep_alive(CALL_TIMEOUT, CALL_TIMEOUT)
-            .with_keep_alive_while_idle(true);
-        let options = access.apply(options);
         let unreachable = |reason: String| StoreError::Unreachable {
             endpoints: endpoints.join(","),
             reason: access.explain(reason),
         };
-        let client = Client::connect(endpoints, Some(options))
+        let backend = super::grpc::GrpcEtcd::connect(endpoints, access)
             .await
-            .map_err(|e| unreachable(described(&e)))?;
+            .map_err(unreachable)?;
         let store = EtcdStore {
-            client,
+            backend: Arc::new(backend),
             endpoints: endpoints.to_vec(),
-            access: std::sync::Arc::new(access.clone()),
+            access: Some(Arc::new(access.clone())),
         };
         match store.revision().await {
             Ok(_) => Ok(store),
@@ -224,6 +179,16 @@ impl EtcdStore {
         }
     }
 
+    /// A store over `backend`, named `name` in messages: for the simulation's etcd. Checks
+    /// nothing, and [`EtcdStore::connect_again`] gives back the same backend.
+    pub fn over(name: &str, backend: Arc<dyn EtcdBackend>) -> EtcdStore {
+        EtcdStore {
+            backend,
+            endpoints: vec![name.to_string()],
+            access: None,
+        }
+    }
+
     /// Every member's endpoint, as given.
     pub fn endpoint_list(&self) -> &[String] {
         &self.endpoints
@@ -231,7 +196,10 @@ impl EtcdStore {
 
     /// A connection of its own to the same cluster, with the same access.
     pub async fn connect_again(&self) -> Result<EtcdStore, StoreError> {
-        EtcdStore::connect_with(&self.endpoints, &self.access).await
+        match &self.access {
+            Some(access) => EtcdStore::connect_with(&self.endpoints, access).await,
+            None => Ok(self.clone()),
+        }
     }
 
     /// The endpoints, comma-separated, for messages.
@@ -239,17 +207,9 @@ impl EtcdStore {
         self.endpoints.join(",")
     }
 
-    /// A watch client that decodes responses up to [`MAX_RESPONSE_BYTES`].
-    pub(super) fn watch_client(&self) -> WatchClient {
-        self.client
-            .watch_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-    }
-
-    fn kv(&self) -> KvClient {
-        self.client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+    /// The backend, for one call made once, with no retry.
+    pub(super) fn backend(&self) -> &dyn EtcdBackend {
+        self.backend.as_ref()
     }
 
     /// Runs `call` until it succeeds, retrying what may be retried (a lost answer, a member
@@ -258,22 +218,23 @@ impl EtcdStore {
     /// compare).
     pub(super) async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, StoreError>
     where
-        F: FnMut(KvClient) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: FnMut(Arc<dyn EtcdBackend>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
     {
         let started = tokio::time::Instant::now();
         let mut failures = 0;
         loop {
-            let error = match tokio::time::timeout(CALL_TIMEOUT, call(self.kv())).await {
+            let attempt = call(self.backend.clone());
+            let error = match tokio::time::timeout(CALL_TIMEOUT, attempt).await {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(error)) if is_refusal(&error) => {
+                Ok(Err(CallError::Lost(error))) => error,
+                Ok(Err(refusal)) => {
                     return Err(StoreError::Refused {
                         endpoints: self.endpoints(),
                         what: what.to_string(),
-                        reason: error.to_string(),
+                        reason: refusal.to_string(),
                     });
                 }
-                Ok(Err(error)) => described(&error),
                 Err(_) => format!("{what} took longer than {CALL_TIMEOUT:?}"),
             };
             if started.elapsed() >= RETRY_FOR {
@@ -290,11 +251,13 @@ impl EtcdStore {
 
     /// The cluster's current revision (a linearizable read).
     pub async fn revision(&self) -> Result<i64, StoreError> {
-        self.retrying("reading the revision", |mut client| async move {
-            let response = client
-                .get(SCHEMA_KEY, Some(GetOptions::new().with_count_only()))
-                .await?;
-            Ok(response.header().map_or(0, |h| h.revision()))
+        self.retrying("reading the revision", |etcd| async move {
+            let read = RangeRead {
+                start: SCHEMA_KEY.into(),
+                count_only: true,
+                ..RangeRead::default()
+            };
+            Ok(etcd.range(read).await?.revision)
         })
         .await
     }
@@ -320,21 +283,31 @@ impl EtcdStore {
         value: &[u8],
         puts: &[(String, Vec<u8>)],
     ) -> Result<Vec<u8>, StoreError> {
-        self.retrying(what, |mut client| async move {
-            let mut writes = vec![TxnOp::put(key, value, None)];
-            writes.extend(
-                puts.iter()
-                    .map(|(k, v)| TxnOp::put(k.as_str(), v.clone(), None)),
-            );
-            let txn = Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                .and_then(writes)
-                .or_else([TxnOp::get(key, None)]);
-            let response = client.txn(txn).await?;
-            if response.succeeded() {
+        self.retrying(what, |etcd| async move {
+            let put = |key: &str, value: &[u8]| TxnStep::Put {
+                key: key.to_string(),
+                value: value.to_vec(),
+                lease: 0,
+            };
+            let mut then = vec![put(key, value)];
+            then.extend(puts.iter().map(|(k, v)| put(k, v)));
+            let txn = Transaction {
+                when: vec![CreatedCompare {
+                    key: key.to_string(),
+                    op: CompareOp::Equal,
+                    revision: 0,
+                }],
+                then,
+                otherwise: vec![TxnStep::Get {
+                    key: key.to_string(),
+                }],
+            };
+            let answer = etcd.txn(txn).await?;
+            if answer.succeeded {
                 return Ok(value.to_vec());
             }
-            Ok(read_in(response)
+            Ok(answer
+                .found
                 .into_iter()
                 .next()
                 .map(|kv| kv.value)
@@ -361,8 +334,8 @@ impl EtcdStore {
     /// Deletes `key`; returns whether it existed. A retry after a lost answer finds it gone
     /// and says false: callers that must know use [`EtcdStore::get_many`] first.
     pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        self.retrying("deleting a key", |mut client| async move {
-            Ok(client.delete(key, None).await?.deleted() > 0)
+        self.retrying("deleting a key", |etcd| async move {
+            Ok(etcd.delete(key).await? > 0)
         })
         .await
     }
@@ -370,9 +343,8 @@ impl EtcdStore {
     /// Writes `value` at `key`, whatever was there: retried, so callers pass only writes
     /// whose repeat changes nothing (the same value again).
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.retrying("writing a key", |mut client| async move {
-            client.put(key, value, None).await?;
-            Ok(())
+        self.retrying("writing a key", |etcd| async move {
+            etcd.put(key, value, 0).await
         })
         .await
     }
@@ -383,9 +355,16 @@ impl EtcdStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        self.retrying("reading keys", |mut client| async move {
-            let gets: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
-            Ok(read_in(client.txn(Txn::new().and_then(gets)).await?))
+        self.retrying("reading keys", |etcd| async move {
+            let then = keys
+                .iter()
+                .map(|key| TxnStep::Get { key: key.clone() })
+                .collect();
+            let txn = Transaction {
+                then,
+                ..Transaction::default()
+            };
+            Ok(etcd.txn(txn).await?.found)
         })
         .await
     }
@@ -401,8 +380,8 @@ impl EtcdStore {
             return Ok(Vec::new());
         }
         let all = self
-            .retrying("writing guarded keys", |mut client| async move {
-                Ok(client.txn(guarded_txn(writes)).await?.succeeded())
+            .retrying("writing guarded keys", |etcd| async move {
+                Ok(etcd.txn(guarded_txn(writes)).await?.succeeded)
             })
             .await?;
         if all {
@@ -412,8 +391,8 @@ impl EtcdStore {
         for write in writes {
             let one = std::slice::from_ref(write);
             let put = self
-                .retrying("writing a guarded key", |mut client| async move {
-                    Ok(client.txn(guarded_txn(one)).await?.succeeded())
+                .retrying("writing a guarded key", |etcd| async move {
+                    Ok(etcd.txn(guarded_txn(one)).await?.succeeded)
                 })
                 .await?;
             if put {
@@ -442,81 +421,14 @@ impl EtcdStore {
     }
 }
 
-/// Whether etcd answered `error` and refused the request, so that asking again gets the same
-/// answer: an argument it rejects (a request too large, too many operations), a permission
-/// or authentication it denies, a revision compacted or in the future, a lease it does not
-/// know, a quota it is out of (`NOSPACE`; "too many requests" is load, and retried). Every
-/// error of the transport, a timeout, no leader or an unavailable member is not a refusal,
-/// nor is `FailedPrecondition`: etcd 3.4 says "not leader" and "rpc not supported for
-/// learner" with it, and another member answers the retry.
-pub(super) fn is_refusal(error: &etcd_client::Error) -> bool {
-    use tonic::Code;
-    let etcd_client::Error::GRpcStatus(status) = error else {
-        return false;
-    };
-    match status.code() {
-        Code::InvalidArgument
-        | Code::NotFound
-        | Code::AlreadyExists
-        | Code::PermissionDenied
-        | Code::Unauthenticated
-        | Code::OutOfRange
-        | Code::Unimplemented => true,
-        Code::ResourceExhausted => !status.message().contains("too many requests"),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn status(code: tonic::Code, message: &str) -> etcd_client::Error {
-        etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
-    }
 
     #[test]
     fn a_prefixs_range_ends_where_etcd_ends_it() {
         assert_eq!(prefix_end(b"/caravan/v1/allocs/"), b"/caravan/v1/allocs0");
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff\xff"), b"\0");
-    }
-
-    #[test]
-    fn what_etcd_refused_is_not_retried_and_what_was_lost_is() {
-        use tonic::Code;
-        for refused in [
-            status(Code::InvalidArgument, "etcdserver: request is too large"),
-            status(
-                Code::ResourceExhausted,
-                "etcdserver: mvcc: database space exceeded",
-            ),
-            status(
-                Code::OutOfRange,
-                "etcdserver: mvcc: required revision has been compacted",
-            ),
-            status(Code::PermissionDenied, "etcdserver: permission denied"),
-            status(Code::NotFound, "etcdserver: requested lease not found"),
-        ] {
-            assert!(is_refusal(&refused), "{refused}");
-        }
-        for lost in [
-            status(Code::Unavailable, "etcdserver: no leader"),
-            status(
-                Code::Unavailable,
-                "error trying to connect: Connection refused",
-            ),
-            status(Code::DeadlineExceeded, "etcdserver: request timed out"),
-            status(
-                Code::FailedPrecondition,
-                "etcdserver: rpc not supported for learner",
-            ),
-            status(Code::FailedPrecondition, "etcdserver: not leader"),
-            status(Code::ResourceExhausted, "etcdserver: too many requests"),
-            status(Code::Unknown, "etcdserver: leader changed"),
-            etcd_client::Error::WatchError("channel closed".into()),
-        ] {
-            assert!(!is_refusal(&lost), "{lost}");
-        }
     }
 }

@@ -7,8 +7,8 @@
 //! Progress notifications move the resume point along while the prefix is quiet, so a watch
 //! re-opened after a compaction re-lists only when it really missed history.
 
+use super::backend::{WatchAnswer, WatchEvent, WatchStream};
 use super::store::{CALL_TIMEOUT, EtcdStore, KeyValue, StoreError};
-use etcd_client::{EventType, WatchOptions, WatchStream};
 use std::time::Duration;
 
 /// One change under a watched prefix.
@@ -47,7 +47,7 @@ pub struct PrefixWatch {
     prefix: String,
     /// The revision of the first change not yet delivered.
     next_revision: i64,
-    stream: Option<WatchStream>,
+    stream: Option<Box<dyn WatchStream>>,
     pause: Duration,
     cancels: u32,
 }
@@ -94,8 +94,8 @@ impl PrefixWatch {
                 self.open().await;
                 continue;
             };
-            let response = match stream.message().await {
-                Ok(Some(response)) => response,
+            let answer = match stream.next().await {
+                Ok(Some(answer)) => answer,
                 Ok(None) => {
                     self.broken("the watch stream ended").await;
                     continue;
@@ -105,50 +105,43 @@ impl PrefixWatch {
                     continue;
                 }
             };
-            if response.canceled() {
-                if response.compact_revision() > 0 {
-                    return self.relist().await;
+            let events = match answer {
+                WatchAnswer::Created => continue,
+                WatchAnswer::Progress { revision } => {
+                    self.next_revision = self.next_revision.max(revision + 1);
+                    continue;
                 }
-                self.cancels += 1;
-                if self.cancels >= MAX_CANCELS {
-                    self.stream = None;
-                    return Err(StoreError::WatchCanceled {
-                        endpoints: self.store.endpoints(),
-                        prefix: self.prefix.clone(),
-                        reason: response.cancel_reason().to_string(),
-                    });
+                WatchAnswer::Canceled {
+                    compact_revision, ..
+                } if compact_revision > 0 => return self.relist().await,
+                WatchAnswer::Canceled { reason, .. } => {
+                    self.cancels += 1;
+                    if self.cancels >= MAX_CANCELS {
+                        self.stream = None;
+                        return Err(StoreError::WatchCanceled {
+                            endpoints: self.store.endpoints(),
+                            prefix: self.prefix.clone(),
+                            reason,
+                        });
+                    }
+                    self.broken(&format!("watch canceled: {reason}")).await;
+                    continue;
                 }
-                self.broken(&format!("watch canceled: {}", response.cancel_reason()))
-                    .await;
-                continue;
-            }
-            if response.events().is_empty() {
-                // A progress notification says every change up to its revision has been
-                // sent; the one confirming the watch's creation says nothing of the kind.
-                if !response.created()
-                    && let Some(header) = response.header()
-                {
-                    self.next_revision = self.next_revision.max(header.revision() + 1);
-                }
-                continue;
-            }
+                WatchAnswer::Events(events) => events,
+            };
             self.pause = Duration::from_millis(50);
             self.cancels = 0;
-            let changes: Vec<Change> = response
-                .events()
-                .iter()
-                .filter_map(|event| {
-                    let kv = event.kv()?;
-                    // A re-opened watch starts at the revision after the last delivered one;
-                    // anything older is a repeat.
-                    (kv.mod_revision() >= self.next_revision).then(|| match event.event_type() {
-                        EventType::Put => Change::Put(KeyValue::from_etcd(kv)),
-                        EventType::Delete => Change::Delete {
-                            key: String::from_utf8_lossy(kv.key()).into_owned(),
-                            mod_revision: kv.mod_revision(),
-                        },
-                    })
+            // A re-opened watch starts at the revision after the last delivered one; anything
+            // older is a repeat.
+            let changes: Vec<Change> = events
+                .into_iter()
+                .map(|event| match event {
+                    WatchEvent::Put(kv) => Change::Put(kv),
+                    WatchEvent::Delete { key, mod_revision } => {
+                        Change::Delete { key, mod_revision }
+                    }
                 })
+                .filter(|change| revision_of(change) >= self.next_revision)
                 .collect();
             if let Some(last) = changes.iter().map(revision_of).max() {
                 self.next_revision = last + 1;
@@ -158,12 +151,7 @@ impl PrefixWatch {
     }
 
     async fn open(&mut self) {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_progress_notify()
-            .with_start_revision(self.next_revision);
-        let mut client = self.store.watch_client();
-        let opening = client.watch(self.prefix.as_str(), Some(options));
+        let opening = self.store.backend().watch(&self.prefix, self.next_revision);
         match tokio::time::timeout(CALL_TIMEOUT, opening).await {
             Ok(Ok(stream)) => self.stream = Some(stream),
             Ok(Err(error)) => self.broken(&error.to_string()).await,

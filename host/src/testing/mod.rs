@@ -6,6 +6,7 @@
 //! tests may use it.
 
 mod in_memory_server;
+pub mod simulated_etcd;
 pub mod simulation;
 
 pub use crate::runtime::imports::import_driver::{ImportDrive, drive_host_imports};

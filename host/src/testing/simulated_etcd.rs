@@ -1,0 +1,628 @@
+//! An etcd in memory, behind the same [`EtcdBackend`] as the real one, for the deterministic
+//! simulation: the real cluster code (`cluster::EtcdStore` and everything above it) runs over
+//! it on tokio's clock, paused in the simulation, with faults chosen by the caller.
+//!
+//! What it keeps of etcd's semantics, as its clients see them:
+//! - one revision counter; each put, delete or write transaction is one revision (a
+//!   transaction that writes nothing, or a delete of nothing, makes none);
+//! - every version of every key since the last compaction, so a range may be read at a past
+//!   revision; a revision compacted away, or one not yet made, is refused;
+//! - compares on create revisions (0 for a key that does not exist);
+//! - leases that expire on tokio's clock, their keys deleted in one revision; a put naming a
+//!   lease that is gone is refused;
+//! - watches of a prefix from a revision, every change in revision order, canceled with the
+//!   compacted revision when the history they need is gone.
+//!
+//! Where it is stricter than etcd, on purpose: a watch must start after the compacted
+//! revision (etcd also serves one starting at it), and it sends no progress notifications.
+//! It has no members, quotas, authentication or request sizes.
+//!
+//! Faults ([`CallFate`]) are the caller's: before each call, a plan it gives says whether the
+//! call is answered, lost before etcd applies it, lost after, or applied later (a request
+//! held in a partitioned member and forwarded once the partition heals, after newer ones).
+
+use crate::cluster::KeyValue;
+use crate::cluster::backend::{
+    CallError, CompareOp, EtcdBackend, LeaseKeeper, RangeAnswer, RangeRead, StatusAnswer,
+    Transaction, TxnAnswer, TxnStep, WatchAnswer, WatchEvent, WatchStream,
+};
+use crate::util::locks::LockUnpoisoned;
+use async_trait::async_trait;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What happens to one call; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallFate {
+    /// Applied and answered.
+    Answered,
+    /// Not applied; the caller hears that the answer was lost.
+    LostBefore,
+    /// Applied; the caller hears that the answer was lost.
+    LostAfter,
+    /// Applied after this long; the caller hears at once that the answer was lost.
+    AppliedLater(Duration),
+}
+
+/// Which call a fate is chosen for: its kind, as the plan may treat reads and writes apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// A range read, a lease's time to live, a status.
+    Read,
+    /// A put, a delete, a transaction, a compaction.
+    Write,
+    /// A lease grant, renewal or revocation.
+    Lease,
+    /// Opening a watch, or its next answer.
+    Watch,
+}
+
+type FatePlan = Box<dyn FnMut(CallKind) -> CallFate + Send>;
+
+/// The simulated etcd. Cheap to clone: every clone is the same etcd.
+#[derive(Clone)]
+pub struct SimulatedEtcd {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    plan: Mutex<Option<FatePlan>>,
+    /// The newest revision, for watches waiting on a change.
+    revision: tokio::sync::watch::Sender<i64>,
+}
+
+struct Lease {
+    ttl: Duration,
+    expires: Instant,
+    keys: BTreeSet<String>,
+}
+
+/// One version of a key: what it held from `revision` on (`None`: deleted).
+type Version = (i64, Option<KeyValue>);
+
+#[derive(Default)]
+struct State {
+    revision: i64,
+    compacted: i64,
+    /// Every version of every key since the compaction, oldest first.
+    versions: BTreeMap<String, Vec<Version>>,
+    /// Every change since the compaction, in revision order, for watches.
+    log: VecDeque<(i64, WatchEvent)>,
+    leases: BTreeMap<i64, Lease>,
+    next_lease: i64,
+}
+
+fn lost(what: &str) -> CallError {
+    CallError::Lost(format!("simulated etcd lost the answer to {what}"))
+}
+
+fn lease_not_found() -> CallError {
+    CallError::LeaseNotFound("etcdserver: requested lease not found".into())
+}
+
+impl SimulatedEtcd {
+    /// An empty etcd at revision 1, every call answered.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> SimulatedEtcd {
+        let state = State {
+            revision: 1,
+            next_lease: 0x5EED_0000,
+            ..State::default()
+        };
+        let shared = Shared {
+            state: Mutex::new(state),
+            plan: Mutex::new(None),
+            revision: tokio::sync::watch::channel(1).0,
+        };
+        SimulatedEtcd {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// A store over this etcd, for the cluster code.
+    pub fn store(&self) -> crate::cluster::EtcdStore {
+        crate::cluster::EtcdStore::over("simulated-etcd", Arc::new(self.clone()))
+    }
+
+    /// From now on, `plan` chooses each call's fate (see [`CallFate`]).
+    pub fn set_fates(&self, plan: impl FnMut(CallKind) -> CallFate + Send + 'static) {
+        *self.shared.plan.lock_unpoisoned() = Some(Box::new(plan));
+    }
+
+    /// Every call answered again.
+    pub fn clear_fates(&self) {
+        *self.shared.plan.lock_unpoisoned() = None;
+    }
+
+    /// The current revision, for checks.
+    pub fn current_revision(&self) -> i64 {
+        self.with_state(|state| state.revision)
+    }
+
+    /// Every key now, in key order, for checks.
+    pub fn snapshot(&self) -> Vec<KeyValue> {
+        self.with_state(|state| state.range(b"", &[0], 0))
+    }
+
+    fn fate(&self, kind: CallKind) -> CallFate {
+        match self.shared.plan.lock_unpoisoned().as_mut() {
+            Some(plan) => plan(kind),
+            None => CallFate::Answered,
+        }
+    }
+
+    /// Runs `apply` on the state as of now (expired leases gone first), and wakes watches
+    /// when it made a revision.
+    fn with_state<T>(&self, apply: impl FnOnce(&mut State) -> T) -> T {
+        let mut state = self.shared.state.lock_unpoisoned();
+        state.expire_leases(Instant::now());
+        let before = state.revision;
+        let answer = apply(&mut state);
+        if state.revision != before {
+            self.shared.revision.send_replace(state.revision);
+        }
+        answer
+    }
+
+    /// Runs `apply` as a call of `kind` whose fate the plan chooses.
+    fn call<T: Send + 'static>(
+        &self,
+        kind: CallKind,
+        what: &str,
+        apply: impl FnOnce(&mut State) -> Result<T, CallError> + Send + 'static,
+    ) -> Result<T, CallError> {
+        match self.fate(kind) {
+            CallFate::Answered => self.with_state(apply),
+            CallFate::LostBefore => Err(lost(what)),
+            CallFate::LostAfter => {
+                let _ = self.with_state(apply);
+                Err(lost(what))
+            }
+            CallFate::AppliedLater(after) => {
+                let etcd = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = etcd.with_state(apply);
+                });
+                Err(lost(what))
+            }
+        }
+    }
+}
+
+impl State {
+    fn current(&self, key: &str, at: i64) -> Option<&KeyValue> {
+        let versions = self.versions.get(key)?;
+        let (_, value) = versions
+            .iter()
+            .rev()
+            .find(|(revision, _)| *revision <= at)?;
+        value.as_ref()
+    }
+
+    /// Every key of `[start, end)` (`end` empty: `start` alone) as of revision `at`.
+    fn range(&self, start: &[u8], end: &[u8], at: i64) -> Vec<KeyValue> {
+        let at = if at == 0 { self.revision } else { at };
+        let start = String::from_utf8_lossy(start).into_owned();
+        if end.is_empty() {
+            return self.current(&start, at).cloned().into_iter().collect();
+        }
+        // `[0]` is etcd's "every key from start on".
+        let end = (end != [0]).then(|| String::from_utf8_lossy(end).into_owned());
+        self.versions
+            .range(start..)
+            .take_while(|(key, _)| end.as_ref().is_none_or(|end| *key < end))
+            .filter_map(|(key, _)| self.current(key, at).cloned())
+            .collect()
+    }
+
+    fn write(&mut self, key: &str, value: Option<KeyValue>) {
+        let revision = self.revision;
+        let old_lease = self.current(key, revision).map(|kv| kv.lease);
+        if let Some(lease) = old_lease.and_then(|lease| self.leases.get_mut(&lease)) {
+            lease.keys.remove(key);
+        }
+        let event = match &value {
+            Some(kv) => {
+                if let Some(lease) = self.leases.get_mut(&kv.lease) {
+                    lease.keys.insert(key.to_string());
+                }
+                WatchEvent::Put(kv.clone())
+            }
+            None => WatchEvent::Delete {
+                key: key.to_string(),
+                mod_revision: revision,
+            },
+        };
+        self.versions
+            .entry(key.to_string())
+            .or_default()
+            .push((revision, value));
+        self.log.push_back((revision, event));
+    }
+
+    /// Puts `key` at the revision being made (the caller bumps it first).
+    fn put(&mut self, key: &str, value: &[u8], lease: i64) -> Result<(), CallError> {
+        if lease != 0 && !self.leases.contains_key(&lease) {
+            return Err(lease_not_found());
+        }
+        let created = self
+            .current(key, self.revision)
+            .map_or(self.revision, |kv| kv.create_revision);
+        let kv = KeyValue {
+            key: key.to_string(),
+            value: value.to_vec(),
+            mod_revision: self.revision,
+            create_revision: created,
+            lease,
+        };
+        self.write(key, Some(kv));
+        Ok(())
+    }
+
+    /// Deletes `key` at the revision being made; whether it existed.
+    fn delete(&mut self, key: &str) -> bool {
+        if self.current(key, self.revision).is_none() {
+            return false;
+        }
+        self.write(key, None);
+        true
+    }
+
+    /// Runs `steps` in one revision, made only if one of them writes.
+    fn run_steps(&mut self, steps: &[TxnStep]) -> Result<Vec<KeyValue>, CallError> {
+        let writes = steps.iter().any(|s| !matches!(s, TxnStep::Get { .. }));
+        if writes {
+            for step in steps {
+                if let TxnStep::Put { lease, .. } = step
+                    && *lease != 0
+                    && !self.leases.contains_key(lease)
+                {
+                    return Err(lease_not_found());
+                }
+            }
+        }
+        let before = self.revision;
+        self.revision += 1;
+        let mut found = Vec::new();
+        let mut wrote = false;
+        for step in steps {
+            match step {
+                TxnStep::Put { key, value, lease } => {
+                    self.put(key, value, *lease)?;
+                    wrote = true;
+                }
+                TxnStep::Delete { key } => wrote |= self.delete(key),
+                TxnStep::Get { key } => found.extend(self.current(key, self.revision).cloned()),
+            }
+        }
+        if !wrote {
+            self.revision = before;
+        }
+        Ok(found)
+    }
+
+    fn expire_leases(&mut self, now: Instant) {
+        let expired: Vec<i64> = self
+            .leases
+            .iter()
+            .filter(|(_, lease)| lease.expires <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.revoke(id);
+        }
+    }
+
+    fn revoke(&mut self, id: i64) -> bool {
+        let Some(lease) = self.leases.remove(&id) else {
+            return false;
+        };
+        let steps: Vec<TxnStep> = lease
+            .keys
+            .into_iter()
+            .map(|key| TxnStep::Delete { key })
+            .collect();
+        // Deletes only: cannot fail.
+        let _ = self.run_steps(&steps);
+        true
+    }
+
+    fn compact(&mut self, revision: i64) -> Result<(), CallError> {
+        if revision <= self.compacted {
+            return Err(CallError::Compacted(
+                "etcdserver: mvcc: required revision has been compacted".into(),
+            ));
+        }
+        if revision > self.revision {
+            return Err(CallError::Refused(
+                "etcdserver: mvcc: required revision is a future revision".into(),
+            ));
+        }
+        self.compacted = revision;
+        for versions in self.versions.values_mut() {
+            // Keep the newest version at or before the compaction, and every later one.
+            let keep_from = versions
+                .iter()
+                .rposition(|(r, _)| *r <= revision)
+                .unwrap_or(0);
+            versions.drain(..keep_from);
+            if versions
+                .first()
+                .is_some_and(|(r, v)| *r <= revision && v.is_none())
+            {
+                versions.remove(0);
+            }
+        }
+        self.versions.retain(|_, versions| !versions.is_empty());
+        while self.log.front().is_some_and(|(r, _)| *r <= revision) {
+            self.log.pop_front();
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl EtcdBackend for SimulatedEtcd {
+    async fn range(&self, read: RangeRead) -> Result<RangeAnswer, CallError> {
+        self.call(CallKind::Read, "a range read", move |state| {
+            if read.revision > state.revision {
+                return Err(CallError::Refused(
+                    "etcdserver: mvcc: required revision is a future revision".into(),
+                ));
+            }
+            if read.revision != 0 && read.revision < state.compacted {
+                return Err(CallError::Compacted(
+                    "etcdserver: mvcc: required revision has been compacted".into(),
+                ));
+            }
+            let mut kvs = state.range(&read.start, &read.end, read.revision);
+            let limit = usize::try_from(read.limit).unwrap_or(0);
+            let more = limit > 0 && kvs.len() > limit;
+            if more {
+                kvs.truncate(limit);
+            }
+            if read.count_only {
+                kvs.clear();
+            }
+            Ok(RangeAnswer {
+                kvs,
+                more,
+                revision: state.revision,
+            })
+        })
+    }
+
+    async fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<(), CallError> {
+        let step = TxnStep::Put {
+            key: key.to_string(),
+            value: value.to_vec(),
+            lease,
+        };
+        self.call(CallKind::Write, "a put", move |state| {
+            state.run_steps(&[step]).map(drop)
+        })
+    }
+
+    async fn delete(&self, key: &str) -> Result<i64, CallError> {
+        let step = TxnStep::Delete {
+            key: key.to_string(),
+        };
+        self.call(CallKind::Write, "a delete", move |state| {
+            let before = state.revision;
+            state.run_steps(&[step])?;
+            Ok(i64::from(state.revision != before))
+        })
+    }
+
+    async fn txn(&self, txn: Transaction) -> Result<TxnAnswer, CallError> {
+        self.call(CallKind::Write, "a transaction", move |state| {
+            let succeeded = txn.when.iter().all(|compare| {
+                let created = state
+                    .current(&compare.key, state.revision)
+                    .map_or(0, |kv| kv.create_revision);
+                match compare.op {
+                    CompareOp::Equal => created == compare.revision,
+                    CompareOp::Greater => created > compare.revision,
+                }
+            });
+            let steps = if succeeded { &txn.then } else { &txn.otherwise };
+            let found = state.run_steps(steps)?;
+            Ok(TxnAnswer { succeeded, found })
+        })
+    }
+
+    async fn grant_lease(&self, ttl_secs: i64) -> Result<i64, CallError> {
+        self.call(CallKind::Lease, "a lease grant", move |state| {
+            let ttl = Duration::from_secs(ttl_secs.max(1) as u64);
+            state.next_lease += 1;
+            let id = state.next_lease;
+            let lease = Lease {
+                ttl,
+                expires: Instant::now() + ttl,
+                keys: BTreeSet::new(),
+            };
+            state.leases.insert(id, lease);
+            Ok(id)
+        })
+    }
+
+    fn lease_keeper(&self, lease: i64) -> Box<dyn LeaseKeeper> {
+        Box::new(SimulatedKeeper {
+            etcd: self.clone(),
+            lease,
+        })
+    }
+
+    async fn revoke_lease(&self, lease: i64) -> Result<(), CallError> {
+        self.call(
+            CallKind::Lease,
+            "a lease revocation",
+            move |state| match state.revoke(lease) {
+                true => Ok(()),
+                false => Err(lease_not_found()),
+            },
+        )
+    }
+
+    async fn lease_time_to_live(&self, lease: i64) -> Result<(i64, i64), CallError> {
+        self.call(CallKind::Read, "a lease's time to live", move |state| {
+            Ok(match state.leases.get(&lease) {
+                Some(held) => {
+                    let left = held.expires.saturating_duration_since(Instant::now());
+                    (held.ttl.as_secs() as i64, left.as_secs_f64().ceil() as i64)
+                }
+                None => (0, -1),
+            })
+        })
+    }
+
+    async fn watch(
+        &self,
+        prefix: &str,
+        start_revision: i64,
+    ) -> Result<Box<dyn WatchStream>, CallError> {
+        self.call(CallKind::Watch, "opening a watch", |_| Ok(()))?;
+        Ok(Box::new(SimulatedWatch {
+            etcd: self.clone(),
+            prefix: prefix.to_string(),
+            next_revision: start_revision.max(1),
+            created: false,
+            changed: self.shared.revision.subscribe(),
+        }))
+    }
+
+    async fn compact(&self, revision: i64) -> Result<(), CallError> {
+        self.call(CallKind::Write, "a compaction", move |state| {
+            state.compact(revision)
+        })
+    }
+
+    async fn status(&self) -> Result<StatusAnswer, CallError> {
+        self.call(CallKind::Read, "a status", |state| {
+            let in_use: usize = state
+                .versions
+                .values()
+                .flatten()
+                .filter_map(|(_, kv)| kv.as_ref())
+                .map(|kv| kv.key.len() + kv.value.len())
+                .sum();
+            Ok(StatusAnswer {
+                member: "simulated".into(),
+                version: "3.4-simulated".into(),
+                db_size: in_use as u64,
+                db_size_in_use: in_use as u64,
+                revision: state.revision,
+                alarms: Vec::new(),
+            })
+        })
+    }
+}
+
+struct SimulatedKeeper {
+    etcd: SimulatedEtcd,
+    lease: i64,
+}
+
+#[async_trait]
+impl LeaseKeeper for SimulatedKeeper {
+    async fn renew(&self) -> Result<bool, CallError> {
+        let lease = self.lease;
+        self.etcd
+            .call(CallKind::Lease, "a lease renewal", move |state| {
+                Ok(match state.leases.get_mut(&lease) {
+                    Some(held) => {
+                        held.expires = Instant::now() + held.ttl;
+                        true
+                    }
+                    None => false,
+                })
+            })
+    }
+}
+
+struct SimulatedWatch {
+    etcd: SimulatedEtcd,
+    prefix: String,
+    next_revision: i64,
+    created: bool,
+    changed: tokio::sync::watch::Receiver<i64>,
+}
+
+#[async_trait]
+impl WatchStream for SimulatedWatch {
+    async fn next(&mut self) -> Result<Option<WatchAnswer>, CallError> {
+        if !self.created {
+            self.created = true;
+            return Ok(Some(WatchAnswer::Created));
+        }
+        loop {
+            if let Some(answer) = self.pending()? {
+                return Ok(Some(answer));
+            }
+            // The next lease expiry is a change too: wake for it.
+            let expiry = self
+                .etcd
+                .with_state(|state| state.leases.values().map(|lease| lease.expires).min());
+            let far = Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                changed = self.changed.changed() => {
+                    if changed.is_err() {
+                        return Ok(None);
+                    }
+                }
+                () = tokio::time::sleep_until(expiry.unwrap_or(far)) => {}
+            }
+        }
+    }
+}
+
+impl SimulatedWatch {
+    /// What the watch has to say now, if anything: changes after its revision, or a cancel
+    /// when they were compacted away.
+    fn pending(&mut self) -> Result<Option<WatchAnswer>, CallError> {
+        let fate = self.etcd.fate(CallKind::Watch);
+        if matches!(fate, CallFate::LostBefore | CallFate::LostAfter) {
+            return Err(lost("a watch"));
+        }
+        let (prefix, from) = (self.prefix.as_str(), self.next_revision);
+        let answer = self.etcd.with_state(|state| {
+            if from <= state.compacted {
+                return Some(WatchAnswer::Canceled {
+                    compact_revision: state.compacted,
+                    reason: "etcdserver: mvcc: required revision has been compacted".into(),
+                });
+            }
+            let first = state.log.partition_point(|(revision, _)| *revision < from);
+            let events: Vec<WatchEvent> = state
+                .log
+                .range(first..)
+                .filter(|(_, event)| event_key(event).starts_with(prefix))
+                .map(|(_, event)| event.clone())
+                .collect();
+            (!events.is_empty()).then_some(WatchAnswer::Events(events))
+        });
+        if let Some(WatchAnswer::Events(events)) = &answer {
+            let last = events.iter().map(event_revision).max().unwrap_or(from);
+            self.next_revision = last + 1;
+        }
+        Ok(answer)
+    }
+}
+
+fn event_key(event: &WatchEvent) -> &str {
+    match event {
+        WatchEvent::Put(kv) => &kv.key,
+        WatchEvent::Delete { key, .. } => key,
+    }
+}
+
+fn event_revision(event: &WatchEvent) -> i64 {
+    match event {
+        WatchEvent::Put(kv) => kv.mod_revision,
+        WatchEvent::Delete { mod_revision, .. } => *mod_revision,
+    }
+}

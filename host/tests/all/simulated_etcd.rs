@@ -1,0 +1,105 @@
+//! The simulated etcd's own behaviour, on tokio's paused clock: leases that end when their
+//! time is out, watches that see it, and the faults the simulation draws (an answer lost
+//! before or after the write, a write applied late). That it answers as etcd does is
+//! `etcd_conformance`.
+
+use caravan_host::cluster::{Change, EtcdStore, LeaseState, PrefixWatch};
+use caravan_host::testing::simulated_etcd::{CallFate, CallKind, SimulatedEtcd};
+use std::time::Duration;
+
+async fn value_of(store: &EtcdStore, key: &str) -> Option<Vec<u8>> {
+    let found = store.get_many(&[key.to_string()]).await.unwrap();
+    found.into_iter().next().map(|kv| kv.value)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_not_renewed_within_its_ttl_ends_and_its_keys_go_with_it() {
+    let etcd = SimulatedEtcd::new();
+    let store = etcd.store();
+    let lease = store.grant_lease(Duration::from_secs(5)).await.unwrap();
+    store.put_leased("/live/a", b"up", lease).await.unwrap();
+    let (_, mut watch) = PrefixWatch::start(&store, "/live/").await.unwrap();
+    let renewer = store.lease_renewer(lease);
+
+    // Renewed before its TTL is out, it lives on past it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(renewer.renew().await.unwrap(), LeaseState::Alive);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        value_of(&store, "/live/a").await.as_deref(),
+        Some(&b"up"[..])
+    );
+
+    // Left alone, it ends 5 s after the last renewal, and the watch sees its key deleted
+    // then, not before.
+    let started = tokio::time::Instant::now();
+    let changes = watch.next().await.unwrap();
+    assert!(
+        matches!(changes.as_slice(), [Change::Delete { key, .. }] if key == "/live/a"),
+        "{changes:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(renewer.renew().await.unwrap(), LeaseState::Expired);
+    assert_eq!(store.lease_age(lease).await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_lost_after_the_write_leaves_the_write_made_once() {
+    let etcd = SimulatedEtcd::new();
+    let store = etcd.store();
+    let mut fates = vec![CallFate::LostAfter, CallFate::LostBefore].into_iter();
+    etcd.set_fates(move |kind| match kind {
+        CallKind::Write => fates.next().unwrap_or(CallFate::Answered),
+        _ => CallFate::Answered,
+    });
+    let before = etcd.current_revision();
+    // The store retries the create; the first attempt landed, so the retry finds its own
+    // value and says so.
+    assert!(store.create("/once", b"mine").await.unwrap());
+    assert_eq!(
+        etcd.current_revision(),
+        before + 1,
+        "one write, however many attempts"
+    );
+    assert!(!store.create("/once", b"theirs").await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_applied_late_lands_after_newer_writes() {
+    let etcd = SimulatedEtcd::new();
+    let store = etcd.store();
+    let mut first = true;
+    etcd.set_fates(move |kind| match kind {
+        CallKind::Write if std::mem::take(&mut first) => {
+            CallFate::AppliedLater(Duration::from_secs(3))
+        }
+        _ => CallFate::Answered,
+    });
+    // The first attempt is held; the retry lands; a newer write follows it.
+    store.put("/k", b"old").await.unwrap();
+    store.put("/k", b"new").await.unwrap();
+    assert_eq!(value_of(&store, "/k").await.as_deref(), Some(&b"new"[..]));
+    // Then the held attempt lands: what a plain retry risks, and what fenced writes must
+    // not let happen.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(value_of(&store, "/k").await.as_deref(), Some(&b"old"[..]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_whose_history_is_compacted_while_it_is_away_relists() {
+    let etcd = SimulatedEtcd::new();
+    let store = etcd.store();
+    store.put("/w/a", b"1").await.unwrap();
+    let (listed, mut watch) = PrefixWatch::start(&store, "/w/").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    store.put("/w/b", b"2").await.unwrap();
+    store.delete("/w/a").await.unwrap();
+    store.compact(etcd.current_revision()).await.unwrap();
+    let changes = watch.next().await.unwrap();
+    let [Change::Relisted { entries, revision }] = changes.as_slice() else {
+        panic!("a re-list expected: {changes:?}");
+    };
+    assert_eq!(*revision, etcd.current_revision());
+    let keys: Vec<&str> = entries.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(keys, ["/w/b"]);
+}
