@@ -67,16 +67,49 @@ pub struct RangeAnswer {
     pub revision: i64,
 }
 
-/// The compare of a transaction: the create revision of `key` (0 when it does not exist)
+/// The compare of a transaction: one of `key`'s revisions (0 when it does not exist)
 /// against `revision`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreatedCompare {
+pub struct RevisionCompare {
     /// The key compared.
     pub key: String,
+    /// Which of its revisions.
+    pub of: RevisionOf,
     /// How it is compared.
     pub op: CompareOp,
-    /// The create revision compared with.
+    /// The revision compared with.
     pub revision: i64,
+}
+
+impl RevisionCompare {
+    /// `key`'s create revision, compared with `revision` by `op`.
+    pub fn created(key: &str, op: CompareOp, revision: i64) -> RevisionCompare {
+        RevisionCompare {
+            key: key.to_string(),
+            of: RevisionOf::Create,
+            op,
+            revision,
+        }
+    }
+
+    /// `key`'s last change's revision, compared with `revision` by `op`.
+    pub fn modified(key: &str, op: CompareOp, revision: i64) -> RevisionCompare {
+        RevisionCompare {
+            key: key.to_string(),
+            of: RevisionOf::Mod,
+            op,
+            revision,
+        }
+    }
+}
+
+/// Which revision of a key a compare reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RevisionOf {
+    /// The revision that created it (since its last deletion).
+    Create,
+    /// The revision of its last change.
+    Mod,
 }
 
 /// How a compare compares.
@@ -117,7 +150,7 @@ pub enum TxnStep {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Transaction {
     /// What must hold.
-    pub when: Vec<CreatedCompare>,
+    pub when: Vec<RevisionCompare>,
     /// Run when it does.
     pub then: Vec<TxnStep>,
     /// Run when it does not.
@@ -131,6 +164,8 @@ pub struct TxnAnswer {
     pub succeeded: bool,
     /// What the gets of the branch run found, in order (keys that do not exist left out).
     pub found: Vec<KeyValue>,
+    /// The store's revision after it: the transaction's own when it wrote.
+    pub revision: i64,
 }
 
 /// One answer of a watch.

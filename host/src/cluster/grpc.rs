@@ -3,8 +3,9 @@
 //! types, and knows what a gRPC status means ([`is_refusal`]); it retries nothing.
 
 use super::backend::{
-    CallError, CompareOp, CreatedCompare, EtcdBackend, LeaseKeeper, RangeAnswer, RangeRead,
-    StatusAnswer, Transaction, TxnAnswer, TxnStep, WatchAnswer, WatchEvent, WatchStream,
+    CallError, CompareOp, EtcdBackend, LeaseKeeper, RangeAnswer, RangeRead, RevisionCompare,
+    RevisionOf, StatusAnswer, Transaction, TxnAnswer, TxnStep, WatchAnswer, WatchEvent,
+    WatchStream,
 };
 use super::store::{CALL_TIMEOUT, KeyValue};
 use async_trait::async_trait;
@@ -122,12 +123,16 @@ fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {
     }
 }
 
-fn compare(compare: &CreatedCompare) -> Compare {
+fn compare(compare: &RevisionCompare) -> Compare {
     let op = match compare.op {
         CompareOp::Equal => etcd_client::CompareOp::Equal,
         CompareOp::Greater => etcd_client::CompareOp::Greater,
     };
-    Compare::create_revision(compare.key.as_str(), op, compare.revision)
+    let key = compare.key.as_str();
+    match compare.of {
+        RevisionOf::Create => Compare::create_revision(key, op, compare.revision),
+        RevisionOf::Mod => Compare::mod_revision(key, op, compare.revision),
+    }
 }
 
 fn txn_op(step: &TxnStep) -> TxnOp {
@@ -204,6 +209,7 @@ impl EtcdBackend for GrpcEtcd {
         Ok(TxnAnswer {
             succeeded: response.succeeded(),
             found,
+            revision: response.header().map_or(0, |h| h.revision()),
         })
     }
 

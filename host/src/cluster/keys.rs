@@ -94,6 +94,12 @@ pub fn scheduler_meta_key() -> String {
     format!("{KEY_PREFIX}scheduler")
 }
 
+/// Written with every transaction of the scheduler, which compares its last change: what
+/// orders one leadership's transactions (see `FencedWriter`).
+pub fn scheduler_sequence_key() -> String {
+    format!("{KEY_PREFIX}scheduler_sequence")
+}
+
 /// The key whose holder schedules, held under its agent's lease.
 pub fn leader_key() -> String {
     format!("{KEY_PREFIX}leader")

@@ -4,13 +4,15 @@
 //!
 //! Retry rules, as for the rest of the store: a lease grant is retried (a lost answer leaves
 //! an orphan lease, which expires on its own), a leased put writes the same value again, and
-//! a create-or-read is guarded. A fenced transaction is tried once: an attempt whose answer
-//! was lost may still land later, after a newer transaction, and a retry would then leave
-//! etcd older than its writer believes. Its caller treats any failure as the end of its
-//! leadership, and the next leadership (which compares another create revision, so no late
-//! attempt of this one lands) starts from what etcd holds.
+//! a create-or-read is guarded. A fenced transaction is retried too, but an attempt whose
+//! answer was lost may still land later, after a newer transaction, and would then leave
+//! etcd older than its writer believes: so a leadership's sequence of transactions goes
+//! through a [`FencedWriter`], each of whose transactions lands only right after the one
+//! before it. A writer that fails all the same ends its leadership, and the next one (which
+//! compares another create revision, so no late attempt of this one lands) starts from what
+//! etcd holds.
 
-use super::backend::{CallError, CompareOp, CreatedCompare, LeaseKeeper, Transaction, TxnStep};
+use super::backend::{CallError, CompareOp, LeaseKeeper, RevisionCompare, Transaction, TxnStep};
 use super::store::{EtcdStore, KeyValue, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,11 +163,7 @@ impl EtcdStore {
                 key: key.to_string(),
             };
             let txn = Transaction {
-                when: vec![CreatedCompare {
-                    key: key.to_string(),
-                    op: CompareOp::Equal,
-                    revision: 0,
-                }],
+                when: vec![RevisionCompare::created(&key, CompareOp::Equal, 0)],
                 then: vec![
                     TxnStep::Put {
                         key: key.to_string(),
@@ -190,21 +188,121 @@ impl EtcdStore {
         .await
     }
 
-    /// Makes every write of `ops` (at most 120, no key twice) if `fence`
-    /// still holds, and none otherwise. Returns false when the fence no longer holds.
+    /// Makes every write of `ops` (at most 120, no key twice) if `fence` still holds, and
+    /// none otherwise. Returns false when the fence no longer holds. Retried: for a write
+    /// that is the holder's last under its fence (its resignation), which no newer one can
+    /// follow; a leadership's sequence of writes goes through a [`FencedWriter`].
     pub async fn write_fenced(&self, fence: &Fence, ops: &[FencedOp]) -> Result<bool, StoreError> {
         self.retrying("writing under the leader's fence", |etcd| async move {
             let txn = Transaction {
-                when: vec![CreatedCompare {
-                    key: fence.key.clone(),
-                    op: CompareOp::Equal,
-                    revision: fence.create_revision,
-                }],
+                when: vec![fence_holds(fence)],
                 then: ops.iter().map(FencedOp::to_txn_step).collect(),
                 otherwise: Vec::new(),
             };
             Ok(etcd.txn(txn).await?.succeeded)
         })
         .await
+    }
+}
+
+fn fence_holds(fence: &Fence) -> RevisionCompare {
+    RevisionCompare::created(&fence.key, CompareOp::Equal, fence.create_revision)
+}
+
+/// Makes one leadership's transactions, in order, each only if the fence still holds and
+/// the one before it was the last written. Every transaction also writes `sequence_key`,
+/// and compares its mod revision with the revision of the writer's previous transaction, so
+/// an attempt whose answer was lost and that lands late (held in a member cut off, and
+/// forwarded once it is back), after a newer transaction, changes nothing. That makes a
+/// retry safe: a retry that finds the attempt before it landed (the key holds that
+/// attempt's token) takes it as its own.
+pub struct FencedWriter {
+    store: EtcdStore,
+    fence: Fence,
+    sequence_key: String,
+    /// The revision of the last transaction written (of `sequence_key`'s last change).
+    last: i64,
+    /// How many transactions this writer made: with the fence, each one's token.
+    written: u64,
+}
+
+impl FencedWriter {
+    /// A writer under `fence`, its transactions ordered through `sequence_key` (read once
+    /// here: its last change, whoever made it).
+    pub async fn start(
+        store: &EtcdStore,
+        fence: Fence,
+        sequence_key: &str,
+    ) -> Result<FencedWriter, StoreError> {
+        let found = store.get_many(&[sequence_key.to_string()]).await?;
+        Ok(FencedWriter {
+            store: store.clone(),
+            fence,
+            sequence_key: sequence_key.to_string(),
+            last: found.first().map_or(0, |kv| kv.mod_revision),
+            written: 0,
+        })
+    }
+
+    /// The fence it writes under.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Makes every write of `ops` (at most [`MAX_FENCED_OPS`], no key twice, not the
+    /// sequence key) after the writer's previous ones, if the fence still holds. Returns
+    /// false when it does not (or when another writer wrote the sequence key: the same);
+    /// after false or an error, this writer must write nothing more.
+    pub async fn write(&mut self, ops: &[FencedOp]) -> Result<bool, StoreError> {
+        let token = format!("{}:{}", self.fence.create_revision, self.written + 1);
+        let (fence, sequence_key, last) = (&self.fence, self.sequence_key.as_str(), self.last);
+        let token_ref = token.as_str();
+        let answer = self
+            .store
+            .retrying("writing under the leader's fence", |etcd| async move {
+                let mut then: Vec<TxnStep> = ops.iter().map(FencedOp::to_txn_step).collect();
+                then.push(TxnStep::Put {
+                    key: sequence_key.to_string(),
+                    value: token_ref.as_bytes().to_vec(),
+                    lease: 0,
+                });
+                let txn = Transaction {
+                    when: vec![
+                        fence_holds(fence),
+                        RevisionCompare::modified(sequence_key, CompareOp::Equal, last),
+                    ],
+                    then,
+                    otherwise: vec![
+                        TxnStep::Get {
+                            key: fence.key.clone(),
+                        },
+                        TxnStep::Get {
+                            key: sequence_key.to_string(),
+                        },
+                    ],
+                };
+                etcd.txn(txn).await
+            })
+            .await?;
+        let landed_at = if answer.succeeded {
+            Some(answer.revision)
+        } else {
+            // An earlier attempt of this write may have landed, its answer lost: then the
+            // fence still holds and the sequence key holds this write's token.
+            let held = answer.found.iter().any(|kv| {
+                kv.key == self.fence.key && kv.create_revision == self.fence.create_revision
+            });
+            let ours = answer
+                .found
+                .iter()
+                .find(|kv| kv.key == self.sequence_key && kv.value == token.as_bytes());
+            ours.filter(|_| held).map(|kv| kv.mod_revision)
+        };
+        let Some(revision) = landed_at else {
+            return Ok(false);
+        };
+        self.last = revision;
+        self.written += 1;
+        Ok(true)
     }
 }

@@ -45,7 +45,7 @@ pub use history::{
     SPACE_PROBE_INTERVAL, SpaceProbe, compact_every, watch_space,
 };
 pub use keys::{alloc_key, node_key, status_key};
-pub use lease::{Fence, FencedOp, LeaseRenewer, LeaseState};
+pub use lease::{Fence, FencedOp, FencedWriter, LeaseRenewer, LeaseState};
 pub use member::{LiveMember, Member, MemberRecord, MemberView, live_members, live_records};
 pub use node_api::EtcdServerApi;
 pub use scheduler::{SchedulerConfig, ServerSlot, lead};

@@ -29,7 +29,7 @@
 //! rather than this one guessing which of its writes landed.
 
 use super::keys;
-use super::lease::{Fence, FencedOp, MAX_FENCED_OPS};
+use super::lease::{Fence, FencedOp, FencedWriter, MAX_FENCED_OPS};
 use super::member::MemberRecord;
 use super::store::{EtcdStore, KeyValue, StoreError};
 use crate::model::node::NodeInfo;
@@ -456,10 +456,15 @@ impl Writer {
             .name("caravan-scheduler-writer".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let store = match like.connect_again().await {
-                        Ok(store) => {
+                    let sequence_key = keys::scheduler_sequence_key();
+                    let started = match like.connect_again().await {
+                        Ok(store) => FencedWriter::start(&store, fence, &sequence_key).await,
+                        Err(error) => Err(error),
+                    };
+                    let mut writer = match started {
+                        Ok(writer) => {
                             let _ = connected.send(Ok(()));
-                            store
+                            writer
                         }
                         Err(error) => {
                             let _ = connected.send(Err(error));
@@ -467,7 +472,7 @@ impl Writer {
                         }
                     };
                     while let Some((ops, answer)) = pending.recv().await {
-                        let _ = answer.send(write(&store, &fence, &ops).await);
+                        let _ = answer.send(write(&mut writer, &ops).await);
                     }
                 })
             });
@@ -495,7 +500,7 @@ impl Writer {
 }
 
 /// Makes `groups` in fenced transactions of at most [`MAX_FENCED_OPS`], none split.
-async fn write(store: &EtcdStore, fence: &Fence, groups: &[Group]) -> Result<(), StateError> {
+async fn write(writer: &mut FencedWriter, groups: &[Group]) -> Result<(), StateError> {
     let mut transactions: Vec<Vec<FencedOp>> = vec![Vec::new()];
     for group in groups {
         if transactions
@@ -509,14 +514,14 @@ async fn write(store: &EtcdStore, fence: &Fence, groups: &[Group]) -> Result<(),
         }
     }
     for transaction in transactions.iter().filter(|t| !t.is_empty()) {
-        let held = store
-            .write_fenced(fence, transaction)
+        let held = writer
+            .write(transaction)
             .await
             .map_err(|e| StateError::Io(e.to_string()))?;
         if !held {
             return Err(StateError::Io(format!(
                 "this agent no longer holds {} (another agent leads): nothing more is written",
-                fence.key
+                writer.fence().key
             )));
         }
     }

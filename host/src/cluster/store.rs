@@ -6,7 +6,7 @@
 //! caller must hear it at once rather than after the whole retry window.
 
 use super::backend::{
-    CallError, CompareOp, CreatedCompare, EtcdBackend, RangeRead, Transaction, TxnStep,
+    CallError, CompareOp, EtcdBackend, RangeRead, RevisionCompare, Transaction, TxnStep,
 };
 use super::{SCHEMA_KEY, SCHEMA_VERSION};
 use crate::util::backoff::Backoff;
@@ -107,11 +107,7 @@ fn guarded_txn(writes: &[GuardedPut]) -> Transaction {
     Transaction {
         when: writes
             .iter()
-            .map(|w| CreatedCompare {
-                key: w.guard.clone(),
-                op: CompareOp::Greater,
-                revision: 0,
-            })
+            .map(|w| RevisionCompare::created(&w.guard, CompareOp::Greater, 0))
             .collect(),
         then: writes
             .iter()
@@ -292,11 +288,7 @@ impl EtcdStore {
             let mut then = vec![put(key, value)];
             then.extend(puts.iter().map(|(k, v)| put(k, v)));
             let txn = Transaction {
-                when: vec![CreatedCompare {
-                    key: key.to_string(),
-                    op: CompareOp::Equal,
-                    revision: 0,
-                }],
+                when: vec![RevisionCompare::created(&key, CompareOp::Equal, 0)],
                 then,
                 otherwise: vec![TxnStep::Get {
                     key: key.to_string(),

@@ -23,8 +23,8 @@
 
 use crate::cluster::KeyValue;
 use crate::cluster::backend::{
-    CallError, CompareOp, EtcdBackend, LeaseKeeper, RangeAnswer, RangeRead, StatusAnswer,
-    Transaction, TxnAnswer, TxnStep, WatchAnswer, WatchEvent, WatchStream,
+    CallError, CompareOp, EtcdBackend, LeaseKeeper, RangeAnswer, RangeRead, RevisionOf,
+    StatusAnswer, Transaction, TxnAnswer, TxnStep, WatchAnswer, WatchEvent, WatchStream,
 };
 use crate::util::locks::LockUnpoisoned;
 use async_trait::async_trait;
@@ -421,17 +421,23 @@ impl EtcdBackend for SimulatedEtcd {
     async fn txn(&self, txn: Transaction) -> Result<TxnAnswer, CallError> {
         self.call(CallKind::Write, "a transaction", move |state| {
             let succeeded = txn.when.iter().all(|compare| {
-                let created = state
-                    .current(&compare.key, state.revision)
-                    .map_or(0, |kv| kv.create_revision);
+                let found = state.current(&compare.key, state.revision);
+                let revision = found.map_or(0, |kv| match compare.of {
+                    RevisionOf::Create => kv.create_revision,
+                    RevisionOf::Mod => kv.mod_revision,
+                });
                 match compare.op {
-                    CompareOp::Equal => created == compare.revision,
-                    CompareOp::Greater => created > compare.revision,
+                    CompareOp::Equal => revision == compare.revision,
+                    CompareOp::Greater => revision > compare.revision,
                 }
             });
             let steps = if succeeded { &txn.then } else { &txn.otherwise };
             let found = state.run_steps(steps)?;
-            Ok(TxnAnswer { succeeded, found })
+            Ok(TxnAnswer {
+                succeeded,
+                found,
+                revision: state.revision,
+            })
         })
     }
 

@@ -7,7 +7,7 @@
 
 use crate::etcd::EtcdCluster;
 use caravan_host::cluster::{
-    Change, EtcdStore, Fence, FencedOp, GuardedPut, KeyValue, LeaseState, PrefixWatch,
+    Change, EtcdStore, Fence, FencedOp, FencedWriter, GuardedPut, KeyValue, LeaseState, PrefixWatch,
 };
 use caravan_host::testing::simulated_etcd::SimulatedEtcd;
 use std::time::Duration;
@@ -138,6 +138,18 @@ async fn scenario(store: &EtcdStore) -> Vec<String> {
         FencedOp::Delete { key: key("b") },
     ];
     t.say("write_fenced", store.write_fenced(&fence, &ops).await);
+    let sequence = key("sequence");
+    let mut writer = FencedWriter::start(store, fence.clone(), &sequence)
+        .await
+        .unwrap();
+    let put = |value: &str| {
+        [FencedOp::Put {
+            key: key("sequenced"),
+            value: value.as_bytes().to_vec(),
+        }]
+    };
+    t.say("sequenced write", writer.write(&put("1")).await);
+    t.say("sequenced write again", writer.write(&put("2")).await);
     t.say("revoke", store.revoke_lease(lease).await);
     t.say("revoke again", store.revoke_lease(lease).await);
     t.say(
@@ -151,6 +163,7 @@ async fn scenario(store: &EtcdStore) -> Vec<String> {
         refused.map_err(|e| e.to_string().contains("lease not found")),
     );
     t.say("write_fenced lost", store.write_fenced(&fence, &ops).await);
+    t.say("sequenced write lost", writer.write(&put("3")).await);
     let (listed, at) = store.list("/conformance/").await.unwrap();
     let shown: Vec<String> = listed.iter().map(|kv| t.kv(kv)).collect();
     t.say("list after revoke", (shown, t.rev(at)));

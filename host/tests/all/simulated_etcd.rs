@@ -3,7 +3,9 @@
 //! before or after the write, a write applied late). That it answers as etcd does is
 //! `etcd_conformance`.
 
-use caravan_host::cluster::{Change, EtcdStore, LeaseState, PrefixWatch};
+use caravan_host::cluster::{
+    Change, EtcdStore, Fence, FencedOp, FencedWriter, LeaseState, PrefixWatch,
+};
 use caravan_host::testing::simulated_etcd::{CallFate, CallKind, SimulatedEtcd};
 use std::time::Duration;
 
@@ -102,4 +104,69 @@ async fn a_watch_whose_history_is_compacted_while_it_is_away_relists() {
     assert_eq!(*revision, etcd.current_revision());
     let keys: Vec<&str> = entries.iter().map(|kv| kv.key.as_str()).collect();
     assert_eq!(keys, ["/w/b"]);
+}
+
+/// A leader's fence on `etcd`: its lease, its leader key, and a writer under it.
+async fn leader_on(store: &EtcdStore) -> (i64, FencedWriter) {
+    let lease = store.grant_lease(Duration::from_secs(60)).await.unwrap();
+    let held = store.create_leased("/leader", b"me", lease).await.unwrap();
+    let fence = Fence {
+        key: "/leader".into(),
+        create_revision: held.create_revision,
+    };
+    let writer = FencedWriter::start(store, fence, "/sequence")
+        .await
+        .unwrap();
+    (lease, writer)
+}
+
+fn put(key: &str, value: &str) -> Vec<FencedOp> {
+    vec![FencedOp::Put {
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+    }]
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_write_applied_late_changes_nothing_after_a_newer_one() {
+    let etcd = SimulatedEtcd::new();
+    let store = etcd.store();
+    let (_, mut writer) = leader_on(&store).await;
+    let mut first = true;
+    etcd.set_fates(move |kind| match kind {
+        CallKind::Write if std::mem::take(&mut first) => {
+            CallFate::AppliedLater(Duration::from_secs(3))
+        }
+        _ => CallFate::Answered,
+    });
+    // The first attempt is held; its retry lands; a newer write follows.
+    assert!(writer.write(&put("/k", "old")).await.unwrap());
+    assert!(writer.write(&put("/k", "new")).await.unwrap());
+    // The held attempt lands after both, and changes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(value_of(&store, "/k").await.as_deref(), Some(&b"new"[..]));
+    // And the writer goes on.
+    assert!(writer.write(&put("/k", "newer")).await.unwrap());
+    assert_eq!(value_of(&store, "/k").await.as_deref(), Some(&b"newer"[..]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_writes_retry_takes_its_earlier_attempt_that_landed_as_its_own() {
+    let etcd = SimulatedEtcd::new();
+    let store = etcd.store();
+    let (lease, mut writer) = leader_on(&store).await;
+    let mut first = true;
+    etcd.set_fates(move |kind| match kind {
+        CallKind::Write if std::mem::take(&mut first) => CallFate::LostAfter,
+        _ => CallFate::Answered,
+    });
+    let before = etcd.current_revision();
+    assert!(writer.write(&put("/k", "once")).await.unwrap());
+    assert_eq!(etcd.current_revision(), before + 1, "written once");
+    assert!(writer.write(&put("/k", "twice")).await.unwrap());
+
+    // Once the fence is gone (its lease revoked), nothing more lands.
+    store.revoke_lease(lease).await.unwrap();
+    assert!(!writer.write(&put("/k", "deposed")).await.unwrap());
+    assert_eq!(value_of(&store, "/k").await.as_deref(), Some(&b"twice"[..]));
 }
