@@ -163,7 +163,7 @@ impl EtcdStore {
                 key: key.to_string(),
             };
             let txn = Transaction {
-                when: vec![RevisionCompare::created(&key, CompareOp::Equal, 0)],
+                when: vec![RevisionCompare::created(key, CompareOp::Equal, 0)],
                 then: vec![
                     TxnStep::Put {
                         key: key.to_string(),
@@ -249,7 +249,7 @@ impl FencedWriter {
         &self.fence
     }
 
-    /// Makes every write of `ops` (at most [`MAX_FENCED_OPS`], no key twice, not the
+    /// Makes every write of `ops` (at most 120, no key twice, not the
     /// sequence key) after the writer's previous ones, if the fence still holds. Returns
     /// false when it does not (or when another writer wrote the sequence key: the same);
     /// after false or an error, this writer must write nothing more.

@@ -278,7 +278,11 @@ async fn keep_membership(store: EtcdStore, joining: Joining, view: watch::Sender
                 let campaigning = campaign(&store, &record, &value, lease, &view);
                 let _ = tokio::time::timeout(renew_every, campaigning).await;
             }
+            // Biased, renewal first: a renewal due is never put off by a change of the
+            // leader key, and a simulation replays (an unbiased select draws from tokio's own
+            // random).
             tokio::select! {
+                biased;
                 _ = renew.tick() => {
                     let renewing = tokio::time::Instant::now();
                     let renewed = tokio::time::timeout(renew_every, renewer.renew());
@@ -380,8 +384,9 @@ fn watch_leader_key(store: EtcdStore) -> watch::Receiver<u64> {
             }
         };
         tokio::select! {
-            () = follow => {}
+            biased;
             () = sender.closed() => {}
+            () = follow => {}
         }
     });
     receiver

@@ -288,7 +288,7 @@ impl EtcdStore {
             let mut then = vec![put(key, value)];
             then.extend(puts.iter().map(|(k, v)| put(k, v)));
             let txn = Transaction {
-                when: vec![RevisionCompare::created(&key, CompareOp::Equal, 0)],
+                when: vec![RevisionCompare::created(key, CompareOp::Equal, 0)],
                 then,
                 otherwise: vec![TxnStep::Get {
                     key: key.to_string(),

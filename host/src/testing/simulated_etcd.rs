@@ -29,8 +29,9 @@ use crate::cluster::backend::{
 use crate::util::locks::LockUnpoisoned;
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// What happens to one call; see the module docs.
@@ -59,7 +60,7 @@ pub enum CallKind {
     Watch,
 }
 
-type FatePlan = Box<dyn FnMut(CallKind) -> CallFate + Send>;
+type FatePlan = Box<dyn FnMut(&str, CallKind) -> CallFate + Send>;
 
 /// The simulated etcd. Cheap to clone: every clone is the same etcd.
 #[derive(Clone)]
@@ -70,8 +71,10 @@ pub struct SimulatedEtcd {
 struct Shared {
     state: Mutex<State>,
     plan: Mutex<Option<FatePlan>>,
-    /// The newest revision, for watches waiting on a change.
-    revision: tokio::sync::watch::Sender<i64>,
+    /// Every open watch's wake-up, woken in the order the watches opened at each new
+    /// revision. Not a `tokio::sync::watch` channel: that one wakes its receivers in an
+    /// order drawn from tokio's own random, and a simulation must replay.
+    watchers: Mutex<Vec<Weak<Notify>>>,
 }
 
 struct Lease {
@@ -93,6 +96,8 @@ struct State {
     log: VecDeque<(i64, WatchEvent)>,
     leases: BTreeMap<i64, Lease>,
     next_lease: i64,
+    /// See [`SimulatedEtcd::end_leases_early`].
+    leases_end_early: bool,
 }
 
 fn lost(what: &str) -> CallError {
@@ -115,21 +120,39 @@ impl SimulatedEtcd {
         let shared = Shared {
             state: Mutex::new(state),
             plan: Mutex::new(None),
-            revision: tokio::sync::watch::channel(1).0,
+            watchers: Mutex::default(),
         };
         SimulatedEtcd {
             shared: Arc::new(shared),
         }
     }
 
-    /// A store over this etcd, for the cluster code.
+    /// A store over this etcd, for the cluster code: [`SimulatedEtcd::store_for`] a
+    /// connection named "client".
     pub fn store(&self) -> crate::cluster::EtcdStore {
-        crate::cluster::EtcdStore::over("simulated-etcd", Arc::new(self.clone()))
+        self.store_for("client")
     }
 
-    /// From now on, `plan` chooses each call's fate (see [`CallFate`]).
-    pub fn set_fates(&self, plan: impl FnMut(CallKind) -> CallFate + Send + 'static) {
+    /// A store over this etcd whose calls the fate plan sees as made by `connection` (an
+    /// agent's name, so that one agent may be cut off while the others are not).
+    pub fn store_for(&self, connection: &str) -> crate::cluster::EtcdStore {
+        let connection = Connection {
+            etcd: self.clone(),
+            name: connection.into(),
+        };
+        crate::cluster::EtcdStore::over("simulated-etcd", Arc::new(connection))
+    }
+
+    /// From now on, `plan` chooses each call's fate (see [`CallFate`]), given the name of
+    /// the connection making it and the call's kind.
+    pub fn set_fates(&self, plan: impl FnMut(&str, CallKind) -> CallFate + Send + 'static) {
         *self.shared.plan.lock_unpoisoned() = Some(Box::new(plan));
+    }
+
+    /// From now on, leases end at half their TTL: a planted defect (an etcd whose clock
+    /// runs fast), for a simulation to show that its checks see what follows.
+    pub fn end_leases_early(&self) {
+        self.with_state(|state| state.leases_end_early = true);
     }
 
     /// Every call answered again.
@@ -147,9 +170,9 @@ impl SimulatedEtcd {
         self.with_state(|state| state.range(b"", &[0], 0))
     }
 
-    fn fate(&self, kind: CallKind) -> CallFate {
+    fn fate(&self, connection: &str, kind: CallKind) -> CallFate {
         match self.shared.plan.lock_unpoisoned().as_mut() {
-            Some(plan) => plan(kind),
+            Some(plan) => plan(connection, kind),
             None => CallFate::Answered,
         }
     }
@@ -162,7 +185,14 @@ impl SimulatedEtcd {
         let before = state.revision;
         let answer = apply(&mut state);
         if state.revision != before {
-            self.shared.revision.send_replace(state.revision);
+            drop(state);
+            self.shared.watchers.lock_unpoisoned().retain(|watcher| {
+                let Some(watcher) = watcher.upgrade() else {
+                    return false;
+                };
+                watcher.notify_one();
+                true
+            });
         }
         answer
     }
@@ -170,11 +200,12 @@ impl SimulatedEtcd {
     /// Runs `apply` as a call of `kind` whose fate the plan chooses.
     fn call<T: Send + 'static>(
         &self,
+        connection: &str,
         kind: CallKind,
         what: &str,
         apply: impl FnOnce(&mut State) -> Result<T, CallError> + Send + 'static,
     ) -> Result<T, CallError> {
-        match self.fate(kind) {
+        match self.fate(connection, kind) {
             CallFate::Answered => self.with_state(apply),
             CallFate::LostBefore => Err(lost(what)),
             CallFate::LostAfter => {
@@ -194,6 +225,11 @@ impl SimulatedEtcd {
 }
 
 impl State {
+    /// How long a lease of `ttl` lasts from a grant or a renewal.
+    fn lasts(&self, ttl: Duration) -> Duration {
+        if self.leases_end_early { ttl / 2 } else { ttl }
+    }
+
     fn current(&self, key: &str, at: i64) -> Option<&KeyValue> {
         let versions = self.versions.get(key)?;
         let (_, value) = versions
@@ -365,8 +401,32 @@ impl State {
     }
 }
 
+/// One connection to the simulated etcd: its calls carry its name to the fate plan.
+struct Connection {
+    etcd: SimulatedEtcd,
+    name: Arc<str>,
+}
+
+impl Connection {
+    fn call<T: Send + 'static>(
+        &self,
+        kind: CallKind,
+        what: &str,
+        apply: impl FnOnce(&mut State) -> Result<T, CallError> + Send + 'static,
+    ) -> Result<T, CallError> {
+        self.etcd.call(&self.name, kind, what, apply)
+    }
+
+    fn again(&self) -> Connection {
+        Connection {
+            etcd: self.etcd.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
 #[async_trait]
-impl EtcdBackend for SimulatedEtcd {
+impl EtcdBackend for Connection {
     async fn range(&self, read: RangeRead) -> Result<RangeAnswer, CallError> {
         self.call(CallKind::Read, "a range read", move |state| {
             if read.revision > state.revision {
@@ -448,7 +508,7 @@ impl EtcdBackend for SimulatedEtcd {
             let id = state.next_lease;
             let lease = Lease {
                 ttl,
-                expires: Instant::now() + ttl,
+                expires: Instant::now() + state.lasts(ttl),
                 keys: BTreeSet::new(),
             };
             state.leases.insert(id, lease);
@@ -458,7 +518,7 @@ impl EtcdBackend for SimulatedEtcd {
 
     fn lease_keeper(&self, lease: i64) -> Box<dyn LeaseKeeper> {
         Box::new(SimulatedKeeper {
-            etcd: self.clone(),
+            connection: self.again(),
             lease,
         })
     }
@@ -493,11 +553,16 @@ impl EtcdBackend for SimulatedEtcd {
     ) -> Result<Box<dyn WatchStream>, CallError> {
         self.call(CallKind::Watch, "opening a watch", |_| Ok(()))?;
         Ok(Box::new(SimulatedWatch {
-            etcd: self.clone(),
+            changed: {
+                let changed = Arc::new(Notify::new());
+                let watchers = &self.etcd.shared.watchers;
+                watchers.lock_unpoisoned().push(Arc::downgrade(&changed));
+                changed
+            },
+            connection: self.again(),
             prefix: prefix.to_string(),
             next_revision: start_revision.max(1),
             created: false,
-            changed: self.shared.revision.subscribe(),
         }))
     }
 
@@ -529,7 +594,7 @@ impl EtcdBackend for SimulatedEtcd {
 }
 
 struct SimulatedKeeper {
-    etcd: SimulatedEtcd,
+    connection: Connection,
     lease: i64,
 }
 
@@ -537,25 +602,27 @@ struct SimulatedKeeper {
 impl LeaseKeeper for SimulatedKeeper {
     async fn renew(&self) -> Result<bool, CallError> {
         let lease = self.lease;
-        self.etcd
+        self.connection
             .call(CallKind::Lease, "a lease renewal", move |state| {
-                Ok(match state.leases.get_mut(&lease) {
-                    Some(held) => {
-                        held.expires = Instant::now() + held.ttl;
+                let lasts = state.leases.get(&lease).map(|held| state.lasts(held.ttl));
+                Ok(match (state.leases.get_mut(&lease), lasts) {
+                    (Some(held), Some(lasts)) => {
+                        held.expires = Instant::now() + lasts;
                         true
                     }
-                    None => false,
+                    _ => false,
                 })
             })
     }
 }
 
 struct SimulatedWatch {
-    etcd: SimulatedEtcd,
+    connection: Connection,
     prefix: String,
     next_revision: i64,
     created: bool,
-    changed: tokio::sync::watch::Receiver<i64>,
+    /// Notified at each new revision (a permit is kept when it is not waiting).
+    changed: Arc<Notify>,
 }
 
 #[async_trait]
@@ -571,15 +638,13 @@ impl WatchStream for SimulatedWatch {
             }
             // The next lease expiry is a change too: wake for it.
             let expiry = self
+                .connection
                 .etcd
                 .with_state(|state| state.leases.values().map(|lease| lease.expires).min());
             let far = Instant::now() + Duration::from_secs(3600);
             tokio::select! {
-                changed = self.changed.changed() => {
-                    if changed.is_err() {
-                        return Ok(None);
-                    }
-                }
+                biased;
+                () = self.changed.notified() => {}
                 () = tokio::time::sleep_until(expiry.unwrap_or(far)) => {}
             }
         }
@@ -590,12 +655,13 @@ impl SimulatedWatch {
     /// What the watch has to say now, if anything: changes after its revision, or a cancel
     /// when they were compacted away.
     fn pending(&mut self) -> Result<Option<WatchAnswer>, CallError> {
-        let fate = self.etcd.fate(CallKind::Watch);
+        let etcd = &self.connection.etcd;
+        let fate = etcd.fate(&self.connection.name, CallKind::Watch);
         if matches!(fate, CallFate::LostBefore | CallFate::LostAfter) {
             return Err(lost("a watch"));
         }
         let (prefix, from) = (self.prefix.as_str(), self.next_revision);
-        let answer = self.etcd.with_state(|state| {
+        let answer = etcd.with_state(|state| {
             if from <= state.compacted {
                 return Some(WatchAnswer::Canceled {
                     compact_revision: state.compacted,

@@ -170,13 +170,13 @@ async fn scenario(store: &EtcdStore) -> Vec<String> {
     store.revoke_lease(other).await.unwrap();
 
     // A watch delivers every change from a revision; after a compaction past it, a re-list.
-    let mut watch = PrefixWatch::from_revision(&store, "/conformance/", after_writes);
+    let mut watch = PrefixWatch::from_revision(store, "/conformance/", after_writes);
     let changes = next_changes(&mut watch).await;
     t.changes("watch", &changes);
     let now = store.revision().await.unwrap();
     t.say("compact", store.compact(now).await);
     t.say("compact again", store.compact(now).await);
-    let mut late = PrefixWatch::from_revision(&store, "/conformance/", after_writes);
+    let mut late = PrefixWatch::from_revision(store, "/conformance/", after_writes);
     let changes = next_changes(&mut late).await;
     t.changes("watch after compaction", &changes);
     t.say("put after", store.put(&key("after"), b"z").await);

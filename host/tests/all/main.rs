@@ -32,6 +32,7 @@ mod fixture_wrong_world;
 mod fuzz;
 mod fuzz_credentials;
 mod hostile_agent;
+mod leadership_simulation;
 mod live_upgrade;
 mod loading;
 mod many_memories;

@@ -50,7 +50,7 @@ async fn an_answer_lost_after_the_write_leaves_the_write_made_once() {
     let etcd = SimulatedEtcd::new();
     let store = etcd.store();
     let mut fates = vec![CallFate::LostAfter, CallFate::LostBefore].into_iter();
-    etcd.set_fates(move |kind| match kind {
+    etcd.set_fates(move |_, kind| match kind {
         CallKind::Write => fates.next().unwrap_or(CallFate::Answered),
         _ => CallFate::Answered,
     });
@@ -71,7 +71,7 @@ async fn a_write_applied_late_lands_after_newer_writes() {
     let etcd = SimulatedEtcd::new();
     let store = etcd.store();
     let mut first = true;
-    etcd.set_fates(move |kind| match kind {
+    etcd.set_fates(move |_, kind| match kind {
         CallKind::Write if std::mem::take(&mut first) => {
             CallFate::AppliedLater(Duration::from_secs(3))
         }
@@ -133,7 +133,7 @@ async fn a_fenced_write_applied_late_changes_nothing_after_a_newer_one() {
     let store = etcd.store();
     let (_, mut writer) = leader_on(&store).await;
     let mut first = true;
-    etcd.set_fates(move |kind| match kind {
+    etcd.set_fates(move |_, kind| match kind {
         CallKind::Write if std::mem::take(&mut first) => {
             CallFate::AppliedLater(Duration::from_secs(3))
         }
@@ -156,7 +156,7 @@ async fn a_fenced_writes_retry_takes_its_earlier_attempt_that_landed_as_its_own(
     let store = etcd.store();
     let (lease, mut writer) = leader_on(&store).await;
     let mut first = true;
-    etcd.set_fates(move |kind| match kind {
+    etcd.set_fates(move |_, kind| match kind {
         CallKind::Write if std::mem::take(&mut first) => CallFate::LostAfter,
         _ => CallFate::Answered,
     });

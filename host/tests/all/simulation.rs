@@ -9,7 +9,7 @@ use caravan_host::testing::simulation::{SimConfig, SimOutcome, simulate};
 /// How many seeds `./run-tests` runs.
 const SEEDS_PER_TEST_RUN: u64 = 500;
 
-fn env_u64(name: &str) -> Option<u64> {
+pub fn env_u64(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
     Some(
         value

@@ -36,6 +36,7 @@
 //! ignore what a task it left behind still asks of them.
 
 mod actions;
+mod leadership;
 mod link;
 mod runner;
 mod trace;
@@ -54,6 +55,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use trace::{Draws, Trace};
+
+pub use leadership::{LeadershipConfig, simulate_leadership};
 
 /// One simulation's shape.
 #[derive(Debug, Clone)]

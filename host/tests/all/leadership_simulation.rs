@@ -1,0 +1,111 @@
+//! The simulation of membership and leader election over the simulated etcd
+//! (`caravan_host::testing::simulation::simulate_leadership`): real `Member`s of three
+//! agents under crashes, clean leaves, agents cut off from etcd, lost and late answers and
+//! compactions, on simulated time; checked at every moment (no agent believes it leads,
+//! lease fresh, unless etcd says so) and once the faults stop (one leader, named by all).
+//!
+//! `scripts/simulate --leadership` runs a campaign of many more seeds, or replays one.
+
+use crate::simulation::env_u64;
+use caravan_host::testing::simulation::{LeadershipConfig, simulate_leadership};
+
+/// How many seeds `./run-tests` runs.
+const SEEDS_PER_TEST_RUN: u64 = 300;
+
+#[test]
+fn one_leader_and_no_false_belief_for_three_hundred_seeds() {
+    let mut failed = Vec::new();
+    for seed in 0..SEEDS_PER_TEST_RUN {
+        let outcome = simulate_leadership(&LeadershipConfig::new(seed));
+        if outcome.violation.is_some() {
+            println!("{outcome}");
+            failed.push(seed);
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {SEEDS_PER_TEST_RUN} seeds broke an invariant: {failed:?} (each printed above; \
+         replay one with `scripts/simulate --leadership --seed S --trace`)",
+        failed.len()
+    );
+}
+
+#[test]
+fn a_leadership_seed_gives_the_same_trace_every_time() {
+    for seed in (0..30).map(|n| n * 7_919) {
+        let config = LeadershipConfig {
+            keep_trace: true,
+            ..LeadershipConfig::new(seed)
+        };
+        let first = simulate_leadership(&config);
+        let second = simulate_leadership(&config);
+        assert_eq!(
+            (first.trace_hash.as_str(), first.trace_lines),
+            (second.trace_hash.as_str(), second.trace_lines),
+            "seed {seed} gave two traces:\n{first}\n{second}"
+        );
+        assert!(first.trace_lines > 10, "seed {seed} did little:\n{first}");
+    }
+}
+
+#[test]
+fn an_etcd_whose_leases_end_early_is_caught_believing_in_a_leader_it_dropped() {
+    // Leases ending at half their TTL leave a leader believing its lease fresh (for three
+    // quarters of a TTL after a renewal) after etcd dropped its key: the every-moment check
+    // must see it within a few seeds.
+    let caught = (0..20).find_map(|seed| {
+        let config = LeadershipConfig {
+            leases_end_early: true,
+            ..LeadershipConfig::new(seed)
+        };
+        simulate_leadership(&config).violation
+    });
+    let violation = caught.expect("no seed of 20 saw the leases end early");
+    assert!(violation.contains("believes it leads"), "{violation}");
+}
+
+/// A campaign: `CARAVAN_SIM_SEEDS` seeds from `CARAVAN_SIM_FIRST_SEED` (default 0), or the
+/// one `CARAVAN_SIM_SEED` with every line of its trace; `CARAVAN_SIM_NODES` agents (default
+/// 3). Run by `scripts/simulate --leadership`.
+#[test]
+#[ignore = "a campaign, run by scripts/simulate --leadership"]
+fn campaign() {
+    let config = |seed| LeadershipConfig {
+        agents: env_u64("CARAVAN_SIM_NODES").map_or(3, |n| n as usize),
+        ..LeadershipConfig::new(seed)
+    };
+    if let Some(seed) = env_u64("CARAVAN_SIM_SEED") {
+        let _logs = crate::support::LogCapture::start();
+        let outcome = simulate_leadership(&LeadershipConfig {
+            keep_trace: true,
+            ..config(seed)
+        });
+        println!("{outcome}");
+        assert!(
+            outcome.violation.is_none(),
+            "seed {seed} broke an invariant"
+        );
+        return;
+    }
+    let count = env_u64("CARAVAN_SIM_SEEDS").unwrap_or(10_000);
+    let first = env_u64("CARAVAN_SIM_FIRST_SEED").unwrap_or(0);
+    let started = std::time::Instant::now();
+    let (mut failed, mut simulated) = (Vec::new(), std::time::Duration::ZERO);
+    for seed in first..first + count {
+        let outcome = simulate_leadership(&config(seed));
+        simulated += outcome.simulated;
+        if outcome.violation.is_some() {
+            println!("{outcome}");
+            failed.push(seed);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "campaign (leadership): {count} seeds from {first} in {seconds:.1} s: {:.0} seeds per \
+         minute, {:.0} simulated seconds per second; {} failed: {failed:?}",
+        count as f64 * 60.0 / seconds,
+        simulated.as_secs_f64() / seconds,
+        failed.len(),
+    );
+    assert!(failed.is_empty());
+}
