@@ -17,8 +17,8 @@ use super::store::{EtcdStore, KeyValue, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Most operations one fenced transaction carries: etcd refuses more than 128, and the
-/// fence's compare does not count, but a margin costs nothing.
+/// Most operations one fenced transaction carries: etcd refuses more than 128 in a branch,
+/// and a [`FencedWriter`] adds one (its sequence key's put); compares count apart.
 pub const MAX_FENCED_OPS: usize = 120;
 
 /// What a keep-alive found.
@@ -141,13 +141,48 @@ impl EtcdStore {
         .await
     }
 
-    /// Writes `value` at `key`, attached to `lease`. Retried: callers write the same value
-    /// again.
+    /// Writes `value` at `key`, attached to `lease`, so that no attempt of it lands after a
+    /// later change of the key: each attempt compares the key's last change with the one
+    /// read just before it. A plain put, retried, could land late (held in a member cut off,
+    /// and forwarded once it is back), after the caller wrote the key again under a newer
+    /// lease, and tie the key to a lease that is never renewed: the node's live key would
+    /// then vanish with that lease while its agent runs on. Done when the key holds `value`
+    /// under `lease`, by this attempt or an earlier one.
     pub async fn put_leased(&self, key: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
-        self.retrying("writing a leased key", |etcd| async move {
-            etcd.put(key, value, lease).await
+        // Another writer of the key could move it on every round; the key's owner is its
+        // only writer, so a few rounds are plenty.
+        const ROUNDS: usize = 5;
+        for _ in 0..ROUNDS {
+            let current = self.get_many(&[key.to_string()]).await?.into_iter().next();
+            if current
+                .as_ref()
+                .is_some_and(|kv| kv.lease == lease && kv.value == value)
+            {
+                return Ok(());
+            }
+            let seen = current.map_or(0, |kv| kv.mod_revision);
+            let written = self
+                .retrying("writing a leased key", |etcd| async move {
+                    let txn = Transaction {
+                        when: vec![RevisionCompare::modified(key, CompareOp::Equal, seen)],
+                        then: vec![TxnStep::Put {
+                            key: key.to_string(),
+                            value: value.to_vec(),
+                            lease,
+                        }],
+                        otherwise: Vec::new(),
+                    };
+                    Ok(etcd.txn(txn).await?.succeeded)
+                })
+                .await?;
+            if written {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Unreachable {
+            endpoints: self.endpoints(),
+            reason: format!("writing {key}: it changed under every one of {ROUNDS} attempts"),
         })
-        .await
     }
 
     /// Creates `key` attached to `lease` if it does not exist; either way returns the key as
@@ -222,8 +257,13 @@ pub struct FencedWriter {
     sequence_key: String,
     /// The revision of the last transaction written (of `sequence_key`'s last change).
     last: i64,
-    /// How many transactions this writer made: with the fence, each one's token.
+    /// How many transactions this writer made: with `nonce`, each one's token.
     written: u64,
+    /// This writer's own, so that no two writers' tokens are alike.
+    nonce: String,
+    /// Set by a write that failed or found the fence gone: an attempt of it may still
+    /// land, and a later write with its token would take it for its own.
+    stopped: bool,
 }
 
 impl FencedWriter {
@@ -241,6 +281,8 @@ impl FencedWriter {
             sequence_key: sequence_key.to_string(),
             last: found.first().map_or(0, |kv| kv.mod_revision),
             written: 0,
+            nonce: crate::util::determinism::new_id(),
+            stopped: false,
         })
     }
 
@@ -251,10 +293,14 @@ impl FencedWriter {
 
     /// Makes every write of `ops` (at most 120, no key twice, not the
     /// sequence key) after the writer's previous ones, if the fence still holds. Returns
-    /// false when it does not (or when another writer wrote the sequence key: the same);
-    /// after false or an error, this writer must write nothing more.
+    /// false when it does not (or when another writer wrote the sequence key: the same).
+    /// After false or an error, every later call returns false and writes nothing.
     pub async fn write(&mut self, ops: &[FencedOp]) -> Result<bool, StoreError> {
-        let token = format!("{}:{}", self.fence.create_revision, self.written + 1);
+        if self.stopped {
+            return Ok(false);
+        }
+        self.stopped = true;
+        let token = format!("{}:{}", self.nonce, self.written + 1);
         let (fence, sequence_key, last) = (&self.fence, self.sequence_key.as_str(), self.last);
         let token_ref = token.as_str();
         let answer = self
@@ -303,6 +349,7 @@ impl FencedWriter {
         };
         self.last = revision;
         self.written += 1;
+        self.stopped = false;
         Ok(true)
     }
 }

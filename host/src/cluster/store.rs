@@ -2,8 +2,8 @@
 //! prefix, a create-if-absent, and the schema check. Every call is retried while etcd is
 //! between leaders or one member is gone, and only when a retry cannot apply it twice.
 //! What etcd refused (a request too large, out of space, a permission, a compacted
-//! revision: [`is_refusal`]) is not retried: asking again gets the same answer, and the
-//! caller must hear it at once rather than after the whole retry window.
+//! revision: any [`CallError`] but `Lost`) is not retried: asking again gets the same
+//! answer, and the caller must hear it at once rather than after the whole retry window.
 
 use super::backend::{
     CallError, CompareOp, EtcdBackend, RangeRead, RevisionCompare, Transaction, TxnStep,

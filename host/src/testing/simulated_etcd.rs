@@ -13,9 +13,10 @@
 //! - watches of a prefix from a revision, every change in revision order, canceled with the
 //!   compacted revision when the history they need is gone.
 //!
-//! Where it is stricter than etcd, on purpose: a watch must start after the compacted
-//! revision (etcd also serves one starting at it), and it sends no progress notifications.
-//! It has no members, quotas, authentication or request sizes.
+//! It refuses what etcd refuses of a transaction's shape (more than 128 operations in a
+//! list, a key written twice). Where it is stricter than etcd, on purpose: a watch must
+//! start after the compacted revision (etcd also serves one starting at it), and it sends
+//! no progress notifications. It has no members, quotas, authentication or request sizes.
 //!
 //! Faults ([`CallFate`]) are the caller's: before each call, a plan it gives says whether the
 //! call is answered, lost before etcd applies it, lost after, or applied later (a request
@@ -181,8 +182,8 @@ impl SimulatedEtcd {
     /// when it made a revision.
     fn with_state<T>(&self, apply: impl FnOnce(&mut State) -> T) -> T {
         let mut state = self.shared.state.lock_unpoisoned();
-        state.expire_leases(Instant::now());
         let before = state.revision;
+        state.expire_leases(Instant::now());
         let answer = apply(&mut state);
         if state.revision != before {
             drop(state);
@@ -441,7 +442,7 @@ impl EtcdBackend for Connection {
             }
             let mut kvs = state.range(&read.start, &read.end, read.revision);
             let limit = usize::try_from(read.limit).unwrap_or(0);
-            let more = limit > 0 && kvs.len() > limit;
+            let more = limit > 0 && kvs.len() > limit && !read.count_only;
             if more {
                 kvs.truncate(limit);
             }
@@ -479,6 +480,7 @@ impl EtcdBackend for Connection {
     }
 
     async fn txn(&self, txn: Transaction) -> Result<TxnAnswer, CallError> {
+        refused_as_etcd_would(&txn)?;
         self.call(CallKind::Write, "a transaction", move |state| {
             let succeeded = txn.when.iter().all(|compare| {
                 let found = state.current(&compare.key, state.revision);
@@ -539,7 +541,7 @@ impl EtcdBackend for Connection {
             Ok(match state.leases.get(&lease) {
                 Some(held) => {
                     let left = held.expires.saturating_duration_since(Instant::now());
-                    (held.ttl.as_secs() as i64, left.as_secs_f64().ceil() as i64)
+                    (held.ttl.as_secs() as i64, left.as_secs() as i64)
                 }
                 None => (0, -1),
             })
@@ -661,9 +663,9 @@ impl SimulatedWatch {
             return Err(lost("a watch"));
         }
         let (prefix, from) = (self.prefix.as_str(), self.next_revision);
-        let answer = etcd.with_state(|state| {
+        let seen = etcd.with_state(|state| {
             if from <= state.compacted {
-                return Some(WatchAnswer::Canceled {
+                return Err(WatchAnswer::Canceled {
                     compact_revision: state.compacted,
                     reason: "etcdserver: mvcc: required revision has been compacted".into(),
                 });
@@ -675,14 +677,53 @@ impl SimulatedWatch {
                 .filter(|(_, event)| event_key(event).starts_with(prefix))
                 .map(|(_, event)| event.clone())
                 .collect();
-            (!events.is_empty()).then_some(WatchAnswer::Events(events))
+            Ok((events, state.revision))
         });
-        if let Some(WatchAnswer::Events(events)) = &answer {
-            let last = events.iter().map(event_revision).max().unwrap_or(from);
-            self.next_revision = last + 1;
+        match seen {
+            Err(canceled) => Ok(Some(canceled)),
+            // A watch that has seen every change is caught up to the store's revision, as
+            // etcd's synced watchers are: a compaction after it does not cancel it.
+            Ok((events, revision)) if events.is_empty() => {
+                self.next_revision = self.next_revision.max(revision + 1);
+                Ok(None)
+            }
+            Ok((events, _)) => {
+                let last = events.iter().map(event_revision).max().unwrap_or(from);
+                self.next_revision = last + 1;
+                Ok(Some(WatchAnswer::Events(events)))
+            }
         }
-        Ok(answer)
     }
+}
+
+/// What etcd refuses of a transaction before it looks at the keys: more operations than its
+/// default `--max-txn-ops` (128) in a compare list or a branch, or one key written twice
+/// in a branch.
+fn refused_as_etcd_would(txn: &Transaction) -> Result<(), CallError> {
+    const MAX_TXN_OPS: usize = 128;
+    if [txn.when.len(), txn.then.len(), txn.otherwise.len()]
+        .iter()
+        .any(|n| *n > MAX_TXN_OPS)
+    {
+        return Err(CallError::Refused(
+            "etcdserver: too many operations in txn request".into(),
+        ));
+    }
+    for branch in [&txn.then, &txn.otherwise] {
+        let mut written = BTreeSet::new();
+        for step in branch {
+            let key = match step {
+                TxnStep::Put { key, .. } | TxnStep::Delete { key } => key,
+                TxnStep::Get { .. } => continue,
+            };
+            if !written.insert(key) {
+                return Err(CallError::Refused(
+                    "etcdserver: duplicate key given in txn request".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn event_key(event: &WatchEvent) -> &str {

@@ -24,10 +24,15 @@ impl Transcript {
     }
 
     fn kv(&self, kv: &KeyValue) -> String {
+        // A sequence key holds its writer's random token.
+        let value = match kv.key.ends_with("/sequence") {
+            true => "<token>".into(),
+            false => String::from_utf8_lossy(&kv.value),
+        };
         format!(
             "{}={} mod {} create {} leased {}",
             kv.key,
-            String::from_utf8_lossy(&kv.value),
+            value,
             self.rev(kv.mod_revision),
             self.rev(kv.create_revision),
             kv.lease != 0

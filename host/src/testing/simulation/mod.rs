@@ -27,8 +27,11 @@
 //! Layout: `actions` (what operators and faults do between checks), `link` (the faulty
 //! wire), `runner` (the scripted runners and the ledger of what ran), `trace`.
 //!
-//! Not simulated yet: the cluster code over etcd (membership, leases, the fenced scheduler),
-//! slow state commits, checkpoints moved with drained allocs; `docs/testing.md` lists them.
+//! `leadership` is a second simulation beside it: the cluster's membership and leader
+//! election (real `Member`s) over the simulated etcd.
+//!
+//! Not simulated yet: the scheduler on etcd and the nodes' side of cluster mode, slow state
+//! commits, checkpoints moved with drained allocs; `docs/testing.md` lists them.
 //!
 //! Test-only, with the rest of `testing`: it drives the server and the client through their
 //! public seams and changes neither. A crash is [`Client::halt`] and the runners' process
