@@ -5,6 +5,11 @@
 //! Keys (`docs/cluster.md`): `acl/tokens/<digest>`, a token by its secret's SHA-256, and
 //! `acl/bootstrapped`, created with the first management token in one transaction. A lookup
 //! is one linearizable read of one key; nothing is cached.
+//!
+//! A revoked token's key is not deleted: it is overwritten with [`REVOKED`], for good. A
+//! token is saved only where its key does not exist, so an attempt to save it that was held
+//! in a member cut off and lands late, after the revocation, finds the key and changes
+//! nothing; with a delete, it would have brought the revoked token back.
 
 use super::keys;
 use super::store::{EtcdStore, StoreError};
@@ -27,6 +32,9 @@ fn failed(error: StoreError) -> TokenStoreError {
     TokenStoreError(error.to_string())
 }
 
+/// What a revoked token's key holds (a token's record is JSON, so never this).
+const REVOKED: &[u8] = b"revoked";
+
 fn encoded(token: &AclToken) -> Vec<u8> {
     serde_json::to_vec(token).expect("a token serializes")
 }
@@ -47,7 +55,19 @@ impl TokenStore for EtcdTokens {
 
     async fn insert(&self, token: &AclToken) -> Result<(), TokenStoreError> {
         let key = keys::acl_token_key(&token.secret_sha256);
-        self.store.put(&key, &encoded(token)).await.map_err(failed)
+        let saved = self
+            .store
+            .create(&key, &encoded(token))
+            .await
+            .map_err(failed)?;
+        match saved {
+            true => Ok(()),
+            // A new token's secret is random: its key is taken only by a token revoked
+            // since, whose attempt this is.
+            false => Err(TokenStoreError(
+                "a token with this secret exists or was revoked; make a new one".into(),
+            )),
+        }
     }
 
     async fn find(&self, digest: &str) -> Result<Option<Arc<AclToken>>, TokenStoreError> {
@@ -56,7 +76,7 @@ impl TokenStore for EtcdTokens {
             .get_many(&[keys::acl_token_key(digest)])
             .await
             .map_err(failed)?;
-        let Some(record) = found.into_iter().next() else {
+        let Some(record) = found.into_iter().next().filter(|r| r.value != REVOKED) else {
             return Ok(None);
         };
         match serde_json::from_slice::<AclToken>(&record.value) {
@@ -91,7 +111,7 @@ impl TokenStore for EtcdTokens {
             return Ok(false);
         };
         let key = keys::acl_token_key(&token.secret_sha256);
-        self.store.delete(&key).await.map_err(failed)?;
+        self.store.put(&key, REVOKED).await.map_err(failed)?;
         Ok(true)
     }
 }

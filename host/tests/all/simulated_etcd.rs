@@ -196,3 +196,34 @@ async fn a_leased_put_applied_late_does_not_tie_the_key_to_an_old_lease() {
     assert_eq!(live.len(), 1, "the live key went with the old lease");
     assert_eq!(live[0].lease, new);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tokens_save_applied_late_does_not_bring_it_back_after_its_revocation() {
+    use caravan_host::acl::{Role, TokenRequest, TokenStore};
+    use caravan_host::cluster::EtcdTokens;
+    let etcd = SimulatedEtcd::new();
+    let tokens = EtcdTokens::new(etcd.store());
+    let mut first = true;
+    etcd.set_fates(move |_, kind| match kind {
+        CallKind::Write if std::mem::take(&mut first) => {
+            CallFate::AppliedLater(Duration::from_secs(3))
+        }
+        _ => CallFate::Answered,
+    });
+    let request = TokenRequest {
+        name: "ci".into(),
+        role: Role::Read,
+        namespace: None,
+        ttl: None,
+    };
+    let (token, _secret) = request.make(0).unwrap();
+    // The first attempt is held; the retry saves the token; then it is revoked.
+    tokens.insert(&token).await.unwrap();
+    assert!(tokens.find(&token.secret_sha256).await.unwrap().is_some());
+    assert!(tokens.revoke(&token.accessor_id).await.unwrap());
+    // The held attempt lands after the revocation, and changes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(tokens.find(&token.secret_sha256).await.unwrap().is_none());
+    assert!(tokens.list().await.unwrap().is_empty());
+    assert!(!tokens.revoke(&token.accessor_id).await.unwrap());
+}
