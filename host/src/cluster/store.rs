@@ -333,7 +333,10 @@ impl EtcdStore {
     }
 
     /// Writes `value` at `key`, whatever was there: retried, so callers pass only writes
-    /// whose repeat changes nothing (the same value again).
+    /// whose repeat changes nothing (the same value again). An attempt whose answer was lost
+    /// may also land late, after a newer write of the key: only for keys where that does no
+    /// harm (a node's informational record, a revoked token's tombstone); a key whose
+    /// newest value matters goes through [`EtcdStore::put_leased`]'s compare.
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.retrying("writing a key", |etcd| async move {
             etcd.put(key, value, 0).await
