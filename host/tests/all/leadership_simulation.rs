@@ -6,7 +6,7 @@
 //!
 //! `scripts/simulate --leadership` runs a campaign of many more seeds, or replays one.
 
-use crate::simulation::env_u64;
+use crate::simulation::{env_u64, run_campaign};
 use caravan_host::testing::simulation::{LeadershipConfig, simulate_leadership};
 
 /// How many seeds `./run-tests` runs.
@@ -86,48 +86,16 @@ fn an_etcd_whose_leases_end_early_is_caught_believing_in_a_leader_it_dropped() {
     assert!(violation.contains("believes it leads"), "{violation}");
 }
 
-/// A campaign: `CARAVAN_SIM_SEEDS` seeds from `CARAVAN_SIM_FIRST_SEED` (default 0), or the
-/// one `CARAVAN_SIM_SEED` with every line of its trace; `CARAVAN_SIM_NODES` agents (default
-/// 3). Run by `scripts/simulate --leadership`.
+/// A campaign, as `simulation::campaign`'s (`CARAVAN_SIM_NODES`: agents). Run by
+/// `scripts/simulate --leadership`.
 #[test]
 #[ignore = "a campaign, run by scripts/simulate --leadership"]
 fn campaign() {
-    let config = |seed| LeadershipConfig {
-        agents: env_u64("CARAVAN_SIM_NODES").map_or(3, |n| n as usize),
-        ..LeadershipConfig::new(seed)
-    };
-    if let Some(seed) = env_u64("CARAVAN_SIM_SEED") {
-        let _logs = crate::support::LogCapture::start();
-        let outcome = simulate_leadership(&LeadershipConfig {
-            keep_trace: true,
-            ..config(seed)
-        });
-        println!("{outcome}");
-        assert!(
-            outcome.violation.is_none(),
-            "seed {seed} broke an invariant"
-        );
-        return;
-    }
-    let count = env_u64("CARAVAN_SIM_SEEDS").unwrap_or(10_000);
-    let first = env_u64("CARAVAN_SIM_FIRST_SEED").unwrap_or(0);
-    let started = std::time::Instant::now();
-    let (mut failed, mut simulated) = (Vec::new(), std::time::Duration::ZERO);
-    for seed in first..first + count {
-        let outcome = simulate_leadership(&config(seed));
-        simulated += outcome.simulated;
-        if outcome.violation.is_some() {
-            println!("{outcome}");
-            failed.push(seed);
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "campaign (leadership): {count} seeds from {first} in {seconds:.1} s: {:.0} seeds per \
-         minute, {:.0} simulated seconds per second; {} failed: {failed:?}",
-        count as f64 * 60.0 / seconds,
-        simulated.as_secs_f64() / seconds,
-        failed.len(),
-    );
-    assert!(failed.is_empty());
+    run_campaign("campaign (leadership)", |seed, keep_trace| {
+        simulate_leadership(&LeadershipConfig {
+            agents: env_u64("CARAVAN_SIM_NODES").map_or(3, |n| n as usize),
+            keep_trace,
+            ..LeadershipConfig::new(seed)
+        })
+    });
 }

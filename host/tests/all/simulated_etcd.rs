@@ -9,6 +9,16 @@ use caravan_host::cluster::{
 use caravan_host::testing::simulated_etcd::{CallFate, CallKind, SimulatedEtcd};
 use std::time::Duration;
 
+/// From now on, `etcd` applies the next write `after` this long, its caller hearing at
+/// once that the answer was lost; every other call is answered.
+fn first_write_applied_late(etcd: &SimulatedEtcd, after: Duration) {
+    let mut first = true;
+    etcd.set_fates(move |_, kind| match kind {
+        CallKind::Write if std::mem::take(&mut first) => CallFate::AppliedLater(after),
+        _ => CallFate::Answered,
+    });
+}
+
 async fn value_of(store: &EtcdStore, key: &str) -> Option<Vec<u8>> {
     let found = store.get_many(&[key.to_string()]).await.unwrap();
     found.into_iter().next().map(|kv| kv.value)
@@ -70,13 +80,7 @@ async fn an_answer_lost_after_the_write_leaves_the_write_made_once() {
 async fn a_write_applied_late_lands_after_newer_writes() {
     let etcd = SimulatedEtcd::new();
     let store = etcd.store();
-    let mut first = true;
-    etcd.set_fates(move |_, kind| match kind {
-        CallKind::Write if std::mem::take(&mut first) => {
-            CallFate::AppliedLater(Duration::from_secs(3))
-        }
-        _ => CallFate::Answered,
-    });
+    first_write_applied_late(&etcd, Duration::from_secs(3));
     // The first attempt is held; the retry lands; a newer write follows it.
     store.put("/k", b"old").await.unwrap();
     store.put("/k", b"new").await.unwrap();
@@ -132,13 +136,7 @@ async fn a_fenced_write_applied_late_changes_nothing_after_a_newer_one() {
     let etcd = SimulatedEtcd::new();
     let store = etcd.store();
     let (_, mut writer) = leader_on(&store).await;
-    let mut first = true;
-    etcd.set_fates(move |_, kind| match kind {
-        CallKind::Write if std::mem::take(&mut first) => {
-            CallFate::AppliedLater(Duration::from_secs(3))
-        }
-        _ => CallFate::Answered,
-    });
+    first_write_applied_late(&etcd, Duration::from_secs(3));
     // The first attempt is held; its retry lands; a newer write follows.
     assert!(writer.write(&put("/k", "old")).await.unwrap());
     assert!(writer.write(&put("/k", "new")).await.unwrap());
@@ -179,13 +177,7 @@ async fn a_leased_put_applied_late_does_not_tie_the_key_to_an_old_lease() {
     // ran on.
     let etcd = SimulatedEtcd::new();
     let store = etcd.store();
-    let mut first = true;
-    etcd.set_fates(move |_, kind| match kind {
-        CallKind::Write if std::mem::take(&mut first) => {
-            CallFate::AppliedLater(Duration::from_secs(3))
-        }
-        _ => CallFate::Answered,
-    });
+    first_write_applied_late(&etcd, Duration::from_secs(3));
     let old = store.grant_lease(Duration::from_secs(60)).await.unwrap();
     store.put_leased("/live/node", b"me", old).await.unwrap();
     let new = store.grant_lease(Duration::from_secs(60)).await.unwrap();
@@ -203,13 +195,7 @@ async fn a_tokens_save_applied_late_does_not_bring_it_back_after_its_revocation(
     use caravan_host::cluster::EtcdTokens;
     let etcd = SimulatedEtcd::new();
     let tokens = EtcdTokens::new(etcd.store());
-    let mut first = true;
-    etcd.set_fates(move |_, kind| match kind {
-        CallKind::Write if std::mem::take(&mut first) => {
-            CallFate::AppliedLater(Duration::from_secs(3))
-        }
-        _ => CallFate::Answered,
-    });
+    first_write_applied_late(&etcd, Duration::from_secs(3));
     let request = TokenRequest {
         name: "ci".into(),
         role: Role::Read,

@@ -110,17 +110,23 @@ fn a_seed_gives_the_same_trace_every_time() {
 #[test]
 #[ignore = "a campaign, run by scripts/simulate"]
 fn campaign() {
-    let config = |seed| SimConfig {
-        nodes: env_u64("CARAVAN_SIM_NODES").map_or(3, |n| n as usize),
-        ..SimConfig::new(seed)
-    };
+    run_campaign("campaign", |seed, keep_trace| {
+        simulate(&SimConfig {
+            nodes: env_u64("CARAVAN_SIM_NODES").map_or(3, |n| n as usize),
+            keep_trace,
+            ..SimConfig::new(seed)
+        })
+    });
+}
+
+/// Runs the campaign the environment asks for (see [`campaign`]) of `simulate(seed,
+/// keep_trace)`, printing each failing seed and one `label:` line of figures; fails when a
+/// seed did.
+pub fn run_campaign(label: &str, simulate: impl Fn(u64, bool) -> SimOutcome) {
     if let Some(seed) = env_u64("CARAVAN_SIM_SEED") {
         // What the host logged, printed after the trace when the seed fails.
         let _logs = crate::support::LogCapture::start();
-        let outcome = simulate(&SimConfig {
-            keep_trace: true,
-            ..config(seed)
-        });
+        let outcome = simulate(seed, true);
         println!("{outcome}");
         assert!(
             outcome.violation.is_none(),
@@ -133,7 +139,7 @@ fn campaign() {
     let started = std::time::Instant::now();
     let (mut failed, mut simulated) = (Vec::new(), std::time::Duration::ZERO);
     for seed in first..first + count {
-        let outcome = simulate(&config(seed));
+        let outcome = simulate(seed, false);
         simulated += outcome.simulated;
         if outcome.violation.is_some() {
             println!("{outcome}");
@@ -142,7 +148,7 @@ fn campaign() {
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "campaign: {count} seeds from {first} in {seconds:.1} s: {:.0} seeds per minute, \
+        "{label}: {count} seeds from {first} in {seconds:.1} s: {:.0} seeds per minute, \
          {:.0} simulated seconds per second; {} failed: {failed:?}",
         count as f64 * 60.0 / seconds,
         simulated.as_secs_f64() / seconds,
