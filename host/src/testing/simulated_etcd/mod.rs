@@ -21,19 +21,27 @@
 //! Faults ([`CallFate`]) are the caller's: before each call, a plan it gives says whether the
 //! call is answered, lost before etcd applies it, lost after, or applied later (a request
 //! held in a partitioned member and forwarded once the partition heals, after newer ones).
+//!
+//! Layout: this file (the etcd as a whole, its connections and fates), `state` (the keys,
+//! their versions, leases and compaction), `watch` (its watches).
+
+mod state;
+mod watch;
 
 use crate::cluster::KeyValue;
 use crate::cluster::backend::{
     CallError, CompareOp, EtcdBackend, LeaseKeeper, RangeAnswer, RangeRead, RevisionOf,
-    StatusAnswer, Transaction, TxnAnswer, TxnStep, WatchAnswer, WatchEvent, WatchStream,
+    StatusAnswer, Transaction, TxnAnswer, TxnStep, WatchStream,
 };
 use crate::util::locks::LockUnpoisoned;
 use async_trait::async_trait;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use state::{Lease, State, lease_not_found, lost, refused_as_etcd_would};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use watch::SimulatedWatch;
 
 /// What happens to one call; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,37 +84,6 @@ struct Shared {
     /// revision. Not a `tokio::sync::watch` channel: that one wakes its receivers in an
     /// order drawn from tokio's own random, and a simulation must replay.
     watchers: Mutex<Vec<Weak<Notify>>>,
-}
-
-struct Lease {
-    ttl: Duration,
-    expires: Instant,
-    keys: BTreeSet<String>,
-}
-
-/// One version of a key: what it held from `revision` on (`None`: deleted).
-type Version = (i64, Option<KeyValue>);
-
-#[derive(Default)]
-struct State {
-    revision: i64,
-    compacted: i64,
-    /// Every version of every key since the compaction, oldest first.
-    versions: BTreeMap<String, Vec<Version>>,
-    /// Every change since the compaction, in revision order, for watches.
-    log: VecDeque<(i64, WatchEvent)>,
-    leases: BTreeMap<i64, Lease>,
-    next_lease: i64,
-    /// See [`SimulatedEtcd::end_leases_early`].
-    leases_end_early: bool,
-}
-
-fn lost(what: &str) -> CallError {
-    CallError::Lost(format!("simulated etcd lost the answer to {what}"))
-}
-
-fn lease_not_found() -> CallError {
-    CallError::LeaseNotFound("etcdserver: requested lease not found".into())
 }
 
 impl SimulatedEtcd {
@@ -222,183 +199,6 @@ impl SimulatedEtcd {
                 Err(lost(what))
             }
         }
-    }
-}
-
-impl State {
-    /// How long a lease of `ttl` lasts from a grant or a renewal.
-    fn lasts(&self, ttl: Duration) -> Duration {
-        if self.leases_end_early { ttl / 2 } else { ttl }
-    }
-
-    fn current(&self, key: &str, at: i64) -> Option<&KeyValue> {
-        let versions = self.versions.get(key)?;
-        let (_, value) = versions
-            .iter()
-            .rev()
-            .find(|(revision, _)| *revision <= at)?;
-        value.as_ref()
-    }
-
-    /// Every key of `[start, end)` (`end` empty: `start` alone) as of revision `at`.
-    fn range(&self, start: &[u8], end: &[u8], at: i64) -> Vec<KeyValue> {
-        let at = if at == 0 { self.revision } else { at };
-        let start = String::from_utf8_lossy(start).into_owned();
-        if end.is_empty() {
-            return self.current(&start, at).cloned().into_iter().collect();
-        }
-        // `[0]` is etcd's "every key from start on".
-        let end = (end != [0]).then(|| String::from_utf8_lossy(end).into_owned());
-        self.versions
-            .range(start..)
-            .take_while(|(key, _)| end.as_ref().is_none_or(|end| *key < end))
-            .filter_map(|(key, _)| self.current(key, at).cloned())
-            .collect()
-    }
-
-    fn write(&mut self, key: &str, value: Option<KeyValue>) {
-        let revision = self.revision;
-        let old_lease = self.current(key, revision).map(|kv| kv.lease);
-        if let Some(lease) = old_lease.and_then(|lease| self.leases.get_mut(&lease)) {
-            lease.keys.remove(key);
-        }
-        let event = match &value {
-            Some(kv) => {
-                if let Some(lease) = self.leases.get_mut(&kv.lease) {
-                    lease.keys.insert(key.to_string());
-                }
-                WatchEvent::Put(kv.clone())
-            }
-            None => WatchEvent::Delete {
-                key: key.to_string(),
-                mod_revision: revision,
-            },
-        };
-        self.versions
-            .entry(key.to_string())
-            .or_default()
-            .push((revision, value));
-        self.log.push_back((revision, event));
-    }
-
-    /// Puts `key` at the revision being made (the caller bumps it first).
-    fn put(&mut self, key: &str, value: &[u8], lease: i64) -> Result<(), CallError> {
-        if lease != 0 && !self.leases.contains_key(&lease) {
-            return Err(lease_not_found());
-        }
-        let created = self
-            .current(key, self.revision)
-            .map_or(self.revision, |kv| kv.create_revision);
-        let kv = KeyValue {
-            key: key.to_string(),
-            value: value.to_vec(),
-            mod_revision: self.revision,
-            create_revision: created,
-            lease,
-        };
-        self.write(key, Some(kv));
-        Ok(())
-    }
-
-    /// Deletes `key` at the revision being made; whether it existed.
-    fn delete(&mut self, key: &str) -> bool {
-        if self.current(key, self.revision).is_none() {
-            return false;
-        }
-        self.write(key, None);
-        true
-    }
-
-    /// Runs `steps` in one revision, made only if one of them writes.
-    fn run_steps(&mut self, steps: &[TxnStep]) -> Result<Vec<KeyValue>, CallError> {
-        let writes = steps.iter().any(|s| !matches!(s, TxnStep::Get { .. }));
-        if writes {
-            for step in steps {
-                if let TxnStep::Put { lease, .. } = step
-                    && *lease != 0
-                    && !self.leases.contains_key(lease)
-                {
-                    return Err(lease_not_found());
-                }
-            }
-        }
-        let before = self.revision;
-        self.revision += 1;
-        let mut found = Vec::new();
-        let mut wrote = false;
-        for step in steps {
-            match step {
-                TxnStep::Put { key, value, lease } => {
-                    self.put(key, value, *lease)?;
-                    wrote = true;
-                }
-                TxnStep::Delete { key } => wrote |= self.delete(key),
-                TxnStep::Get { key } => found.extend(self.current(key, self.revision).cloned()),
-            }
-        }
-        if !wrote {
-            self.revision = before;
-        }
-        Ok(found)
-    }
-
-    fn expire_leases(&mut self, now: Instant) {
-        let expired: Vec<i64> = self
-            .leases
-            .iter()
-            .filter(|(_, lease)| lease.expires <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in expired {
-            self.revoke(id);
-        }
-    }
-
-    fn revoke(&mut self, id: i64) -> bool {
-        let Some(lease) = self.leases.remove(&id) else {
-            return false;
-        };
-        let steps: Vec<TxnStep> = lease
-            .keys
-            .into_iter()
-            .map(|key| TxnStep::Delete { key })
-            .collect();
-        // Deletes only: cannot fail.
-        let _ = self.run_steps(&steps);
-        true
-    }
-
-    fn compact(&mut self, revision: i64) -> Result<(), CallError> {
-        if revision <= self.compacted {
-            return Err(CallError::Compacted(
-                "etcdserver: mvcc: required revision has been compacted".into(),
-            ));
-        }
-        if revision > self.revision {
-            return Err(CallError::Refused(
-                "etcdserver: mvcc: required revision is a future revision".into(),
-            ));
-        }
-        self.compacted = revision;
-        for versions in self.versions.values_mut() {
-            // Keep the newest version at or before the compaction, and every later one.
-            let keep_from = versions
-                .iter()
-                .rposition(|(r, _)| *r <= revision)
-                .unwrap_or(0);
-            versions.drain(..keep_from);
-            if versions
-                .first()
-                .is_some_and(|(r, v)| *r <= revision && v.is_none())
-            {
-                versions.remove(0);
-            }
-        }
-        self.versions.retain(|_, versions| !versions.is_empty());
-        while self.log.front().is_some_and(|(r, _)| *r <= revision) {
-            self.log.pop_front();
-        }
-        Ok(())
     }
 }
 
@@ -615,127 +415,5 @@ impl LeaseKeeper for SimulatedKeeper {
                     _ => false,
                 })
             })
-    }
-}
-
-struct SimulatedWatch {
-    connection: Connection,
-    prefix: String,
-    next_revision: i64,
-    created: bool,
-    /// Notified at each new revision (a permit is kept when it is not waiting).
-    changed: Arc<Notify>,
-}
-
-#[async_trait]
-impl WatchStream for SimulatedWatch {
-    async fn next(&mut self) -> Result<Option<WatchAnswer>, CallError> {
-        if !self.created {
-            self.created = true;
-            return Ok(Some(WatchAnswer::Created));
-        }
-        loop {
-            if let Some(answer) = self.pending()? {
-                return Ok(Some(answer));
-            }
-            // The next lease expiry is a change too: wake for it.
-            let expiry = self
-                .connection
-                .etcd
-                .with_state(|state| state.leases.values().map(|lease| lease.expires).min());
-            let far = Instant::now() + Duration::from_secs(3600);
-            tokio::select! {
-                biased;
-                () = self.changed.notified() => {}
-                () = tokio::time::sleep_until(expiry.unwrap_or(far)) => {}
-            }
-        }
-    }
-}
-
-impl SimulatedWatch {
-    /// What the watch has to say now, if anything: changes after its revision, or a cancel
-    /// when they were compacted away.
-    fn pending(&mut self) -> Result<Option<WatchAnswer>, CallError> {
-        let etcd = &self.connection.etcd;
-        let fate = etcd.fate(&self.connection.name, CallKind::Watch);
-        if matches!(fate, CallFate::LostBefore | CallFate::LostAfter) {
-            return Err(lost("a watch"));
-        }
-        let (prefix, from) = (self.prefix.as_str(), self.next_revision);
-        let seen = etcd.with_state(|state| {
-            if from <= state.compacted {
-                return Err(WatchAnswer::Canceled {
-                    compact_revision: state.compacted,
-                    reason: "etcdserver: mvcc: required revision has been compacted".into(),
-                });
-            }
-            let first = state.log.partition_point(|(revision, _)| *revision < from);
-            let events: Vec<WatchEvent> = state
-                .log
-                .range(first..)
-                .filter(|(_, event)| event_key(event).starts_with(prefix))
-                .map(|(_, event)| event.clone())
-                .collect();
-            Ok((events, state.revision))
-        });
-        match seen {
-            Err(canceled) => Ok(Some(canceled)),
-            // A watch that has seen every change is caught up to the store's revision, as
-            // etcd's synced watchers are: a compaction after it does not cancel it.
-            Ok((events, revision)) if events.is_empty() => {
-                self.next_revision = self.next_revision.max(revision + 1);
-                Ok(None)
-            }
-            Ok((events, _)) => {
-                let last = events.iter().map(event_revision).max().unwrap_or(from);
-                self.next_revision = last + 1;
-                Ok(Some(WatchAnswer::Events(events)))
-            }
-        }
-    }
-}
-
-/// What etcd refuses of a transaction before it looks at the keys: more operations than its
-/// default `--max-txn-ops` (128) in a compare list or a branch, or one key written twice
-/// in a branch.
-fn refused_as_etcd_would(txn: &Transaction) -> Result<(), CallError> {
-    const MAX_TXN_OPS: usize = 128;
-    if [txn.when.len(), txn.then.len(), txn.otherwise.len()]
-        .iter()
-        .any(|n| *n > MAX_TXN_OPS)
-    {
-        return Err(CallError::Refused(
-            "etcdserver: too many operations in txn request".into(),
-        ));
-    }
-    for branch in [&txn.then, &txn.otherwise] {
-        let mut written = BTreeSet::new();
-        for step in branch {
-            let key = match step {
-                TxnStep::Put { key, .. } | TxnStep::Delete { key } => key,
-                TxnStep::Get { .. } => continue,
-            };
-            if !written.insert(key) {
-                return Err(CallError::Refused(
-                    "etcdserver: duplicate key given in txn request".into(),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn event_key(event: &WatchEvent) -> &str {
-    match event {
-        WatchEvent::Put(kv) => &kv.key,
-        WatchEvent::Delete { key, .. } => key,
-    }
-}
-
-fn event_revision(event: &WatchEvent) -> i64 {
-    match event {
-        WatchEvent::Put(kv) => kv.mod_revision,
-        WatchEvent::Delete { mod_revision, .. } => *mod_revision,
     }
 }
