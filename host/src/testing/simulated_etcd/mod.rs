@@ -143,6 +143,11 @@ impl SimulatedEtcd {
         self.with_state(|state| state.revision)
     }
 
+    /// `key` as it is now, for checks.
+    pub fn get(&self, key: &str) -> Option<KeyValue> {
+        self.with_state(|state| state.current(key, state.revision).cloned())
+    }
+
     /// Every key now, in key order, for checks.
     pub fn snapshot(&self) -> Vec<KeyValue> {
         self.with_state(|state| state.range(b"", &[0], 0))

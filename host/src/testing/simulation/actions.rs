@@ -259,10 +259,7 @@ fn job_spec(id: &str, behaviour: Behaviour, count: u32) -> JobSpec {
         runner: "simulated.wasm".into(),
         runner_sha256: None,
         limits: Default::default(),
-        tasks: vec![Task {
-            name: "main".into(),
-            config: Vec::new(),
-        }],
+        tasks: vec![Task::named("main")],
         meta: vec![(BEHAVIOUR_META.into(), behaviour.name().into())],
         capabilities: Default::default(),
         reschedule: None,

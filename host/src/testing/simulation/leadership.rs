@@ -19,7 +19,7 @@
 
 use super::SimOutcome;
 use super::trace::{Draws, Trace};
-use crate::cluster::{EtcdStore, Member, MemberRecord, keys};
+use crate::cluster::{EtcdStore, Member, MemberRecord, MemberView, keys};
 use crate::testing::simulated_etcd::{CallFate, CallKind, SimulatedEtcd};
 use crate::util::locks::LockUnpoisoned;
 use std::collections::BTreeMap;
@@ -294,27 +294,18 @@ async fn act(
     }
 }
 
+/// An agent's name and its view.
+type NamedView = (String, tokio::sync::watch::Receiver<MemberView>);
+
 /// Each running agent's name and view, for the sweep.
-fn watched(
-    agents: &[Agent],
-) -> Vec<(
-    String,
-    tokio::sync::watch::Receiver<crate::cluster::MemberView>,
-)> {
+fn watched(agents: &[Agent]) -> Vec<NamedView> {
     agents
         .iter()
         .filter_map(|a| Some((a.name.clone(), a.member.as_ref()?.view())))
         .collect()
 }
 
-type Views = Arc<
-    Mutex<
-        Vec<(
-            String,
-            tokio::sync::watch::Receiver<crate::cluster::MemberView>,
-        )>,
-    >,
->;
+type Views = Arc<Mutex<Vec<NamedView>>>;
 
 /// Every [`SWEEP`]: no agent believes it leads, with its lease fresh, unless etcd says so.
 /// Records each change of the leader key's holder.
@@ -328,7 +319,7 @@ async fn sweep(
     let mut last_holder = None;
     loop {
         tokio::time::sleep(SWEEP).await;
-        let held = etcd.snapshot().into_iter().find(|kv| kv.key == leader_key);
+        let held = etcd.get(&leader_key);
         let holder = held.as_ref().map(|kv| (kv.lease, kv.create_revision));
         if holder != last_holder {
             trace.record(format!("leader key now {holder:?}"));
