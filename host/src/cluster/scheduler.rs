@@ -16,10 +16,12 @@
 //! - A task of its own compacts etcd's history (`history`), so that etcd's database stays
 //!   bounded under churn.
 //!
-//! At takeover it gives every running job the allocs it lacks, so a deploy its predecessor
-//! died in the middle of is completed (the predecessor's transactions were fenced one by
-//! one, not all or nothing); failed allocs past the restart limit and completed batch allocs
-//! keep their places (`reconcile::missing_at_takeover`).
+//! At takeover it replaces each failed alloc nobody replaced, as its job's reschedule policy
+//! says (the failure may have been reported between two leaders), and gives every running
+//! job the allocs it lacks, so a deploy its predecessor died in the middle of is completed
+//! (the predecessor's transactions were fenced one by one, not all or nothing); failed
+//! allocs past the reschedule limit and completed batch allocs keep their places
+//! ([`EmbeddedServer::complete_deploys`]).
 //!
 //! It ends, and unpublishes the server, when its caller says leadership is gone or when a
 //! save fails (the fence lost, or etcd unreachable): the next leader starts from etcd.

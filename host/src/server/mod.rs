@@ -48,7 +48,7 @@ pub use records::{AllocRecord, JobAllocCounts, JobRecord};
 
 use crate::model::jobspec::JobSpec;
 use crate::model::node::NodeInfo;
-use crate::model::structs::ClientStatus;
+use crate::model::structs::{ClientStatus, DesiredStatus};
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking, call_store};
 use crate::util::determinism::HashSet;
 use crate::util::locks::LockUnpoisoned;
@@ -517,15 +517,35 @@ impl EmbeddedServer {
         Some((waiting, why.with_ineligible(state.ineligible_nodes())))
     }
 
-    /// Completes what a previous leader left undone (cluster mode, at takeover): each job
-    /// that runs gets the allocs it lacks, and no more. Returns how many were placed.
+    /// Completes what a previous leader left undone (cluster mode, at takeover): each
+    /// failed alloc it did not replace (its node reported the failure between two leaders,
+    /// or the save of the replacement failed with the leadership) is decided now, as if just
+    /// reported, by its job's reschedule policy; then each job that runs gets the allocs it
+    /// lacks, and no more. Returns how many allocs were placed.
     pub fn complete_deploys(&self) -> Result<usize, RequestError> {
+        let reschedule_limit = self.reschedule_limit();
+        let now_unix_ms = crate::util::timestamp::unix_ms_now();
         self.request(|state, index| {
+            let before = state.allocs.len();
+            let failed: Vec<String> = state
+                .allocs
+                .values()
+                .filter(|a| {
+                    a.client_state
+                        .as_ref()
+                        .is_some_and(|s| s.client_status == ClientStatus::Failed)
+                })
+                .filter(|a| a.alloc.desired_status == DesiredStatus::Run && !a.replaced)
+                .map(|a| a.alloc.id.clone())
+                .collect();
+            for alloc_id in failed {
+                state.replace_if_failed(&alloc_id, reschedule_limit, now_unix_ms, index);
+            }
             let job_ids: Vec<String> = state.jobs.keys().cloned().collect();
-            job_ids
-                .iter()
-                .map(|job_id| state.fill_missing(job_id, index))
-                .sum()
+            for job_id in &job_ids {
+                state.fill_missing(job_id, index);
+            }
+            state.allocs.len() - before
         })
     }
 

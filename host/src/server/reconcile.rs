@@ -362,8 +362,9 @@ fn running_since_unix_ms(record: &AllocRecord) -> Option<u64> {
 
 /// How many allocs `job` lacks when a new leader takes over: its count, less every alloc of
 /// its current version still desired to run and not replaced, whatever its client state. A
-/// deploy its predecessor was cut short in left fewer; a failed alloc past the restart limit
-/// and a batch alloc that completed keep their places, so neither is placed again.
+/// deploy its predecessor was cut short in left fewer; a failed alloc (once the takeover
+/// decided whether to replace it, which marks it replaced) and a batch alloc that completed
+/// keep their places, so neither is placed again.
 pub fn missing_at_takeover<'a>(
     job: &JobRecord,
     allocs: impl IntoIterator<Item = &'a AllocRecord>,

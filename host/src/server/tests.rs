@@ -4,6 +4,7 @@ use super::*;
 use crate::model::jobspec::JobType;
 use crate::model::structs::{AllocState, ClientStatus, DesiredStatus};
 use crate::rpc::{AllocUpdate, ServerApi};
+use crate::state::{ServerTable, Write};
 use testkit::spec;
 
 fn wanted(server: &EmbeddedServer, job: &str) -> usize {
@@ -464,4 +465,43 @@ async fn a_late_report_from_a_node_still_away_does_not_bring_its_unknown_alloc_b
         "how it ended is taken whenever it comes"
     );
     assert_eq!(wanted(&server, "web"), 2, "its stand-in runs on");
+}
+
+#[tokio::test]
+async fn a_takeover_replaces_a_failure_no_leader_replaced() {
+    // A node's report of a failure that no leader acted on (it came between two leaders, or
+    // the save of its replacement ended the leadership) is in the store, unreplaced: the
+    // next leader's takeover decides it as a report arriving now would.
+    let db = Arc::new(MemoryStateDb::new());
+    let first = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
+    first
+        .register_node("n1", &Default::default())
+        .await
+        .unwrap();
+    first
+        .register_job(spec("web", JobType::Service, 1))
+        .unwrap();
+    let (alloc_id, bytes) = db.server_records(ServerTable::Allocs).unwrap().remove(0);
+    let mut record: records::SavedAllocRecord = serde_json::from_slice(&bytes).unwrap();
+    record.client_state = Some(AllocState {
+        client_status: ClientStatus::Failed,
+        description: "exited 1".into(),
+        task_states: vec![],
+    });
+    db.apply(vec![Write::PutServer {
+        table: ServerTable::Allocs,
+        key: alloc_id.clone(),
+        value: records::encode(&record),
+    }])
+    .unwrap();
+
+    let next = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
+    next.register_node("n1", &Default::default()).await.unwrap();
+    assert_eq!(next.complete_deploys().unwrap(), 1);
+    let allocs = next.job_allocs("web");
+    assert!(
+        allocs.iter().any(|a| a.alloc.id == alloc_id && a.replaced),
+        "{allocs:#?}"
+    );
+    assert_eq!(wanted(&next, "web"), 1, "{allocs:#?}");
 }
