@@ -7,14 +7,13 @@
 use super::cluster_config::ClusterConfig;
 use super::http::forward::Forwarding;
 use crate::cluster::{
-    EtcdHealth, EtcdServerApi, EtcdStore, HistoryStats, Member, MemberRecord, MemberView,
-    SPACE_PROBE_INTERVAL, SchedulerConfig, ServerSlot, watch_space,
+    EtcdHealth, EtcdServerApi, EtcdStore, HistoryStats, Member, MemberRecord, SPACE_PROBE_INTERVAL,
+    SchedulerConfig, ServerSlot, watch_space,
 };
 use crate::model::node::NodeInfo;
 use crate::rpc::ServerApi;
 use crate::rpc::transport::AgentPool;
 use crate::server::{EmbeddedServer, ServerConfig};
-use crate::util::backoff::Backoff;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -89,7 +88,7 @@ impl ClusterMode {
             space: watch_space(store.clone(), SPACE_PROBE_INTERVAL),
             history,
         };
-        let scheduling = tokio::spawn(schedule_while_leading(
+        let scheduling = tokio::spawn(crate::cluster::schedule_while_leading(
             store.clone(),
             member.view(),
             scheduler,
@@ -248,67 +247,4 @@ async fn previous_run_or_namesake(
         .iter()
         .find(|(live, _)| live.node == record.node && live.agent == record.agent)
         .map(|(_, lease)| *lease))
-}
-
-/// Runs the scheduler each time this agent wins the leadership, until it loses it.
-async fn schedule_while_leading(
-    store: EtcdStore,
-    mut view: watch::Receiver<MemberView>,
-    config: SchedulerConfig,
-    slot: ServerSlot,
-) {
-    loop {
-        let Ok((fence, took_over_from)) = view
-            .wait_for(|v| v.leading.is_some())
-            .await
-            .map(|v| (v.leading.clone(), v.took_over_from.clone()))
-        else {
-            return;
-        };
-        let Some(fence) = fence else {
-            continue;
-        };
-        let mut lost = view.clone();
-        let held = fence.clone();
-        let until = async move {
-            let _ = lost
-                .wait_for(|v| v.leading.as_ref() != Some(&held))
-                .await
-                .map(|_| ());
-        };
-        crate::cluster::lead(
-            store.clone(),
-            fence.clone(),
-            took_over_from,
-            config.clone(),
-            slot.clone(),
-            until,
-        )
-        .await;
-        // Stopped leading while still holding the key (a failed save, a watch that gave up):
-        // hand the key over, so that a scheduler runs somewhere, then wait for the
-        // membership to see it rather than leading again on the same fence.
-        // Tried until etcd answers: an agent that keeps its lease (etcd renews every lease
-        // after losing quorum) would otherwise hold the key for ever and schedule nothing.
-        let resign = [crate::cluster::FencedOp::Delete {
-            key: fence.key.clone(),
-        }];
-        const RESIGN_BACKOFF: Backoff =
-            Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        let mut failures = 0;
-        while view.borrow().leading.as_ref() == Some(&fence) {
-            match store.write_fenced(&fence, &resign).await {
-                Ok(_) => break,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot hand the leadership over yet; retrying");
-                    failures += 1;
-                    tokio::time::sleep(RESIGN_BACKOFF.wait(failures)).await;
-                }
-            }
-        }
-        let _ = view
-            .wait_for(|v| v.leading.as_ref() != Some(&fence))
-            .await
-            .map(|_| ());
-    }
 }

@@ -48,7 +48,7 @@ pub use keys::{alloc_key, node_key, status_key};
 pub use lease::{Fence, FencedOp, FencedWriter, LeaseRenewer, LeaseState};
 pub use member::{LiveMember, Member, MemberRecord, MemberView, live_members, live_records};
 pub use node_api::EtcdServerApi;
-pub use scheduler::{SchedulerConfig, ServerSlot, lead};
+pub use scheduler::{SchedulerConfig, ServerSlot, lead, schedule_while_leading};
 pub use scheduler_db::{EtcdSchedulerDb, Snapshot};
 pub use store::{EtcdStore, GuardedPut, KeyValue, StoreError};
 pub use watch::{Change, PrefixWatch};

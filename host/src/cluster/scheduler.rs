@@ -29,7 +29,7 @@
 use super::history::{HistoryStats, compact_every};
 use super::keys;
 use super::lease::Fence;
-use super::member::MemberRecord;
+use super::member::{MemberRecord, MemberView};
 use super::scheduler_db::EtcdSchedulerDb;
 use super::store::{EtcdStore, StoreError};
 use super::watch::{Change, PrefixWatch};
@@ -37,6 +37,7 @@ use crate::model::node::NodeInfo;
 use crate::model::structs::AllocState;
 use crate::rpc::{AllocUpdate, ServerApi};
 use crate::server::{EmbeddedServer, ServerConfig};
+use crate::util::backoff::Backoff;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,6 +197,71 @@ pub async fn lead(
     drop(compacting);
     slot.send_replace(None);
     tracing::info!("this agent no longer schedules the cluster");
+}
+
+/// Runs the scheduler ([`lead`]) each time the agent whose membership `view` shows wins the
+/// leadership, until it loses it; for as long as the task runs (an agent aborts it when it
+/// stops, and a crash ends it with the process).
+pub async fn schedule_while_leading(
+    store: EtcdStore,
+    mut view: watch::Receiver<MemberView>,
+    config: SchedulerConfig,
+    slot: ServerSlot,
+) {
+    loop {
+        let Ok((fence, took_over_from)) = view
+            .wait_for(|v| v.leading.is_some())
+            .await
+            .map(|v| (v.leading.clone(), v.took_over_from.clone()))
+        else {
+            return;
+        };
+        let Some(fence) = fence else {
+            continue;
+        };
+        let mut lost = view.clone();
+        let held = fence.clone();
+        let until = async move {
+            let _ = lost
+                .wait_for(|v| v.leading.as_ref() != Some(&held))
+                .await
+                .map(|_| ());
+        };
+        lead(
+            store.clone(),
+            fence.clone(),
+            took_over_from,
+            config.clone(),
+            slot.clone(),
+            until,
+        )
+        .await;
+        // Stopped leading while still holding the key (a failed save, a watch that gave up):
+        // hand the key over, so that a scheduler runs somewhere, then wait for the
+        // membership to see it rather than leading again on the same fence.
+        // Tried until etcd answers: an agent that keeps its lease (etcd renews every lease
+        // after losing quorum) would otherwise hold the key for ever and schedule nothing.
+        let resign = [super::lease::FencedOp::Delete {
+            key: fence.key.clone(),
+        }];
+        const RESIGN_BACKOFF: Backoff =
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut failures = 0;
+        while view.borrow().leading.as_ref() == Some(&fence) {
+            match store.write_fenced(&fence, &resign).await {
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot hand the leadership over yet; retrying");
+                    failures += 1;
+                    tokio::time::sleep(RESIGN_BACKOFF.wait(failures)).await;
+                }
+            }
+        }
+        let _ = view
+            .wait_for(|v| v.leading.as_ref() != Some(&fence))
+            .await
+            .map(|_| ());
+    }
 }
 
 /// A task that ends with its owner.

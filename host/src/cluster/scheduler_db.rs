@@ -21,7 +21,9 @@
 //! Saves run on a thread of their own, with its own runtime and etcd connection: the server
 //! saves under its lock, which the agent's tasks take from its runtime's workers, so a save
 //! that needed those workers (the etcd client's background tasks run there) could wait for
-//! ever on workers that wait on the lock.
+//! ever on workers that wait on the lock. In a simulation that thread is part of it, in
+//! lockstep (`util::determinism::runtime_for_thread`): the simulation's one thread waits,
+//! blocked, while the writer works, so a save takes no simulated time.
 //!
 //! It holds only the server's tables: the client's records stay in each agent's own state
 //! file. Any failure to save (the fence lost, etcd unreachable past the retries) deposes the
@@ -140,7 +142,8 @@ fn as_stored(mut record: SavedAllocRecord) -> SavedAllocRecord {
 
 impl EtcdSchedulerDb {
     /// Reads everything under the key prefix in one consistent read, for a leader that won
-    /// `fence`. Must be called on a multi-threaded runtime: saves block on etcd.
+    /// `fence`. Saves block the thread that makes them until etcd answers: call them from a
+    /// multi-threaded runtime through `state::blocking` (or from a simulation's one thread).
     pub async fn load(
         store: &EtcdStore,
         fence: Fence,
@@ -442,15 +445,13 @@ impl Writer {
     /// on the writer's thread's runtime, which its calls must run on).
     async fn start(like: EtcdStore, fence: Fence) -> Result<Writer, StoreError> {
         let (saves, mut pending) = tokio::sync::mpsc::unbounded_channel::<Save>();
-        let (connected, connection) = tokio::sync::oneshot::channel();
+        let (connected, connection) = std::sync::mpsc::sync_channel(1);
         let joined = like.endpoints();
         let unreachable = |reason: String| StoreError::Unreachable {
             endpoints: joined.clone(),
             reason,
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+        let runtime = crate::util::determinism::runtime_for_thread()
             .map_err(|e| StoreError::Local(format!("cannot start the scheduler's writer: {e}")))?;
         let spawned = std::thread::Builder::new()
             .name("caravan-scheduler-writer".into())
@@ -481,9 +482,13 @@ impl Writer {
                 "cannot start the scheduler's writer: {error}"
             )));
         }
-        connection
+        // Waited for as blocking work: in a simulation, in place, so that the writer's
+        // first calls to etcd happen at this point of its run and at no other.
+        crate::util::determinism::spawn_blocking(move || connection.recv())
             .await
-            .unwrap_or_else(|_| Err(unreachable("the scheduler's writer stopped".into())))?;
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| Err(unreachable("the scheduler's writer stopped".into())))?;
         Ok(Writer { saves })
     }
 

@@ -70,6 +70,50 @@ pub fn blocking_work_runs_in_place() -> bool {
     false
 }
 
+/// A runtime for a thread of the host's own, which runs work the caller waits for (the
+/// scheduler's etcd writer), with what it needs to be part of the caller's simulation when
+/// there is one: the thread's draws are forked from this thread's (so they replay), and its
+/// clock is paused, so that the simulated time a wait takes there passes at once. The
+/// simulation's own clock stands still meanwhile: it waits, blocked, for the answer.
+/// `start` runs first on the new thread, inside the runtime.
+pub fn runtime_for_thread() -> std::io::Result<ThreadRuntime> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all();
+    #[cfg(feature = "testing")]
+    if let (Some(seed), Some(wall_start)) = (simulated::next_draw(), simulated::wall_clock()) {
+        builder.start_paused(true);
+        return Ok(ThreadRuntime {
+            runtime: builder.build()?,
+            simulated: Some((seed, wall_start)),
+        });
+    }
+    Ok(ThreadRuntime {
+        runtime: builder.build()?,
+        #[cfg(feature = "testing")]
+        simulated: None,
+    })
+}
+
+/// A runtime from [`runtime_for_thread`], to move to the thread it is for.
+pub struct ThreadRuntime {
+    runtime: tokio::runtime::Runtime,
+    #[cfg(feature = "testing")]
+    simulated: Option<(u64, std::time::SystemTime)>,
+}
+
+impl ThreadRuntime {
+    /// Runs `work` to its end on this thread, in the simulated world forked for it if any.
+    pub fn block_on<F: std::future::Future>(self, work: F) -> F::Output {
+        self.runtime.block_on(async move {
+            #[cfg(feature = "testing")]
+            let _world = self
+                .simulated
+                .map(|(seed, wall_start)| simulated::install(seed, wall_start));
+            work.await
+        })
+    }
+}
+
 /// std's `HashMap` with [`HashState`]: for maps whose iteration order reaches what the
 /// host does (which alloc is destroyed first), so that a simulation replays.
 pub type HashMap<K, V> = std::collections::HashMap<K, V, HashState>;
