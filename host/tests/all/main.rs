@@ -16,6 +16,7 @@ mod capabilities;
 mod cli;
 mod client;
 mod cluster;
+mod cluster_simulation;
 mod cluster_store;
 mod conformance;
 mod embedded_server;

@@ -31,7 +31,7 @@ mod watch;
 use crate::cluster::KeyValue;
 use crate::cluster::backend::{
     CallError, CompareOp, EtcdBackend, LeaseKeeper, RangeAnswer, RangeRead, RevisionOf,
-    StatusAnswer, Transaction, TxnAnswer, TxnStep, WatchStream,
+    StatusAnswer, Transaction, TxnAnswer, TxnStep, WatchEvent, WatchStream,
 };
 use crate::util::locks::LockUnpoisoned;
 use async_trait::async_trait;
@@ -71,6 +71,26 @@ pub enum CallKind {
 
 type FatePlan = Box<dyn FnMut(&str, CallKind) -> CallFate + Send>;
 
+/// A write etcd just applied, as a check sees it: who made it, and what it changed.
+pub struct AppliedWrite<'a> {
+    /// The connection that made the call.
+    pub connection: &'a str,
+    /// The revision it made.
+    pub revision: i64,
+    /// The keys it put or deleted.
+    pub keys: Vec<&'a str>,
+    state: &'a State,
+}
+
+impl AppliedWrite<'_> {
+    /// `key` as it was just before this write.
+    pub fn before(&self, key: &str) -> Option<&KeyValue> {
+        self.state.current(key, self.revision - 1)
+    }
+}
+
+type WriteCheck = Box<dyn FnMut(&AppliedWrite<'_>) + Send>;
+
 /// The simulated etcd. Cheap to clone: every clone is the same etcd.
 #[derive(Clone)]
 pub struct SimulatedEtcd {
@@ -84,10 +104,20 @@ struct Shared {
     /// revision. Not a `tokio::sync::watch` channel: that one wakes its receivers in an
     /// order drawn from tokio's own random, and a simulation must replay.
     watchers: Mutex<Vec<Weak<Notify>>>,
+    /// The runtime it was made on, whose clock its leases expire on and where the writes
+    /// it applies late wait: the simulation's, also for a call made from a thread of the
+    /// host's own (the scheduler's writer, `util::determinism::runtime_for_thread`).
+    runtime: tokio::runtime::Handle,
+    /// Sees every write a connection's call applies (not a lease's expiry).
+    write_check: Mutex<Option<WriteCheck>>,
 }
 
 impl SimulatedEtcd {
-    /// An empty etcd at revision 1, every call answered.
+    /// An empty etcd at revision 1, every call answered, on the clock of the tokio runtime
+    /// this is called on.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
     #[allow(clippy::new_without_default)]
     pub fn new() -> SimulatedEtcd {
         let state = State {
@@ -99,6 +129,8 @@ impl SimulatedEtcd {
             state: Mutex::new(state),
             plan: Mutex::new(None),
             watchers: Mutex::default(),
+            runtime: tokio::runtime::Handle::current(),
+            write_check: Mutex::new(None),
         };
         SimulatedEtcd {
             shared: Arc::new(shared),
@@ -133,6 +165,18 @@ impl SimulatedEtcd {
         self.with_state(|state| state.leases_end_early = true);
     }
 
+    /// From now on, `check` sees every write a call applies, the moment it is applied (for a
+    /// simulation's invariants about who may write what). It must not call this etcd.
+    pub fn check_writes(&self, check: impl FnMut(&AppliedWrite<'_>) + Send + 'static) {
+        *self.shared.write_check.lock_unpoisoned() = Some(Box::new(check));
+    }
+
+    /// From now on, every transaction's compares succeed: a planted defect (an etcd that
+    /// does not fence), for a simulation to show that its checks see what follows.
+    pub fn ignore_compares(&self) {
+        self.with_state(|state| state.compares_ignored = true);
+    }
+
     /// Every call answered again.
     pub fn clear_fates(&self) {
         *self.shared.plan.lock_unpoisoned() = None;
@@ -163,10 +207,34 @@ impl SimulatedEtcd {
     /// Runs `apply` on the state as of now (expired leases gone first), and wakes watches
     /// when it made a revision.
     fn with_state<T>(&self, apply: impl FnOnce(&mut State) -> T) -> T {
+        self.with_state_for(None, apply)
+    }
+
+    /// [`Self::with_state`], for a call `connection` made (its writes checked).
+    fn with_state_for<T>(
+        &self,
+        connection: Option<&str>,
+        apply: impl FnOnce(&mut State) -> T,
+    ) -> T {
+        // Every `Instant::now()` below reads the simulation's clock, whichever thread calls.
+        let _on_its_clock = self.shared.runtime.enter();
         let mut state = self.shared.state.lock_unpoisoned();
         let before = state.revision;
         state.expire_leases(Instant::now());
+        let expired = state.revision;
         let answer = apply(&mut state);
+        if let Some(connection) = connection.filter(|_| state.revision != expired)
+            && let Some(check) = self.shared.write_check.lock_unpoisoned().as_mut()
+        {
+            let keys = state.log.iter().rev();
+            let keys = keys.take_while(|(revision, _)| *revision > expired);
+            check(&AppliedWrite {
+                connection,
+                revision: state.revision,
+                keys: keys.map(|(_, event)| changed_key(event)).collect(),
+                state: &state,
+            });
+        }
         if state.revision != before {
             drop(state);
             self.shared.watchers.lock_unpoisoned().retain(|watcher| {
@@ -189,21 +257,29 @@ impl SimulatedEtcd {
         apply: impl FnOnce(&mut State) -> Result<T, CallError> + Send + 'static,
     ) -> Result<T, CallError> {
         match self.fate(connection, kind) {
-            CallFate::Answered => self.with_state(apply),
+            CallFate::Answered => self.with_state_for(Some(connection), apply),
             CallFate::LostBefore => Err(lost(what)),
             CallFate::LostAfter => {
-                let _ = self.with_state(apply);
+                let _ = self.with_state_for(Some(connection), apply);
                 Err(lost(what))
             }
             CallFate::AppliedLater(after) => {
                 let etcd = self.clone();
-                tokio::spawn(async move {
+                let connection = connection.to_string();
+                self.shared.runtime.spawn(async move {
                     tokio::time::sleep(after).await;
-                    let _ = etcd.with_state(apply);
+                    let _ = etcd.with_state_for(Some(&connection), apply);
                 });
                 Err(lost(what))
             }
         }
+    }
+}
+
+fn changed_key(event: &WatchEvent) -> &str {
+    match event {
+        WatchEvent::Put(kv) => &kv.key,
+        WatchEvent::Delete { key, .. } => key,
     }
 }
 
@@ -287,17 +363,18 @@ impl EtcdBackend for Connection {
     async fn txn(&self, txn: Transaction) -> Result<TxnAnswer, CallError> {
         refused_as_etcd_would(&txn)?;
         self.call(CallKind::Write, "a transaction", move |state| {
-            let succeeded = txn.when.iter().all(|compare| {
-                let found = state.current(&compare.key, state.revision);
-                let revision = found.map_or(0, |kv| match compare.of {
-                    RevisionOf::Create => kv.create_revision,
-                    RevisionOf::Mod => kv.mod_revision,
+            let succeeded = state.compares_ignored
+                || txn.when.iter().all(|compare| {
+                    let found = state.current(&compare.key, state.revision);
+                    let revision = found.map_or(0, |kv| match compare.of {
+                        RevisionOf::Create => kv.create_revision,
+                        RevisionOf::Mod => kv.mod_revision,
+                    });
+                    match compare.op {
+                        CompareOp::Equal => revision == compare.revision,
+                        CompareOp::Greater => revision > compare.revision,
+                    }
                 });
-                match compare.op {
-                    CompareOp::Equal => revision == compare.revision,
-                    CompareOp::Greater => revision > compare.revision,
-                }
-            });
             let steps = if succeeded { &txn.then } else { &txn.otherwise };
             let found = state.run_steps(steps)?;
             Ok(TxnAnswer {

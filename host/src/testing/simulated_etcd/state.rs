@@ -28,6 +28,8 @@ pub(super) struct State {
     pub(super) next_lease: i64,
     /// See [`SimulatedEtcd::end_leases_early`].
     pub(super) leases_end_early: bool,
+    /// See [`SimulatedEtcd::ignore_compares`].
+    pub(super) compares_ignored: bool,
 }
 
 pub(super) fn lost(what: &str) -> CallError {

@@ -5,7 +5,7 @@
 
 use super::runner::{BEHAVIOUR_META, Behaviour};
 use super::trace::Trace;
-use super::{MAX_JOBS, ServerSlot, SimJob, World};
+use super::{MAX_JOBS, SimJob, World};
 use crate::model::jobspec::{JobSpec, JobType};
 use crate::model::structs::Task;
 use crate::server::{DrainRequest, EmbeddedServer};
@@ -216,15 +216,14 @@ impl World {
         let (slot, trace) = (self.slot.clone(), self.trace.clone());
         tokio::spawn(async move {
             tokio::time::sleep(ends_after).await;
-            end_drain(&slot, &trace, &name);
+            end_drain(&slot.server(), &trace, &name);
         });
     }
 }
 
 /// Ends a drain, and makes the node eligible again (a drain that finished leaves its node
 /// ineligible, as Nomad's does, until an operator says otherwise).
-pub(super) fn end_drain(slot: &ServerSlot, trace: &Trace, node: &str) {
-    let server = slot.server();
+pub(super) fn end_drain(server: &EmbeddedServer, trace: &Trace, node: &str) {
     let details = server.node_details();
     let Some(schedule) = details
         .iter()
@@ -246,7 +245,7 @@ pub(super) fn end_drain(slot: &ServerSlot, trace: &Trace, node: &str) {
     }
 }
 
-fn job_spec(id: &str, behaviour: Behaviour, count: u32) -> JobSpec {
+pub(super) fn job_spec(id: &str, behaviour: Behaviour, count: u32) -> JobSpec {
     JobSpec {
         namespace: "default".into(),
         id: id.into(),

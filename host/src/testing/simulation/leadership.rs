@@ -14,8 +14,8 @@
 //! - **once the faults stop**, within a bounded time: exactly one agent leads, every
 //!   agent's view names it, and every agent's node is live.
 //!
-//! The scheduler that runs under the leadership (`EtcdSchedulerDb`) is not driven here: its
-//! saves block a thread of their own on etcd, which a one-thread simulation cannot give it.
+//! The scheduler that runs under the leadership is not driven here: the `cluster`
+//! simulation runs it, with nodes, under the same faults.
 
 use super::SimOutcome;
 use super::trace::{Draws, Trace};
@@ -78,9 +78,10 @@ pub fn simulate_leadership(config: &LeadershipConfig) -> SimOutcome {
 /// Which agents are cut off from etcd, and whether random faults are on: what the fate
 /// plan reads.
 #[derive(Default)]
-struct Faults {
-    cut_off: BTreeMap<String, bool>,
-    on: bool,
+pub(super) struct Faults {
+    /// By connection name (an agent's, or a node's).
+    pub(super) cut_off: BTreeMap<String, bool>,
+    pub(super) on: bool,
 }
 
 struct Agent {
@@ -220,14 +221,16 @@ async fn run(config: &LeadershipConfig) -> SimOutcome {
 
 /// The fate of each call: lost while its agent is cut off; otherwise, while faults are on,
 /// now and then lost before or after etcd applied it, or applied late.
-fn fate_plan(
+pub(super) fn fate_plan(
     seed: u64,
     faults: Arc<Mutex<Faults>>,
 ) -> impl FnMut(&str, CallKind) -> CallFate + Send + 'static {
     let mut draws = Draws::new(seed.rotate_left(17));
     move |connection, kind| {
         let faults = faults.lock_unpoisoned();
-        if faults.cut_off.get(connection).copied().unwrap_or(false) {
+        // A connection named `node/run` is cut off with its node.
+        let node = connection.split('/').next().unwrap_or(connection);
+        if faults.cut_off.get(node).copied().unwrap_or(false) {
             return CallFate::LostBefore;
         }
         if !faults.on || kind == CallKind::Watch && !draws.percent(2) {

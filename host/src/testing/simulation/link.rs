@@ -24,6 +24,12 @@ pub(super) struct ServerSlot {
     restarted: Notify,
 }
 
+impl super::runner::CurrentServer for ServerSlot {
+    fn current(&self) -> Option<Arc<EmbeddedServer>> {
+        Some(self.server())
+    }
+}
+
 impl ServerSlot {
     pub(super) fn new(server: Arc<EmbeddedServer>) -> Arc<ServerSlot> {
         Arc::new(ServerSlot {

@@ -27,11 +27,13 @@
 //! Layout: `actions` (what operators and faults do between checks), `link` (the faulty
 //! wire), `runner` (the scripted runners and the ledger of what ran), `trace`.
 //!
-//! `leadership` is a second simulation beside it: the cluster's membership and leader
-//! election (real `Member`s) over the simulated etcd.
+//! Two more simulations stand beside it, over the simulated etcd: `leadership` (the
+//! cluster's membership and leader election, real `Member`s, checked every 50 ms) and
+//! `cluster` (cluster mode whole: agents electing a leader that schedules on etcd, nodes
+//! talking through `EtcdServerApi`, with the same runners and ledger as here).
 //!
-//! Not simulated yet: the scheduler on etcd and the nodes' side of cluster mode, slow state
-//! commits, checkpoints moved with drained allocs; `docs/testing.md` lists them.
+//! Not simulated yet: slow state commits, checkpoints moved with drained allocs, a save to
+//! etcd that takes simulated time; `docs/testing.md` lists them.
 //!
 //! Test-only, with the rest of `testing`: it drives the server and the client through their
 //! public seams and changes neither. A crash is [`Client::halt`] and the runners' process
@@ -39,6 +41,7 @@
 //! ignore what a task it left behind still asks of them.
 
 mod actions;
+mod cluster;
 mod leadership;
 mod link;
 mod runner;
@@ -59,6 +62,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use trace::{Draws, Trace};
 
+pub use cluster::{ClusterSimConfig, simulate_cluster};
 pub use leadership::{LeadershipConfig, simulate_leadership};
 
 /// One simulation's shape.
@@ -391,44 +395,8 @@ impl World {
     fn check(&self) {
         self.check_acknowledged();
         let server = self.slot.server();
-        for details in server.node_details() {
-            if details.info != node_info(&details.id) {
-                self.ledger.violation(format!(
-                    "the server holds {} with what another said of itself: {:?}",
-                    details.id, details.info
-                ));
-            }
-        }
-        let mut running_per_job: BTreeMap<String, u32> = BTreeMap::new();
-        for (alloc_id, _node, job_id) in self.ledger.running() {
-            let Ok(record) = server.alloc(&alloc_id) else {
-                continue;
-            };
-            let held_lost = record.client_state.as_ref().is_some_and(|state| {
-                matches!(
-                    state.client_status,
-                    ClientStatus::Lost | ClientStatus::Unknown
-                )
-            });
-            if record.alloc.desired_status == DesiredStatus::Run && !held_lost {
-                *running_per_job.entry(job_id).or_default() += 1;
-            }
-        }
-        for (job_id, running) in running_per_job {
-            let Ok(record) = server.job(&job_id) else {
-                continue;
-            };
-            let count = match self.sabotage {
-                Some(Sabotage::CountCheckOneTooLow) => record.spec.count.saturating_sub(1),
-                _ => record.spec.count,
-            };
-            if running > count {
-                self.ledger.violation(format!(
-                    "{job_id} has {running} allocs running, past its count of {}",
-                    record.spec.count
-                ));
-            }
-        }
+        check_node_infos(&server, &self.ledger);
+        check_counts(&server, &self.ledger, self.sabotage);
     }
 
     /// Stops the faults, heals every cut, and gives the cluster time to converge; then
@@ -441,7 +409,7 @@ impl World {
         }
         self.server_db.fail_writes(false);
         for node in &self.nodes {
-            end_drain(&self.slot, &self.trace, &node.name);
+            end_drain(&self.slot.server(), &self.trace, &node.name);
         }
         self.trace.record("faults stop".to_string());
         tokio::time::sleep(SETTLE).await;
@@ -464,6 +432,54 @@ impl World {
         }
         self.trace
             .record(format!("settled: {} allocs running", running.len()));
+    }
+}
+
+/// `server` holds each node with what that node said of itself.
+fn check_node_infos(server: &EmbeddedServer, ledger: &Ledger) {
+    for details in server.node_details() {
+        if details.info != node_info(&details.id) {
+            ledger.violation(format!(
+                "the server holds {} with what another said of itself: {:?}",
+                details.id, details.info
+            ));
+        }
+    }
+}
+
+/// No job has more allocs running than its count, counting those `server` wants running
+/// and does not hold lost (a replacement may run while the alloc it replaces, on a node
+/// taken down, still does).
+fn check_counts(server: &EmbeddedServer, ledger: &Ledger, sabotage: Option<Sabotage>) {
+    let mut running_per_job: BTreeMap<String, u32> = BTreeMap::new();
+    for (alloc_id, _node, job_id) in ledger.running() {
+        let Ok(record) = server.alloc(&alloc_id) else {
+            continue;
+        };
+        let held_lost = record.client_state.as_ref().is_some_and(|state| {
+            matches!(
+                state.client_status,
+                ClientStatus::Lost | ClientStatus::Unknown
+            )
+        });
+        if record.alloc.desired_status == DesiredStatus::Run && !held_lost {
+            *running_per_job.entry(job_id).or_default() += 1;
+        }
+    }
+    for (job_id, running) in running_per_job {
+        let Ok(record) = server.job(&job_id) else {
+            continue;
+        };
+        let count = match sabotage {
+            Some(Sabotage::CountCheckOneTooLow) => record.spec.count.saturating_sub(1),
+            _ => record.spec.count,
+        };
+        if running > count {
+            ledger.violation(format!(
+                "{job_id} has {running} allocs running, past its count of {}",
+                record.spec.count
+            ));
+        }
     }
 }
 

@@ -3,13 +3,13 @@
 //! checked the moment something starts, stops or is destroyed.
 
 use super::Sabotage;
-use super::link::ServerSlot;
 use super::trace::{Trace, fnv1a};
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger, StateUpdater,
     TaskActionError,
 };
 use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus};
+use crate::server::EmbeddedServer;
 use crate::state::{FaultyStateDb, StateDb};
 use crate::util::determinism::simulated::splitmix64;
 use crate::util::locks::LockUnpoisoned;
@@ -69,20 +69,26 @@ pub(super) struct Ledger {
     parallel_destroys: usize,
     trace: Trace,
     /// The server, to ask whether a destroyed alloc was one it still wants running.
-    slot: Arc<ServerSlot>,
+    servers: Arc<dyn CurrentServer>,
+}
+
+/// Where the ledger asks what the server holds now: the one embedded server, or the
+/// cluster's leader; none between two leaders, when the checks that need it are skipped.
+pub(super) trait CurrentServer: Send + Sync {
+    fn current(&self) -> Option<Arc<EmbeddedServer>>;
 }
 
 impl Ledger {
     pub(super) fn new(
         parallel_destroys: usize,
         trace: Trace,
-        slot: Arc<ServerSlot>,
+        servers: Arc<dyn CurrentServer>,
     ) -> Arc<Ledger> {
         Arc::new(Ledger {
             state: Mutex::default(),
             parallel_destroys,
             trace,
-            slot,
+            servers,
         })
     }
 
@@ -102,8 +108,8 @@ impl Ledger {
             let status = state?.client_status;
             matches!(status, ClientStatus::Complete | ClientStatus::Failed).then_some(status)
         };
-        let server = self.slot.server();
-        let recorded = server.alloc(&alloc.id).ok();
+        let server = self.servers.current();
+        let recorded = server.and_then(|server| server.alloc(&alloc.id).ok());
         let recorded = recorded.and_then(|record| finished(record.client_state.as_ref()));
         let saved = process.db.client_allocs().unwrap_or_default();
         let saved = saved.into_iter().find(|saved| saved.alloc_id == alloc.id);
@@ -172,7 +178,8 @@ impl Ledger {
     /// stopped, not lost): a client may destroy a running alloc only once its server
     /// stopped it or forgot it.
     fn destroy_begun(&self, process: &str, alloc_id: &str) {
-        let server_wants_it = self.slot.server().alloc(alloc_id).is_ok_and(|record| {
+        let record = self.servers.current().and_then(|s| s.alloc(alloc_id).ok());
+        let server_wants_it = record.is_some_and(|record| {
             let lost = record.client_state.as_ref().is_some_and(|state| {
                 state.client_status.is_terminal() || state.client_status == ClientStatus::Unknown
             });

@@ -1,0 +1,240 @@
+//! What happens to the simulated cluster between checks, each drawn from the seed: an
+//! operator's change through the leader (register, scale, stop, purge, GC, drain), or a
+//! fault (a node's or an agent's process crashed, a node or an agent cut off from etcd, a
+//! compaction, a node's disk that refuses writes).
+
+use super::super::MAX_JOBS;
+use super::super::SimJob;
+use super::super::actions::job_spec;
+use super::super::runner::{Behaviour, CurrentServer};
+use super::{ClusterWorld, TTL};
+use crate::server::{DrainRequest, EmbeddedServer};
+use crate::util::locks::LockUnpoisoned;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl ClusterWorld {
+    /// One operator action or fault, drawn from the seed.
+    pub(super) async fn act(&mut self) {
+        match self.draws.below(100) {
+            0..=17 => self.register(),
+            18..=33 => self.scale(),
+            34..=40 => self.stop(),
+            41..=46 => self.collect_garbage(),
+            47..=58 => self.crash_and_restart().await,
+            59..=68 => self.cut_off(),
+            69..=72 => self.compact().await,
+            73..=76 => self.fail_disk(),
+            77..=79 => self.drain(),
+            _ => {}
+        }
+    }
+
+    /// The leader's server, or a line in the trace saying that `what` found none.
+    fn leader_for(&self, what: &str) -> Option<Arc<EmbeddedServer>> {
+        let leader = self.leaders.current();
+        if leader.is_none() {
+            self.trace.record(format!("{what}: no agent leads"));
+        }
+        leader
+    }
+
+    fn register(&mut self) {
+        if self.registered >= MAX_JOBS {
+            return;
+        }
+        self.registered += 1;
+        let behaviour = match self.draws.below(3) {
+            0 => Behaviour::Steady,
+            1 => Behaviour::Flaky,
+            _ => Behaviour::Batch,
+        };
+        let count = 1 + self.draws.below(4) as u32;
+        let id = format!("job-{}", self.registered);
+        let Some(server) = self.leader_for(&format!("register {id}")) else {
+            return;
+        };
+        match server.register_job(job_spec(&id, behaviour, count)) {
+            Ok(registration) => {
+                self.trace.record(format!(
+                    "register {id} ({}, count {count}): {} placed",
+                    behaviour.name(),
+                    registration.placed.len()
+                ));
+                let job = SimJob {
+                    behaviour,
+                    count,
+                    stopped: false,
+                };
+                self.jobs.insert(id.clone(), job);
+                self.unknown.remove(&id);
+            }
+            Err(error) => {
+                self.trace.record(format!("register {id} failed: {error}"));
+                self.unknown.insert(id);
+            }
+        }
+    }
+
+    /// A job drawn from those acknowledged and not stopped.
+    fn some_job(&mut self, services_only: bool) -> Option<String> {
+        let candidates: Vec<_> = self
+            .jobs
+            .iter()
+            .filter(|(_, job)| {
+                !job.stopped && (!services_only || job.behaviour != Behaviour::Batch)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let index = self.draws.below(candidates.len() as u64) as usize;
+        candidates.get(index).cloned()
+    }
+
+    fn scale(&mut self) {
+        let Some(id) = self.some_job(true) else {
+            return;
+        };
+        let count = self.draws.below(6) as u32;
+        let Some(server) = self.leader_for(&format!("scale {id}")) else {
+            return;
+        };
+        match server.scale_job(&id, count) {
+            Ok(_) => {
+                self.trace.record(format!("scale {id} to {count}"));
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.count = count;
+                }
+                self.unknown.remove(&id);
+            }
+            Err(error) => {
+                self.trace.record(format!("scale {id} failed: {error}"));
+                self.unknown.insert(id);
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        let Some(id) = self.some_job(false) else {
+            return;
+        };
+        let purge = self.draws.percent(50);
+        let Some(server) = self.leader_for(&format!("stop {id}")) else {
+            return;
+        };
+        match server.stop_job(&id, purge) {
+            Ok(stopped) => {
+                self.trace.record(format!(
+                    "stop {id} (purge {purge}): {} allocs",
+                    stopped.len()
+                ));
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.stopped = true;
+                }
+                self.unknown.remove(&id);
+            }
+            Err(error) => {
+                self.trace.record(format!("stop {id} failed: {error}"));
+                self.unknown.insert(id);
+            }
+        }
+    }
+
+    fn collect_garbage(&mut self) {
+        let Some(server) = self.leader_for("server gc") else {
+            return;
+        };
+        match server.collect_garbage(true) {
+            Ok(removed) => self
+                .trace
+                .record(format!("server gc: {} allocs forgotten", removed.len())),
+            Err(error) => self.trace.record(format!("server gc failed: {error}")),
+        }
+    }
+
+    /// Kills a node's or an agent's process, and starts the next at once or a while later.
+    async fn crash_and_restart(&mut self) {
+        let index = self.draws.below(self.nodes.len() as u64) as usize;
+        let down_for = match self.draws.percent(40) {
+            true => Duration::ZERO,
+            false => self.draws.millis(0, 3 * TTL.as_millis() as u64),
+        };
+        if self.nodes[index].running.is_none() {
+            return;
+        }
+        self.crash(index);
+        self.trace.record(format!(
+            "crash {} for {} ms",
+            self.nodes[index].name,
+            down_for.as_millis()
+        ));
+        tokio::time::sleep(down_for).await;
+        self.start(index).await;
+    }
+
+    /// Cuts a node or an agent off from etcd (every call lost) for a while.
+    fn cut_off(&mut self) {
+        let index = self.draws.below(self.nodes.len() as u64) as usize;
+        let heals_after = self.draws.millis(500, 4 * TTL.as_millis() as u64);
+        let name = self.nodes[index].name.clone();
+        self.faults
+            .lock_unpoisoned()
+            .cut_off
+            .insert(name.clone(), true);
+        self.trace.record(format!(
+            "{name} cut off from etcd for {} ms",
+            heals_after.as_millis()
+        ));
+        let (faults, trace) = (self.faults.clone(), self.trace.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(heals_after).await;
+            faults.lock_unpoisoned().cut_off.remove(&name);
+            trace.record(format!("{name} reaches etcd again"));
+        });
+    }
+
+    async fn compact(&mut self) {
+        let revision = self.etcd.current_revision();
+        let compacted = self.etcd.store().compact(revision).await;
+        self.trace
+            .record(format!("compaction to {revision}: {compacted:?}"));
+    }
+
+    /// A node's disk fails every write for a while, as a full one does.
+    fn fail_disk(&mut self) {
+        let index = self.draws.below(self.nodes.len() as u64) as usize;
+        let heals_after = self.draws.millis(500, 20_000);
+        let (name, db) = (self.nodes[index].name.clone(), self.nodes[index].db.clone());
+        db.fail_writes(true);
+        self.trace.record(format!(
+            "disk of {name} fails writes for {} ms",
+            heals_after.as_millis()
+        ));
+        let trace = self.trace.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(heals_after).await;
+            db.fail_writes(false);
+            trace.record(format!("disk of {name} writes again"));
+        });
+    }
+
+    /// An operator drains a node; the drain ends once the faults stop.
+    fn drain(&mut self) {
+        let index = self.draws.below(self.nodes.len() as u64) as usize;
+        let name = self.nodes[index].name.clone();
+        let deadline = self.draws.percent(50).then(|| self.draws.millis(0, 20_000));
+        let Some(server) = self.leader_for(&format!("drain {name}")) else {
+            return;
+        };
+        let request = DrainRequest {
+            deadline,
+            ignore_system: false,
+        };
+        match server.set_drain(&name, Some(request), false) {
+            Ok(_) => self.trace.record(format!(
+                "drain {name} (deadline {:?} ms)",
+                deadline.map(|d| d.as_millis())
+            )),
+            Err(error) => self.trace.record(format!("drain {name} failed: {error}")),
+        }
+    }
+}
