@@ -73,8 +73,9 @@ type FatePlan = Box<dyn FnMut(&str, CallKind) -> CallFate + Send>;
 
 /// A write etcd just applied, as a check sees it: who made it, and what it changed.
 pub struct AppliedWrite<'a> {
-    /// The connection that made the call.
-    pub connection: &'a str,
+    /// The connection that made the call; `None` for etcd's own writes (leases expiring,
+    /// each a revision: `revision` is the last of them).
+    pub connection: Option<&'a str>,
     /// The revision it made.
     pub revision: i64,
     /// The keys it put or deleted.
@@ -86,6 +87,11 @@ impl AppliedWrite<'_> {
     /// `key` as it was just before this write.
     pub fn before(&self, key: &str) -> Option<&KeyValue> {
         self.state.current(key, self.revision - 1)
+    }
+
+    /// `key` as this write left it.
+    pub fn after(&self, key: &str) -> Option<&KeyValue> {
+        self.state.current(key, self.revision)
     }
 }
 
@@ -108,7 +114,7 @@ struct Shared {
     /// it applies late wait: the simulation's, also for a call made from a thread of the
     /// host's own (the scheduler's writer, `util::determinism::runtime_for_thread`).
     runtime: tokio::runtime::Handle,
-    /// Sees every write a connection's call applies (not a lease's expiry).
+    /// Sees every write, as it is applied.
     write_check: Mutex<Option<WriteCheck>>,
 }
 
@@ -165,8 +171,9 @@ impl SimulatedEtcd {
         self.with_state(|state| state.leases_end_early = true);
     }
 
-    /// From now on, `check` sees every write a call applies, the moment it is applied (for a
-    /// simulation's invariants about who may write what). It must not call this etcd.
+    /// From now on, `check` sees every write the moment it is applied, a call's or a lease's
+    /// expiry (for a simulation's invariants about who may write what). It must not call
+    /// this etcd.
     pub fn check_writes(&self, check: impl FnMut(&AppliedWrite<'_>) + Send + 'static) {
         *self.shared.write_check.lock_unpoisoned() = Some(Box::new(check));
     }
@@ -222,18 +229,10 @@ impl SimulatedEtcd {
         let before = state.revision;
         state.expire_leases(Instant::now());
         let expired = state.revision;
+        self.check_write(&state, None, before);
         let answer = apply(&mut state);
-        if let Some(connection) = connection.filter(|_| state.revision != expired)
-            && let Some(check) = self.shared.write_check.lock_unpoisoned().as_mut()
-        {
-            let keys = state.log.iter().rev();
-            let keys = keys.take_while(|(revision, _)| *revision > expired);
-            check(&AppliedWrite {
-                connection,
-                revision: state.revision,
-                keys: keys.map(|(_, event)| changed_key(event)).collect(),
-                state: &state,
-            });
+        if connection.is_some() {
+            self.check_write(&state, connection, expired);
         }
         if state.revision != before {
             drop(state);
@@ -246,6 +245,23 @@ impl SimulatedEtcd {
             });
         }
         answer
+    }
+
+    /// Shows the check of writes what changed since revision `since`, if anything did.
+    fn check_write(&self, state: &State, connection: Option<&str>, since: i64) {
+        if state.revision == since {
+            return;
+        }
+        if let Some(check) = self.shared.write_check.lock_unpoisoned().as_mut() {
+            let keys = state.log.iter().rev();
+            let keys = keys.take_while(|(revision, _)| *revision > since);
+            check(&AppliedWrite {
+                connection,
+                revision: state.revision,
+                keys: keys.map(|(_, event)| changed_key(event)).collect(),
+                state,
+            });
+        }
     }
 
     /// Runs `apply` as a call of `kind` whose fate the plan chooses.

@@ -81,6 +81,8 @@ pub fn simulate_leadership(config: &LeadershipConfig) -> SimOutcome {
 pub(super) struct Faults {
     /// By connection name (an agent's, or a node's).
     pub(super) cut_off: BTreeMap<String, bool>,
+    /// Every call lost, whoever makes it.
+    pub(super) etcd_down: bool,
     pub(super) on: bool,
 }
 
@@ -230,7 +232,7 @@ pub(super) fn fate_plan(
         let faults = faults.lock_unpoisoned();
         // A connection named `node/run` is cut off with its node.
         let node = connection.split('/').next().unwrap_or(connection);
-        if faults.cut_off.get(node).copied().unwrap_or(false) {
+        if faults.etcd_down || faults.cut_off.get(node).copied().unwrap_or(false) {
             return CallFate::LostBefore;
         }
         if !faults.on || kind == CallKind::Watch && !draws.percent(2) {

@@ -22,7 +22,8 @@ impl ClusterWorld {
             34..=40 => self.stop(),
             41..=46 => self.collect_garbage(),
             47..=58 => self.crash_and_restart().await,
-            59..=68 => self.cut_off(),
+            59..=66 => self.cut_off(),
+            67..=68 => self.etcd_down(),
             69..=72 => self.compact().await,
             73..=76 => self.fail_disk(),
             77..=79 => self.drain(),
@@ -189,6 +190,20 @@ impl ClusterWorld {
             tokio::time::sleep(heals_after).await;
             faults.lock_unpoisoned().cut_off.remove(&name);
             trace.record(format!("{name} reaches etcd again"));
+        });
+    }
+
+    /// etcd answers nobody for a while (its quorum lost).
+    fn etcd_down(&mut self) {
+        let back_after = self.draws.millis(500, 3 * TTL.as_millis() as u64);
+        self.faults.lock_unpoisoned().etcd_down = true;
+        self.trace
+            .record(format!("etcd down for {} ms", back_after.as_millis()));
+        let (faults, trace) = (self.faults.clone(), self.trace.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(back_after).await;
+            faults.lock_unpoisoned().etcd_down = false;
+            trace.record("etcd answers again".into());
         });
     }
 

@@ -7,14 +7,16 @@
 //!
 //! Faults, drawn from the seed: agents and nodes crashed (their runners with them) and
 //! restarted on their own store, at once or later (an agent's restart revokes its previous
-//! lease); agents and nodes cut off from etcd; etcd answers lost before or after etcd
-//! applied the call, writes applied late; compactions; node disks that refuse writes.
+//! lease); agents and nodes cut off from etcd; etcd down for everyone; etcd answers lost
+//! before or after etcd applied the call, writes applied late; compactions; node disks that
+//! refuse writes.
 //! Operators register, scale, stop and purge jobs, collect garbage and drain nodes, through
 //! whichever agent leads, as the HTTP API forwards to it.
 //!
 //! What it checks, beside the ledger's checks of runners:
-//! - **when etcd applies a write** of the scheduler's keys (jobs, allocs): the agent run that
-//!   made it holds the leader key then, so no deposed leader's write lands;
+//! - **when etcd applies a write** (`writes`): only the agent run holding the leader key
+//!   writes the scheduler's keys, so no deposed leader's write lands; and an alloc becomes
+//!   lost only once its node's lease truly ended;
 //! - **at every step**, on the leader's server: no job runs more allocs than its count, every
 //!   job change a leader acknowledged is there (across leader changes), and each node is
 //!   held with what it said of itself;
@@ -30,6 +32,7 @@
 //! own, in lockstep with the simulation (`cluster::scheduler_db`).
 
 mod actions;
+mod writes;
 
 use super::actions::end_drain;
 use super::leadership::{Faults, fate_plan};
@@ -237,7 +240,7 @@ impl ClusterWorld {
             trace.clone(),
             leaders.clone(),
         );
-        etcd.check_writes(only_the_leader_writes(ledger.clone()));
+        etcd.check_writes(writes::check_each(ledger.clone()));
         let scheduler = SchedulerConfig {
             server: ServerConfig {
                 job_gc_threshold: Duration::from_secs(30),
@@ -417,6 +420,7 @@ impl ClusterWorld {
         {
             let mut faults = self.faults.lock_unpoisoned();
             faults.on = false;
+            faults.etcd_down = false;
             faults.cut_off.clear();
         }
         for node in &self.nodes {
@@ -526,38 +530,5 @@ impl ClusterWorld {
             }
         }
         Ok(format!("{} allocs running", runs.values().sum::<u32>()))
-    }
-}
-
-/// The check of every write etcd applies: one that touches the scheduler's keys is made by
-/// the agent run holding the leader key just before it (its member record names the run's
-/// connection).
-fn only_the_leader_writes(
-    ledger: Arc<Ledger>,
-) -> impl FnMut(&crate::testing::simulated_etcd::AppliedWrite<'_>) + Send + 'static {
-    let scheduler_keys = [
-        keys::jobs_prefix(),
-        keys::allocs_prefix(),
-        keys::unplaced_prefix(),
-    ];
-    let leader_key = keys::leader_key();
-    move |write| {
-        let touched = write
-            .keys
-            .iter()
-            .find(|key| scheduler_keys.iter().any(|p| key.starts_with(p.as_str())));
-        let Some(touched) = touched else {
-            return;
-        };
-        let holder = write
-            .before(&leader_key)
-            .and_then(|kv| serde_json::from_slice::<MemberRecord>(&kv.value).ok());
-        let holder = holder.map(|record| record.agent);
-        if holder.as_deref() != Some(write.connection) {
-            ledger.violation(format!(
-                "{} wrote {touched} at revision {} while the leader key named {holder:?}",
-                write.connection, write.revision
-            ));
-        }
     }
 }
