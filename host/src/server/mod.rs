@@ -519,15 +519,22 @@ impl EmbeddedServer {
 
     /// Completes what a previous leader left undone (cluster mode, at takeover): each
     /// failed alloc it did not replace (its node reported the failure between two leaders,
-    /// or the save of the replacement failed with the leadership) is decided now, as if just
-    /// reported, by its job's reschedule policy; then each job that runs gets the allocs it
-    /// lacks, and no more. Returns how many allocs were placed.
+    /// or the save of the replacement failed with the leadership) is decided now by its
+    /// job's reschedule policy, as the report would have been when it failed; then each job
+    /// that runs gets the allocs it lacks, and no more. Returns how many allocs were placed.
     pub fn complete_deploys(&self) -> Result<usize, RequestError> {
         let reschedule_limit = self.reschedule_limit();
         let now_unix_ms = crate::util::timestamp::unix_ms_now();
         self.request(|state, index| {
             let before = state.allocs.len();
-            let failed: Vec<String> = state
+            // A replacement that landed without its predecessor's mark (a save split over
+            // transactions, cut between them): the mark is made, not a second replacement.
+            let replaced_by_another: BTreeSet<String> = state
+                .allocs
+                .values()
+                .filter_map(|a| Some(a.alloc.reschedule.as_ref()?.previous_alloc_id.clone()))
+                .collect();
+            let failed: Vec<(String, u64)> = state
                 .allocs
                 .values()
                 .filter(|a| {
@@ -536,10 +543,21 @@ impl EmbeddedServer {
                         .is_some_and(|s| s.client_status == ClientStatus::Failed)
                 })
                 .filter(|a| a.alloc.desired_status == DesiredStatus::Run && !a.replaced)
-                .map(|a| a.alloc.id.clone())
+                .map(|a| {
+                    // When it failed, not now: a limit reached stays reached at every
+                    // takeover, however much later.
+                    let failed_at = reconcile::last_event_unix_ms(a).unwrap_or(now_unix_ms);
+                    (a.alloc.id.clone(), failed_at.min(now_unix_ms))
+                })
                 .collect();
-            for alloc_id in failed {
-                state.replace_if_failed(&alloc_id, reschedule_limit, now_unix_ms, index);
+            for (alloc_id, failed_at) in failed {
+                if replaced_by_another.contains(&alloc_id) {
+                    if let Some(record) = state.alloc_mut(&alloc_id) {
+                        record.replaced = true;
+                    }
+                    continue;
+                }
+                state.replace_if_failed(&alloc_id, reschedule_limit, failed_at, index);
             }
             let job_ids: Vec<String> = state.jobs.keys().cloned().collect();
             for job_id in &job_ids {

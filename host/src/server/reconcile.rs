@@ -347,6 +347,18 @@ pub fn keep_original<'a>(
     }
 }
 
+/// When the alloc's client last reported anything of its tasks (Unix ms): for a failed
+/// alloc, when it failed; `None` when its client reported no event.
+pub fn last_event_unix_ms(record: &AllocRecord) -> Option<u64> {
+    let states = record.client_state.as_ref().map(|s| &s.task_states[..]);
+    states
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|task| &task.events)
+        .map(|event| event.time_unix_ms)
+        .max()
+}
+
 /// Since when the alloc's tasks have run without a restart (Unix ms): its tasks' last
 /// `Started` or `Restarting` event; `None` when its client reported none.
 fn running_since_unix_ms(record: &AllocRecord) -> Option<u64> {
@@ -362,8 +374,8 @@ fn running_since_unix_ms(record: &AllocRecord) -> Option<u64> {
 
 /// How many allocs `job` lacks when a new leader takes over: its count, less every alloc of
 /// its current version still desired to run and not replaced, whatever its client state. A
-/// deploy its predecessor was cut short in left fewer; a failed alloc (once the takeover
-/// decided whether to replace it, which marks it replaced) and a batch alloc that completed
+/// deploy its predecessor was cut short in left fewer; a failed alloc the takeover did not
+/// replace (its reschedule limit reached, or no policy) and a batch alloc that completed
 /// keep their places, so neither is placed again.
 pub fn missing_at_takeover<'a>(
     job: &JobRecord,

@@ -467,11 +467,11 @@ async fn a_late_report_from_a_node_still_away_does_not_bring_its_unknown_alloc_b
     assert_eq!(wanted(&server, "web"), 2, "its stand-in runs on");
 }
 
-#[tokio::test]
-async fn a_takeover_replaces_a_failure_no_leader_replaced() {
-    // A node's report of a failure that no leader acted on (it came between two leaders, or
-    // the save of its replacement ended the leadership) is in the store, unreplaced: the
-    // next leader's takeover decides it as a report arriving now would.
+/// A store holding job `web` (one service alloc, on `n1`), whose alloc `edit` rewrites as a
+/// failure no leader acted on; and that alloc's id.
+async fn store_with_an_unreplaced_failure(
+    edit: impl FnOnce(&mut records::SavedAllocRecord),
+) -> (Arc<MemoryStateDb>, String) {
     let db = Arc::new(MemoryStateDb::new());
     let first = EmbeddedServer::open(ServerConfig::default(), db.clone()).unwrap();
     first
@@ -488,19 +488,103 @@ async fn a_takeover_replaces_a_failure_no_leader_replaced() {
         description: "exited 1".into(),
         task_states: vec![],
     });
+    edit(&mut record);
     db.apply(vec![Write::PutServer {
         table: ServerTable::Allocs,
         key: alloc_id.clone(),
         value: records::encode(&record),
     }])
     .unwrap();
+    (db, alloc_id)
+}
 
+/// The next leader's server on `db`, with `n1` live, after its takeover.
+async fn taken_over(db: Arc<MemoryStateDb>) -> (Arc<EmbeddedServer>, usize) {
     let next = EmbeddedServer::open(ServerConfig::default(), db).unwrap();
     next.register_node("n1", &Default::default()).await.unwrap();
-    assert_eq!(next.complete_deploys().unwrap(), 1);
+    let placed = next.complete_deploys().unwrap();
+    (next, placed)
+}
+
+#[tokio::test]
+async fn a_takeover_replaces_a_failure_no_leader_replaced() {
+    // A node's report of a failure that no leader acted on (it came between two leaders, or
+    // the save of its replacement ended the leadership) is in the store, unreplaced: the
+    // next leader's takeover decides it as the report would have been.
+    let (db, alloc_id) = store_with_an_unreplaced_failure(|_| {}).await;
+    let (next, placed) = taken_over(db).await;
+    assert_eq!(placed, 1);
     let allocs = next.job_allocs("web");
     assert!(
         allocs.iter().any(|a| a.alloc.id == alloc_id && a.replaced),
+        "{allocs:#?}"
+    );
+    assert_eq!(wanted(&next, "web"), 1, "{allocs:#?}");
+}
+
+#[tokio::test]
+async fn a_takeover_long_after_a_failure_at_its_reschedule_limit_does_not_replace_it() {
+    // Three replacements within the hour before it failed (the service default's limit),
+    // three hours ago: decided at its failure, not at the takeover, the limit holds.
+    let now = crate::util::timestamp::unix_ms_now();
+    let failed_at = now - 3 * 3_600_000;
+    let (db, alloc_id) = store_with_an_unreplaced_failure(|record| {
+        let minutes = |m: u64| failed_at - m * 60_000;
+        record.alloc.reschedule = Some(crate::model::structs::Reschedule {
+            previous_alloc_id: "an-older-one".into(),
+            attempt: 3,
+            start_after_unix_ms: minutes(10),
+            history_unix_ms: vec![minutes(30), minutes(20), minutes(10)],
+        });
+        let state = record.client_state.as_mut().unwrap();
+        state.task_states = vec![crate::model::structs::TaskState {
+            name: "main".into(),
+            state: crate::model::structs::TaskLifecycle::Dead,
+            failed: true,
+            restarts: 0,
+            events: vec![crate::model::structs::TaskEvent {
+                kind: "Terminated".into(),
+                message: "exited 1".into(),
+                time_unix_ms: failed_at,
+            }],
+        }];
+    })
+    .await;
+    let (next, placed) = taken_over(db).await;
+    assert_eq!(placed, 0);
+    let allocs = next.job_allocs("web");
+    assert!(
+        allocs.iter().all(|a| a.alloc.id == alloc_id && !a.replaced),
+        "{allocs:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_takeover_marks_a_failure_whose_replacement_landed_without_the_mark() {
+    // A save split over transactions and cut between them: the replacement is in the store,
+    // its predecessor not marked replaced. The takeover marks it and places nothing more.
+    let (db, failed_id) = store_with_an_unreplaced_failure(|_| {}).await;
+    let (_, bytes) = db.server_records(ServerTable::Allocs).unwrap().remove(0);
+    let mut replacement: records::SavedAllocRecord = serde_json::from_slice(&bytes).unwrap();
+    replacement.alloc.id = "the-replacement".into();
+    replacement.alloc.reschedule = Some(crate::model::structs::Reschedule {
+        previous_alloc_id: failed_id.clone(),
+        attempt: 1,
+        start_after_unix_ms: 0,
+        history_unix_ms: vec![crate::util::timestamp::unix_ms_now()],
+    });
+    replacement.client_state = None;
+    db.apply(vec![Write::PutServer {
+        table: ServerTable::Allocs,
+        key: "the-replacement".into(),
+        value: records::encode(&replacement),
+    }])
+    .unwrap();
+    let (next, placed) = taken_over(db).await;
+    assert_eq!(placed, 0);
+    let allocs = next.job_allocs("web");
+    assert!(
+        allocs.iter().any(|a| a.alloc.id == failed_id && a.replaced),
         "{allocs:#?}"
     );
     assert_eq!(wanted(&next, "web"), 1, "{allocs:#?}");
