@@ -107,7 +107,11 @@ pub async fn lead(
 ) {
     tokio::pin!(until);
     let started = std::time::Instant::now();
+    // Biased, here and below: an unbiased select draws from tokio's random, and a
+    // simulation must replay.
     let (db, snapshot) = tokio::select! {
+        biased;
+        () = &mut until => return,
         loaded = EtcdSchedulerDb::load(&store, fence) => match loaded {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -115,7 +119,6 @@ pub async fn lead(
                 return;
             }
         },
-        () = &mut until => return,
     };
     let read_ms = started.elapsed().as_millis() as u64;
     let mut deposed = db.deposed();
@@ -158,6 +161,7 @@ pub async fn lead(
     let mut next_gc = Instant::now() + config.gc_interval;
     loop {
         tokio::select! {
+            biased;
             () = &mut until => break,
             _ = wait_deposed(&mut deposed) => break,
             changes = live.changes.recv() => match changes {

@@ -445,7 +445,9 @@ impl Writer {
     /// on the writer's thread's runtime, which its calls must run on).
     async fn start(like: EtcdStore, fence: Fence) -> Result<Writer, StoreError> {
         let (saves, mut pending) = tokio::sync::mpsc::unbounded_channel::<Save>();
+        // The answer, and a wake-up for an async wait on it (see below).
         let (connected, connection) = std::sync::mpsc::sync_channel(1);
+        let (answered, answer_sent) = tokio::sync::oneshot::channel::<()>();
         let joined = like.endpoints();
         let unreachable = |reason: String| StoreError::Unreachable {
             endpoints: joined.clone(),
@@ -465,10 +467,12 @@ impl Writer {
                     let mut writer = match started {
                         Ok(writer) => {
                             let _ = connected.send(Ok(()));
+                            let _ = answered.send(());
                             writer
                         }
                         Err(error) => {
                             let _ = connected.send(Err(error));
+                            let _ = answered.send(());
                             return;
                         }
                     };
@@ -482,13 +486,15 @@ impl Writer {
                 "cannot start the scheduler's writer: {error}"
             )));
         }
-        // Waited for as blocking work: in a simulation, in place, so that the writer's
-        // first calls to etcd happen at this point of its run and at no other.
-        crate::util::determinism::spawn_blocking(move || connection.recv())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_else(|| Err(unreachable("the scheduler's writer stopped".into())))?;
+        // In a simulation, waited for here, blocking its one thread, so that the writer's
+        // first calls to etcd happen at this point of its run and at no other; otherwise
+        // awaited, a worker free meanwhile (and nothing left waiting if this is canceled).
+        if !crate::util::determinism::blocking_work_runs_in_place() {
+            let _ = answer_sent.await;
+        }
+        connection
+            .recv()
+            .unwrap_or_else(|_| Err(unreachable("the scheduler's writer stopped".into())))?;
         Ok(Writer { saves })
     }
 

@@ -75,7 +75,6 @@ pub fn blocking_work_runs_in_place() -> bool {
 /// there is one: the thread's draws are forked from this thread's (so they replay), and its
 /// clock is paused, so that the simulated time a wait takes there passes at once. The
 /// simulation's own clock stands still meanwhile: it waits, blocked, for the answer.
-/// `start` runs first on the new thread, inside the runtime.
 pub fn runtime_for_thread() -> std::io::Result<ThreadRuntime> {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all();
