@@ -57,7 +57,7 @@ fn the_cluster_seeds_that_found_defects_keep_every_invariant() {
 
 #[test]
 fn a_cluster_seed_gives_the_same_trace_every_time() {
-    for seed in (0..10).map(|n| n * 7_919) {
+    for seed in (0..30).map(|n| n * 7_919) {
         let config = ClusterSimConfig {
             keep_trace: true,
             ..ClusterSimConfig::new(seed)
@@ -87,7 +87,10 @@ fn an_etcd_that_fences_nothing_is_caught_letting_a_deposed_leader_write() {
         let Some(violation) = simulate_cluster(&config).violation else {
             continue;
         };
-        if violation.contains("while the leader key named") {
+        // Either of the checks of who writes (`testing::simulation::cluster::writes`).
+        if violation.contains("while the leader key named")
+            || violation.contains("in the leadership that began")
+        {
             return;
         }
         violations.push(violation);

@@ -222,26 +222,33 @@ impl World {
 }
 
 /// Ends a drain, and makes the node eligible again (a drain that finished leaves its node
-/// ineligible, as Nomad's does, until an operator says otherwise).
-pub(super) fn end_drain(server: &EmbeddedServer, trace: &Trace, node: &str) {
+/// ineligible, as Nomad's does, until an operator says otherwise). False when `server`
+/// refused to.
+pub(super) fn end_drain(server: &EmbeddedServer, trace: &Trace, node: &str) -> bool {
     let details = server.node_details();
     let Some(schedule) = details
         .iter()
         .find(|details| details.id == node)
         .map(|details| &details.schedule)
     else {
-        return;
+        return true;
     };
     let ended = if schedule.drain.is_some() {
         server.set_drain(node, None, false)
     } else if schedule.ineligible {
         server.set_eligibility(node, true)
     } else {
-        return;
+        return true;
     };
     match ended {
-        Ok(_) => trace.record(format!("{node} eligible again")),
-        Err(error) => trace.record(format!("making {node} eligible again refused: {error}")),
+        Ok(_) => {
+            trace.record(format!("{node} eligible again"));
+            true
+        }
+        Err(error) => {
+            trace.record(format!("making {node} eligible again refused: {error}"));
+            false
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! What happens to the simulated cluster between checks, each drawn from the seed: an
 //! operator's change through the leader (register, scale, stop, purge, GC, drain), or a
-//! fault (a node's or an agent's process crashed, a node or an agent cut off from etcd, a
-//! compaction, a node's disk that refuses writes).
+//! fault (a node's or an agent's process crashed, a node or an agent cut off from etcd, etcd
+//! down for everyone, a compaction, a node's disk that refuses writes).
 
 use super::super::MAX_JOBS;
 use super::super::SimJob;

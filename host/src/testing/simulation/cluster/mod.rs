@@ -210,7 +210,9 @@ impl ClusterWorld {
             trace: lines,
             simulated: trace.elapsed(),
         };
-        // Every scheduler ends, and its writer's thread with it, before the runtime goes.
+        // Every process stops as in a crash. Aborted tasks are dropped when the runtime
+        // next runs, or when it goes; a scheduler's writer thread then ends on its own, its
+        // queue of saves closed (it is not joined).
         for index in 0..world.nodes.len() {
             world.crash(index);
         }
@@ -437,10 +439,11 @@ impl ClusterWorld {
         loop {
             tokio::time::sleep(SETTLE_POLL).await;
             if !drains_ended && let Some(server) = self.leaders.current() {
-                for node in &self.nodes {
-                    end_drain(&server, &self.trace, &node.name);
-                }
+                // Until a leader took every end: one deposed meanwhile may have lost some.
                 drains_ended = true;
+                for node in &self.nodes {
+                    drains_ended &= end_drain(&server, &self.trace, &node.name);
+                }
             }
             let converged = self.converged();
             if let Ok(how) = &converged {

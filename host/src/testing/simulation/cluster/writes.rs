@@ -1,7 +1,9 @@
 //! The invariants checked as etcd applies each write, whoever makes it:
 //! - a write of the scheduler's keys (`jobs/`, `allocs/`, `unplaced/`) is made by the agent
 //!   run holding the leader key just before it (its member record names the run's
-//!   connection): no deposed leader's write lands;
+//!   connection): no deposed leader's write lands; and within one agent run, by the writer
+//!   of the current leadership (the nonce of its `scheduler_sequence` token), not by one of
+//!   an earlier leadership of the same run;
 //! - an alloc becomes lost (or unknown) only on a node whose lease truly ended: etcd deleted
 //!   its live key (the lease expired, or was revoked) at least once before. Finer, "since
 //!   the leader last knew the node live", cannot be told from etcd alone: a leader that
@@ -20,9 +22,13 @@ use std::sync::Arc;
 /// The check, for `SimulatedEtcd::check_writes`; violations go to `ledger`.
 pub(super) fn check_each(ledger: Arc<Ledger>) -> impl FnMut(&AppliedWrite<'_>) + Send + 'static {
     let mut gone = LiveKeysGone::default();
+    let mut terms = Terms::default();
     move |write| {
         gone.note(write);
         if let Some(problem) = written_by_another_than_the_leader(write) {
+            ledger.violation(problem);
+        }
+        if let Some(problem) = terms.written_outside_its_term(write) {
             ledger.violation(problem);
         }
         for problem in gone.allocs_lost_under_a_lease_that_never_ended(write) {
@@ -53,6 +59,46 @@ fn written_by_another_than_the_leader(write: &AppliedWrite<'_>) -> Option<String
         write.connection.unwrap_or("etcd itself"),
         write.revision
     ))
+}
+
+/// Which writer (the nonce of its `scheduler_sequence` tokens) wrote in each leadership
+/// (the leader key's create revision): one writer per leadership, and none of an earlier
+/// one, even of the same agent run, once a newer began.
+#[derive(Default)]
+struct Terms {
+    writer_of: BTreeMap<i64, String>,
+}
+
+impl Terms {
+    fn written_outside_its_term(&mut self, write: &AppliedWrite<'_>) -> Option<String> {
+        let sequence = keys::scheduler_sequence_key();
+        if !write.keys.iter().any(|key| *key == sequence) {
+            return None;
+        }
+        let term = write.before(&keys::leader_key())?.create_revision;
+        let token = write.after(&sequence)?;
+        let token = String::from_utf8_lossy(&token.value);
+        let nonce = token.split(':').next().unwrap_or_default().to_string();
+        if let Some((earlier, _)) = self
+            .writer_of
+            .iter()
+            .find(|(t, n)| **t < term && **n == nonce)
+        {
+            return Some(format!(
+                "the writer of the leadership that began at revision {earlier} wrote at \
+                 revision {} in the one that began at {term}",
+                write.revision
+            ));
+        }
+        let first = self.writer_of.entry(term).or_insert_with(|| nonce.clone());
+        (*first != nonce).then(|| {
+            format!(
+                "two writers wrote in the leadership that began at revision {term} (the second \
+                 at revision {})",
+                write.revision
+            )
+        })
+    }
 }
 
 /// Revisions at which each node's live key was deleted (its lease expired or was revoked).
