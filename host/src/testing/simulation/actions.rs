@@ -4,11 +4,15 @@
 //! disk that refuses writes).
 
 use super::runner::{BEHAVIOUR_META, Behaviour};
-use super::trace::Trace;
+use super::trace::{Draws, Trace};
 use super::{MAX_JOBS, SimJob, World};
 use crate::model::jobspec::{JobSpec, JobType};
 use crate::model::structs::Task;
 use crate::server::{DrainRequest, EmbeddedServer};
+use crate::state::FaultyStateDb;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 impl World {
     /// One operator action or fault, drawn from the seed.
@@ -32,13 +36,7 @@ impl World {
             return;
         }
         self.registered += 1;
-        let behaviour = match self.draws.below(3) {
-            0 => Behaviour::Steady,
-            1 => Behaviour::Flaky,
-            _ => Behaviour::Batch,
-        };
-        let count = 1 + self.draws.below(4) as u32;
-        let id = format!("job-{}", self.registered);
+        let (id, behaviour, count) = draw_job(&mut self.draws, self.registered);
         let spec = job_spec(&id, behaviour, count);
         match self.slot.server().register_job(spec) {
             Ok(registration) => {
@@ -63,17 +61,7 @@ impl World {
 
     /// A job drawn from those still registered.
     fn some_job(&mut self, services_only: bool) -> Option<String> {
-        let candidates: Vec<_> = self
-            .jobs
-            .iter()
-            .filter(|(_, job)| {
-                let wanted = !services_only || job.behaviour != Behaviour::Batch;
-                !job.stopped && wanted
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        let index = self.draws.below(candidates.len() as u64) as usize;
-        candidates.get(index).cloned()
+        draw_running_job(&mut self.draws, &self.jobs, services_only)
     }
 
     fn scale(&mut self) {
@@ -178,17 +166,7 @@ impl World {
             Some(node) => (node.name.clone(), node.db.clone()),
             None => ("the server".to_string(), self.server_db.clone()),
         };
-        db.fail_writes(true);
-        self.trace.record(format!(
-            "disk of {name} fails writes for {} ms",
-            heals_after.as_millis()
-        ));
-        let trace = self.trace.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(heals_after).await;
-            db.fail_writes(false);
-            trace.record(format!("disk of {name} writes again"));
-        });
+        fail_writes_for(db, name, heals_after, &self.trace);
     }
 
     /// An operator drains a node (its allocs move elsewhere, by a deadline or not), and
@@ -276,4 +254,54 @@ pub(super) fn job_spec(id: &str, behaviour: Behaviour, count: u32) -> JobSpec {
         migrate: Default::default(),
         disconnect: None,
     }
+}
+
+/// The next job to register, drawn from the seed: its id (the `number`th), its runners'
+/// behaviour and its count.
+pub(super) fn draw_job(draws: &mut Draws, number: usize) -> (String, Behaviour, u32) {
+    let behaviour = match draws.below(3) {
+        0 => Behaviour::Steady,
+        1 => Behaviour::Flaky,
+        _ => Behaviour::Batch,
+    };
+    let count = 1 + draws.below(4) as u32;
+    (format!("job-{number}"), behaviour, count)
+}
+
+/// A job drawn from those acknowledged and not stopped (services only, when asked).
+pub(super) fn draw_running_job(
+    draws: &mut Draws,
+    jobs: &BTreeMap<String, SimJob>,
+    services_only: bool,
+) -> Option<String> {
+    let candidates: Vec<_> = jobs
+        .iter()
+        .filter(|(_, job)| {
+            let wanted = !services_only || job.behaviour != Behaviour::Batch;
+            !job.stopped && wanted
+        })
+        .map(|(id, _)| id.clone())
+        .collect();
+    let index = draws.below(candidates.len() as u64) as usize;
+    candidates.get(index).cloned()
+}
+
+/// `db`, the disk of `name`, fails every write for `heals_after`, as a full one does.
+pub(super) fn fail_writes_for(
+    db: Arc<FaultyStateDb>,
+    name: String,
+    heals_after: Duration,
+    trace: &Trace,
+) {
+    db.fail_writes(true);
+    trace.record(format!(
+        "disk of {name} fails writes for {} ms",
+        heals_after.as_millis()
+    ));
+    let trace = trace.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(heals_after).await;
+        db.fail_writes(false);
+        trace.record(format!("disk of {name} writes again"));
+    });
 }

@@ -5,8 +5,8 @@
 
 use super::super::MAX_JOBS;
 use super::super::SimJob;
-use super::super::actions::job_spec;
-use super::super::runner::{Behaviour, CurrentServer};
+use super::super::actions::{draw_job, draw_running_job, fail_writes_for, job_spec};
+use super::super::runner::CurrentServer;
 use super::{ClusterWorld, TTL};
 use crate::server::{DrainRequest, EmbeddedServer};
 use crate::util::locks::LockUnpoisoned;
@@ -45,13 +45,7 @@ impl ClusterWorld {
             return;
         }
         self.registered += 1;
-        let behaviour = match self.draws.below(3) {
-            0 => Behaviour::Steady,
-            1 => Behaviour::Flaky,
-            _ => Behaviour::Batch,
-        };
-        let count = 1 + self.draws.below(4) as u32;
-        let id = format!("job-{}", self.registered);
+        let (id, behaviour, count) = draw_job(&mut self.draws, self.registered);
         let Some(server) = self.leader_for(&format!("register {id}")) else {
             return;
         };
@@ -79,16 +73,7 @@ impl ClusterWorld {
 
     /// A job drawn from those acknowledged and not stopped.
     fn some_job(&mut self, services_only: bool) -> Option<String> {
-        let candidates: Vec<_> = self
-            .jobs
-            .iter()
-            .filter(|(_, job)| {
-                !job.stopped && (!services_only || job.behaviour != Behaviour::Batch)
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        let index = self.draws.below(candidates.len() as u64) as usize;
-        candidates.get(index).cloned()
+        draw_running_job(&mut self.draws, &self.jobs, services_only)
     }
 
     fn scale(&mut self) {
@@ -219,17 +204,7 @@ impl ClusterWorld {
         let index = self.draws.below(self.nodes.len() as u64) as usize;
         let heals_after = self.draws.millis(500, 20_000);
         let (name, db) = (self.nodes[index].name.clone(), self.nodes[index].db.clone());
-        db.fail_writes(true);
-        self.trace.record(format!(
-            "disk of {name} fails writes for {} ms",
-            heals_after.as_millis()
-        ));
-        let trace = self.trace.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(heals_after).await;
-            db.fail_writes(false);
-            trace.record(format!("disk of {name} writes again"));
-        });
+        fail_writes_for(db, name, heals_after, &self.trace);
     }
 
     /// An operator drains a node; the drain ends once the faults stop.
