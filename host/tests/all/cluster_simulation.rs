@@ -8,7 +8,10 @@
 //!
 //! `scripts/simulate --cluster` runs a campaign of many more seeds, or replays one.
 
-use crate::simulation::{env_u64, run_campaign};
+use crate::simulation::{
+    assert_each_seed_replays, assert_every_seed_holds, assert_regression_seeds_hold, env_u64,
+    run_campaign,
+};
 use caravan_host::testing::simulation::{ClusterSimConfig, simulate_cluster};
 
 /// How many seeds `./run-tests` runs.
@@ -16,19 +19,10 @@ const SEEDS_PER_TEST_RUN: u64 = 200;
 
 #[test]
 fn every_cluster_invariant_holds_for_two_hundred_seeds() {
-    let mut failed = Vec::new();
-    for seed in 0..SEEDS_PER_TEST_RUN {
-        let outcome = simulate_cluster(&ClusterSimConfig::new(seed));
-        if outcome.violation.is_some() {
-            println!("{outcome}");
-            failed.push(seed);
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {SEEDS_PER_TEST_RUN} seeds broke an invariant: {failed:?} (each printed above; \
-         replay one with `scripts/simulate --cluster --seed S --trace`)",
-        failed.len()
+    assert_every_seed_holds(
+        0..SEEDS_PER_TEST_RUN,
+        "scripts/simulate --cluster --seed S --trace",
+        |seed| simulate_cluster(&ClusterSimConfig::new(seed)),
     );
 }
 
@@ -46,31 +40,19 @@ const REGRESSION_SEEDS: [(u64, &str); 3] = [
 
 #[test]
 fn the_cluster_seeds_that_found_defects_keep_every_invariant() {
-    for (seed, found) in REGRESSION_SEEDS {
-        let outcome = simulate_cluster(&ClusterSimConfig::new(seed));
-        assert!(
-            outcome.violation.is_none(),
-            "seed {seed} (found: {found}):\n{outcome}"
-        );
-    }
+    assert_regression_seeds_hold(&REGRESSION_SEEDS, |seed| {
+        simulate_cluster(&ClusterSimConfig::new(seed))
+    });
 }
 
 #[test]
 fn a_cluster_seed_gives_the_same_trace_every_time() {
-    for seed in (0..30).map(|n| n * 7_919) {
-        let config = ClusterSimConfig {
+    assert_each_seed_replays((0..30).map(|n| n * 7_919), 20, |seed| {
+        simulate_cluster(&ClusterSimConfig {
             keep_trace: true,
             ..ClusterSimConfig::new(seed)
-        };
-        let first = simulate_cluster(&config);
-        let second = simulate_cluster(&config);
-        assert_eq!(
-            (first.trace_hash.as_str(), first.trace_lines),
-            (second.trace_hash.as_str(), second.trace_lines),
-            "seed {seed} gave two traces:\n{first}\n{second}"
-        );
-        assert!(first.trace_lines > 20, "seed {seed} did little:\n{first}");
-    }
+        })
+    });
 }
 
 #[test]

@@ -6,7 +6,10 @@
 //!
 //! `scripts/simulate --leadership` runs a campaign of many more seeds, or replays one.
 
-use crate::simulation::{env_u64, run_campaign};
+use crate::simulation::{
+    assert_each_seed_replays, assert_every_seed_holds, assert_regression_seeds_hold, env_u64,
+    run_campaign,
+};
 use caravan_host::testing::simulation::{LeadershipConfig, simulate_leadership};
 
 /// How many seeds `./run-tests` runs.
@@ -14,19 +17,10 @@ const SEEDS_PER_TEST_RUN: u64 = 300;
 
 #[test]
 fn one_leader_and_no_false_belief_for_three_hundred_seeds() {
-    let mut failed = Vec::new();
-    for seed in 0..SEEDS_PER_TEST_RUN {
-        let outcome = simulate_leadership(&LeadershipConfig::new(seed));
-        if outcome.violation.is_some() {
-            println!("{outcome}");
-            failed.push(seed);
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {SEEDS_PER_TEST_RUN} seeds broke an invariant: {failed:?} (each printed above; \
-         replay one with `scripts/simulate --leadership --seed S --trace`)",
-        failed.len()
+    assert_every_seed_holds(
+        0..SEEDS_PER_TEST_RUN,
+        "scripts/simulate --leadership --seed S --trace",
+        |seed| simulate_leadership(&LeadershipConfig::new(seed)),
     );
 }
 
@@ -43,31 +37,19 @@ const REGRESSION_SEEDS: [(u64, &str); 3] = [
 
 #[test]
 fn the_leadership_seeds_that_found_defects_keep_every_invariant() {
-    for (seed, found) in REGRESSION_SEEDS {
-        let outcome = simulate_leadership(&LeadershipConfig::new(seed));
-        assert!(
-            outcome.violation.is_none(),
-            "seed {seed} (found: {found}):\n{outcome}"
-        );
-    }
+    assert_regression_seeds_hold(&REGRESSION_SEEDS, |seed| {
+        simulate_leadership(&LeadershipConfig::new(seed))
+    });
 }
 
 #[test]
 fn a_leadership_seed_gives_the_same_trace_every_time() {
-    for seed in (0..30).map(|n| n * 7_919) {
-        let config = LeadershipConfig {
+    assert_each_seed_replays((0..30).map(|n| n * 7_919), 10, |seed| {
+        simulate_leadership(&LeadershipConfig {
             keep_trace: true,
             ..LeadershipConfig::new(seed)
-        };
-        let first = simulate_leadership(&config);
-        let second = simulate_leadership(&config);
-        assert_eq!(
-            (first.trace_hash.as_str(), first.trace_lines),
-            (second.trace_hash.as_str(), second.trace_lines),
-            "seed {seed} gave two traces:\n{first}\n{second}"
-        );
-        assert!(first.trace_lines > 10, "seed {seed} did little:\n{first}");
-    }
+        })
+    });
 }
 
 #[test]

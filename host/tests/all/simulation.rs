@@ -18,28 +18,81 @@ pub fn env_u64(name: &str) -> Option<u64> {
     )
 }
 
-/// Runs `seeds`, printing each that broke an invariant with its trace; returns those.
-fn run_seeds(seeds: impl Iterator<Item = u64>) -> Vec<SimOutcome> {
-    let mut failed = Vec::new();
+/// Runs each of `seeds`, printing each that broke an invariant with its trace; then fails
+/// naming them, and how to replay one (`replay`: the command, `S` for the seed).
+pub fn assert_every_seed_holds(
+    seeds: impl Iterator<Item = u64>,
+    replay: &str,
+    simulate: impl Fn(u64) -> SimOutcome,
+) {
+    let (mut ran, mut failed) = (0, Vec::new());
     for seed in seeds {
-        let outcome = simulate(&SimConfig::new(seed));
+        ran += 1;
+        let outcome = simulate(seed);
         if outcome.violation.is_some() {
             println!("{outcome}");
-            failed.push(outcome);
+            failed.push(seed);
         }
     }
-    failed
+    assert!(
+        failed.is_empty(),
+        "{} of {ran} seeds broke an invariant: {failed:?} (each printed above; replay one \
+         with `{replay}`)",
+        failed.len()
+    );
+}
+
+/// Each seed that found a defect (with what it found) keeps every invariant.
+pub fn assert_regression_seeds_hold(seeds: &[(u64, &str)], simulate: impl Fn(u64) -> SimOutcome) {
+    for (seed, found) in seeds {
+        let outcome = simulate(*seed);
+        assert!(
+            outcome.violation.is_none(),
+            "seed {seed} (found: {found}):\n{outcome}"
+        );
+    }
+}
+
+/// Each of `seeds`, run twice keeping its whole trace (`simulate` keeps it), gives the same
+/// trace, of more than `min_lines` lines; where two runs part is shown.
+pub fn assert_each_seed_replays(
+    seeds: impl Iterator<Item = u64>,
+    min_lines: u64,
+    simulate: impl Fn(u64) -> SimOutcome,
+) {
+    for seed in seeds {
+        let first = simulate(seed);
+        let second = simulate(seed);
+        if (&first.trace_hash, first.trace_lines) != (&second.trace_hash, second.trace_lines) {
+            let diverged = first
+                .trace
+                .iter()
+                .zip(&second.trace)
+                .position(|(a, b)| a != b)
+                .unwrap_or(first.trace.len().min(second.trace.len()));
+            let from = diverged.saturating_sub(5);
+            panic!(
+                "seed {seed} gave two traces ({} and {}); they part at line {diverged}:\n\
+                 first run:\n  {}\nsecond run:\n  {}",
+                first.trace_hash,
+                second.trace_hash,
+                first.trace[from..(diverged + 5).min(first.trace.len())].join("\n  "),
+                second.trace[from..(diverged + 5).min(second.trace.len())].join("\n  "),
+            );
+        }
+        assert!(
+            first.trace_lines > min_lines,
+            "seed {seed} did little:\n{first}"
+        );
+    }
 }
 
 #[test]
 fn every_invariant_holds_for_five_hundred_seeds() {
-    let failed = run_seeds(0..SEEDS_PER_TEST_RUN);
-    let seeds: Vec<_> = failed.iter().map(|outcome| outcome.seed).collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {SEEDS_PER_TEST_RUN} seeds broke an invariant: {seeds:?} (each printed above; \
-         replay one with `scripts/simulate --seed S --trace`)",
-        failed.len()
+    assert_every_seed_holds(
+        0..SEEDS_PER_TEST_RUN,
+        "scripts/simulate --seed S --trace",
+        |seed| simulate(&SimConfig::new(seed)),
     );
 }
 
@@ -65,43 +118,17 @@ const REGRESSION_SEEDS: [(u64, &str); 3] = [
 
 #[test]
 fn the_seeds_that_found_defects_keep_every_invariant() {
-    for (seed, found) in REGRESSION_SEEDS {
-        let outcome = simulate(&SimConfig::new(seed));
-        assert!(
-            outcome.violation.is_none(),
-            "seed {seed} (found: {found}):\n{outcome}"
-        );
-    }
+    assert_regression_seeds_hold(&REGRESSION_SEEDS, |seed| simulate(&SimConfig::new(seed)));
 }
 
 #[test]
 fn a_seed_gives_the_same_trace_every_time() {
-    for seed in (0..20).map(|n| n * 7_919) {
-        let config = SimConfig {
+    assert_each_seed_replays((0..20).map(|n| n * 7_919), 20, |seed| {
+        simulate(&SimConfig {
             keep_trace: true,
             ..SimConfig::new(seed)
-        };
-        let first = simulate(&config);
-        let second = simulate(&config);
-        if first.trace_hash != second.trace_hash {
-            let diverged = first
-                .trace
-                .iter()
-                .zip(&second.trace)
-                .position(|(a, b)| a != b)
-                .unwrap_or(first.trace.len().min(second.trace.len()));
-            let from = diverged.saturating_sub(5);
-            panic!(
-                "seed {seed} gave two traces ({} and {}); they part at line {diverged}:\n\
-                 first run:\n  {}\nsecond run:\n  {}",
-                first.trace_hash,
-                second.trace_hash,
-                first.trace[from..(diverged + 5).min(first.trace.len())].join("\n  "),
-                second.trace[from..(diverged + 5).min(second.trace.len())].join("\n  "),
-            );
-        }
-        assert!(first.trace_lines > 20, "{first}");
-    }
+        })
+    });
 }
 
 /// A campaign: `CARAVAN_SIM_SEEDS` seeds from `CARAVAN_SIM_FIRST_SEED` (default 0), or the

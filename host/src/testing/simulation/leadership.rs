@@ -209,16 +209,8 @@ async fn run(config: &LeadershipConfig) -> SimOutcome {
         }
     }
     sweeper.abort();
-    let (trace_hash, trace_lines, lines) = trace.finish();
     let violation = violation.lock_unpoisoned().clone();
-    SimOutcome {
-        seed: config.seed,
-        violation,
-        trace_hash,
-        trace_lines,
-        trace: lines,
-        simulated: trace.elapsed(),
-    }
+    SimOutcome::ended(config.seed, &trace, violation)
 }
 
 /// The fate of each call: lost while its agent is cut off; otherwise, while faults are on,

@@ -124,6 +124,21 @@ pub struct SimOutcome {
     pub simulated: Duration,
 }
 
+impl SimOutcome {
+    /// The outcome of seed `seed`, ending now: its trace finished, and its first violation.
+    fn ended(seed: u64, trace: &Trace, violation: Option<String>) -> SimOutcome {
+        let (trace_hash, trace_lines, lines) = trace.finish();
+        SimOutcome {
+            seed,
+            violation,
+            trace_hash,
+            trace_lines,
+            trace: lines,
+            simulated: trace.elapsed(),
+        }
+    }
+}
+
 impl std::fmt::Display for SimOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.violation {
@@ -254,15 +269,7 @@ impl World {
             world.settle().await;
         }
         sweeper.abort();
-        let (trace_hash, trace_lines, lines) = trace.finish();
-        SimOutcome {
-            seed: config.seed,
-            violation: world.ledger.first_violation(),
-            trace_hash,
-            trace_lines,
-            trace: lines,
-            simulated: trace.elapsed(),
-        }
+        SimOutcome::ended(config.seed, &trace, world.ledger.first_violation())
     }
 
     async fn new(config: &SimConfig, trace: Trace) -> World {

@@ -201,15 +201,7 @@ impl ClusterWorld {
         if world.ledger.first_violation().is_none() {
             world.settle().await;
         }
-        let (trace_hash, trace_lines, lines) = trace.finish();
-        let outcome = SimOutcome {
-            seed: config.seed,
-            violation: world.ledger.first_violation(),
-            trace_hash,
-            trace_lines,
-            trace: lines,
-            simulated: trace.elapsed(),
-        };
+        let outcome = SimOutcome::ended(config.seed, &trace, world.ledger.first_violation());
         // Every process stops as in a crash. Aborted tasks are dropped when the runtime
         // next runs, or when it goes; a scheduler's writer thread then ends on its own, its
         // queue of saves closed (it is not joined).
