@@ -328,6 +328,55 @@ impl State {
         }
     }
 
+    /// What a takeover completes (see `EmbeddedServer::complete_deploys`): each failed,
+    /// unreplaced alloc decided by its job's reschedule policy at the time it failed, then
+    /// each job's missing allocs placed. Returns how many allocs were placed.
+    pub(super) fn complete_takeover(
+        &mut self,
+        reschedule_limit: u32,
+        now_unix_ms: u64,
+        index: u64,
+    ) -> usize {
+        let before = self.allocs.len();
+        // A replacement that landed without its predecessor's mark (a save split over
+        // transactions, cut between them): the mark is made, not a second replacement.
+        let replaced_by_another: BTreeSet<String> = self
+            .allocs
+            .values()
+            .filter_map(|a| Some(a.alloc.reschedule.as_ref()?.previous_alloc_id.clone()))
+            .collect();
+        let failed: Vec<(String, u64)> = self
+            .allocs
+            .values()
+            .filter(|a| {
+                a.client_state
+                    .as_ref()
+                    .is_some_and(|s| s.client_status == ClientStatus::Failed)
+            })
+            .filter(|a| a.alloc.desired_status == DesiredStatus::Run && !a.replaced)
+            .map(|a| {
+                // When it failed, not now: a limit reached stays reached at every
+                // takeover, however much later.
+                let failed_at = reconcile::last_event_unix_ms(a).unwrap_or(now_unix_ms);
+                (a.alloc.id.clone(), failed_at.min(now_unix_ms))
+            })
+            .collect();
+        for (alloc_id, failed_at) in failed {
+            if replaced_by_another.contains(&alloc_id) {
+                if let Some(record) = self.alloc_mut(&alloc_id) {
+                    record.replaced = true;
+                }
+                continue;
+            }
+            self.replace_if_failed(&alloc_id, reschedule_limit, failed_at, index);
+        }
+        let job_ids: Vec<String> = self.jobs.keys().cloned().collect();
+        for job_id in &job_ids {
+            self.fill_missing(job_id, index);
+        }
+        self.allocs.len() - before
+    }
+
     /// Places the allocs `job_id` lacks at a takeover (see
     /// [`reconcile::missing_at_takeover`]). Returns how many.
     pub(super) fn fill_missing(&mut self, job_id: &str, index: u64) -> usize {

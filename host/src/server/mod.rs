@@ -48,7 +48,7 @@ pub use records::{AllocRecord, JobAllocCounts, JobRecord};
 
 use crate::model::jobspec::JobSpec;
 use crate::model::node::NodeInfo;
-use crate::model::structs::{ClientStatus, DesiredStatus};
+use crate::model::structs::ClientStatus;
 use crate::state::{MemoryStateDb, StateDb, StateError, blocking, call_store};
 use crate::util::determinism::HashSet;
 use crate::util::locks::LockUnpoisoned;
@@ -525,46 +525,7 @@ impl EmbeddedServer {
     pub fn complete_deploys(&self) -> Result<usize, RequestError> {
         let reschedule_limit = self.reschedule_limit();
         let now_unix_ms = crate::util::timestamp::unix_ms_now();
-        self.request(|state, index| {
-            let before = state.allocs.len();
-            // A replacement that landed without its predecessor's mark (a save split over
-            // transactions, cut between them): the mark is made, not a second replacement.
-            let replaced_by_another: BTreeSet<String> = state
-                .allocs
-                .values()
-                .filter_map(|a| Some(a.alloc.reschedule.as_ref()?.previous_alloc_id.clone()))
-                .collect();
-            let failed: Vec<(String, u64)> = state
-                .allocs
-                .values()
-                .filter(|a| {
-                    a.client_state
-                        .as_ref()
-                        .is_some_and(|s| s.client_status == ClientStatus::Failed)
-                })
-                .filter(|a| a.alloc.desired_status == DesiredStatus::Run && !a.replaced)
-                .map(|a| {
-                    // When it failed, not now: a limit reached stays reached at every
-                    // takeover, however much later.
-                    let failed_at = reconcile::last_event_unix_ms(a).unwrap_or(now_unix_ms);
-                    (a.alloc.id.clone(), failed_at.min(now_unix_ms))
-                })
-                .collect();
-            for (alloc_id, failed_at) in failed {
-                if replaced_by_another.contains(&alloc_id) {
-                    if let Some(record) = state.alloc_mut(&alloc_id) {
-                        record.replaced = true;
-                    }
-                    continue;
-                }
-                state.replace_if_failed(&alloc_id, reschedule_limit, failed_at, index);
-            }
-            let job_ids: Vec<String> = state.jobs.keys().cloned().collect();
-            for job_id in &job_ids {
-                state.fill_missing(job_id, index);
-            }
-            state.allocs.len() - before
-        })
+        self.request(|state, index| state.complete_takeover(reschedule_limit, now_unix_ms, index))
     }
 
     /// Writes the server's metrics in Prometheus' text format (see `metrics`).
