@@ -8,7 +8,7 @@ use super::super::SimJob;
 use super::super::actions::{draw_job, draw_running_job, fail_writes_for, job_spec};
 use super::super::runner::CurrentServer;
 use super::{ClusterWorld, TTL};
-use crate::server::{DrainRequest, EmbeddedServer};
+use crate::server::{DrainRequest, EmbeddedServer, RequestError};
 use crate::util::locks::LockUnpoisoned;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,23 +49,40 @@ impl ClusterWorld {
         let Some(server) = self.leader_for(&format!("register {id}")) else {
             return;
         };
-        match server.register_job(job_spec(&id, behaviour, count)) {
-            Ok(registration) => {
-                self.trace.record(format!(
-                    "register {id} ({}, count {count}): {} placed",
-                    behaviour.name(),
-                    registration.placed.len()
-                ));
-                let job = SimJob {
-                    behaviour,
-                    count,
-                    stopped: false,
-                };
-                self.jobs.insert(id.clone(), job);
+        let answer = server.register_job(job_spec(&id, behaviour, count));
+        self.answered(id, "register", answer, |world, id, registration| {
+            let job = SimJob {
+                behaviour,
+                count,
+                stopped: false,
+            };
+            world.jobs.insert(id.to_string(), job);
+            format!(
+                "register {id} ({}, count {count}): {} placed",
+                behaviour.name(),
+                registration.placed.len()
+            )
+        });
+    }
+
+    /// Records how an operator's change of job `id` went: acknowledged (`acknowledged`
+    /// makes it in what the simulation believes, and says it for the trace), or failed,
+    /// which leaves the job unknown: the change may have landed all the same.
+    fn answered<T>(
+        &mut self,
+        id: String,
+        what: &str,
+        answer: Result<T, RequestError>,
+        acknowledged: impl FnOnce(&mut Self, &str, T) -> String,
+    ) {
+        match answer {
+            Ok(value) => {
+                let line = acknowledged(self, &id, value);
+                self.trace.record(line);
                 self.unknown.remove(&id);
             }
             Err(error) => {
-                self.trace.record(format!("register {id} failed: {error}"));
+                self.trace.record(format!("{what} {id} failed: {error}"));
                 self.unknown.insert(id);
             }
         }
@@ -84,19 +101,13 @@ impl ClusterWorld {
         let Some(server) = self.leader_for(&format!("scale {id}")) else {
             return;
         };
-        match server.scale_job(&id, count) {
-            Ok(_) => {
-                self.trace.record(format!("scale {id} to {count}"));
-                if let Some(job) = self.jobs.get_mut(&id) {
-                    job.count = count;
-                }
-                self.unknown.remove(&id);
+        let answer = server.scale_job(&id, count);
+        self.answered(id, "scale", answer, |world, id, _| {
+            if let Some(job) = world.jobs.get_mut(id) {
+                job.count = count;
             }
-            Err(error) => {
-                self.trace.record(format!("scale {id} failed: {error}"));
-                self.unknown.insert(id);
-            }
-        }
+            format!("scale {id} to {count}")
+        });
     }
 
     fn stop(&mut self) {
@@ -107,22 +118,13 @@ impl ClusterWorld {
         let Some(server) = self.leader_for(&format!("stop {id}")) else {
             return;
         };
-        match server.stop_job(&id, purge) {
-            Ok(stopped) => {
-                self.trace.record(format!(
-                    "stop {id} (purge {purge}): {} allocs",
-                    stopped.len()
-                ));
-                if let Some(job) = self.jobs.get_mut(&id) {
-                    job.stopped = true;
-                }
-                self.unknown.remove(&id);
+        let answer = server.stop_job(&id, purge);
+        self.answered(id, "stop", answer, |world, id, stopped| {
+            if let Some(job) = world.jobs.get_mut(id) {
+                job.stopped = true;
             }
-            Err(error) => {
-                self.trace.record(format!("stop {id} failed: {error}"));
-                self.unknown.insert(id);
-            }
-        }
+            format!("stop {id} (purge {purge}): {} allocs", stopped.len())
+        });
     }
 
     fn collect_garbage(&mut self) {
