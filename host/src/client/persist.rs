@@ -16,9 +16,12 @@
 //!   backoff; the waiters of that commit are told their write is not saved yet. (Waiters
 //!   queued during the backoff wait for the retry.)
 //!
-//! Commits run on the persister's own task, one at a time. Within a commit, alloc records,
-//! collection marks and deletes keep the order they were asked in, and come before states,
-//! acknowledgements and checkpoints (which saving and deleting keep consistent with them).
+//! Commits run on the persister's own task, one at a time. A store may ask for each commit
+//! to take a while on tokio's clock ([`StateDb::commit_delay`]: a simulated slow disk); the
+//! batch is in flight meanwhile, and what is asked queues for the next commit. Within a
+//! commit, alloc records, collection marks and deletes keep the order they were asked in,
+//! and come before states, acknowledgements and checkpoints (which saving and deleting keep
+//! consistent with them).
 //!
 //! What this may not touch: runners, the server, the alloc map; it hears states and hands
 //! them back through `on_saved` only.
@@ -234,7 +237,7 @@ impl Persister {
         let mut failures = 0u32;
         loop {
             self.wake.notified().await;
-            match self.commit_once(&on_saved) {
+            match self.commit_once(&on_saved).await {
                 Ok(()) => failures = 0,
                 Err(error) => {
                     failures += 1;
@@ -248,7 +251,7 @@ impl Persister {
     }
 
     /// Commits everything queued in one batch.
-    fn commit_once(&self, on_saved: &OnSaved) -> Result<(), StateError> {
+    async fn commit_once(&self, on_saved: &OnSaved) -> Result<(), StateError> {
         let (batch, states, waiters) = {
             let mut queue = self.lock();
             let structural = std::mem::take(&mut queue.structural);
@@ -271,6 +274,10 @@ impl Persister {
                 let _ = waiter.send(Ok(()));
             }
             return Ok(());
+        }
+        let delay = self.db.commit_delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
         let writes = batch.writes(&states);
         let count = writes.len();

@@ -13,6 +13,7 @@ pub struct FaultyStateDb {
     fail_writes: AtomicBool,
     fail_reads: AtomicBool,
     failed_writes: AtomicU64,
+    commit_delay_ms: AtomicU64,
 }
 
 impl FaultyStateDb {
@@ -23,12 +24,20 @@ impl FaultyStateDb {
             fail_writes: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
             failed_writes: AtomicU64::new(0),
+            commit_delay_ms: AtomicU64::new(0),
         }
     }
 
     /// Makes every later batch fail (`true`) or pass again (`false`).
     pub fn fail_writes(&self, fail: bool) {
         self.fail_writes.store(fail, Ordering::SeqCst);
+    }
+
+    /// Makes every later commit of a client's persister take `delay` on tokio's clock (see
+    /// [`StateDb::commit_delay`]); zero: no delay, as before.
+    pub fn slow_commits(&self, delay: std::time::Duration) {
+        let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.commit_delay_ms.store(millis, Ordering::SeqCst);
     }
 
     /// Makes every later read fail (`true`) or pass again (`false`).
@@ -74,5 +83,9 @@ impl StateDb for FaultyStateDb {
 
     fn waits_on_io(&self) -> bool {
         self.inner.waits_on_io()
+    }
+
+    fn commit_delay(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.commit_delay_ms.load(Ordering::SeqCst))
     }
 }

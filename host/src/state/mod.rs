@@ -190,6 +190,15 @@ pub trait StateDb: Send + Sync + 'static {
     fn waits_on_io(&self) -> bool {
         true
     }
+
+    /// How long a commit of the client's persister takes on tokio's clock before it is
+    /// applied: zero for every real store, whose commits take their time inside
+    /// [`apply`](StateDb::apply). A store standing in for a slow disk in a simulation, where
+    /// `apply` takes no time, returns one; the persister holds the batch in flight that long
+    /// while the client's other tasks go on, as they do beside a real slow commit.
+    fn commit_delay(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// The tables rows live in. One row is (table, key) -> value ([`RowValue`]: bytes, or a record
