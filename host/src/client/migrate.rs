@@ -160,6 +160,12 @@ impl ClientInner {
         true
     }
 
+    /// The newest version the server sent of an alloc moved here whose runner is not
+    /// started yet.
+    pub(super) fn arriving_version(&self, alloc_id: &str) -> Option<Arc<Alloc>> {
+        self.arriving.lock_unpoisoned().get(alloc_id).cloned()
+    }
+
     /// Whether a terminal alloc is kept from collection for its replacement (see
     /// [`Leaving`]).
     pub(super) fn holds_for_its_replacement(&self, alloc_id: &str) -> bool {
@@ -206,6 +212,13 @@ impl ClientInner {
         };
         let deadline = tokio::time::Instant::now() + FETCH_PATIENCE;
         let checkpoint = loop {
+            if self
+                .arriving_version(&alloc.id)
+                .is_some_and(|newest| newest.desired_status.is_stop())
+            {
+                tracing::info!(alloc_id = %alloc.id, "stopped while its checkpoint was fetched: it will not run");
+                return None;
+            }
             match source(previous.clone()).await {
                 Ok(checkpoint) => break checkpoint,
                 Err(CheckpointFetch::Gone(why)) => {

@@ -45,7 +45,7 @@ use crate::model::node::NodeInfo;
 use crate::model::structs::{Alloc, AllocState, ClientStatus, Limits};
 use crate::rpc::ServerApi;
 use crate::state::{MemoryStateDb, StateDb};
-use crate::util::determinism::{HashMap, HashSet};
+use crate::util::determinism::HashMap;
 use crate::util::locks::LockUnpoisoned;
 use gc::{GarbageCollector, GcConfig, GcError, StatsSource};
 use metrics::{Metrics, MetricsSnapshot};
@@ -118,8 +118,9 @@ struct ClientInner {
     /// Allocs evicted to move elsewhere, whose final checkpoint this node serves once they
     /// stopped (see `migrate`).
     moved: Mutex<HashMap<String, migrate::Leaving>>,
-    /// Allocs moved here whose checkpoint is being fetched: their runner starts after.
-    arriving: Mutex<HashSet<String>>,
+    /// Allocs moved here whose checkpoint is being fetched, each at the newest version the
+    /// server sent: their runner starts after, as that version says (`runners`).
+    arriving: Mutex<HashMap<String, Arc<Alloc>>>,
 }
 
 impl Drop for ClientInner {

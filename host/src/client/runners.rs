@@ -9,6 +9,7 @@ use crate::allocrunner::{
 };
 use crate::model::structs::{Alloc, AllocState, DesiredStatus};
 use crate::util::locks::LockUnpoisoned;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Weak};
 
 /// What the runner of an alloc restored after a restart starts from.
@@ -47,18 +48,30 @@ impl ClientInner {
                 {
                     // Until its runner is in the map, each watch answer names it as new:
                     // one fetch for it, not one per answer.
-                    if self.runners_lock().contains_key(&alloc.id)
-                        || !self.arriving.lock_unpoisoned().insert(alloc.id.clone())
-                    {
+                    if self.runners_lock().contains_key(&alloc.id) {
                         continue;
                     }
+                    match self.arriving.lock_unpoisoned().entry(alloc.id.clone()) {
+                        Entry::Occupied(_) => continue,
+                        Entry::Vacant(slot) => slot.insert(alloc.clone()),
+                    };
                     let (client, alloc, previous) = (self.clone(), alloc.clone(), previous.clone());
                     let arriving = tokio::spawn(async move {
                         let checkpoint = client.arriving_checkpoint(&alloc, &previous).await;
-                        let mut config = client.runner_config(&alloc, None);
+                        // The server may have changed it meanwhile (stopped it, say): the
+                        // runner starts as the newest version says, and a version newer
+                        // still, sent while the runner was built, reaches it once it is in
+                        // the map, where later answers find it.
+                        let newest = client.arriving_version(&alloc.id).unwrap_or(alloc);
+                        let mut config = client.runner_config(&newest, None);
                         config.restored = checkpoint;
                         client.start_built(vec![config]).await;
-                        client.arriving.lock_unpoisoned().remove(&alloc.id);
+                        let last = client.arriving.lock_unpoisoned().remove(&newest.id);
+                        if let Some(last) =
+                            last.filter(|last| last.modify_index > newest.modify_index)
+                        {
+                            client.update_alloc(last);
+                        }
                     });
                     let mut tasks = self.tasks.lock_unpoisoned();
                     tasks.retain(|task| !task.is_finished());

@@ -121,13 +121,38 @@ impl ClientInner {
                 updated.push(alloc);
             }
         }
-        // The fetch took a while: an alloc an earlier answer added (one moved here from a
-        // drained node starts on a task of its own) may have its runner by now, or be about
-        // to. Saving it again is harmless, but failing it when that save fails would report
-        // a running alloc failed, and the GC would destroy it.
+        // The fetch took a while: an alloc an earlier answer added may have its runner by
+        // now (one moved here from a drained node starts on a task of its own), or be about
+        // to. It is not added again: failing it when that second save fails would report a
+        // running alloc failed, and the GC would destroy it. A newer version of it still
+        // counts: one still arriving keeps it for its runner to start with (see `runners`),
+        // one whose runner started since gets it as an update. Dropped, a stop sent
+        // meanwhile would reach the runner only with a later answer.
+        let (mut arrived_newer, mut started_since) = (Vec::new(), Vec::new());
         {
-            let (runners, arriving) = (self.runners_lock(), self.arriving.lock_unpoisoned());
-            added.retain(|alloc| !runners.contains_key(&alloc.id) && !arriving.contains(&alloc.id));
+            let (runners, mut arriving) = (self.runners_lock(), self.arriving.lock_unpoisoned());
+            added.retain(|alloc| {
+                if let Some(known) = arriving.get_mut(&alloc.id) {
+                    if alloc.modify_index > known.modify_index {
+                        *known = alloc.clone();
+                        arrived_newer.push(alloc.clone());
+                    }
+                    return false;
+                }
+                let Some(runner) = runners.get(&alloc.id) else {
+                    return true;
+                };
+                started_since.push((alloc.clone(), runner.clone()));
+                false
+            });
+        }
+        for alloc in arrived_newer {
+            self.persister.save_alloc_update(alloc);
+        }
+        for (alloc, runner) in started_since {
+            if alloc.modify_index > runner.alloc().modify_index {
+                updated.push(alloc);
+            }
         }
         // New allocs are on disk before any runner is built: one commit for the lot.
         let (valid, invalid): (Vec<_>, Vec<_>) = added
@@ -137,8 +162,17 @@ impl ClientInner {
             let reason = check_alloc_id(&alloc.id).unwrap_err();
             self.fail_alloc(alloc.clone(), &alloc_span(&alloc), reason);
         }
-        // An answer with nothing new waits on no commit: updates and removals are queued
-        // behind whatever the persister holds, in order, without it.
+        // Updates and removals wait on no commit: they are queued behind whatever the
+        // persister holds, in order, and reach the runners at once. They go before the new
+        // allocs' commit, which a failing disk holds through the persister's backoff: a stop
+        // that waited for it would keep its alloc running that much longer.
+        for alloc in updated {
+            self.persister.save_alloc_update(alloc.clone());
+            self.update_alloc(alloc);
+        }
+        for alloc_id in &diff.removed {
+            self.remove_alloc(alloc_id);
+        }
         if !valid.is_empty() {
             match self.persister.save_allocs(&valid).await {
                 Ok(()) => self.add_allocs(&valid).await,
@@ -149,13 +183,6 @@ impl ClientInner {
                     }
                 }
             }
-        }
-        for alloc in updated {
-            self.persister.save_alloc_update(alloc.clone());
-            self.update_alloc(alloc);
-        }
-        for alloc_id in &diff.removed {
-            self.remove_alloc(alloc_id);
         }
         if !diff.added.is_empty() || !diff.updated.is_empty() || !diff.removed.is_empty() {
             self.gc.trigger();

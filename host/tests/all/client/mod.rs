@@ -4,6 +4,7 @@
 
 mod alloc_map;
 mod gc;
+mod stops;
 
 use crate::support::*;
 use caravan_host::allocrunner::{AllocRunner, AllocRunnerFactory, EmptyAllocRunner};

@@ -1,0 +1,238 @@
+//! A stop reaches its runner as soon as the client has it in hand: not after a commit of
+//! new allocs that a failing disk holds up, and not after an alloc moved here from a drained
+//! node has fetched its checkpoint and started. Each was found by the simulation, whose
+//! check is that no alloc runs longer than its kill timeout once its node received its stop.
+
+use super::*;
+use caravan_host::client::migrate::{CheckpointFetch, CheckpointSource};
+use caravan_host::model::structs::{DesiredStatus, PreviousAlloc};
+use caravan_host::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
+use caravan_host::state::MemoryStateDb;
+use caravan_host::testing::FaultyStateDb;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// An alloc moved here from `node-2`, to start from its predecessor's checkpoint.
+fn moved_here() -> Alloc {
+    Alloc {
+        previous_alloc: Some(PreviousAlloc {
+            alloc_id: "drained-away".into(),
+            node_id: "node-2".into(),
+            checkpoint: true,
+        }),
+        ..alloc("native", &["main"], &[])
+    }
+}
+
+/// `alloc` as the server has it once stopped: the next version, desired status stop.
+fn stopped(alloc: &Alloc) -> Alloc {
+    Alloc {
+        desired_status: DesiredStatus::Stop,
+        modify_index: alloc.modify_index + 1,
+        ..alloc.clone()
+    }
+}
+
+fn client_on(server: Arc<dyn ServerApi>, disk: Arc<FaultyStateDb>) -> Client {
+    let mut config = ClientConfig::new(NODE, own_data_dir());
+    config.gc = gc_config(0, 2);
+    Client::with_state(
+        config,
+        server,
+        empty_factory(),
+        Arc::new(FakeStats::default()),
+        disk,
+    )
+}
+
+fn memory_disk() -> Arc<FaultyStateDb> {
+    Arc::new(FaultyStateDb::new(Arc::new(MemoryStateDb::new())))
+}
+
+/// Whether the server ever heard `alloc_id` running.
+fn ever_reported_running(server: &InMemoryServer, alloc_id: &str) -> bool {
+    server.update_batches().iter().flatten().any(|update| {
+        update.alloc_id == alloc_id && update.state.client_status == ClientStatus::Running
+    })
+}
+
+/// Found by the simulation (seed 66): the server stopped an alloc moved here while its
+/// checkpoint was still being fetched; the client dropped that version, and the runner
+/// started as the alloc arrived and ran until a later answer (as late as the watch's wait,
+/// five minutes by default) said it again.
+#[tokio::test(start_paused = true)]
+async fn an_alloc_stopped_while_its_checkpoint_is_fetched_never_runs() {
+    let _logs = LogCapture::start();
+    let server = InMemoryServer::new();
+    let moved = moved_here();
+    server.place(NODE, moved.clone());
+    let asks = Arc::new(AtomicU32::new(0));
+    let counted = asks.clone();
+    let never_ready: CheckpointSource = Arc::new(move |_previous| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(CheckpointFetch::NotYet("still shutting down".into())) })
+    });
+    let client = client_on(server.clone(), memory_disk());
+    client.fetch_checkpoints_from(never_ready);
+    client.start();
+
+    eventually("the first ask for its checkpoint", || {
+        asks.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    server.place(NODE, stopped(&moved));
+    // Past the client's patience with a checkpoint (a minute): by then it started, one way
+    // or the other.
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    let runner = client.runner(&moved.id).expect("its runner, built");
+    assert!(
+        runner.alloc().desired_status.is_stop(),
+        "its runner was built from the version it arrived with, not the stop"
+    );
+    assert!(
+        !ever_reported_running(&server, &moved.id),
+        "an alloc stopped before it started ran"
+    );
+}
+
+/// A server whose fetch of the stopped version of one alloc waits, before it answers, until
+/// `runner_started` says that alloc's runner is in the client's map: the window in which an
+/// answer's diff, made before that runner started, names the alloc as new.
+struct FetchOutlivesTheStart {
+    inner: Arc<InMemoryServer>,
+    alloc_id: String,
+    release_checkpoint: Arc<Notify>,
+    client: OnceLock<Client>,
+    held: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl ServerApi for FetchOutlivesTheStart {
+    async fn register_node(
+        &self,
+        node_id: &str,
+        info: &caravan_host::model::node::NodeInfo,
+    ) -> Result<(), ServerError> {
+        self.inner.register_node(node_id, info).await
+    }
+
+    async fn watch_allocs(
+        &self,
+        node_id: &str,
+        min_index: u64,
+        wait: Duration,
+    ) -> Result<NodeAllocs, ServerError> {
+        self.inner.watch_allocs(node_id, min_index, wait).await
+    }
+
+    async fn get_allocs(&self, ids: &[String]) -> Result<Vec<Arc<Alloc>>, ServerError> {
+        let stop_fetched = ids.contains(&self.alloc_id)
+            && self
+                .inner
+                .alloc(&self.alloc_id)
+                .is_some_and(|alloc| alloc.desired_status.is_stop());
+        if stop_fetched && !self.held.swap(true, Ordering::SeqCst) {
+            self.release_checkpoint.notify_one();
+            let client = self.client.get().expect("the client, set before it starts");
+            eventually("the moved alloc's runner to start", || {
+                client.runner(&self.alloc_id).is_some()
+            })
+            .await;
+        }
+        self.inner.get_allocs(ids).await
+    }
+
+    async fn update_allocs(&self, updates: &[AllocUpdate]) -> Result<Vec<String>, ServerError> {
+        self.inner.update_allocs(updates).await
+    }
+}
+
+/// Found by the simulation (seed 683): an answer named a moved alloc as new (its runner was
+/// not started when the answer was compared), and by the time the fetch of its stopped
+/// version came back the runner had started; the client dropped that version as a
+/// duplicate add, and the runner ran on until a later answer said it again.
+#[tokio::test(start_paused = true)]
+async fn a_stop_fetched_while_a_moved_alloc_starts_reaches_its_runner() {
+    let _logs = LogCapture::start();
+    let inner = InMemoryServer::new();
+    let moved = moved_here();
+    inner.place(NODE, moved.clone());
+    let release_checkpoint = Arc::new(Notify::new());
+    let server = Arc::new(FetchOutlivesTheStart {
+        inner: inner.clone(),
+        alloc_id: moved.id.clone(),
+        release_checkpoint: release_checkpoint.clone(),
+        client: OnceLock::new(),
+        held: AtomicBool::new(false),
+    });
+    let asks = Arc::new(AtomicU32::new(0));
+    let counted = asks.clone();
+    let released_once_asked: CheckpointSource = Arc::new(move |_previous| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let release = release_checkpoint.clone();
+        Box::pin(async move {
+            release.notified().await;
+            Ok(None)
+        })
+    });
+    let client = client_on(server.clone(), memory_disk());
+    client.fetch_checkpoints_from(released_once_asked);
+    let _ = server.client.set(client.clone());
+    client.start();
+
+    eventually("the ask for its checkpoint", || {
+        asks.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    inner.place(NODE, stopped(&moved));
+    eventually("its runner, started", || client.runner(&moved.id).is_some()).await;
+    // Far less than the watch's wait: no later answer repeats the stop meanwhile.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let runner = client.runner(&moved.id).expect("its runner");
+    assert!(
+        runner.alloc().desired_status.is_stop(),
+        "the stop fetched while its runner started never reached it"
+    );
+    assert!(
+        runner.alloc_state().client_status.is_terminal(),
+        "still {:?} 10 s after the stop was fetched",
+        runner.alloc_state().client_status
+    );
+}
+
+/// Found by the simulation (seed 282): an answer with a stop for a running alloc and a new
+/// alloc applied the stop only after the new alloc's commit, which a failing disk held
+/// through the persister's backoff (up to 10 s): the stopped alloc ran that much longer.
+#[tokio::test(start_paused = true)]
+async fn a_stop_does_not_wait_for_a_new_allocs_commit_on_a_failing_disk() {
+    let _logs = LogCapture::start();
+    let server = InMemoryServer::new();
+    let running = alloc("native", &["main"], &[]);
+    server.place(NODE, running.clone());
+    let disk = memory_disk();
+    let client = client_on(server.clone(), disk.clone());
+    client.start();
+    eventually("the first alloc running", || {
+        client
+            .alloc_state(&running.id)
+            .is_some_and(|state| state.client_status == ClientStatus::Running)
+    })
+    .await;
+
+    // The disk fails, and keeps failing a commit (another alloc's, refused) long enough for
+    // the persister's backoff to reach its cap.
+    disk.fail_writes(true);
+    server.place(NODE, alloc("native", &["main"], &[]));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let newcomer = alloc("native", &["main"], &[]);
+    server.place_many(NODE, [stopped(&running), newcomer]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let state = client.alloc_state(&running.id).expect("its state");
+    assert!(
+        state.client_status.is_terminal(),
+        "the stop waited behind the new alloc's commit: still {:?} 500 ms after the answer",
+        state.client_status
+    );
+}
