@@ -98,8 +98,9 @@ fn every_invariant_holds_for_five_hundred_seeds() {
 
 /// Seeds that found a defect, each fixed since: they run as they are in every test run. The
 /// simulation may change under them and leave a seed testing something else, so each
-/// defect has a test of its own too (in `server::intake::tests` and `client::alloc_map`).
-const REGRESSION_SEEDS: [(u64, &str); 3] = [
+/// defect has a test of its own too (in `server::intake::tests`, `client::alloc_map` and
+/// `client::stops`).
+const REGRESSION_SEEDS: [(u64, &str); 6] = [
     (
         84,
         "a scale refused on a failing disk landed with the next change",
@@ -113,6 +114,20 @@ const REGRESSION_SEEDS: [(u64, &str); 3] = [
         1_156,
         "a node taken down before a server restart came back, unknown, as saying nothing of \
          itself",
+    ),
+    (
+        66,
+        "an alloc moved off a drained node, stopped while it fetched its checkpoint, started \
+         as it arrived and ran on",
+    ),
+    (
+        282,
+        "a stop waited behind a new alloc's commit, which a failing disk held through the \
+         persister's backoff",
+    ),
+    (
+        683,
+        "a stop fetched while a moved alloc's runner started was dropped as a duplicate add",
     ),
 ];
 
@@ -194,6 +209,12 @@ fn each_planted_defect_is_caught() {
         (Sabotage::CountCheckOneTooLow, "past its count"),
         (Sabotage::RestoredRunnersForgetTheyFinished, "ran again"),
         (Sabotage::DestroyBoundOneTooLow, "destroys at once"),
+        (Sabotage::KillTimeoutNotEnforced, "past its kill timeout"),
+        (
+            Sabotage::RestoredRunnersLoseTheirCheckpoint,
+            "without checkpoint",
+        ),
+        (Sabotage::MovedAllocsStartOneCheckpointBack, "not at least"),
     ];
     for (sabotage, breaks) in expected {
         let caught = (0..100).find_map(|seed| {

@@ -4,10 +4,10 @@
 //! disk that refuses writes).
 
 use super::runner::{BEHAVIOUR_META, Behaviour};
-use super::trace::{Draws, Trace};
+use super::trace::{Draws, Trace, fnv1a};
 use super::{MAX_JOBS, SimJob, World};
 use crate::model::jobspec::{JobSpec, JobType};
-use crate::model::structs::Task;
+use crate::model::structs::{LimitOverrides, Task};
 use crate::server::{DrainRequest, EmbeddedServer};
 use crate::state::FaultyStateDb;
 use std::collections::BTreeMap;
@@ -116,6 +116,7 @@ impl World {
         let node = &mut self.nodes[index];
         node.process.kill();
         self.ledger.crashed(&node.name, &node.process.name);
+        self.peers.down(&node.name);
         if let Some(client) = node.client.take() {
             client.halt();
         }
@@ -157,16 +158,21 @@ impl World {
         });
     }
 
-    /// A disk fails every write for a while, as a full one does: a node's (its client
-    /// cannot save states, checkpoints or new allocs) or the server's (it refuses changes).
+    /// A disk misbehaves for a while: a node's (see [`node_disk_fault`]), or the server's,
+    /// which fails every write, as a full one does (it refuses changes).
     fn fail_disk(&mut self) {
         let which = self.draws.below(self.nodes.len() as u64 + 1) as usize;
-        let heals_after = self.draws.millis(500, 20_000);
-        let (name, db) = match self.nodes.get(which) {
-            Some(node) => (node.name.clone(), node.db.clone()),
-            None => ("the server".to_string(), self.server_db.clone()),
-        };
-        fail_writes_for(db, name, heals_after, &self.trace);
+        match self.nodes.get(which) {
+            Some(node) => {
+                let (db, name) = (node.db.clone(), node.name.clone());
+                node_disk_fault(&mut self.draws, db, name, &self.trace);
+            }
+            None => {
+                let heals_after = self.draws.millis(500, 20_000);
+                let db = self.server_db.clone();
+                fail_writes_for(db, "the server".into(), heals_after, &self.trace);
+            }
+        }
     }
 
     /// An operator drains a node (its allocs move elsewhere, by a deadline or not), and
@@ -242,7 +248,10 @@ pub(super) fn job_spec(id: &str, behaviour: Behaviour, count: u32) -> JobSpec {
         count,
         runner: "simulated.wasm".into(),
         runner_sha256: None,
-        limits: Default::default(),
+        limits: LimitOverrides {
+            kill_timeout: Some(kill_timeout_of(id)),
+            ..LimitOverrides::default()
+        },
         tasks: vec![Task::named("main")],
         meta: vec![(BEHAVIOUR_META.into(), behaviour.name().into())],
         capabilities: Default::default(),
@@ -254,6 +263,13 @@ pub(super) fn job_spec(id: &str, behaviour: Behaviour, count: u32) -> JobSpec {
         migrate: Default::default(),
         disconnect: None,
     }
+}
+
+/// Job `id`'s kill timeout, drawn from its id: at once, half a second, two seconds, or
+/// Nomad's default of five. Runners take up to two seconds to stop, and some never do.
+fn kill_timeout_of(id: &str) -> Duration {
+    const CHOICES_MS: [u64; 4] = [0, 500, 2_000, 5_000];
+    Duration::from_millis(CHOICES_MS[(fnv1a(id.as_bytes()) % 4) as usize])
 }
 
 /// The next job to register, drawn from the seed: its id (the `number`th), its runners'
@@ -284,6 +300,36 @@ pub(super) fn draw_running_job(
         .collect();
     let index = draws.below(candidates.len() as u64) as usize;
     candidates.get(index).cloned()
+}
+
+/// `db`, the disk of node `name`, misbehaves for a while, drawn from the seed: it fails every
+/// write, as a full one does (its client cannot save states, checkpoints or new allocs), or
+/// each commit of its client takes up to two seconds, as on a slow or saturated disk (its
+/// client's other tasks go on meanwhile, and writes queue behind the commit).
+pub(super) fn node_disk_fault(
+    draws: &mut Draws,
+    db: Arc<FaultyStateDb>,
+    name: String,
+    trace: &Trace,
+) {
+    let heals_after = draws.millis(500, 20_000);
+    if draws.percent(50) {
+        fail_writes_for(db, name, heals_after, trace);
+        return;
+    }
+    let delay = draws.millis(10, 2_000);
+    db.slow_commits(delay);
+    trace.record(format!(
+        "disk of {name} takes {} ms a commit for {} ms",
+        delay.as_millis(),
+        heals_after.as_millis()
+    ));
+    let trace = trace.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(heals_after).await;
+        db.slow_commits(Duration::ZERO);
+        trace.record(format!("disk of {name} is quick again"));
+    });
 }
 
 /// `db`, the disk of `name`, fails every write for `heals_after`, as a full one does.

@@ -24,7 +24,7 @@ pub(super) struct ServerSlot {
     restarted: Notify,
 }
 
-impl super::runner::CurrentServer for ServerSlot {
+impl super::ledger::CurrentServer for ServerSlot {
     fn current(&self) -> Option<Arc<EmbeddedServer>> {
         Some(self.server())
     }
@@ -140,7 +140,7 @@ impl Link {
         }
     }
 
-    fn is_cut(&self) -> bool {
+    pub(super) fn is_cut(&self) -> bool {
         self.partitioned.load(Ordering::SeqCst)
     }
 

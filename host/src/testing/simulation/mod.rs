@@ -1,8 +1,10 @@
 //! A deterministic simulation of the control plane in one thread on tokio's paused clock:
 //! the real embedded server (intake, placement, reconcile, replacement, node liveness, GC)
-//! and real client cores (watch, sync, restore, GC) whose runners are scripted from a seed,
-//! joined by wires that lose, delay and duplicate what crosses them, with operators (drains
-//! included), crashes, partitions and failing disks in between. Every choice is drawn from
+//! and real client cores (watch, sync, restore, GC, checkpoints moved with drained allocs)
+//! whose runners are scripted from a seed (they run, finish, fail, checkpoint, and some hang
+//! past their kill timeout), joined by wires that lose, delay and duplicate what crosses
+//! them, with operators (drains included), crashes, partitions and failing or slow disks in
+//! between. Every choice is drawn from
 //! the seed, and what the host itself draws (ids, jitter, the wall clock, hash map order, the
 //! blocking pool) is the simulation's while it runs (`util::determinism`), so one seed always
 //! gives one trace.
@@ -14,6 +16,13 @@
 //!   runs again from its checkpoint, as `docs/operating.md` says);
 //! - a job never has more allocs running than its count, counting those its server still
 //!   wants running and does not hold lost;
+//! - no alloc runs longer than its kill timeout once the node process running it received
+//!   its stop, so an alloc and its replacement never both run longer than that once the node
+//!   knows (how soon it knows is its wire's);
+//! - a runner restored after a crash starts from at least the last checkpoint it was told is
+//!   kept, of its own line; an alloc moved off a drained node starts from its predecessor's
+//!   last such checkpoint (or afresh, when that cannot be had), never an older one, and never
+//!   while its predecessor still runs;
 //! - the GC destroys no alloc its server wants running, and never more at once on a node than
 //!   `gc_parallel_destroys`;
 //! - every job change the server acknowledged is there, after a server restart too, and no
@@ -25,15 +34,16 @@
 //!   a bounded simulated time, and nothing of a stopped job runs.
 //!
 //! Layout: `actions` (what operators and faults do between checks), `link` (the faulty
-//! wire), `runner` (the scripted runners and the ledger of what ran), `trace`.
+//! wire), `runner` (the scripted runners), `ledger` (the ground truth of what ran, and the
+//! checks made against it), `peers` (how nodes fetch each other's checkpoints), `trace`.
 //!
 //! Two more simulations stand beside it, over the simulated etcd: `leadership` (the
 //! cluster's membership and leader election, real `Member`s, checked every 50 ms) and
 //! `cluster` (cluster mode whole: agents electing a leader that schedules on etcd, nodes
 //! talking through `EtcdServerApi`, with the same runners and ledger as here).
 //!
-//! Not simulated yet: slow state commits, checkpoints moved with drained allocs, a save to
-//! etcd that takes simulated time; `docs/testing.md` lists them.
+//! Not simulated yet: a save to the server's store or to etcd that takes simulated time (a
+//! client's commits do, on a slow disk); `docs/testing.md` lists what else is not.
 //!
 //! Test-only, with the rest of `testing`: it drives the server and the client through their
 //! public seams and changes neither. A crash is [`Client::halt`] and the runners' process
@@ -43,7 +53,9 @@
 mod actions;
 mod cluster;
 mod leadership;
+mod ledger;
 mod link;
+mod peers;
 mod runner;
 mod trace;
 
@@ -54,8 +66,10 @@ use crate::model::structs::{ClientStatus, DesiredStatus};
 use crate::server::{EmbeddedServer, ServerConfig};
 use crate::state::{FaultyStateDb, MemoryStateDb, StateDb};
 use actions::end_drain;
+use ledger::{Ledger, Observed, Process};
 use link::{Link, ServerSlot};
-use runner::{Behaviour, Ledger, Process};
+use peers::Peers;
+use runner::Behaviour;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,6 +106,14 @@ pub enum Sabotage {
     DestroyBoundOneTooLow,
     /// The check of a job's count takes one fewer than the job's.
     CountCheckOneTooLow,
+    /// A runner's host side never tears down a guest that ignores a stop: the kill timeout
+    /// is not enforced.
+    KillTimeoutNotEnforced,
+    /// A runner restored after a crash is not given its checkpoint.
+    RestoredRunnersLoseTheirCheckpoint,
+    /// An alloc moved off a drained node starts from the checkpoint before its
+    /// predecessor's last.
+    MovedAllocsStartOneCheckpointBack,
 }
 
 impl SimConfig {
@@ -235,6 +257,8 @@ struct World {
     slot: Arc<ServerSlot>,
     faults_on: Arc<AtomicBool>,
     nodes: Vec<SimNode>,
+    /// Where nodes fetch the checkpoints of allocs moved to them.
+    peers: Arc<Peers>,
     jobs: BTreeMap<String, SimJob>,
     registered: usize,
     /// Jobs whose registration the server refused: they must never appear.
@@ -314,7 +338,12 @@ impl World {
                     client: None,
                 }
             })
-            .collect();
+            .collect::<Vec<SimNode>>();
+        let links: Vec<Arc<Link>> = nodes.iter().map(|node| node.link.clone()).collect();
+        let peers = Peers::new(move |node| {
+            let link = links.iter().find(|link| link.node == node);
+            link.is_some_and(|link| !link.is_cut())
+        });
         let mut world = World {
             seed: config.seed,
             sabotage: config.sabotage,
@@ -326,6 +355,7 @@ impl World {
             slot,
             faults_on,
             nodes,
+            peers,
             jobs: BTreeMap::new(),
             registered: 0,
             refused: BTreeSet::new(),
@@ -354,8 +384,9 @@ impl World {
             self.ledger.clone(),
         );
         let db: Arc<dyn StateDb> = node.db.clone();
-        let client =
-            Client::with_state(config, node.link.clone(), factory, Arc::new(RoomyDisk), db);
+        let wire = Observed::new(node.link.clone(), node.process.clone(), self.ledger.clone());
+        let client = Client::with_state(config, wire, factory, Arc::new(RoomyDisk), db);
+        self.peers.up(&node.name, &client);
         if let Err(error) = client.restore().await {
             self.ledger
                 .violation(format!("{} cannot restore its state: {error}", node.name));
@@ -404,6 +435,7 @@ impl World {
         let server = self.slot.server();
         check_node_infos(&server, &self.ledger);
         check_counts(&server, &self.ledger, self.sabotage);
+        self.ledger.check_stops();
     }
 
     /// Stops the faults, heals every cut, and gives the cluster time to converge; then
@@ -413,6 +445,7 @@ impl World {
         for node in &self.nodes {
             node.link.partition(false);
             node.db.fail_writes(false);
+            node.db.slow_commits(Duration::ZERO);
         }
         self.server_db.fail_writes(false);
         for node in &self.nodes {

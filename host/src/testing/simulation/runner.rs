@@ -1,19 +1,17 @@
-//! The simulation's runner, native and scripted from the seed, and the [`Ledger`]: the
-//! ground truth of what actually ran where, against which the invariants about runners are
-//! checked the moment something starts, stops or is destroyed.
+//! The simulation's runner: native, scripted from the seed and the alloc's id, standing in
+//! for a wasm runner and its host side (the kill timeout it enforces included). It tells
+//! the [`Ledger`] what it really did, and may not touch the client or the server.
 
 use super::Sabotage;
-use super::trace::{Trace, fnv1a};
+use super::ledger::{Checkpoint, Ledger, Process};
+use super::trace::fnv1a;
 use crate::allocrunner::{
     AllocRunner, AllocRunnerConfig, AllocRunnerFactory, Latch, LatchTrigger, StateUpdater,
     TaskActionError,
 };
-use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus};
-use crate::server::EmbeddedServer;
-use crate::state::{FaultyStateDb, StateDb};
+use crate::model::structs::{Alloc, AllocState, ClientStatus};
 use crate::util::determinism::simulated::splitmix64;
 use crate::util::locks::LockUnpoisoned;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,221 +49,6 @@ impl Behaviour {
     }
 }
 
-/// What the ground truth knows.
-#[derive(Default)]
-struct LedgerState {
-    /// Allocs running now: where, and of which job.
-    running: BTreeMap<String, (String, String)>,
-    /// Allocs whose runner ended with a terminal status: that status, and the process.
-    finished: BTreeMap<String, (ClientStatus, String)>,
-    /// Destroys under way, per node process.
-    destroying: BTreeMap<String, usize>,
-    violations: Vec<String>,
-}
-
-/// The ground truth of runners, shared by every node of one simulation.
-pub(super) struct Ledger {
-    state: Mutex<LedgerState>,
-    parallel_destroys: usize,
-    trace: Trace,
-    /// The server, to ask whether a destroyed alloc was one it still wants running.
-    servers: Arc<dyn CurrentServer>,
-}
-
-/// Where the ledger asks what the server holds now: the one embedded server, or the
-/// cluster's leader; none between two leaders, when the checks that need it are skipped.
-pub(super) trait CurrentServer: Send + Sync {
-    fn current(&self) -> Option<Arc<EmbeddedServer>>;
-}
-
-impl Ledger {
-    pub(super) fn new(
-        parallel_destroys: usize,
-        trace: Trace,
-        servers: Arc<dyn CurrentServer>,
-    ) -> Arc<Ledger> {
-        Arc::new(Ledger {
-            state: Mutex::default(),
-            parallel_destroys,
-            trace,
-            servers,
-        })
-    }
-
-    fn violated(&self, state: &mut LedgerState, what: String) {
-        self.trace.record(format!("VIOLATION {what}"));
-        state.violations.push(what);
-    }
-
-    /// A runner starts. Wrong when the alloc runs elsewhere, when it finished in this same
-    /// process, when its node's disk has it finished, or when its server recorded it
-    /// finished (a node tells its server only what is on its disk). A finish that a crash
-    /// took before the node's disk had it is not one: that alloc runs again from its last
-    /// checkpoint, as documented.
-    fn started(&self, process: &Process, alloc: &Alloc) {
-        let node = &process.node;
-        let finished = |state: Option<&AllocState>| {
-            let status = state?.client_status;
-            matches!(status, ClientStatus::Complete | ClientStatus::Failed).then_some(status)
-        };
-        let server = self.servers.current();
-        let recorded = server.and_then(|server| server.alloc(&alloc.id).ok());
-        let recorded = recorded.and_then(|record| finished(record.client_state.as_ref()));
-        let saved = process.db.client_allocs().unwrap_or_default();
-        let saved = saved.into_iter().find(|saved| saved.alloc_id == alloc.id);
-        let on_disk = saved.and_then(|saved| finished(saved.state.and_then(Result::ok).as_ref()));
-        let mut state = self.state.lock_unpoisoned();
-        if let Some((elsewhere, _)) = state.running.get(&alloc.id).cloned() {
-            let what = format!("alloc {} runs twice: on {elsewhere} and {node}", alloc.id);
-            self.violated(&mut state, what);
-        }
-        let finished_here = state.finished.get(&alloc.id).cloned();
-        if let Some((status, _)) = finished_here.filter(|(_, within)| *within == process.name) {
-            let what = format!(
-                "alloc {} ran again in {} after it was {status}",
-                alloc.id, process.name
-            );
-            self.violated(&mut state, what);
-        }
-        if let Some(status) = on_disk {
-            let what = format!(
-                "alloc {} ran again on {node} although its disk has it {status}",
-                alloc.id
-            );
-            self.violated(&mut state, what);
-        }
-        if let Some(status) = recorded {
-            let what = format!(
-                "alloc {} ran again on {node} after its server recorded it {status}",
-                alloc.id
-            );
-            self.violated(&mut state, what);
-        }
-        state
-            .running
-            .insert(alloc.id.clone(), (node.to_string(), alloc.job_id.clone()));
-        self.trace
-            .record(format!("run {} of {} on {node}", alloc.id, alloc.job_id));
-    }
-
-    fn ended(&self, process: &Process, alloc_id: &str, status: Option<ClientStatus>) {
-        let node = &process.node;
-        let mut state = self.state.lock_unpoisoned();
-        state.running.remove(alloc_id);
-        match status {
-            Some(status) => {
-                let finished = (status, process.name.clone());
-                state.finished.insert(alloc_id.to_string(), finished);
-                self.trace
-                    .record(format!("end {alloc_id} on {node}: {status}"));
-            }
-            None => self.trace.record(format!("shut down {alloc_id} on {node}")),
-        }
-    }
-
-    /// A node's process died: its runners stopped with it, reporting nothing.
-    pub(super) fn crashed(&self, node: &str, process: &str) {
-        let mut state = self.state.lock_unpoisoned();
-        let before = state.running.len();
-        state.running.retain(|_, (on, _)| on != node);
-        state.destroying.remove(process);
-        let died = before - state.running.len();
-        self.trace
-            .record(format!("crash {node}: {died} runners died with it"));
-    }
-
-    /// A destroy begins. Wrong when the server still holds the alloc as one to run (not
-    /// stopped, not lost): a client may destroy a running alloc only once its server
-    /// stopped it or forgot it.
-    fn destroy_begun(&self, process: &str, alloc_id: &str) {
-        let record = self.servers.current().and_then(|s| s.alloc(alloc_id).ok());
-        let server_wants_it = record.is_some_and(|record| {
-            let lost = record.client_state.as_ref().is_some_and(|state| {
-                state.client_status.is_terminal() || state.client_status == ClientStatus::Unknown
-            });
-            record.alloc.desired_status == DesiredStatus::Run && !lost
-        });
-        let mut state = self.state.lock_unpoisoned();
-        let node = process.split('#').next().unwrap_or(process);
-        let running_here = state
-            .running
-            .get(alloc_id)
-            .is_some_and(|(on, _)| on == node);
-        if server_wants_it && running_here {
-            let what = format!("alloc {alloc_id} destroyed while its server wants it running");
-            self.violated(&mut state, what);
-        }
-        let under_way = state.destroying.entry(process.to_string()).or_default();
-        *under_way += 1;
-        let under_way = *under_way;
-        if under_way > self.parallel_destroys {
-            let what = format!(
-                "{under_way} destroys at once on {process}, past gc_parallel_destroys = {}",
-                self.parallel_destroys
-            );
-            self.violated(&mut state, what);
-        }
-        self.trace
-            .record(format!("destroy {alloc_id} on {process}"));
-    }
-
-    fn destroy_done(&self, process: &str) {
-        let mut state = self.state.lock_unpoisoned();
-        if let Some(under_way) = state.destroying.get_mut(process) {
-            *under_way = under_way.saturating_sub(1);
-        }
-    }
-
-    /// The allocs running now: id, node, job.
-    pub(super) fn running(&self) -> Vec<(String, String, String)> {
-        let state = self.state.lock_unpoisoned();
-        let running = state.running.iter();
-        running
-            .map(|(id, (node, job))| (id.clone(), node.clone(), job.clone()))
-            .collect()
-    }
-
-    /// Records a violation found outside the ledger's own events.
-    pub(super) fn violation(&self, what: String) {
-        let mut state = self.state.lock_unpoisoned();
-        self.violated(&mut state, what);
-    }
-
-    /// The first violation, if any.
-    pub(super) fn first_violation(&self) -> Option<String> {
-        self.state.lock_unpoisoned().violations.first().cloned()
-    }
-}
-
-/// One run of a node's process: its runners live and die with it.
-pub(super) struct Process {
-    pub(super) node: String,
-    /// The node's store, which outlives its processes.
-    db: Arc<FaultyStateDb>,
-    /// `node#incarnation`: destroys are counted per process.
-    pub(super) name: String,
-    alive: AtomicBool,
-}
-
-impl Process {
-    pub(super) fn new(node: &str, incarnation: u32, db: Arc<FaultyStateDb>) -> Arc<Process> {
-        Arc::new(Process {
-            node: node.to_string(),
-            db,
-            name: format!("{node}#{incarnation}"),
-            alive: AtomicBool::new(true),
-        })
-    }
-
-    pub(super) fn kill(&self) {
-        self.alive.store(false, Ordering::SeqCst);
-    }
-
-    fn alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
-    }
-}
-
 /// A factory of scripted runners for one node process.
 pub(super) fn factory(
     seed: u64,
@@ -275,19 +58,43 @@ pub(super) fn factory(
 ) -> AllocRunnerFactory {
     Arc::new(move |mut config: AllocRunnerConfig| {
         let mut script = Script::draw(seed, &config.alloc);
+        match sabotage {
+            Some(Sabotage::RestoredRunnersLoseTheirCheckpoint) if config.restoring => {
+                config.restored = None;
+            }
+            Some(Sabotage::MovedAllocsStartOneCheckpointBack) if !config.restoring => {
+                let from = config.restored.as_deref().and_then(Checkpoint::read);
+                if let Some(from) = from.filter(|from| from.sequence > 1) {
+                    let back = Checkpoint {
+                        sequence: from.sequence - 1,
+                        ..from
+                    };
+                    config.restored = Some(back.bytes());
+                }
+            }
+            _ => {}
+        }
         let last = config.last_state.as_ref().map(|state| state.client_status);
+        let from = config.restored.as_deref();
         ledger.trace.record(format!(
-            "build {} on {}{}",
+            "build {} on {}{}{}",
             config.alloc.id,
             process.name,
             match (config.restoring, last) {
                 (false, _) => String::new(),
                 (true, None) => " (restoring)".into(),
                 (true, Some(status)) => format!(" (restoring, was {status})"),
+            },
+            match from.map(|bytes| (bytes, Checkpoint::read(bytes))) {
+                None => String::new(),
+                Some((_, Some(checkpoint))) => format!(" from checkpoint {checkpoint}"),
+                Some((bytes, None)) => format!(" from {} unknown bytes", bytes.len()),
             }
         ));
+        ledger.built(&process, &config.alloc, config.restoring, from);
         match sabotage {
             Some(Sabotage::RunnersIgnoreKills) => script.ignores_kills = true,
+            Some(Sabotage::KillTimeoutNotEnforced) => script.kill_timeout_enforced = false,
             Some(Sabotage::RestoredRunnersForgetTheyFinished) => config.last_state = None,
             _ => {}
         }
@@ -305,12 +112,20 @@ pub(super) fn factory(
 struct Script {
     /// When it ends by itself, and how.
     ends: Option<(Duration, ClientStatus)>,
-    /// How long a kill takes.
+    /// How long its guest takes to return once asked to stop (killed, or shut down).
     stops_within: Duration,
+    /// Its guest never returns once asked to stop: the host tears it down at the kill
+    /// timeout (a kill then fails the alloc, as a wasm runner's does).
+    hangs: bool,
+    /// How often it saves a checkpoint while it runs (it saves one more when shut down).
+    checkpoint_every: Option<Duration>,
     /// How long freeing it takes.
     destroy_takes: Duration,
     /// Sabotaged: a kill never stops it.
     ignores_kills: bool,
+    /// Its host side tears down a guest that does not return within the kill timeout;
+    /// sabotaged, it waits for the guest however long it takes.
+    kill_timeout_enforced: bool,
 }
 
 impl Script {
@@ -335,8 +150,11 @@ impl Script {
         Script {
             ends,
             stops_within: millis(below(2_000)),
+            hangs: below(8) == 0,
+            checkpoint_every: (below(2) == 0).then(|| millis(500 + below(4_500))),
             destroy_takes: millis(below(1_000)),
             ignores_kills: false,
+            kill_timeout_enforced: true,
         }
     }
 }
@@ -349,6 +167,10 @@ struct Inner {
     state: Mutex<AllocState>,
     updater: Arc<dyn StateUpdater>,
     script: Script,
+    /// How long its host side waits for the guest to return once asked to stop.
+    kill_timeout: Duration,
+    /// The checkpoint it saves next.
+    next_checkpoint: Mutex<Checkpoint>,
     process: Arc<Process>,
     ledger: Arc<Ledger>,
     started: AtomicBool,
@@ -370,11 +192,25 @@ impl Inner {
         if state.client_status.is_terminal() {
             stopped.set();
         }
+        // It goes on from the checkpoint it starts from; none: a line of its own.
+        let restored = config.restored.as_deref().and_then(Checkpoint::read);
+        let next_checkpoint = match restored {
+            Some(from) => Checkpoint {
+                root: from.root,
+                sequence: from.sequence + 1,
+            },
+            None => Checkpoint {
+                root: config.alloc.id.clone(),
+                sequence: 1,
+            },
+        };
         Inner {
             alloc: Mutex::new(config.alloc),
             state: Mutex::new(state),
             updater: config.state_updater,
             script,
+            kill_timeout: config.limits.kill_timeout,
+            next_checkpoint: Mutex::new(next_checkpoint),
             process,
             ledger,
             started: AtomicBool::new(false),
@@ -429,9 +265,77 @@ impl Inner {
         }
         let runner = self.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(runner.script.stops_within).await;
-            runner.finish(Some(ClientStatus::Complete), "alloc was stopped");
+            if runner.returns_in_time() {
+                tokio::time::sleep(runner.script.stops_within).await;
+                runner.finish(Some(ClientStatus::Complete), "alloc was stopped");
+            } else {
+                tokio::time::sleep(runner.grace()).await;
+                let why = "runner did not stop within the kill timeout";
+                runner.finish(Some(ClientStatus::Failed), why);
+            }
         });
+    }
+
+    /// Whether its guest returns within the kill timeout once asked to stop.
+    fn returns_in_time(&self) -> bool {
+        !self.script.hangs && self.script.stops_within <= self.grace()
+    }
+
+    /// How long its host side waits for a guest asked to stop: the kill timeout, unless
+    /// sabotaged.
+    fn grace(&self) -> Duration {
+        match self.script.kill_timeout_enforced {
+            true => self.kill_timeout,
+            false => Duration::from_secs(365 * 24 * 3600),
+        }
+    }
+
+    /// Shut down (the alloc moves to another node, or the agent stops): the guest saves a
+    /// last checkpoint and returns, unless the kill timeout runs out first; either way the
+    /// run ends without a terminal state, as a wasm runner's does.
+    fn shutdown(self: &Arc<Self>) {
+        if self.stopped.is_set() || self.killing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if !self.started.load(Ordering::SeqCst) {
+            self.finish(None, "");
+            return;
+        }
+        let runner = self.clone();
+        tokio::spawn(async move {
+            let guest = async {
+                if runner.script.hangs {
+                    std::future::pending::<()>().await;
+                }
+                if runner.script.checkpoint_every.is_some() {
+                    runner.save_checkpoint().await;
+                }
+                tokio::time::sleep(runner.script.stops_within).await;
+            };
+            let _ = tokio::time::timeout(runner.grace(), guest).await;
+            runner.finish(None, "");
+        });
+    }
+
+    /// Saves its next checkpoint, and tells the ledger once the client says it is kept.
+    async fn save_checkpoint(&self) {
+        if !self.process.alive() {
+            return;
+        }
+        let checkpoint = {
+            let mut next = self.next_checkpoint.lock_unpoisoned();
+            let this = next.clone();
+            next.sequence += 1;
+            this
+        };
+        let alloc_id = self.alloc().id.clone();
+        let saved = self
+            .updater
+            .checkpoint_saved(&alloc_id, &checkpoint.bytes());
+        if saved.await.is_ok() {
+            self.ledger
+                .checkpoint_kept(&self.process, &alloc_id, checkpoint);
+        }
     }
 
     fn run(self: &Arc<Self>) {
@@ -447,9 +351,22 @@ impl Inner {
             return;
         }
         if self.process.alive() {
-            self.ledger.started(&self.process, &alloc);
+            self.ledger
+                .started(&self.process, &alloc, self.kill_timeout);
         }
         self.report(ClientStatus::Running, "Tasks are running");
+        if let Some(every) = self.script.checkpoint_every {
+            let runner = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if runner.killing.load(Ordering::SeqCst) || runner.stopped.is_set() {
+                        break;
+                    }
+                    runner.save_checkpoint().await;
+                }
+            });
+        }
         if let Some((after, status)) = self.script.ends {
             let runner = self.clone();
             tokio::spawn(async move {
@@ -506,7 +423,7 @@ impl AllocRunner for ScriptedRunner {
     }
 
     fn shutdown(&self) {
-        self.0.finish(None, "");
+        self.0.shutdown();
     }
 
     fn signal(&self, _task: Option<&str>, _signal: &str) -> Result<(), TaskActionError> {

@@ -5,8 +5,8 @@
 
 use super::super::MAX_JOBS;
 use super::super::SimJob;
-use super::super::actions::{draw_job, draw_running_job, fail_writes_for, job_spec};
-use super::super::runner::CurrentServer;
+use super::super::actions::{draw_job, draw_running_job, job_spec, node_disk_fault};
+use super::super::ledger::CurrentServer;
 use super::{ClusterWorld, TTL};
 use crate::server::{DrainRequest, EmbeddedServer, RequestError};
 use crate::util::locks::LockUnpoisoned;
@@ -201,12 +201,11 @@ impl ClusterWorld {
             .record(format!("compaction to {revision}: {compacted:?}"));
     }
 
-    /// A node's disk fails every write for a while, as a full one does.
+    /// A node's disk misbehaves for a while (see [`node_disk_fault`]).
     fn fail_disk(&mut self) {
         let index = self.draws.below(self.nodes.len() as u64) as usize;
-        let heals_after = self.draws.millis(500, 20_000);
         let (name, db) = (self.nodes[index].name.clone(), self.nodes[index].db.clone());
-        fail_writes_for(db, name, heals_after, &self.trace);
+        node_disk_fault(&mut self.draws, db, name, &self.trace);
     }
 
     /// An operator drains a node; the drain ends once the faults stop.

@@ -36,7 +36,9 @@ mod writes;
 
 use super::actions::end_drain;
 use super::leadership::{Faults, fate_plan};
-use super::runner::{self, BEHAVIOUR_META, Behaviour, CurrentServer, Ledger, Process};
+use super::ledger::{CurrentServer, Ledger, Observed, Process};
+use super::peers::Peers;
+use super::runner::{self, BEHAVIOUR_META, Behaviour};
 use super::trace::{Draws, Trace};
 use super::{RoomyDisk, SimJob, SimOutcome, check_counts, check_node_infos, node_info};
 use crate::client::gc::GcConfig;
@@ -165,6 +167,8 @@ struct ClusterWorld {
     scheduler: SchedulerConfig,
     gc: GcConfig,
     nodes: Vec<SimNode>,
+    /// Where nodes fetch the checkpoints of allocs moved to them.
+    peers: Arc<Peers>,
     /// What a leader acknowledged of each job.
     jobs: BTreeMap<String, SimJob>,
     /// Jobs whose last change failed, which may have landed all the same.
@@ -264,6 +268,13 @@ impl ClusterWorld {
                 }
             })
             .collect();
+        // Checkpoints cross from agent to agent, found through etcd's live nodes: a node cut
+        // off, or etcd down, does not answer.
+        let reachable = faults.clone();
+        let peers = Peers::new(move |node| {
+            let faults = reachable.lock_unpoisoned();
+            !faults.etcd_down && !faults.cut_off.get(node).copied().unwrap_or(false)
+        });
         ClusterWorld {
             seed: config.seed,
             draws,
@@ -275,6 +286,7 @@ impl ClusterWorld {
             scheduler,
             gc,
             nodes,
+            peers,
             jobs: BTreeMap::new(),
             unknown: BTreeSet::new(),
             registered: 0,
@@ -321,13 +333,13 @@ impl ClusterWorld {
         config.watch_wait = Duration::from_secs(5);
         let factory = runner::factory(self.seed, None, node.process.clone(), self.ledger.clone());
         let db: Arc<dyn StateDb> = node.db.clone();
-        let client = Client::with_state(
-            config,
+        let wire = Observed::new(
             EtcdServerApi::new(store),
-            factory,
-            Arc::new(RoomyDisk),
-            db,
+            node.process.clone(),
+            self.ledger.clone(),
         );
+        let client = Client::with_state(config, wire, factory, Arc::new(RoomyDisk), db);
+        self.peers.up(&node.name, &client);
         if let Err(error) = client.restore().await {
             self.ledger
                 .violation(format!("{} cannot restore its state: {error}", node.name));
@@ -353,6 +365,7 @@ impl ClusterWorld {
         }
         node.process.kill();
         self.ledger.crashed(&node.name, &node.process.name);
+        self.peers.down(&node.name);
         running.client.halt();
         if let Some(scheduling) = running.scheduling {
             scheduling.abort();
@@ -377,6 +390,7 @@ impl ClusterWorld {
                 .record(format!("the leader key now names {holder:?}"));
             self.leader_seen = holder;
         }
+        self.ledger.check_stops();
         let Some(server) = self.leaders.current() else {
             return;
         };
@@ -419,6 +433,7 @@ impl ClusterWorld {
         }
         for node in &self.nodes {
             node.db.fail_writes(false);
+            node.db.slow_commits(Duration::ZERO);
         }
         for index in 0..self.nodes.len() {
             if self.nodes[index].running.is_none() {

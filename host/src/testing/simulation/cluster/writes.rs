@@ -11,7 +11,7 @@
 //!   loses it once it does, even when the node has joined again meanwhile (seed 897 showed
 //!   it).
 
-use super::super::runner::Ledger;
+use super::super::ledger::Ledger;
 use crate::cluster::{KeyValue, MemberRecord, keys};
 use crate::model::structs::ClientStatus;
 use crate::server::records::SavedAllocRecord;
