@@ -12,7 +12,7 @@ use crate::simulation::{
     assert_each_seed_replays, assert_every_seed_holds, assert_regression_seeds_hold, env_u64,
     run_campaign,
 };
-use caravan_host::testing::simulation::{ClusterSimConfig, simulate_cluster};
+use caravan_host::testing::simulation::{ClusterSimConfig, EtcdSabotage, simulate_cluster};
 
 /// How many seeds `./run-tests` runs.
 const SEEDS_PER_TEST_RUN: u64 = 200;
@@ -63,7 +63,7 @@ fn an_etcd_that_fences_nothing_is_caught_letting_a_deposed_leader_write() {
     let mut violations = Vec::new();
     for seed in 0..40 {
         let config = ClusterSimConfig {
-            compares_ignored: true,
+            sabotage: Some(EtcdSabotage::FencesNothing),
             ..ClusterSimConfig::new(seed)
         };
         let Some(violation) = simulate_cluster(&config).violation else {
@@ -78,6 +78,30 @@ fn an_etcd_that_fences_nothing_is_caught_letting_a_deposed_leader_write() {
         violations.push(violation);
     }
     panic!("no seed of 40 saw an unfenced write; violations seen: {violations:#?}");
+}
+
+#[test]
+fn an_etcd_that_replays_deletes_is_caught_making_allocs_of_live_nodes_lost() {
+    // A watch reporting a node's live key deleted again when the node joins again makes a
+    // leader take the node for gone and its allocs for lost, on the strength of an end
+    // before its leadership: the write check must see one whose node's key was there
+    // throughout the leadership. (Every such node's lease did end once: a check that asked
+    // only that would see nothing.)
+    let mut violations = Vec::new();
+    for seed in 0..40 {
+        let config = ClusterSimConfig {
+            sabotage: Some(EtcdSabotage::ReplaysDeletesOfRejoinedNodes),
+            ..ClusterSimConfig::new(seed)
+        };
+        let Some(violation) = simulate_cluster(&config).violation else {
+            continue;
+        };
+        if violation.contains("was there throughout its leadership") {
+            return;
+        }
+        violations.push(violation);
+    }
+    panic!("no seed of 40 saw an alloc made lost on a live node; violations seen: {violations:#?}");
 }
 
 /// A campaign, as `simulation::campaign`'s (`CARAVAN_SIM_NODES`: nodes beside the three

@@ -184,6 +184,16 @@ impl SimulatedEtcd {
         self.with_state(|state| state.compares_ignored = true);
     }
 
+    /// From now on, watches report each put of a key under `prefix` that was deleted before
+    /// (a node joining again, for live keys) followed by a delete of it that never happened:
+    /// a planted defect (an etcd whose watches replay old deletes), for a simulation to show
+    /// that its checks see what follows.
+    pub fn report_phantom_deletes(&self, prefix: &str) {
+        self.with_state(|state| {
+            state.phantom_deletes = Some((prefix.to_string(), BTreeSet::new()))
+        });
+    }
+
     /// Every call answered again.
     pub fn clear_fates(&self) {
         *self.shared.plan.lock_unpoisoned() = None;

@@ -30,6 +30,9 @@ pub(super) struct State {
     pub(super) leases_end_early: bool,
     /// See [`SimulatedEtcd::ignore_compares`].
     pub(super) compares_ignored: bool,
+    /// See [`SimulatedEtcd::report_phantom_deletes`]: the prefix, and the keys under it
+    /// deleted so far.
+    pub(super) phantom_deletes: Option<(String, BTreeSet<String>)>,
 }
 
 pub(super) fn lost(what: &str) -> CallError {
@@ -73,6 +76,7 @@ impl State {
 
     pub(super) fn write(&mut self, key: &str, value: Option<KeyValue>) {
         let revision = self.revision;
+        let deleting = value.is_none();
         let old_lease = self.current(key, revision).map(|kv| kv.lease);
         if let Some(lease) = old_lease.and_then(|lease| self.leases.get_mut(&lease)) {
             lease.keys.remove(key);
@@ -94,6 +98,19 @@ impl State {
             .or_default()
             .push((revision, value));
         self.log.push_back((revision, event));
+        if let Some((prefix, deleted)) = &mut self.phantom_deletes
+            && key.starts_with(prefix.as_str())
+        {
+            if deleting {
+                deleted.insert(key.to_string());
+            } else if deleted.contains(key) {
+                let phantom = WatchEvent::Delete {
+                    key: key.to_string(),
+                    mod_revision: revision,
+                };
+                self.log.push_back((revision, phantom));
+            }
+        }
     }
 
     /// Puts `key` at the revision being made (the caller bumps it first).

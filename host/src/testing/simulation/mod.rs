@@ -76,7 +76,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use trace::{Draws, Trace};
 
-pub use cluster::{ClusterSimConfig, simulate_cluster};
+pub use cluster::{ClusterSimConfig, EtcdSabotage, simulate_cluster};
 pub use leadership::{LeadershipConfig, simulate_leadership};
 
 /// One simulation's shape.

@@ -69,9 +69,19 @@ pub struct ClusterSimConfig {
     pub steps: usize,
     /// Keep every line of the trace, not only the last ones.
     pub keep_trace: bool,
-    /// Plant a defect in the simulated etcd (every compare succeeds: nothing is fenced), to
-    /// show that the checks catch what follows.
-    pub compares_ignored: bool,
+    /// A defect planted in the simulated etcd, to show that the checks catch what follows.
+    pub sabotage: Option<EtcdSabotage>,
+}
+
+/// A defect a cluster simulation can plant in its simulated etcd, never in the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtcdSabotage {
+    /// Every transaction's compares succeed: nothing is fenced.
+    FencesNothing,
+    /// Watches report each put of a node's live key, when the node joins again after its
+    /// lease ended, followed by a delete that never happened: leaders believe the node gone
+    /// again, on the strength of its earlier end.
+    ReplaysDeletesOfRejoinedNodes,
 }
 
 impl ClusterSimConfig {
@@ -83,7 +93,7 @@ impl ClusterSimConfig {
             nodes: 2,
             steps: 40,
             keep_trace: false,
-            compares_ignored: false,
+            sabotage: None,
         }
     }
 }
@@ -224,8 +234,12 @@ impl ClusterWorld {
             ..GcConfig::default()
         };
         let etcd = SimulatedEtcd::new();
-        if config.compares_ignored {
-            etcd.ignore_compares();
+        match config.sabotage {
+            Some(EtcdSabotage::FencesNothing) => etcd.ignore_compares(),
+            Some(EtcdSabotage::ReplaysDeletesOfRejoinedNodes) => {
+                etcd.report_phantom_deletes(&keys::live_prefix());
+            }
+            None => {}
         }
         let faults = Arc::new(Mutex::new(Faults::default()));
         etcd.set_fates(fate_plan(config.seed, faults.clone()));

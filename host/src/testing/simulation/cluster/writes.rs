@@ -4,12 +4,15 @@
 //!   connection): no deposed leader's write lands; and within one agent run, by the writer
 //!   of the current leadership (the nonce of its `scheduler_sequence` token), not by one of
 //!   an earlier leadership of the same run;
-//! - an alloc becomes lost (or unknown) only on a node whose lease truly ended: etcd deleted
-//!   its live key (the lease expired, or was revoked) at least once before. Finer, "since
-//!   the leader last knew the node live", cannot be told from etcd alone: a leader that
-//!   placed an alloc before it heard of a deletion (its watch lags its own writes) rightly
-//!   loses it once it does, even when the node has joined again meanwhile (seed 897 showed
-//!   it).
+//! - an alloc becomes lost (or unknown) only on a node whose lease truly ended within the
+//!   leadership that writes it: the node's live key was absent at some revision since the
+//!   leader key was created (deleted since, created since, or absent now). A leader learns
+//!   that a node ended only from its takeover read or its watch, both after its leadership
+//!   began, so an end before that, the node live again since, justifies nothing. Finer,
+//!   "since the leader last knew the node live", cannot be told from etcd alone: a leader
+//!   that placed an alloc before it heard of a deletion (its watch lags its own writes)
+//!   rightly loses it once it does, even when the node has joined again meanwhile (seed 897
+//!   showed it).
 
 use super::super::ledger::Ledger;
 use crate::cluster::{KeyValue, MemberRecord, keys};
@@ -101,7 +104,8 @@ impl Terms {
     }
 }
 
-/// Revisions at which each node's live key was deleted (its lease expired or was revoked).
+/// The last revision at which each node's live key was deleted (its lease expired or was
+/// revoked).
 #[derive(Default)]
 struct LiveKeysGone(BTreeMap<String, i64>);
 
@@ -117,8 +121,8 @@ impl LiveKeysGone {
         }
     }
 
-    /// Each alloc this write made lost (or unknown) on a node whose live key etcd never
-    /// deleted.
+    /// Each alloc this write made lost (or unknown) on a node whose live key was there
+    /// throughout the writer's leadership.
     fn allocs_lost_under_a_lease_that_never_ended(&self, write: &AppliedWrite<'_>) -> Vec<String> {
         let allocs = keys::allocs_prefix();
         let away = |kv: Option<&KeyValue>| {
@@ -127,16 +131,36 @@ impl LiveKeysGone {
             let status = record.and_then(|r| r.client_state).map(|s| s.client_status);
             matches!(status, Some(ClientStatus::Lost | ClientStatus::Unknown))
         };
+        // The leadership began when the leader key was created; a write made without it is
+        // another check's.
+        let Some(began) = write
+            .before(&keys::leader_key())
+            .map(|kv| kv.create_revision)
+        else {
+            return Vec::new();
+        };
         let mut problems = Vec::new();
         for key in &write.keys {
             let Some((node, _)) = key.strip_prefix(&allocs).and_then(|k| k.split_once('/')) else {
                 continue;
             };
-            if !away(write.after(key)) || away(write.before(key)) || self.0.contains_key(node) {
+            if !away(write.after(key)) || away(write.before(key)) {
+                continue;
+            }
+            let live_since = write
+                .before(&keys::live_key(node))
+                .map(|kv| kv.create_revision);
+            let deleted = self.0.get(node).copied();
+            let ended_within = match live_since {
+                None => true,
+                Some(created) => created > began || deleted.is_some_and(|d| d >= began),
+            };
+            if ended_within {
                 continue;
             }
             problems.push(format!(
-                "{key} made lost at revision {} by {}, while {node}'s lease never ended",
+                "{key} made lost at revision {} by {}, while {node}'s live key was there \
+                 throughout its leadership (since revision {began}; last deleted at {deleted:?})",
                 write.revision,
                 write.connection.unwrap_or("etcd itself"),
             ));
