@@ -13,13 +13,16 @@
 //!   the client's [`CheckpointSource`], saves it as its own, and starts its runner from it
 //!   (`restored`). While the previous alloc is still shutting down it waits; when the
 //!   checkpoint cannot be had (its node is gone, no source is set, the wait ran out) the
-//!   alloc starts without one and says why in a WARN.
+//!   alloc starts without one and says why in a WARN. What the server sends of it meanwhile
+//!   is kept, and its runner starts as the newest version says: stopped, it stops waiting
+//!   and never runs; evicted in turn, it never runs either, and hands on the checkpoint it
+//!   fetched as an evicted alloc hands on its own; dropped, it is not built at all.
 //!
 //! It knows the client's runners and store, not how a checkpoint crosses the network: that
 //! is the source's.
 
 use super::{Client, ClientInner};
-use crate::model::structs::{Alloc, AllocState, ClientStatus, PreviousAlloc};
+use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, PreviousAlloc};
 use crate::util::locks::LockUnpoisoned;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
@@ -166,6 +169,29 @@ impl ClientInner {
         self.arriving.lock_unpoisoned().get(alloc_id).cloned()
     }
 
+    /// An alloc moved here and evicted in turn before its runner started (its new node is
+    /// drained too): it never runs, and the checkpoint it carries (its predecessor's, saved
+    /// as its own) is served to its replacement and held from collection as an evicted
+    /// alloc's is. Called before its runner is built.
+    pub(super) fn leave_before_starting(self: &Arc<Self>, alloc_id: &str) {
+        let leaving = Leaving {
+            stopped: true,
+            released: false,
+        };
+        self.moved_lock().insert(alloc_id.to_string(), leaving);
+        tracing::info!(
+            alloc_id,
+            "moving the allocation on before it started: its checkpoint goes with it"
+        );
+        let (client, alloc_id) = (Arc::downgrade(self), alloc_id.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(HOLD_FOR_REPLACEMENT).await;
+            if let Some(client) = client.upgrade() {
+                client.release(&alloc_id);
+            }
+        });
+    }
+
     /// Whether a terminal alloc is kept from collection for its replacement (see
     /// [`Leaving`]).
     pub(super) fn holds_for_its_replacement(&self, alloc_id: &str) -> bool {
@@ -212,10 +238,10 @@ impl ClientInner {
         };
         let deadline = tokio::time::Instant::now() + FETCH_PATIENCE;
         let checkpoint = loop {
-            if self
-                .arriving_version(&alloc.id)
-                .is_some_and(|newest| newest.desired_status.is_stop())
-            {
+            // Stopped or dropped meanwhile, it will not run: no need of a checkpoint. (One
+            // evicted in turn still fetches it, to hand it on.)
+            let newest = self.arriving_version(&alloc.id);
+            if newest.is_none_or(|newest| newest.desired_status == DesiredStatus::Stop) {
                 tracing::info!(alloc_id = %alloc.id, "stopped while its checkpoint was fetched: it will not run");
                 return None;
             }

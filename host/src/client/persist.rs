@@ -292,7 +292,14 @@ impl Persister {
                 for waiter in waiters {
                     let _ = waiter.send(Ok(()));
                 }
-                for (alloc_id, state) in &states {
+                // An alloc deleted while the batch was in flight is not reported: the
+                // client forgot it, and its server dropped it.
+                let still_known: Vec<_> = {
+                    let queue = self.lock();
+                    let known = |id: &String| queue.known.contains_key(id);
+                    states.iter().filter(|(id, _)| known(id)).collect()
+                };
+                for (alloc_id, state) in still_known {
                     on_saved(alloc_id, state);
                 }
             }
@@ -310,6 +317,10 @@ impl Persister {
     fn requeue(&self, batch: Batch, states: HashMap<String, Arc<AllocState>>) {
         let mut queue = self.lock();
         let still_known = |queue: &Queue, id: &str| queue.known.contains_key(id);
+        // Collected while the batch was in flight: its acknowledged state and checkpoint are
+        // not to come back after the mark (its final state stays, as `mark_collected` keeps).
+        let still_kept =
+            |queue: &Queue, id: &str| queue.known.get(id).is_some_and(|k| !k.collected);
         let mut structural: Vec<Write> = batch
             .structural
             .into_iter()
@@ -326,12 +337,12 @@ impl Persister {
             }
         }
         for (id, state) in batch.acked {
-            if still_known(&queue, &id) && !queue.acked.contains_key(&id) {
+            if still_kept(&queue, &id) && !queue.acked.contains_key(&id) {
                 queue.acked.insert(id, state);
             }
         }
         for (id, data) in batch.checkpoints {
-            if still_known(&queue, &id) && !queue.checkpoints.contains_key(&id) {
+            if still_kept(&queue, &id) && !queue.checkpoints.contains_key(&id) {
                 queue.checkpoints.insert(id, data);
             }
         }
@@ -381,5 +392,43 @@ impl Batch {
                 }),
         );
         writes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{FaultyStateDb, MemoryStateDb};
+    use std::time::Duration;
+
+    /// Found in review, once a commit could be slow: an alloc collected while a commit
+    /// holding its checkpoint was in flight, a commit that then failed, got that checkpoint
+    /// back with the retry, after its collection mark.
+    #[tokio::test(start_paused = true)]
+    async fn a_checkpoint_whose_commit_failed_does_not_come_back_after_a_collection() {
+        let disk = Arc::new(FaultyStateDb::new(Arc::new(MemoryStateDb::new())));
+        let persister = Arc::new(Persister::new(disk.clone(), Arc::default()));
+        let committing = tokio::spawn(persister.clone().run(Box::new(|_, _| {})));
+        let alloc = Arc::new(Alloc::new("a1", "job", "r.wasm", vec![]));
+        persister.save_allocs(&[alloc]).await.unwrap();
+
+        disk.slow_commits(Duration::from_secs(1));
+        disk.fail_writes(true);
+        let saved = persister.save_checkpoint("a1", b"count=7");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        persister.mark_collected("a1");
+        assert!(saved.await.is_err(), "the failed commit was acknowledged");
+        disk.fail_writes(false);
+        disk.slow_commits(Duration::ZERO);
+        persister.flush().await.unwrap();
+
+        let saved = disk.client_allocs().unwrap();
+        let record = saved.iter().find(|r| r.alloc_id == "a1").unwrap();
+        assert!(record.collected);
+        assert_eq!(
+            record.checkpoint, None,
+            "a checkpoint came back after the collection mark"
+        );
+        committing.abort();
     }
 }

@@ -9,7 +9,6 @@ use crate::allocrunner::{
 };
 use crate::model::structs::{Alloc, AllocState, DesiredStatus};
 use crate::util::locks::LockUnpoisoned;
-use std::collections::hash_map::Entry;
 use std::sync::{Arc, Weak};
 
 /// What the runner of an alloc restored after a restart starts from.
@@ -48,29 +47,41 @@ impl ClientInner {
                 {
                     // Until its runner is in the map, each watch answer names it as new:
                     // one fetch for it, not one per answer.
-                    if self.runners_lock().contains_key(&alloc.id) {
-                        continue;
+                    {
+                        // Both locks at once (in `apply`'s order): a runner that starts
+                        // between two separate looks would get a second.
+                        let runners = self.runners_lock();
+                        let mut arriving = self.arriving.lock_unpoisoned();
+                        if runners.contains_key(&alloc.id) || arriving.contains_key(&alloc.id) {
+                            continue;
+                        }
+                        arriving.insert(alloc.id.clone(), alloc.clone());
                     }
-                    match self.arriving.lock_unpoisoned().entry(alloc.id.clone()) {
-                        Entry::Occupied(_) => continue,
-                        Entry::Vacant(slot) => slot.insert(alloc.clone()),
-                    };
                     let (client, alloc, previous) = (self.clone(), alloc.clone(), previous.clone());
                     let arriving = tokio::spawn(async move {
                         let checkpoint = client.arriving_checkpoint(&alloc, &previous).await;
-                        // The server may have changed it meanwhile (stopped it, say): the
-                        // runner starts as the newest version says, and a version newer
-                        // still, sent while the runner was built, reaches it once it is in
-                        // the map, where later answers find it.
-                        let newest = client.arriving_version(&alloc.id).unwrap_or(alloc);
+                        // The server may have changed it meanwhile: the runner starts as the
+                        // newest version says (one evicted in turn never runs, and hands on
+                        // the checkpoint it carries), and a version newer still, sent while
+                        // the runner was built, reaches it once it is in the map, where later
+                        // answers find it. One the server dropped is not built at all.
+                        let Some(newest) = client.arriving_version(&alloc.id) else {
+                            return;
+                        };
+                        if newest.desired_status == DesiredStatus::Evict {
+                            client.leave_before_starting(&newest.id);
+                        }
                         let mut config = client.runner_config(&newest, None);
                         config.restored = checkpoint;
                         client.start_built(vec![config]).await;
                         let last = client.arriving.lock_unpoisoned().remove(&newest.id);
-                        if let Some(last) =
-                            last.filter(|last| last.modify_index > newest.modify_index)
-                        {
-                            client.update_alloc(last);
+                        match last {
+                            // Dropped by the server while its runner was built.
+                            None => client.remove_alloc(&newest.id),
+                            Some(last) if last.modify_index > newest.modify_index => {
+                                client.update_alloc(last);
+                            }
+                            Some(_) => {}
                         }
                     });
                     let mut tasks = self.tasks.lock_unpoisoned();
@@ -236,6 +247,15 @@ impl ClientInner {
         self.sync.forget(alloc_id);
         self.moved_lock().remove(alloc_id);
         if self.runnerless_lock().remove(alloc_id).is_some() {
+            self.persister.delete(alloc_id);
+            return;
+        }
+        // Still fetching its checkpoint: its task sees it gone and builds nothing.
+        if self.arriving.lock_unpoisoned().remove(alloc_id).is_some() {
+            tracing::debug!(
+                alloc_id,
+                "dropping an arriving allocation the server dropped"
+            );
             self.persister.delete(alloc_id);
             return;
         }

@@ -93,6 +93,15 @@ impl ClientInner {
             .map(|(id, (alloc, _))| (id.clone(), alloc.modify_index))
             .collect();
         let diff = diff_allocs(&client, &failed, &answer.allocs);
+        // Allocs still arriving are in neither map: one the server dropped meanwhile is
+        // removed here, or its runner would start after its checkpoint came.
+        let dropped_arriving: Vec<String> = {
+            let arriving = self.arriving.lock_unpoisoned();
+            let dropped = arriving
+                .keys()
+                .filter(|id| !answer.allocs.contains_key(*id));
+            dropped.cloned().collect()
+        };
         tracing::debug!(
             added = diff.added.len(),
             updated = diff.updated.len(),
@@ -128,14 +137,14 @@ impl ClientInner {
         // counts: one still arriving keeps it for its runner to start with (see `runners`),
         // one whose runner started since gets it as an update. Dropped, a stop sent
         // meanwhile would reach the runner only with a later answer.
-        let (mut arrived_newer, mut started_since) = (Vec::new(), Vec::new());
+        let (mut arriving_newer, mut started_since) = (Vec::new(), Vec::new());
         {
             let (runners, mut arriving) = (self.runners_lock(), self.arriving.lock_unpoisoned());
             added.retain(|alloc| {
                 if let Some(known) = arriving.get_mut(&alloc.id) {
                     if alloc.modify_index > known.modify_index {
                         *known = alloc.clone();
-                        arrived_newer.push(alloc.clone());
+                        arriving_newer.push(alloc.clone());
                     }
                     return false;
                 }
@@ -146,7 +155,13 @@ impl ClientInner {
                 false
             });
         }
-        for alloc in arrived_newer {
+        // One whose runner could not be built since (failed, held without a runner) is
+        // known too.
+        {
+            let runnerless = self.runnerless_lock();
+            added.retain(|alloc| !runnerless.contains_key(&alloc.id));
+        }
+        for alloc in arriving_newer {
             self.persister.save_alloc_update(alloc);
         }
         for (alloc, runner) in started_since {
@@ -170,7 +185,7 @@ impl ClientInner {
             self.persister.save_alloc_update(alloc.clone());
             self.update_alloc(alloc);
         }
-        for alloc_id in &diff.removed {
+        for alloc_id in diff.removed.iter().chain(&dropped_arriving) {
             self.remove_alloc(alloc_id);
         }
         if !valid.is_empty() {

@@ -236,3 +236,92 @@ async fn a_stop_does_not_wait_for_a_new_allocs_commit_on_a_failing_disk() {
         state.client_status
     );
 }
+
+/// A source that answers "not yet" until `release` is notified, then `checkpoint`.
+fn released_later(
+    asks: Arc<AtomicU32>,
+    release: Arc<Notify>,
+    checkpoint: &'static [u8],
+) -> CheckpointSource {
+    Arc::new(move |_previous| {
+        asks.fetch_add(1, Ordering::SeqCst);
+        let release = release.clone();
+        Box::pin(async move {
+            release.notified().await;
+            Ok(Some(checkpoint.to_vec()))
+        })
+    })
+}
+
+/// Found in review: an alloc moved here and evicted in turn (its new node drained too)
+/// while it fetched its checkpoint must not run, and must hand that checkpoint on to its
+/// own replacement, as any evicted alloc hands on its own.
+#[tokio::test(start_paused = true)]
+async fn an_alloc_evicted_while_its_checkpoint_is_fetched_hands_it_on_without_running() {
+    let _logs = LogCapture::start();
+    let server = InMemoryServer::new();
+    let moved = moved_here();
+    server.place(NODE, moved.clone());
+    let (asks, release) = (Arc::new(AtomicU32::new(0)), Arc::new(Notify::new()));
+    let client = client_on(server.clone(), memory_disk());
+    client.fetch_checkpoints_from(released_later(asks.clone(), release.clone(), b"count=41"));
+    client.start();
+
+    eventually("the ask for its checkpoint", || {
+        asks.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    server.place(
+        NODE,
+        Alloc {
+            desired_status: DesiredStatus::Evict,
+            ..stopped(&moved)
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    release.notify_one();
+    eventually("its runner, built", || client.runner(&moved.id).is_some()).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !ever_reported_running(&server, &moved.id),
+        "an alloc evicted before it started ran"
+    );
+    assert_eq!(
+        client.migration_checkpoint(&moved.id).await,
+        Ok(Some(b"count=41".to_vec())),
+        "the checkpoint it fetched is not handed on"
+    );
+}
+
+/// Found in review: an alloc moved here that the server dropped while its checkpoint was
+/// fetched (its job purged) was never named as removed, being in neither of the client's
+/// maps, and its runner started once the wait ran out.
+#[tokio::test(start_paused = true)]
+async fn an_alloc_dropped_while_its_checkpoint_is_fetched_is_never_built() {
+    let _logs = LogCapture::start();
+    let server = InMemoryServer::new();
+    let moved = moved_here();
+    server.place(NODE, moved.clone());
+    let asks = Arc::new(AtomicU32::new(0));
+    let counted = asks.clone();
+    let never_ready: CheckpointSource = Arc::new(move |_previous| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(CheckpointFetch::NotYet("still shutting down".into())) })
+    });
+    let client = client_on(server.clone(), memory_disk());
+    client.fetch_checkpoints_from(never_ready);
+    client.start();
+
+    eventually("the first ask for its checkpoint", || {
+        asks.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    server.remove(&moved.id);
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert!(
+        client.runner(&moved.id).is_none(),
+        "a runner was built for an alloc the server dropped"
+    );
+    assert!(!ever_reported_running(&server, &moved.id));
+    assert!(!client.alloc_ids().contains(&moved.id));
+}
