@@ -164,6 +164,9 @@ impl Ledger {
     pub(super) fn ended(&self, process: &Process, alloc_id: &str, status: Option<ClientStatus>) {
         let node = &process.node;
         let mut state = self.state.lock_unpoisoned();
+        if let Some(what) = overran(&state, alloc_id, Instant::now()) {
+            self.violated(&mut state, what);
+        }
         state.running.remove(alloc_id);
         state.stops_received.retain(|(_, of), _| of != alloc_id);
         match status {
@@ -180,6 +183,14 @@ impl Ledger {
     /// A node's process died: its runners stopped with it, reporting nothing.
     pub(super) fn crashed(&self, node: &str, process: &str) {
         let mut state = self.state.lock_unpoisoned();
+        let now = Instant::now();
+        let on_it = state.running.iter().filter(|(_, r)| r.process.node == node);
+        let overruns: Vec<String> = on_it
+            .filter_map(|(alloc_id, _)| overran(&state, alloc_id, now))
+            .collect();
+        for what in overruns {
+            self.violated(&mut state, what);
+        }
         let before = state.running.len();
         state
             .running
@@ -263,26 +274,14 @@ impl Ledger {
     /// run longer than that once the node knows; how soon it knows is up to its wire, and a
     /// node cut off learns nothing (its alloc is lost, and its replacement may run beside
     /// it, as in Nomad).
+    /// Checked at every step, and as each runner ends or dies.
     pub(super) fn check_stops(&self) {
         let now = Instant::now();
         let mut state = self.state.lock_unpoisoned();
         let late: Vec<String> = state
             .running
-            .iter()
-            .filter_map(|(alloc_id, running)| {
-                let key = (running.process.name.clone(), alloc_id.clone());
-                let received = *state.stops_received.get(&key)?;
-                let since = now.duration_since(received);
-                (since > running.kill_timeout).then(|| {
-                    format!(
-                        "alloc {alloc_id} still runs on {} {} ms after it received its stop, \
-                         past its kill timeout of {} ms",
-                        running.process.name,
-                        since.as_millis(),
-                        running.kill_timeout.as_millis()
-                    )
-                })
-            })
+            .keys()
+            .filter_map(|alloc_id| overran(&state, alloc_id, now))
             .collect();
         for what in late {
             self.violated(&mut state, what);
@@ -295,13 +294,20 @@ impl Ledger {
             return;
         }
         let mut state = self.state.lock_unpoisoned();
-        state.checkpoints.insert(alloc_id.to_string(), kept);
+        // Two saves answered by one commit may resume in either order: the later one counts.
+        let newer = match state.checkpoints.get(alloc_id) {
+            Some(known) if known.root == kept.root => kept.sequence > known.sequence,
+            _ => true,
+        };
+        if newer {
+            state.checkpoints.insert(alloc_id.to_string(), kept);
+        }
     }
 
     /// A runner is built for `alloc` in `process`, from checkpoint `from` (as
     /// [`AllocRunnerConfig::restored`] has it). Wrong when an alloc restored after a crash
     /// starts from less than the last checkpoint it was told is kept, or from another line's;
-    /// or when an alloc moved off a drained node starts from a checkpoint other than the
+    /// or when an alloc moved off a drained node starts from a checkpoint older than the
     /// last its predecessor was told is kept, or while that predecessor still runs (its
     /// checkpoint is not final then). A moved alloc may start afresh: its predecessor's node
     /// may not answer in time.
@@ -414,6 +420,23 @@ impl Process {
     pub(super) fn alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
     }
+}
+
+/// What is wrong, if anything, with running alloc `alloc_id` at `now`: it runs past its kill
+/// timeout since its node process received its stop.
+fn overran(state: &LedgerState, alloc_id: &str, now: Instant) -> Option<String> {
+    let running = state.running.get(alloc_id)?;
+    let key = (running.process.name.clone(), alloc_id.to_string());
+    let since = now.duration_since(*state.stops_received.get(&key)?);
+    (since > running.kill_timeout).then(|| {
+        format!(
+            "alloc {alloc_id} still runs on {} {} ms after it received its stop, past its \
+             kill timeout of {} ms",
+            running.process.name,
+            since.as_millis(),
+            running.kill_timeout.as_millis()
+        )
+    })
 }
 
 /// The wire of one node process as its client sees it, telling the ledger of every stop

@@ -386,12 +386,13 @@ impl World {
         let db: Arc<dyn StateDb> = node.db.clone();
         let wire = Observed::new(node.link.clone(), node.process.clone(), self.ledger.clone());
         let client = Client::with_state(config, wire, factory, Arc::new(RoomyDisk), db);
-        self.peers.up(&node.name, &client);
+        client.fetch_checkpoints_from(self.peers.source_for(&node.name));
         if let Err(error) = client.restore().await {
             self.ledger
                 .violation(format!("{} cannot restore its state: {error}", node.name));
         }
         client.start();
+        self.peers.serving(&node.name, &client);
         node.client = Some(client);
         self.trace.record(format!("start {}", node.process.name));
     }

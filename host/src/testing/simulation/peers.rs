@@ -28,9 +28,9 @@ impl Peers {
         })
     }
 
-    /// Node `node`'s process started with `client`, which fetches through these peers.
-    pub(super) fn up(self: &Arc<Self>, node: &str, client: &Client) {
-        client.fetch_checkpoints_from(self.source_for(node));
+    /// Node `node`'s process started `client` (restored first, as an agent's is before it
+    /// serves anything): from now on it serves the checkpoints of allocs moved off it.
+    pub(super) fn serving(&self, node: &str, client: &Client) {
         self.clients
             .lock_unpoisoned()
             .insert(node.to_string(), client.clone());
@@ -41,11 +41,18 @@ impl Peers {
         self.clients.lock_unpoisoned().remove(node);
     }
 
-    fn source_for(self: &Arc<Self>, fetcher: &str) -> CheckpointSource {
-        let (peers, fetcher) = (self.clone(), fetcher.to_string());
+    /// Where node `fetcher`'s client fetches checkpoints from. Weak: the peers hold the
+    /// clients, and each client its source.
+    pub(super) fn source_for(self: &Arc<Self>, fetcher: &str) -> CheckpointSource {
+        let (peers, fetcher) = (Arc::downgrade(self), fetcher.to_string());
         Arc::new(move |previous: PreviousAlloc| {
             let (peers, fetcher) = (peers.clone(), fetcher.clone());
-            Box::pin(async move { peers.fetch(&fetcher, &previous).await })
+            Box::pin(async move {
+                let Some(peers) = peers.upgrade() else {
+                    return Err(CheckpointFetch::NotYet("the simulation ended".into()));
+                };
+                peers.fetch(&fetcher, &previous).await
+            })
         })
     }
 

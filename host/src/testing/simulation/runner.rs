@@ -149,10 +149,11 @@ impl Script {
         };
         Script {
             ends,
+            // Fields are drawn in the order written: the later ones came later.
             stops_within: millis(below(2_000)),
+            destroy_takes: millis(below(1_000)),
             hangs: below(8) == 0,
             checkpoint_every: (below(2) == 0).then(|| millis(500 + below(4_500))),
-            destroy_takes: millis(below(1_000)),
             ignores_kills: false,
             kill_timeout_enforced: true,
         }
@@ -192,6 +193,11 @@ impl Inner {
         if state.client_status.is_terminal() {
             stopped.set();
         }
+        // The job's own kill timeout over the client's, as a wasm runner takes it.
+        let kill_timeout = config
+            .limits
+            .with_overrides(&config.alloc.limits)
+            .kill_timeout;
         // It goes on from the checkpoint it starts from; none: a line of its own.
         let restored = config.restored.as_deref().and_then(Checkpoint::read);
         let next_checkpoint = match restored {
@@ -209,7 +215,7 @@ impl Inner {
             state: Mutex::new(state),
             updater: config.state_updater,
             script,
-            kill_timeout: config.limits.kill_timeout,
+            kill_timeout,
             next_checkpoint: Mutex::new(next_checkpoint),
             process,
             ledger,
@@ -332,7 +338,8 @@ impl Inner {
         let saved = self
             .updater
             .checkpoint_saved(&alloc_id, &checkpoint.bytes());
-        if saved.await.is_ok() {
+        // A guest torn down meanwhile never hears the answer (its call went with it).
+        if saved.await.is_ok() && !self.stopped.is_set() {
             self.ledger
                 .checkpoint_kept(&self.process, &alloc_id, checkpoint);
         }
@@ -360,7 +367,8 @@ impl Inner {
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(every).await;
-                    if runner.killing.load(Ordering::SeqCst) || runner.stopped.is_set() {
+                    let ended = runner.killing.load(Ordering::SeqCst) || runner.stopped.is_set();
+                    if ended || !runner.process.alive() {
                         break;
                     }
                     runner.save_checkpoint().await;

@@ -353,12 +353,13 @@ impl ClusterWorld {
             self.ledger.clone(),
         );
         let client = Client::with_state(config, wire, factory, Arc::new(RoomyDisk), db);
-        self.peers.up(&node.name, &client);
+        client.fetch_checkpoints_from(self.peers.source_for(&node.name));
         if let Err(error) = client.restore().await {
             self.ledger
                 .violation(format!("{} cannot restore its state: {error}", node.name));
         }
         client.start();
+        self.peers.serving(&node.name, &client);
         node.running = Some(Running {
             member,
             client,
