@@ -8,7 +8,8 @@
 //!   complete. From then on [`Client::migration_checkpoint`] serves that checkpoint to the
 //!   node of the alloc that replaces it (the agent's HTTP API carries it there). The alloc
 //!   is not collected (which would delete the checkpoint) until it was served once, or for
-//!   at most ten minutes.
+//!   at most ten minutes; a restart of the node holds it again, for as long, since the
+//!   hold is kept in memory only.
 //! - **Arriving.** An alloc with a [`PreviousAlloc`] fetches that alloc's checkpoint through
 //!   the client's [`CheckpointSource`], saves it as its own, and starts its runner from it
 //!   (`restored`). While the previous alloc is still shutting down it waits; when the
@@ -169,11 +170,13 @@ impl ClientInner {
         self.arriving.lock_unpoisoned().get(alloc_id).cloned()
     }
 
-    /// An alloc moved here and evicted in turn before its runner started (its new node is
-    /// drained too): it never runs, and the checkpoint it carries (its predecessor's, saved
-    /// as its own) is served to its replacement and held from collection as an evicted
-    /// alloc's is. Called before its runner is built.
-    pub(super) fn leave_before_starting(self: &Arc<Self>, alloc_id: &str) {
+    /// An evicted alloc whose runner will not run: one moved here and evicted in turn before
+    /// its runner started (its new node drained too), or one restored after a restart of
+    /// this node (the hold of its checkpoint is in memory only). Its checkpoint (for the
+    /// first, its predecessor's, saved as its own) is final: it is served to the alloc's
+    /// replacement and held from collection as a shut-down evicted alloc's is. Called
+    /// before its runner is built or started.
+    pub(super) fn hold_for_replacement(self: &Arc<Self>, alloc_id: &str) {
         let leaving = Leaving {
             stopped: true,
             released: false,
@@ -181,7 +184,7 @@ impl ClientInner {
         self.moved_lock().insert(alloc_id.to_string(), leaving);
         tracing::info!(
             alloc_id,
-            "moving the allocation on before it started: its checkpoint goes with it"
+            "holding the checkpoint of an allocation moving to another node for its replacement"
         );
         let (client, alloc_id) = (Arc::downgrade(self), alloc_id.to_string());
         tokio::spawn(async move {

@@ -21,7 +21,7 @@ use super::leftovers::{list_alloc_dirs, owned_by, remove_leftovers};
 use super::runners::{Built, Restoring};
 use super::{Client, ClientInner, check_alloc_id};
 use crate::allocrunner::alloc_span;
-use crate::model::structs::{AllocState, ClientStatus};
+use crate::model::structs::{AllocState, ClientStatus, DesiredStatus};
 use crate::state::{SavedAlloc, StateError};
 use crate::util::determinism::HashSet;
 use std::sync::Arc;
@@ -148,6 +148,11 @@ impl ClientInner {
                         finished += 1;
                     } else {
                         running += 1;
+                    }
+                    // Moving to another node when this one stopped: its checkpoint is
+                    // held for its replacement again, which a restart forgot.
+                    if alloc.desired_status == DesiredStatus::Evict {
+                        self.hold_for_replacement(&alloc.id);
                     }
                     self.start_runner(&alloc.id, runner);
                 }

@@ -69,7 +69,7 @@ impl ClientInner {
                             return;
                         };
                         if newest.desired_status == DesiredStatus::Evict {
-                            client.leave_before_starting(&newest.id);
+                            client.hold_for_replacement(&newest.id);
                         }
                         let mut config = client.runner_config(&newest, None);
                         config.restored = checkpoint;
@@ -171,7 +171,10 @@ impl ClientInner {
             self.gc.runner_added();
         }
         if runner.alloc_state().client_status.is_terminal() {
-            self.gc.mark_for_collection(alloc_id, runner);
+            // One held for its replacement is marked once the hold ends (`migrate`).
+            if !self.holds_for_its_replacement(alloc_id) {
+                self.gc.mark_for_collection(alloc_id, runner);
+            }
         } else if let Some(wait) = reschedule_wait(&runner.alloc()) {
             // Stopped meanwhile (killed, shut down, destroyed): the runner is let go at once.
             let stopped = runner.wait();

@@ -100,7 +100,7 @@ fn every_invariant_holds_for_five_hundred_seeds() {
 /// simulation may change under them and leave a seed testing something else, so each
 /// defect has a test of its own too (in `server::intake::tests`, `client::alloc_map` and
 /// `client::stops`).
-const REGRESSION_SEEDS: [(u64, &str); 6] = [
+const REGRESSION_SEEDS: [(u64, &str); 7] = [
     (
         84,
         "a scale refused on a failing disk landed with the next change",
@@ -128,6 +128,11 @@ const REGRESSION_SEEDS: [(u64, &str); 6] = [
     (
         683,
         "a stop fetched while a moved alloc's runner started was dropped as a duplicate add",
+    ),
+    (
+        1_584,
+        "an alloc shut down to move, its node restarted before its replacement fetched the \
+         checkpoint, was collected with it",
     ),
 ];
 

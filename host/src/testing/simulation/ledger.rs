@@ -304,6 +304,39 @@ impl Ledger {
         }
     }
 
+    /// Node `node` served `served` as the final checkpoint of alloc `alloc_id`, moved off it.
+    /// Wrong when that is less than the last checkpoint the alloc's runner was told is kept,
+    /// for an alloc shut down to move (held from collection until its checkpoint is served).
+    pub(super) fn served(&self, node: &str, alloc_id: &str, served: Option<&[u8]>) {
+        let mut state = self.state.lock_unpoisoned();
+        // One that ended by itself (or was killed) before the move reached it was not shut
+        // down to move: it is collected as any finished alloc, its checkpoint with it.
+        if state.finished.contains_key(alloc_id) {
+            return;
+        }
+        let Some(kept) = state.checkpoints.get(alloc_id).cloned() else {
+            return;
+        };
+        let served = served.map(|bytes| (Checkpoint::read(bytes), bytes));
+        let wrong = match served {
+            None => Some("no checkpoint".to_string()),
+            Some((Some(served), _))
+                if served.root == kept.root && served.sequence >= kept.sequence =>
+            {
+                None
+            }
+            Some((Some(served), _)) => Some(format!("checkpoint {served}")),
+            Some((None, bytes)) => Some(format!("{:?}", String::from_utf8_lossy(bytes))),
+        };
+        if let Some(wrong) = wrong {
+            let what = format!(
+                "{node} served {wrong} for {alloc_id}, moved off it, whose runner was told \
+                 {kept} is kept"
+            );
+            self.violated(&mut state, what);
+        }
+    }
+
     /// A runner is built for `alloc` in `process`, from checkpoint `from` (as
     /// [`AllocRunnerConfig::restored`] has it). Wrong when an alloc restored after a crash
     /// starts from less than the last checkpoint it was told is kept, or from another line's;

@@ -340,7 +340,7 @@ impl World {
             })
             .collect::<Vec<SimNode>>();
         let links: Vec<Arc<Link>> = nodes.iter().map(|node| node.link.clone()).collect();
-        let peers = Peers::new(move |node| {
+        let peers = Peers::new(ledger.clone(), move |node| {
             let link = links.iter().find(|link| link.node == node);
             link.is_some_and(|link| !link.is_cut())
         });

@@ -2,8 +2,10 @@
 //! node: from that node's current client, as its agent's HTTP API serves it
 //! ([`Client::migration_checkpoint`]), unless either node is cut off or the other one's
 //! process is down (then: not yet, ask again). It reads the clients and changes nothing
-//! but what serving a checkpoint changes (the moved alloc becomes collectable).
+//! but what serving a checkpoint changes (the moved alloc becomes collectable); the ledger
+//! checks each checkpoint served.
 
+use super::ledger::Ledger;
 use crate::client::Client;
 use crate::client::migrate::{CheckpointFetch, CheckpointSource, CheckpointUnavailable};
 use crate::model::structs::PreviousAlloc;
@@ -18,13 +20,18 @@ type Reachable = Box<dyn Fn(&str) -> bool + Send + Sync>;
 pub(super) struct Peers {
     clients: Mutex<BTreeMap<String, Client>>,
     reachable: Reachable,
+    ledger: Arc<Ledger>,
 }
 
 impl Peers {
-    pub(super) fn new(reachable: impl Fn(&str) -> bool + Send + Sync + 'static) -> Arc<Peers> {
+    pub(super) fn new(
+        ledger: Arc<Ledger>,
+        reachable: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Arc<Peers> {
         Arc::new(Peers {
             clients: Mutex::default(),
             reachable: Box::new(reachable),
+            ledger,
         })
     }
 
@@ -68,7 +75,11 @@ impl Peers {
             return Err(CheckpointFetch::NotYet(format!("{node} does not answer")));
         };
         match client.migration_checkpoint(&previous.alloc_id).await {
-            Ok(checkpoint) => Ok(checkpoint),
+            Ok(checkpoint) => {
+                let served = checkpoint.as_deref();
+                self.ledger.served(node, &previous.alloc_id, served);
+                Ok(checkpoint)
+            }
             Err(unknown @ CheckpointUnavailable::Unknown(_)) => {
                 Err(CheckpointFetch::Gone(unknown.to_string()))
             }

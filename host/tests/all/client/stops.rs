@@ -2,6 +2,8 @@
 //! new allocs that a failing disk holds up, and not after an alloc moved here from a drained
 //! node has fetched its checkpoint and started. Each was found by the simulation, whose
 //! check is that no alloc runs longer than its kill timeout once its node received its stop.
+//! And an eviction hands the alloc's checkpoint on: when it comes before the alloc started,
+//! and across a restart of its node.
 
 use super::*;
 use caravan_host::client::migrate::{CheckpointFetch, CheckpointSource};
@@ -324,4 +326,56 @@ async fn an_alloc_dropped_while_its_checkpoint_is_fetched_is_never_built() {
     );
     assert!(!ever_reported_running(&server, &moved.id));
     assert!(!client.alloc_ids().contains(&moved.id));
+}
+
+/// Found by the simulation once it checked what a drained node serves (seed 1,584): an
+/// alloc shut down to move, whose node restarted before its replacement fetched the
+/// checkpoint, was restored finished and collected at once (the hold of its checkpoint is
+/// in memory only), and its replacement started afresh.
+#[tokio::test(start_paused = true)]
+async fn an_evicted_allocs_checkpoint_is_held_for_its_replacement_across_a_restart() {
+    let _logs = LogCapture::start();
+    let server = InMemoryServer::new();
+    let leaving = alloc("native", &["main"], &[]);
+    server.place(NODE, leaving.clone());
+    let disk = memory_disk();
+    let first = client_on(server.clone(), disk.clone());
+    first.start();
+    eventually("the alloc running", || {
+        first
+            .alloc_state(&leaving.id)
+            .is_some_and(|state| state.client_status == ClientStatus::Running)
+    })
+    .await;
+    let checkpoint = caravan_host::state::Write::PutCheckpoint {
+        alloc_id: leaving.id.clone(),
+        data: b"count=12".to_vec(),
+    };
+    caravan_host::state::StateDb::apply(disk.as_ref(), vec![checkpoint]).unwrap();
+    let evicted = Alloc {
+        desired_status: DesiredStatus::Evict,
+        ..stopped(&leaving)
+    };
+    server.place(NODE, evicted);
+    eventually("the alloc shut down to move", || {
+        server
+            .client_state(&leaving.id)
+            .is_some_and(|state| state.client_status.is_terminal())
+    })
+    .await;
+    first.flush_state().await;
+    first.halt();
+
+    let second = client_on(server.clone(), disk.clone());
+    second.restore().await.unwrap();
+    second.start();
+    // Its GC keeps nothing finished (`gc_config(0, _)`) unless it is held, and runs at the
+    // next change: a new alloc.
+    server.place(NODE, alloc("native", &["main"], &[]));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        second.migration_checkpoint(&leaving.id).await,
+        Ok(Some(b"count=12".to_vec())),
+        "the restarted node lost the checkpoint it holds for the replacement"
+    );
 }

@@ -285,7 +285,7 @@ impl ClusterWorld {
         // Checkpoints cross from agent to agent, found through etcd's live nodes: a node cut
         // off, or etcd down, does not answer.
         let reachable = faults.clone();
-        let peers = Peers::new(move |node| {
+        let peers = Peers::new(ledger.clone(), move |node| {
             let faults = reachable.lock_unpoisoned();
             !faults.etcd_down && !faults.cut_off.get(node).copied().unwrap_or(false)
         });
