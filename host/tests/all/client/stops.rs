@@ -60,14 +60,9 @@ fn ever_reported_running(server: &InMemoryServer, alloc_id: &str) -> bool {
     })
 }
 
-/// Found by the simulation (seed 66): the server stopped an alloc moved here while its
-/// checkpoint was still being fetched; the client dropped that version, and the runner
-/// started as the alloc arrived and ran until a later answer (as late as the watch's wait,
-/// five minutes by default) said it again.
-#[tokio::test(start_paused = true)]
-async fn an_alloc_stopped_while_its_checkpoint_is_fetched_never_runs() {
-    let _logs = LogCapture::start();
-    let server = InMemoryServer::new();
+/// A client to which an alloc was moved, asking for its predecessor's checkpoint: the
+/// first ask made, and every answer "not yet".
+async fn moved_here_waiting_for_ever(server: &Arc<InMemoryServer>) -> (Client, Alloc) {
     let moved = moved_here();
     server.place(NODE, moved.clone());
     let asks = Arc::new(AtomicU32::new(0));
@@ -79,11 +74,22 @@ async fn an_alloc_stopped_while_its_checkpoint_is_fetched_never_runs() {
     let client = client_on(server.clone(), memory_disk());
     client.fetch_checkpoints_from(never_ready);
     client.start();
-
     eventually("the first ask for its checkpoint", || {
         asks.load(Ordering::SeqCst) >= 1
     })
     .await;
+    (client, moved)
+}
+
+/// Found by the simulation (seed 66): the server stopped an alloc moved here while its
+/// checkpoint was still being fetched; the client dropped that version, and the runner
+/// started as the alloc arrived and ran until a later answer (as late as the watch's wait,
+/// five minutes by default) said it again.
+#[tokio::test(start_paused = true)]
+async fn an_alloc_stopped_while_its_checkpoint_is_fetched_never_runs() {
+    let _logs = LogCapture::start();
+    let server = InMemoryServer::new();
+    let (client, moved) = moved_here_waiting_for_ever(&server).await;
     server.place(NODE, stopped(&moved));
     // Past the client's patience with a checkpoint (a minute): by then it started, one way
     // or the other.
@@ -302,22 +308,7 @@ async fn an_alloc_evicted_while_its_checkpoint_is_fetched_hands_it_on_without_ru
 async fn an_alloc_dropped_while_its_checkpoint_is_fetched_is_never_built() {
     let _logs = LogCapture::start();
     let server = InMemoryServer::new();
-    let moved = moved_here();
-    server.place(NODE, moved.clone());
-    let asks = Arc::new(AtomicU32::new(0));
-    let counted = asks.clone();
-    let never_ready: CheckpointSource = Arc::new(move |_previous| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async { Err(CheckpointFetch::NotYet("still shutting down".into())) })
-    });
-    let client = client_on(server.clone(), memory_disk());
-    client.fetch_checkpoints_from(never_ready);
-    client.start();
-
-    eventually("the first ask for its checkpoint", || {
-        asks.load(Ordering::SeqCst) >= 1
-    })
-    .await;
+    let (client, moved) = moved_here_waiting_for_ever(&server).await;
     server.remove(&moved.id);
     tokio::time::sleep(Duration::from_secs(90)).await;
     assert!(
