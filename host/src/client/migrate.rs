@@ -15,18 +15,21 @@
 //!   (`restored`). While the previous alloc is still shutting down it waits; when the
 //!   checkpoint cannot be had (its node is gone, no source is set, the wait ran out) the
 //!   alloc starts without one and says why in a WARN. What the server sends of it meanwhile
-//!   is kept, and its runner starts as the newest version says: stopped, it stops waiting
-//!   and never runs; evicted in turn, it never runs either, and hands on the checkpoint it
-//!   fetched as an evicted alloc hands on its own; dropped, it is not built at all.
+//!   (its runner built, or not) is kept, and reaches its runner before the runner starts:
+//!   stopped, it stops waiting and never runs; evicted in turn, it never runs either, and
+//!   hands on the checkpoint it fetched as an evicted alloc hands on its own (asked for it
+//!   before then, it answers "not final yet"); dropped, it is never run, nor kept.
 //!
 //! It knows the client's runners and store, not how a checkpoint crosses the network: that
 //! is the source's.
 
 use super::{Client, ClientInner};
+use crate::allocrunner::AllocRunner;
 use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, PreviousAlloc};
 use crate::util::locks::LockUnpoisoned;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Fetches the checkpoint of alloc `alloc_id` from the agent of node `node_id`.
@@ -53,7 +56,8 @@ pub enum CheckpointUnavailable {
     /// This client does not hold the alloc.
     #[error("allocation {0:?} is not on this node")]
     Unknown(String),
-    /// The alloc still runs, or is still shutting down: its checkpoint is not final.
+    /// The alloc still runs, is still shutting down, or is still arriving here itself: its
+    /// checkpoint is not final.
     #[error("allocation {0:?} is still running; its checkpoint is not final yet")]
     NotFinal(String),
     /// The store could not be read.
@@ -88,24 +92,34 @@ impl Client {
     }
 
     /// The final checkpoint of an alloc this node shut down to move it (`None` when its
-    /// runner saved none). Refused while the alloc still runs, so the node it moves to never
-    /// starts from a checkpoint older than the last.
+    /// runner saved none). Refused while the alloc still runs, or is still arriving here
+    /// itself (fetching its own predecessor's), so the node it moves to never starts from a
+    /// checkpoint older than the last.
     pub async fn migration_checkpoint(
         &self,
         alloc_id: &str,
     ) -> Result<Option<Vec<u8>>, CheckpointUnavailable> {
+        let not_final = || Err(CheckpointUnavailable::NotFinal(alloc_id.to_string()));
+        if self.inner.arriving_version(alloc_id).is_some() {
+            return not_final();
+        }
         let leaving = self.inner.moved_lock().get(alloc_id).copied();
-        let status = match self.inner.runners_lock().get(alloc_id) {
+        // Out of the map's lock before it is asked anything (runners are never called with
+        // the map locked).
+        let runner = self.inner.runners_lock().get(alloc_id).cloned();
+        let status = match runner {
             Some(_) if leaving.is_some_and(|l| l.stopped) => ClientStatus::Complete,
             Some(_) if leaving.is_some() => ClientStatus::Running,
             Some(runner) => runner.client_status(),
             None => match self.inner.runnerless_lock().get(alloc_id) {
                 Some((_, state)) => state.client_status,
+                // Held for its replacement, its runner still being put in the map.
+                None if leaving.is_some() => return not_final(),
                 None => return Err(CheckpointUnavailable::Unknown(alloc_id.to_string())),
             },
         };
         if !status.is_terminal() {
-            return Err(CheckpointUnavailable::NotFinal(alloc_id.to_string()));
+            return not_final();
         }
         let db = self.inner.persister.db();
         let checkpoint =
@@ -164,8 +178,81 @@ impl ClientInner {
         true
     }
 
-    /// The newest version the server sent of an alloc moved here whose runner is not
-    /// started yet.
+    /// Starts `alloc`, moved here from a drained node, on a task of its own once its
+    /// predecessor's checkpoint is here (see the module docs). Nothing when it is arriving
+    /// already, or has its runner: until then each watch answer names it as new.
+    pub(super) fn arrive(self: &Arc<Self>, alloc: &Arc<Alloc>, previous: &PreviousAlloc) {
+        {
+            // Both locks at once (in `apply`'s order): a runner that starts between two
+            // separate looks would get a second.
+            let runners = self.runners_lock();
+            let mut arriving = self.arriving.lock_unpoisoned();
+            if runners.contains_key(&alloc.id) || arriving.contains_key(&alloc.id) {
+                return;
+            }
+            arriving.insert(alloc.id.clone(), alloc.clone());
+        }
+        let (client, alloc, previous) = (self.clone(), alloc.clone(), previous.clone());
+        let task = tokio::spawn(async move {
+            let checkpoint = client.arriving_checkpoint(&alloc, &previous).await;
+            // Built as the newest version the server sent says; one evicted in turn holds
+            // the checkpoint for its own replacement. One dropped meanwhile is not built.
+            let Some(newest) = client.arriving_version(&alloc.id) else {
+                return;
+            };
+            if newest.desired_status == DesiredStatus::Evict {
+                client.hold_for_replacement(&newest.id);
+            }
+            let mut config = client.runner_config(&newest, None);
+            config.restored = checkpoint;
+            let Some(built) = client.build_runners(vec![config]).recv().await else {
+                return; // the runtime is shutting down
+            };
+            match built.runner {
+                Ok(runner) => client.adopt_arriving(&newest.id, runner),
+                Err(error) => {
+                    if client
+                        .arriving
+                        .lock_unpoisoned()
+                        .remove(&newest.id)
+                        .is_some()
+                    {
+                        client.fail_alloc(built.alloc, &built.span, format!("{error:#}"));
+                    }
+                }
+            }
+        });
+        let mut tasks = self.tasks.lock_unpoisoned();
+        tasks.retain(|task| !task.is_finished());
+        tasks.push(task.abort_handle());
+    }
+
+    /// Puts the built runner of an arriving alloc in the map and takes the alloc out of
+    /// `arriving` in one step, unless the server dropped it meanwhile or the client is
+    /// stopping (then the runner is let go, never started). A version the server sent while
+    /// it was built reaches it before it starts.
+    fn adopt_arriving(self: &Arc<Self>, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
+        let last = {
+            let mut runners = self.runners_lock();
+            let mut arriving = self.arriving.lock_unpoisoned();
+            let Some(last) = arriving.remove(alloc_id) else {
+                return;
+            };
+            if self.stopping.load(Ordering::SeqCst) || runners.contains_key(alloc_id) {
+                return;
+            }
+            runners.insert(alloc_id.to_string(), runner.clone());
+            self.gc.runner_added();
+            last
+        };
+        if last.modify_index > runner.alloc().modify_index {
+            self.update_alloc(last);
+        }
+        self.begin(alloc_id, runner);
+    }
+
+    /// The newest version the server sent of an alloc moved here whose runner is not in
+    /// the map yet.
     pub(super) fn arriving_version(&self, alloc_id: &str) -> Option<Arc<Alloc>> {
         self.arriving.lock_unpoisoned().get(alloc_id).cloned()
     }

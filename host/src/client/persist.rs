@@ -5,16 +5,18 @@
 //!   commit), so a crash between the two cannot lose it.
 //! - State reports are written behind, latest wins, many allocs per commit: a busy node would
 //!   otherwise pay one disk sync per report. The server hears a state only after it is on
-//!   disk (the `on_saved` hook runs after the commit), so a restart never finds the server
-//!   ahead of the client: a finished alloc the server saw finished is finished on disk too.
+//!   disk (the `on_saved` hook runs after the commit, for allocs still known then), so a
+//!   restart never finds the server ahead of the client: a finished alloc the server saw
+//!   finished is finished on disk too.
 //! - A report identical to the last one saved is skipped.
 //! - A checkpoint is acknowledged to the guest only once committed, or refused with the reason.
 //! - Saving checks, under the queue's lock, that the alloc is known and not collected; marking
 //!   collected and deleting take the same lock and drop what is queued for the alloc, so a
 //!   late save can never bring a collected alloc back.
-//! - A failed commit keeps its writes (unless newer ones replaced them) and retries with
-//!   backoff; the waiters of that commit are told their write is not saved yet. (Waiters
-//!   queued during the backoff wait for the retry.)
+//! - A failed commit keeps its writes (unless newer ones replaced them, or its alloc was
+//!   deleted meanwhile, or collected: then its acknowledged state and checkpoint go) and
+//!   retries with backoff; the waiters of that commit are told their write is not saved yet.
+//!   (Waiters queued during the backoff wait for the retry.)
 //!
 //! Commits run on the persister's own task, one at a time. A store may ask for each commit
 //! to take a while on tokio's clock ([`StateDb::commit_delay`]: a simulated slow disk); the
@@ -126,8 +128,9 @@ impl Persister {
     }
 
     /// Saves a reported state, behind; `on_saved` hears it after the commit. Returns false
-    /// when the store does not know the alloc (its runner was never built), so the caller
-    /// passes the state on itself. A collected alloc's report is dropped.
+    /// when the store does not know the alloc (its runner was never built, or it was
+    /// deleted), so the caller passes the state on itself. A collected alloc's report is
+    /// dropped.
     pub fn save_state(&self, alloc_id: &str, state: &AllocState) -> bool {
         {
             let mut queue = self.lock();

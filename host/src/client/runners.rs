@@ -41,52 +41,16 @@ impl ClientInner {
         for alloc in allocs {
             match &alloc.previous_alloc {
                 // Moved here from a drained node: it starts once its checkpoint is here, on
-                // a task of its own, so that the others do not wait for it.
+                // a task of its own, so that the others do not wait for it. (Evicted in
+                // turn already, it still fetches the checkpoint, to hand it on.)
                 Some(previous)
-                    if previous.checkpoint && alloc.desired_status == DesiredStatus::Run =>
+                    if previous.checkpoint
+                        && matches!(
+                            alloc.desired_status,
+                            DesiredStatus::Run | DesiredStatus::Evict
+                        ) =>
                 {
-                    // Until its runner is in the map, each watch answer names it as new:
-                    // one fetch for it, not one per answer.
-                    {
-                        // Both locks at once (in `apply`'s order): a runner that starts
-                        // between two separate looks would get a second.
-                        let runners = self.runners_lock();
-                        let mut arriving = self.arriving.lock_unpoisoned();
-                        if runners.contains_key(&alloc.id) || arriving.contains_key(&alloc.id) {
-                            continue;
-                        }
-                        arriving.insert(alloc.id.clone(), alloc.clone());
-                    }
-                    let (client, alloc, previous) = (self.clone(), alloc.clone(), previous.clone());
-                    let arriving = tokio::spawn(async move {
-                        let checkpoint = client.arriving_checkpoint(&alloc, &previous).await;
-                        // The server may have changed it meanwhile: the runner starts as the
-                        // newest version says (one evicted in turn never runs, and hands on
-                        // the checkpoint it carries), and a version newer still, sent while
-                        // the runner was built, reaches it once it is in the map, where later
-                        // answers find it. One the server dropped is not built at all.
-                        let Some(newest) = client.arriving_version(&alloc.id) else {
-                            return;
-                        };
-                        if newest.desired_status == DesiredStatus::Evict {
-                            client.hold_for_replacement(&newest.id);
-                        }
-                        let mut config = client.runner_config(&newest, None);
-                        config.restored = checkpoint;
-                        client.start_built(vec![config]).await;
-                        let last = client.arriving.lock_unpoisoned().remove(&newest.id);
-                        match last {
-                            // Dropped by the server while its runner was built.
-                            None => client.remove_alloc(&newest.id),
-                            Some(last) if last.modify_index > newest.modify_index => {
-                                client.update_alloc(last);
-                            }
-                            Some(_) => {}
-                        }
-                    });
-                    let mut tasks = self.tasks.lock_unpoisoned();
-                    tasks.retain(|task| !task.is_finished());
-                    tasks.push(arriving.abort_handle());
+                    self.arrive(alloc, previous);
                 }
                 _ => configs.push(self.runner_config(alloc, None)),
             }
@@ -151,10 +115,7 @@ impl ClientInner {
         received
     }
 
-    /// Puts a built runner in the map; runs it unless it is restored terminal, in which
-    /// case it only waits for collection. A replacement of a failed alloc runs once its
-    /// reschedule delay is over (never earlier: the delay is what keeps a crashing runner
-    /// from spinning); a kill or a shutdown meanwhile means it never runs.
+    /// Puts a built runner in the map, and starts it (see [`ClientInner::begin`]).
     pub(super) fn start_runner(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
         {
             let mut runners = self.runners_lock();
@@ -170,6 +131,14 @@ impl ClientInner {
             runners.insert(alloc_id.to_string(), runner.clone());
             self.gc.runner_added();
         }
+        self.begin(alloc_id, runner);
+    }
+
+    /// Runs a runner just put in the map, unless it is restored terminal, in which case it
+    /// only waits for collection. A replacement of a failed alloc runs once its reschedule
+    /// delay is over (never earlier: the delay is what keeps a crashing runner from
+    /// spinning); a kill or a shutdown meanwhile means it never runs.
+    pub(super) fn begin(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
         if runner.alloc_state().client_status.is_terminal() {
             // One held for its replacement is marked once the hold ends (`migrate`).
             if !self.holds_for_its_replacement(alloc_id) {
@@ -230,6 +199,11 @@ impl ClientInner {
     }
 
     pub(super) fn update_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
+        let runner = self.runners_lock().get(&alloc.id).cloned();
+        // A version its runner has already (or a newer one) changes nothing, evict included.
+        if runner.is_some_and(|runner| alloc.modify_index <= runner.alloc().modify_index) {
+            return;
+        }
         // An evicted alloc is shut down, not killed; a later answer naming it again must not
         // turn that shutdown into a kill.
         if alloc.desired_status == DesiredStatus::Evict

@@ -6,7 +6,7 @@
 //! and across a restart of its node.
 
 use super::*;
-use caravan_host::client::migrate::{CheckpointFetch, CheckpointSource};
+use caravan_host::client::migrate::{CheckpointFetch, CheckpointSource, CheckpointUnavailable};
 use caravan_host::model::structs::{DesiredStatus, PreviousAlloc};
 use caravan_host::rpc::{AllocUpdate, NodeAllocs, ServerApi, ServerError};
 use caravan_host::state::MemoryStateDb;
@@ -62,23 +62,26 @@ fn ever_reported_running(server: &InMemoryServer, alloc_id: &str) -> bool {
 
 /// A client to which an alloc was moved, asking for its predecessor's checkpoint: the
 /// first ask made, and every answer "not yet".
-async fn moved_here_waiting_for_ever(server: &Arc<InMemoryServer>) -> (Client, Alloc) {
+async fn moved_here_waiting_for_ever(
+    server: &Arc<InMemoryServer>,
+) -> (Client, Alloc, Arc<FaultyStateDb>) {
     let moved = moved_here();
     server.place(NODE, moved.clone());
+    let disk = memory_disk();
     let asks = Arc::new(AtomicU32::new(0));
     let counted = asks.clone();
     let never_ready: CheckpointSource = Arc::new(move |_previous| {
         counted.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Err(CheckpointFetch::NotYet("still shutting down".into())) })
     });
-    let client = client_on(server.clone(), memory_disk());
+    let client = client_on(server.clone(), disk.clone());
     client.fetch_checkpoints_from(never_ready);
     client.start();
     eventually("the first ask for its checkpoint", || {
         asks.load(Ordering::SeqCst) >= 1
     })
     .await;
-    (client, moved)
+    (client, moved, disk)
 }
 
 /// Found by the simulation (seed 66): the server stopped an alloc moved here while its
@@ -89,11 +92,11 @@ async fn moved_here_waiting_for_ever(server: &Arc<InMemoryServer>) -> (Client, A
 async fn an_alloc_stopped_while_its_checkpoint_is_fetched_never_runs() {
     let _logs = LogCapture::start();
     let server = InMemoryServer::new();
-    let (client, moved) = moved_here_waiting_for_ever(&server).await;
+    let (client, moved, _disk) = moved_here_waiting_for_ever(&server).await;
     server.place(NODE, stopped(&moved));
-    // Past the client's patience with a checkpoint (a minute): by then it started, one way
-    // or the other.
-    tokio::time::sleep(Duration::from_secs(90)).await;
+    // Far less than the client's patience with a checkpoint (a minute): a stopped alloc
+    // does not wait for it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let runner = client.runner(&moved.id).expect("its runner, built");
     assert!(
         runner.alloc().desired_status.is_stop(),
@@ -245,19 +248,19 @@ async fn a_stop_does_not_wait_for_a_new_allocs_commit_on_a_failing_disk() {
     );
 }
 
-/// A source that answers "not yet" until `release` is notified, then `checkpoint`.
+/// A source that answers "not yet" until `released`, then `checkpoint`.
 fn released_later(
     asks: Arc<AtomicU32>,
-    release: Arc<Notify>,
+    released: Arc<AtomicBool>,
     checkpoint: &'static [u8],
 ) -> CheckpointSource {
     Arc::new(move |_previous| {
         asks.fetch_add(1, Ordering::SeqCst);
-        let release = release.clone();
-        Box::pin(async move {
-            release.notified().await;
-            Ok(Some(checkpoint.to_vec()))
-        })
+        let answer = match released.load(Ordering::SeqCst) {
+            true => Ok(Some(checkpoint.to_vec())),
+            false => Err(CheckpointFetch::NotYet("still shutting down".into())),
+        };
+        Box::pin(async move { answer })
     })
 }
 
@@ -270,9 +273,12 @@ async fn an_alloc_evicted_while_its_checkpoint_is_fetched_hands_it_on_without_ru
     let server = InMemoryServer::new();
     let moved = moved_here();
     server.place(NODE, moved.clone());
-    let (asks, release) = (Arc::new(AtomicU32::new(0)), Arc::new(Notify::new()));
+    let (asks, released) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let client = client_on(server.clone(), memory_disk());
-    client.fetch_checkpoints_from(released_later(asks.clone(), release.clone(), b"count=41"));
+    client.fetch_checkpoints_from(released_later(asks.clone(), released.clone(), b"count=41"));
     client.start();
 
     eventually("the ask for its checkpoint", || {
@@ -286,8 +292,22 @@ async fn an_alloc_evicted_while_its_checkpoint_is_fetched_hands_it_on_without_ru
             ..stopped(&moved)
         },
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    release.notify_one();
+    // It goes on asking (an eviction is no reason to give up the checkpoint), and, asked
+    // for it itself meanwhile, says it is not final yet.
+    let asked_before = asks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        asks.load(Ordering::SeqCst) > asked_before,
+        "it stopped asking for its checkpoint once evicted"
+    );
+    assert!(
+        matches!(
+            client.migration_checkpoint(&moved.id).await,
+            Err(CheckpointUnavailable::NotFinal(_))
+        ),
+        "asked for its checkpoint while it still fetched it, it did not say \"not yet\""
+    );
+    released.store(true, Ordering::SeqCst);
     eventually("its runner, built", || client.runner(&moved.id).is_some()).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
@@ -308,9 +328,15 @@ async fn an_alloc_evicted_while_its_checkpoint_is_fetched_hands_it_on_without_ru
 async fn an_alloc_dropped_while_its_checkpoint_is_fetched_is_never_built() {
     let _logs = LogCapture::start();
     let server = InMemoryServer::new();
-    let (client, moved) = moved_here_waiting_for_ever(&server).await;
+    let (client, moved, disk) = moved_here_waiting_for_ever(&server).await;
     server.remove(&moved.id);
     tokio::time::sleep(Duration::from_secs(90)).await;
+    client.flush_state().await;
+    let saved = caravan_host::state::StateDb::client_allocs(disk.as_ref()).unwrap();
+    assert!(
+        saved.iter().all(|record| record.alloc_id != moved.id),
+        "the record of an alloc the server dropped is kept"
+    );
     assert!(
         client.runner(&moved.id).is_none(),
         "a runner was built for an alloc the server dropped"
