@@ -119,7 +119,7 @@ struct ClientInner {
     /// stopped (see `migrate`).
     moved: Mutex<HashMap<String, migrate::Leaving>>,
     /// Allocs moved here whose checkpoint is being fetched, each at the newest version the
-    /// server sent: their runner starts after, as that version says (`runners`).
+    /// server sent: their runner starts after, as that version says (`migrate`).
     arriving: Mutex<HashMap<String, Arc<Alloc>>>,
 }
 

@@ -134,7 +134,7 @@ impl ClientInner {
         // now (one moved here from a drained node starts on a task of its own), or be about
         // to. It is not added again: failing it when that second save fails would report a
         // running alloc failed, and the GC would destroy it. A newer version of it still
-        // counts: one still arriving keeps it for its runner to start with (see `runners`),
+        // counts: one still arriving keeps it for its runner to start with (see `migrate`),
         // one whose runner started since gets it as an update. Dropped, a stop sent
         // meanwhile would reach the runner only with a later answer.
         let (mut arriving_newer, mut started_since) = (Vec::new(), Vec::new());
