@@ -324,11 +324,9 @@ pub(super) fn node_disk_fault(
         delay.as_millis(),
         heals_after.as_millis()
     ));
-    let trace = trace.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(heals_after).await;
-        db.slow_commits(Duration::ZERO);
-        trace.record(format!("disk of {name} is quick again"));
+    let healed = format!("disk of {name} is quick again");
+    heal_after(heals_after, trace, healed, move || {
+        db.slow_commits(Duration::ZERO)
     });
 }
 
@@ -344,10 +342,21 @@ pub(super) fn fail_writes_for(
         "disk of {name} fails writes for {} ms",
         heals_after.as_millis()
     ));
+    let healed = format!("disk of {name} writes again");
+    heal_after(heals_after, trace, healed, move || db.fail_writes(false));
+}
+
+/// After `heals_after`, `heal`s a fault and records `healed`.
+fn heal_after(
+    heals_after: Duration,
+    trace: &Trace,
+    healed: String,
+    heal: impl FnOnce() + Send + 'static,
+) {
     let trace = trace.clone();
     tokio::spawn(async move {
         tokio::time::sleep(heals_after).await;
-        db.fail_writes(false);
-        trace.record(format!("disk of {name} writes again"));
+        heal();
+        trace.record(healed);
     });
 }
