@@ -223,7 +223,10 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
 
     // The scheduler removes the first: the client kills and drops it, and a state sent for it
     // after the delete (as a client would in a race with it) is refused: its alloc key is
-    // gone, so no status is written for it again.
+    // gone, so no status is written for it again. The test's own raw client below may pick
+    // the restarted member, so that member must serve first (it did not always by now: a
+    // refused connection failed CI once).
+    cluster.wait_for_member(0).await;
     let mut raw = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
