@@ -269,6 +269,11 @@ impl EtcdSchedulerDb {
     /// The etcd writes that save `writes`, one group per record (an alloc moved to its node
     /// is a delete and a put: never split between two transactions, or a leader dying in
     /// between would lose it), and the alloc keys they leave behind.
+    ///
+    /// The alloc groups go in the order of their keys, so node by node: a node's allocs of
+    /// one save reach its watch in one or two transactions, and it starts them and reports
+    /// their states together, in one status write, rather than in one for each of the
+    /// transactions they were spread over in the server's order (its alloc ids').
     fn plan(&self, writes: Vec<Write>) -> Result<(Vec<Group>, SavedChanges), StateError> {
         // What the save changes, beside what is written: never a copy of every alloc's key
         // (a copy per save made each save cost as much as the whole cluster's allocs).
@@ -279,6 +284,11 @@ impl EtcdSchedulerDb {
             current: &current.allocs,
         };
         let mut ops = Vec::new();
+        // The alloc groups, by the key that places them, and where in `ops` they go: where
+        // the first came, as the server writes its allocs in one run.
+        let mut alloc_groups: Vec<(String, Group)> = Vec::new();
+        let mut allocs_at = None;
+        let mut counters = None;
         for write in writes {
             match write {
                 Write::PutServer {
@@ -317,7 +327,8 @@ impl EtcdSchedulerDb {
                         key: location.clone(),
                         value: value.clone(),
                     });
-                    ops.push(group);
+                    allocs_at.get_or_insert(ops.len());
+                    alloc_groups.push((location.clone(), group));
                     after.allocs.insert(key, Some((location, value)));
                 }
                 Write::DeleteServer {
@@ -327,10 +338,13 @@ impl EtcdSchedulerDb {
                     let mut group = vec![FencedOp::Delete {
                         key: keys::status_key(&key),
                     }];
+                    let mut placed_at = None;
                     if let Some((old, _)) = after.get(&key) {
                         group.push(FencedOp::Delete { key: old.clone() });
+                        placed_at = Some(old.clone());
                     }
-                    ops.push(group);
+                    allocs_at.get_or_insert(ops.len());
+                    alloc_groups.push((placed_at.unwrap_or_else(|| keys::status_key(&key)), group));
                     after.allocs.insert(key, None);
                 }
                 // Cluster nodes are known from their live keys, not from a saved list.
@@ -357,16 +371,11 @@ impl EtcdSchedulerDb {
                     let meta = SchedulerMeta {
                         next_sequence: saved.next_sequence,
                     };
-                    // First: a save cut short after it must not let the next leader hand
-                    // out sequence numbers its allocs already have.
                     if meta != after.meta {
-                        ops.insert(
-                            0,
-                            vec![FencedOp::Put {
-                                key: keys::scheduler_meta_key(),
-                                value: encode(&meta),
-                            }],
-                        );
+                        counters = Some(vec![FencedOp::Put {
+                            key: keys::scheduler_meta_key(),
+                            value: encode(&meta),
+                        }]);
                         after.meta = meta;
                     }
                 }
@@ -380,6 +389,15 @@ impl EtcdSchedulerDb {
                     )));
                 }
             }
+        }
+        if let Some(at) = allocs_at {
+            alloc_groups.sort_by(|a, b| a.0.cmp(&b.0));
+            ops.splice(at..at, alloc_groups.into_iter().map(|(_, group)| group));
+        }
+        // First: a save cut short after it must not let the next leader hand out sequence
+        // numbers its allocs already have.
+        if let Some(counters) = counters {
+            ops.insert(0, counters);
         }
         Ok((ops, after.into_owned()))
     }
@@ -575,3 +593,6 @@ impl StateDb for EtcdSchedulerDb {
             .unwrap_or_default())
     }
 }
+
+#[cfg(test)]
+mod tests;
