@@ -324,7 +324,11 @@ fn measure(
     );
     let submitted = Instant::now();
     let answer = agent.request("POST", "/v1/jobs", &job);
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{answer}\nthe agent's last warnings:\n{}",
+        agent.last_warnings(20)
+    );
     loop {
         let now_running = running(&agent);
         if now_running >= allocs {
@@ -340,9 +344,10 @@ fn measure(
         }
         assert!(
             submitted.elapsed() < Duration::from_secs(300),
-            "{nodes} nodes, {runner}: only {now_running} of {allocs} allocs running after 5 minutes; nodesim holds {} memory maps of vm.max_map_count {}",
+            "{nodes} nodes, {runner} on {target:?}: only {now_running} of {allocs} allocs running after 5 minutes; nodesim holds {} memory maps of vm.max_map_count {}; the agent's last warnings:\n{}",
             maps_of(sim.child.id()),
             max_map_count(),
+            agent.last_warnings(20),
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -391,6 +391,31 @@ impl Agent {
             .collect()
     }
 
+    /// The last `count` kept lines logged at WARN or ERROR, one per line, and the `count`
+    /// messages logged most: what a bench that failed prints, so that it says why.
+    pub fn last_warnings(&self, count: usize) -> String {
+        let lines = self.lines.lock().unwrap();
+        let warnings: Vec<&String> = lines
+            .iter()
+            .filter(|line| {
+                line.contains(r#""level":"WARN""#) || line.contains(r#""level":"ERROR""#)
+            })
+            .collect();
+        let skip = warnings.len().saturating_sub(count);
+        let mut said: String = warnings[skip..]
+            .iter()
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let messages = self.messages.lock().unwrap();
+        let mut counted: Vec<(&String, &u64)> = messages.iter().collect();
+        counted.sort_by(|a, b| b.1.cmp(a.1));
+        said.push_str("its messages, most logged first:\n");
+        for (message, times) in counted.into_iter().take(count) {
+            said.push_str(&format!("{times:>8} {message}\n"));
+        }
+        said
+    }
+
     /// How many lines the agent logged with `message` so far.
     pub fn count_logged(&self, message: &str) -> u64 {
         let messages = self.messages.lock().unwrap();

@@ -306,8 +306,12 @@ impl NodesimCommand {
                 for _ in 1..config.nodes.div_ceil(NODES_PER_ETCD_CONNECTION) {
                     stores.push(EtcdStore::connect_with(&endpoints, &access).await?);
                 }
-                let connection_of =
-                    |number: usize| &stores[(number - 1) / NODES_PER_ETCD_CONNECTION];
+                // Dealt round, not in blocks: the leader writes a save's allocs node by node,
+                // in the order of their names, and a block of a hundred neighbours on one
+                // connection took a hundred nodes' allocs, runner starts and status writes
+                // at once, ahead of their lease renewals (which lapsed, for thousands of
+                // nodes at 5,000). Real nodes each have a connection of their own.
+                let connection_of = |number: usize| &stores[(number - 1) % stores.len()];
                 let members = (1..=config.nodes)
                     .map(|number| {
                         let record = MemberRecord {
@@ -344,7 +348,7 @@ impl NodesimCommand {
                 let by_node: std::collections::HashMap<String, Arc<EtcdServerApi>> = (1..=config
                     .nodes)
                     .map(|number| {
-                        let api = apis[(number - 1) / NODES_PER_ETCD_CONNECTION].clone();
+                        let api = apis[(number - 1) % apis.len()].clone();
                         (node_name(&config.name_prefix, number), api)
                     })
                     .collect();
