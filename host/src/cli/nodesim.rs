@@ -299,8 +299,8 @@ impl NodesimCommand {
                 let access = security.access()?;
                 let store = EtcdStore::connect_with(&endpoints, &access).await?;
                 store.check_schema().await?;
-                // Each hundred nodes has a connection of its own, as real nodes each have:
-                // one connection carrying every node's lease and watch streams would be one
+                // A connection for every hundred nodes (real nodes each have their own): one
+                // connection carrying every node's lease and watch streams would be one
                 // queue, and one failure, for all of them.
                 let mut stores = vec![store.clone()];
                 for _ in 1..config.nodes.div_ceil(NODES_PER_ETCD_CONNECTION) {
@@ -310,8 +310,9 @@ impl NodesimCommand {
                 // in the order of their names, and a block of a hundred neighbours on one
                 // connection took a hundred nodes' allocs, runner starts and status writes
                 // at once, ahead of their lease renewals (which lapsed, for thousands of
-                // nodes at 5,000). Real nodes each have a connection of their own.
-                let connection_of = |number: usize| &stores[(number - 1) % stores.len()];
+                // nodes at 5,000). A node's lease and its watch share its connection.
+                let slot = |number: usize| (number - 1) % stores.len();
+                let connection_of = |number: usize| &stores[slot(number)];
                 let members = (1..=config.nodes)
                     .map(|number| {
                         let record = MemberRecord {
@@ -348,7 +349,7 @@ impl NodesimCommand {
                 let by_node: std::collections::HashMap<String, Arc<EtcdServerApi>> = (1..=config
                     .nodes)
                     .map(|number| {
-                        let api = apis[(number - 1) % apis.len()].clone();
+                        let api = apis[slot(number)].clone();
                         (node_name(&config.name_prefix, number), api)
                     })
                     .collect();
@@ -369,7 +370,7 @@ impl NodesimCommand {
     }
 }
 
-/// How many simulated nodes share one connection to etcd.
+/// How many simulated nodes share one connection to etcd, at most.
 const NODES_PER_ETCD_CONNECTION: usize = 100;
 
 /// The API a simulated node's member record names: nothing answers there, and no agent

@@ -271,9 +271,11 @@ impl EtcdSchedulerDb {
     /// between would lose it), and the alloc keys they leave behind.
     ///
     /// The alloc groups go in the order of their keys, so node by node: a node's allocs of
-    /// one save reach its watch in one or two transactions, and it starts them and reports
-    /// their states together, in one status write, rather than in one for each of the
-    /// transactions they were spread over in the server's order (its alloc ids').
+    /// one save reach its watch in one or two transactions (when they fit in one,
+    /// [`MAX_FENCED_OPS`]), and it starts them and reports their states together, in one
+    /// status write, rather than in one for each of the transactions they were spread over
+    /// in the server's order (its alloc ids'). That takes what the server's saves are: each
+    /// alloc written at most once, and the allocs in one run, after the jobs.
     fn plan(&self, writes: Vec<Write>) -> Result<(Vec<Group>, SavedChanges), StateError> {
         // What the save changes, beside what is written: never a copy of every alloc's key
         // (a copy per save made each save cost as much as the whole cluster's allocs).
@@ -284,8 +286,7 @@ impl EtcdSchedulerDb {
             current: &current.allocs,
         };
         let mut ops = Vec::new();
-        // The alloc groups, by the key that places them, and where in `ops` they go: where
-        // the first came, as the server writes its allocs in one run.
+        // The alloc groups by the key that places them, to go where the first one came.
         let mut alloc_groups: Vec<(String, Group)> = Vec::new();
         let mut allocs_at = None;
         let mut counters = None;
@@ -310,6 +311,7 @@ impl EtcdSchedulerDb {
                     key,
                     value,
                 } => {
+                    debug_assert!(!after.allocs.contains_key(&key), "alloc {key} twice");
                     let record: SavedAllocRecord = serde_json::from_slice(&value)
                         .map_err(|e| StateError::Io(format!("alloc record {key}: {e}")))?;
                     let record = as_stored(record);
@@ -335,6 +337,7 @@ impl EtcdSchedulerDb {
                     table: ServerTable::Allocs,
                     key,
                 } => {
+                    debug_assert!(!after.allocs.contains_key(&key), "alloc {key} twice");
                     let mut group = vec![FencedOp::Delete {
                         key: keys::status_key(&key),
                     }];
@@ -394,8 +397,7 @@ impl EtcdSchedulerDb {
             alloc_groups.sort_by(|a, b| a.0.cmp(&b.0));
             ops.splice(at..at, alloc_groups.into_iter().map(|(_, group)| group));
         }
-        // First: a save cut short after it must not let the next leader hand out sequence
-        // numbers its allocs already have.
+        // First: a save cut short must not let the next leader reuse sequence numbers.
         if let Some(counters) = counters {
             ops.insert(0, counters);
         }

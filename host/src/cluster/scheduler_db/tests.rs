@@ -47,7 +47,10 @@ async fn a_save_writes_each_nodes_allocs_together() {
     let writes: Vec<Write> = (0..400)
         .map(|i| saved_alloc(&format!("alloc-{i:03}"), &format!("node-{:02}", i % nodes)))
         .collect();
-    assert!(writes.len() > 3 * MAX_FENCED_OPS);
+    assert!(
+        writes.len() > 3 * MAX_FENCED_OPS,
+        "too few writes to span the transactions this test needs"
+    );
     tokio::task::spawn_blocking(move || db.apply(writes))
         .await
         .unwrap()
@@ -68,4 +71,104 @@ async fn a_save_writes_each_nodes_allocs_together() {
             revisions.len()
         );
     }
+}
+
+/// An alloc record with no node yet, as the server saves it.
+fn saved_unplaced_alloc(id: &str) -> Write {
+    let Write::PutServer { value, .. } = saved_alloc(id, "-") else {
+        unreachable!("saved_alloc puts")
+    };
+    let mut record: serde_json::Value = serde_json::from_slice(&value).unwrap();
+    record["node_id"] = serde_json::Value::Null;
+    Write::PutServer {
+        table: ServerTable::Allocs,
+        key: id.to_string(),
+        value: serde_json::to_vec(&record).unwrap(),
+    }
+}
+
+/// Each group's writes, as "put KEY" or "delete KEY".
+fn described(groups: &[Group]) -> Vec<Vec<String>> {
+    groups
+        .iter()
+        .map(|group| {
+            group
+                .iter()
+                .map(|op| match op {
+                    FencedOp::Put { key, .. } => format!("put {key}"),
+                    FencedOp::Delete { key } => format!("delete {key}"),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Only the allocs move: the counters stay first (a save cut short must not let the next
+/// leader reuse sequence numbers), the job before its allocs, the node schedules after them,
+/// and a move or a delete sorts by the node key it touches, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_sorts_only_its_allocs_and_keeps_each_group_whole() {
+    let etcd = SimulatedEtcd::new();
+    let store = etcd.store();
+    let fence = won_fence(&store).await;
+    let (db, _) = EtcdSchedulerDb::load(&store, fence).await.unwrap();
+    let db = std::sync::Arc::new(db);
+    let first = vec![saved_unplaced_alloc("m"), saved_alloc("d", "node-b")];
+    let saving = db.clone();
+    tokio::task::spawn_blocking(move || saving.apply(first))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let meta = SavedMeta {
+        index: 2,
+        next_sequence: 7,
+        nodes: Default::default(),
+    };
+    let second = vec![
+        Write::PutServer {
+            table: ServerTable::Jobs,
+            key: "web".into(),
+            value: b"{}".to_vec(),
+        },
+        saved_alloc("a1", "node-b"),
+        saved_alloc("a2", "node-a"),
+        Write::DeleteServer {
+            table: ServerTable::Allocs,
+            key: "d".into(),
+        },
+        saved_alloc("m", "node-a"),
+        Write::PutServer {
+            table: ServerTable::Meta,
+            key: META_KEY.into(),
+            value: serde_json::to_vec(&meta).unwrap(),
+        },
+        Write::PutServer {
+            table: ServerTable::Meta,
+            key: NODE_SCHEDULES_KEY.into(),
+            value: b"{}".to_vec(),
+        },
+    ];
+    let (groups, _) = db.plan(second).unwrap();
+
+    let put = |key: String| format!("put {key}");
+    let delete = |key: String| format!("delete {key}");
+    assert_eq!(
+        described(&groups),
+        vec![
+            vec![put(keys::scheduler_meta_key())],
+            vec![put(keys::job_key("web"))],
+            vec![put(keys::alloc_key("node-a", "a2"))],
+            vec![
+                delete(keys::unplaced_key("m")),
+                put(keys::alloc_key("node-a", "m"))
+            ],
+            vec![put(keys::alloc_key("node-b", "a1"))],
+            vec![
+                delete(keys::status_key("d")),
+                delete(keys::alloc_key("node-b", "d"))
+            ],
+            vec![put(keys::node_schedules_key())],
+        ]
+    );
 }
