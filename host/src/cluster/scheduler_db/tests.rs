@@ -3,15 +3,19 @@ use crate::model::structs::{Alloc, Task};
 use crate::testing::simulated_etcd::SimulatedEtcd;
 use std::collections::BTreeSet;
 
-/// Wins the leader key of `store` as an elected agent does, for a writer to fence on.
-async fn won_fence(store: &EtcdStore) -> Fence {
+/// A leader's store on an empty simulated etcd: its leader key won as an elected agent wins
+/// it, for the writer to fence on. Saves block: make them with `spawn_blocking`.
+async fn leading_db() -> (EtcdStore, EtcdSchedulerDb) {
+    let store = SimulatedEtcd::new().store();
     let key = keys::leader_key();
     assert!(store.create(&key, b"agent-1").await.unwrap());
     let held = store.get_many(std::slice::from_ref(&key)).await.unwrap();
-    Fence {
+    let fence = Fence {
         key,
         create_revision: held[0].create_revision,
-    }
+    };
+    let (db, _) = EtcdSchedulerDb::load(&store, fence).await.unwrap();
+    (store, db)
 }
 
 /// An alloc record on `node`, as the server saves it.
@@ -37,10 +41,7 @@ fn saved_alloc(id: &str, node: &str) -> Write {
 /// transaction at a time, a status write for each. The save writes them node by node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_writes_each_nodes_allocs_together() {
-    let etcd = SimulatedEtcd::new();
-    let store = etcd.store();
-    let fence = won_fence(&store).await;
-    let (db, _) = EtcdSchedulerDb::load(&store, fence).await.unwrap();
+    let (store, db) = leading_db().await;
 
     // 40 nodes of 10 allocs: 400 puts, more than three transactions' worth.
     let nodes = 40;
@@ -108,10 +109,7 @@ fn described(groups: &[Group]) -> Vec<Vec<String>> {
 /// and a move or a delete sorts by the node key it touches, whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_sorts_only_its_allocs_and_keeps_each_group_whole() {
-    let etcd = SimulatedEtcd::new();
-    let store = etcd.store();
-    let fence = won_fence(&store).await;
-    let (db, _) = EtcdSchedulerDb::load(&store, fence).await.unwrap();
+    let (_, db) = leading_db().await;
     let db = std::sync::Arc::new(db);
     let first = vec![saved_unplaced_alloc("m"), saved_alloc("d", "node-b")];
     let saving = db.clone();
