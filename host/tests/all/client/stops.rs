@@ -53,6 +53,25 @@ fn memory_disk() -> Arc<FaultyStateDb> {
     Arc::new(FaultyStateDb::new(Arc::new(MemoryStateDb::new())))
 }
 
+/// A started client, on a disk of its own, that runs `alloc` once placed on `server`;
+/// returned once it runs.
+async fn client_running(
+    server: &Arc<InMemoryServer>,
+    alloc: &Alloc,
+) -> (Client, Arc<FaultyStateDb>) {
+    server.place(NODE, alloc.clone());
+    let disk = memory_disk();
+    let client = client_on(server.clone(), disk.clone());
+    client.start();
+    eventually("the first alloc running", || {
+        client
+            .alloc_state(&alloc.id)
+            .is_some_and(|state| state.client_status == ClientStatus::Running)
+    })
+    .await;
+    (client, disk)
+}
+
 /// Whether the server ever heard `alloc_id` running.
 fn ever_reported_running(server: &InMemoryServer, alloc_id: &str) -> bool {
     server.update_batches().iter().flatten().any(|update| {
@@ -221,16 +240,7 @@ async fn a_stop_does_not_wait_for_a_new_allocs_commit_on_a_failing_disk() {
     let _logs = LogCapture::start();
     let server = InMemoryServer::new();
     let running = alloc("native", &["main"], &[]);
-    server.place(NODE, running.clone());
-    let disk = memory_disk();
-    let client = client_on(server.clone(), disk.clone());
-    client.start();
-    eventually("the first alloc running", || {
-        client
-            .alloc_state(&running.id)
-            .is_some_and(|state| state.client_status == ClientStatus::Running)
-    })
-    .await;
+    let (client, disk) = client_running(&server, &running).await;
 
     // The disk fails, and keeps failing a commit (another alloc's, refused) long enough for
     // the persister's backoff to reach its cap.
@@ -354,16 +364,7 @@ async fn an_evicted_allocs_checkpoint_is_held_for_its_replacement_across_a_resta
     let _logs = LogCapture::start();
     let server = InMemoryServer::new();
     let leaving = alloc("native", &["main"], &[]);
-    server.place(NODE, leaving.clone());
-    let disk = memory_disk();
-    let first = client_on(server.clone(), disk.clone());
-    first.start();
-    eventually("the alloc running", || {
-        first
-            .alloc_state(&leaving.id)
-            .is_some_and(|state| state.client_status == ClientStatus::Running)
-    })
-    .await;
+    let (first, disk) = client_running(&server, &leaving).await;
     let checkpoint = caravan_host::state::Write::PutCheckpoint {
         alloc_id: leaving.id.clone(),
         data: b"count=12".to_vec(),
