@@ -29,7 +29,6 @@ use crate::model::structs::{Alloc, AllocState, ClientStatus, DesiredStatus, Prev
 use crate::util::locks::LockUnpoisoned;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Fetches the checkpoint of alloc `alloc_id` from the agent of node `node_id`.
@@ -238,11 +237,9 @@ impl ClientInner {
             let Some(last) = arriving.remove(alloc_id) else {
                 return;
             };
-            if self.stopping.load(Ordering::SeqCst) || runners.contains_key(alloc_id) {
+            if !self.put_in_map(&mut runners, alloc_id, &runner) {
                 return;
             }
-            runners.insert(alloc_id.to_string(), runner.clone());
-            self.gc.runner_added();
             last
         };
         if last.modify_index > runner.alloc().modify_index {

@@ -117,21 +117,32 @@ impl ClientInner {
 
     /// Puts a built runner in the map, and starts it (see [`ClientInner::begin`]).
     pub(super) fn start_runner(&self, alloc_id: &str, runner: Arc<dyn AllocRunner>) {
-        {
-            let mut runners = self.runners_lock();
-            if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            if runners.contains_key(alloc_id) {
-                // Two answers applied at once may both add an alloc: the first runner stays,
-                // and this one, never started, is let go (a second would run the alloc twice).
-                tracing::debug!(alloc_id, "the alloc has a runner already");
-                return;
-            }
-            runners.insert(alloc_id.to_string(), runner.clone());
-            self.gc.runner_added();
+        if self.put_in_map(&mut self.runners_lock(), alloc_id, &runner) {
+            self.begin(alloc_id, runner);
         }
-        self.begin(alloc_id, runner);
+    }
+
+    /// Puts `runner` in `runners` (the map, locked by the caller) unless the client is
+    /// stopping or the alloc has a runner already; whether it did. A runner not put in the
+    /// map must never start.
+    pub(super) fn put_in_map(
+        &self,
+        runners: &mut crate::util::determinism::HashMap<String, Arc<dyn AllocRunner>>,
+        alloc_id: &str,
+        runner: &Arc<dyn AllocRunner>,
+    ) -> bool {
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        if runners.contains_key(alloc_id) {
+            // Two answers applied at once may both add an alloc: the first runner stays, and
+            // this one, never started, is let go (a second would run the alloc twice).
+            tracing::debug!(alloc_id, "the alloc has a runner already");
+            return false;
+        }
+        runners.insert(alloc_id.to_string(), runner.clone());
+        self.gc.runner_added();
+        true
     }
 
     /// Runs a runner just put in the map, unless it is restored terminal, in which case it
@@ -201,7 +212,10 @@ impl ClientInner {
     pub(super) fn update_alloc(self: &Arc<Self>, alloc: Arc<Alloc>) {
         let runner = self.runners_lock().get(&alloc.id).cloned();
         // A version its runner has already (or a newer one) changes nothing, evict included.
-        if runner.is_some_and(|runner| alloc.modify_index <= runner.alloc().modify_index) {
+        if runner
+            .as_ref()
+            .is_some_and(|runner| alloc.modify_index <= runner.alloc().modify_index)
+        {
             return;
         }
         // An evicted alloc is shut down, not killed; a later answer naming it again must not
@@ -211,7 +225,7 @@ impl ClientInner {
         {
             return;
         }
-        let Some(runner) = self.runners_lock().get(&alloc.id).cloned() else {
+        let Some(runner) = runner else {
             tracing::warn!(alloc_id = %alloc.id, "cannot update nonexistent alloc");
             return;
         };
