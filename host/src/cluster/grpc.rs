@@ -32,7 +32,7 @@ impl GrpcEtcd {
     pub(super) async fn connect(
         endpoints: &[String],
         access: &super::EtcdAccess,
-    ) -> Result<GrpcEtcd, String> {
+    ) -> Result<GrpcEtcd, ConnectFailure> {
         // Watches fail when their member loses the cluster's leader, rather than staying open
         // and silent for ever; no timeout on the client itself, which would end every watch.
         // HTTP/2 keep-alive pings find a member that froze or was cut off, which could
@@ -46,13 +46,41 @@ impl GrpcEtcd {
         Client::connect(endpoints, Some(options))
             .await
             .map(|client| GrpcEtcd { client })
-            .map_err(|e| described(&e))
+            .map_err(|error| ConnectFailure {
+                etcd_was_busy: asks_to_connect_again(&error),
+                reason: described(&error),
+            })
     }
 
     fn kv(&self) -> KvClient {
         self.client
             .kv_client()
             .max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+}
+
+/// Why [`GrpcEtcd::connect`] failed.
+#[derive(Debug)]
+pub(super) struct ConnectFailure {
+    /// The root cause, in one line.
+    pub reason: String,
+    /// etcd answered, and asked to be asked again ([`asks_to_connect_again`]).
+    pub etcd_was_busy: bool,
+}
+
+/// Whether a connect's `error` is etcd's answer that it cannot serve now (its leader changed,
+/// or is being elected), so that connecting again soon succeeds. A connect calls etcd only
+/// to authenticate a user, and etcd elects a new leader whenever a member misses its
+/// heartbeats, as members starved of CPU do. A refused password, a TLS handshake that ends
+/// in an alert, and a member that does not answer at all are final: the agent says why at
+/// once rather than after every retry. (A status that carries a source is the transport's,
+/// not etcd's answer.)
+fn asks_to_connect_again(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            std::error::Error::source(status).is_none() && !is_refusal(error)
+        }
+        _ => false,
     }
 }
 
@@ -89,12 +117,16 @@ fn described(error: &etcd_client::Error) -> String {
 }
 
 /// Whether etcd answered `error` and refused the request, so that asking again gets the same
-/// answer: an argument it rejects (a request too large, too many operations), a permission
-/// or authentication it denies, a revision compacted or in the future, a lease it does not
-/// know, a quota it is out of (`NOSPACE`; "too many requests" is load, and retried). Every
-/// error of the transport, a timeout, no leader or an unavailable member is not a refusal,
-/// nor is `FailedPrecondition`: etcd 3.4 says "not leader" and "rpc not supported for
-/// learner" with it, and another member answers the retry.
+/// answer: an argument it rejects (a request too large, too many operations, a wrong
+/// password), a permission it denies, a revision compacted or in the future, a lease it does
+/// not know, a quota it is out of (`NOSPACE`; "too many requests" is load, and retried).
+/// Every error of the transport, a timeout, no leader or an unavailable member is not a
+/// refusal, nor is `FailedPrecondition`: etcd 3.4 says "not leader" and "rpc not supported
+/// for learner" with it, and another member answers the retry. Nor is `Unauthenticated`
+/// ("invalid auth token"), which etcd also says for a token it has just issued: a new token
+/// reaches each member through raft, and one that has not applied it yet refuses it
+/// (etcd-io/etcd#18437). The etcd client has then already fetched a new token and sent the
+/// call again once; the member has caught up by a later try.
 fn is_refusal(error: &etcd_client::Error) -> bool {
     use tonic::Code;
     let etcd_client::Error::GRpcStatus(status) = error else {
@@ -105,7 +137,6 @@ fn is_refusal(error: &etcd_client::Error) -> bool {
         | Code::NotFound
         | Code::AlreadyExists
         | Code::PermissionDenied
-        | Code::Unauthenticated
         | Code::OutOfRange
         | Code::Unimplemented => true,
         Code::ResourceExhausted => !status.message().contains("too many requests"),
@@ -455,6 +486,10 @@ mod tests {
                 "etcdserver: mvcc: required revision has been compacted",
             ),
             status(Code::PermissionDenied, "etcdserver: permission denied"),
+            status(
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
             status(Code::NotFound, "etcdserver: requested lease not found"),
         ] {
             assert!(is_refusal(&refused), "{refused}");
@@ -474,10 +509,38 @@ mod tests {
             status(Code::FailedPrecondition, "etcdserver: not leader"),
             status(Code::ResourceExhausted, "etcdserver: too many requests"),
             status(Code::Unknown, "etcdserver: leader changed"),
+            status(Code::Unauthenticated, "etcdserver: invalid auth token"),
             etcd_client::Error::WatchError("channel closed".into()),
         ] {
             assert!(!is_refusal(&lost), "{lost}");
             assert!(matches!(call_error(lost), CallError::Lost(_)));
+        }
+    }
+
+    #[test]
+    fn a_connect_is_tried_again_only_when_etcd_answered_that_it_is_busy() {
+        use tonic::Code;
+        for busy in [
+            status(Code::Unavailable, "etcdserver: leader changed"),
+            status(
+                Code::Unavailable,
+                "etcdserver: request timed out, possibly due to previous leader failure",
+            ),
+            status(Code::Unavailable, "etcdserver: no leader"),
+        ] {
+            assert!(asks_to_connect_again(&busy), "{busy}");
+        }
+        for fin in [
+            status(
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            etcd_client::Error::InvalidArgs("no endpoints".into()),
+            etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(
+                std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection closed"),
+            ))),
+        ] {
+            assert!(!asks_to_connect_again(&fin), "{fin}");
         }
     }
 

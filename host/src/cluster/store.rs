@@ -148,7 +148,9 @@ impl EtcdStore {
         EtcdStore::connect_with(endpoints, &super::EtcdAccess::default()).await
     }
 
-    /// Connects as [`EtcdStore::connect`] does, with `access`'s TLS and user.
+    /// Connects as [`EtcdStore::connect`] does, with `access`'s TLS and user. With a user,
+    /// connecting authenticates it; an etcd that answers it is electing a leader is asked
+    /// again, as a call is retried.
     pub async fn connect_with(
         endpoints: &[String],
         access: &super::EtcdAccess,
@@ -157,9 +159,19 @@ impl EtcdStore {
             endpoints: endpoints.join(","),
             reason: access.explain(reason),
         };
-        let backend = super::grpc::GrpcEtcd::connect(endpoints, access)
-            .await
-            .map_err(unreachable)?;
+        let started = tokio::time::Instant::now();
+        let mut failures = 0;
+        let backend = loop {
+            match super::grpc::GrpcEtcd::connect(endpoints, access).await {
+                Ok(backend) => break backend,
+                Err(failure) if failure.etcd_was_busy && started.elapsed() < RETRY_FOR => {
+                    tracing::debug!(reason = failure.reason, "etcd was busy; connecting again");
+                    failures += 1;
+                    tokio::time::sleep(RETRY_BACKOFF.wait(failures)).await;
+                }
+                Err(failure) => return Err(unreachable(failure.reason)),
+            }
+        };
         let store = EtcdStore {
             backend: Arc::new(backend),
             endpoints: endpoints.to_vec(),

@@ -97,6 +97,31 @@ fn client_tls(
     etcd_client::ConnectOptions::new().with_tls(tls)
 }
 
+/// Sends one of the harness's own etcd calls (`$call`, an expression made again for each
+/// try) until etcd takes it. etcd answers "leader changed", or times out, while its members,
+/// starved of CPU by the tests around them, elect a new leader; a call whose answer was lost
+/// may have landed, and its retry then finds it done ("already exists").
+macro_rules! until_taken {
+    ($what:expr, $call:expr) => {{
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match $call.await {
+                Ok(_) => break,
+                Err(error) if error.to_string().contains("already exists") => break,
+                Err(etcd_client::Error::GRpcStatus(status))
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                    ) && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => panic!("{}: {error}", $what),
+            }
+        }
+    }};
+}
+
 impl EtcdCluster {
     /// Starts three members and waits until the cluster answers.
     pub async fn start() -> EtcdCluster {
@@ -348,21 +373,27 @@ impl EtcdCluster {
         let mut client = etcd_client::Client::connect(self.endpoints(), self.access.clone())
             .await
             .unwrap();
-        client.role_add("root").await.unwrap();
-        client
-            .user_add("root", "root-password", None)
-            .await
-            .unwrap();
-        client.user_grant_role("root", "root").await.unwrap();
-        client.role_add("caravan").await.unwrap();
+        until_taken!("adding the root role", client.role_add("root"));
+        until_taken!(
+            "adding the root user",
+            client.user_add("root", "root-password", None)
+        );
+        until_taken!(
+            "granting root its role",
+            client.user_grant_role("root", "root")
+        );
+        until_taken!("adding the caravan role", client.role_add("caravan"));
         let prefix = Permission::read_write("/caravan/").with_prefix();
-        client
-            .role_grant_permission("caravan", prefix)
-            .await
-            .unwrap();
-        client.user_add(user, password, None).await.unwrap();
-        client.user_grant_role(user, "caravan").await.unwrap();
-        client.auth_enable().await.unwrap();
+        until_taken!(
+            "granting the caravan role /caravan/",
+            client.role_grant_permission("caravan", prefix.clone())
+        );
+        until_taken!("adding the user", client.user_add(user, password, None));
+        until_taken!(
+            "granting the user its role",
+            client.user_grant_role(user, "caravan")
+        );
+        until_taken!("enabling authentication", client.auth_enable());
         self.access = self
             .access
             .take()
