@@ -4,7 +4,7 @@
 
 use super::GlobalArgs;
 use super::client::DEFAULT_ADDR;
-use crate::agent::cluster_config::{MIN_NODE_TTL, valid_api_url};
+use crate::agent::cluster_config::{DEFAULT_NODE_TTL, MIN_NODE_TTL, valid_api_url};
 use crate::cluster::{EtcdServerApi, EtcdStore, Member, MemberRecord};
 use crate::model::node::{NodeInfo, NodeResources};
 use crate::nodesim::{NodeServers, NodeSim, NodeSimConfig, SimRunner, Summary, node_name};
@@ -71,9 +71,11 @@ pub struct NodesimCommand {
     #[arg(long, value_name = "FILE")]
     etcd_password_file: Option<PathBuf>,
     /// Each node's lease TTL in the cluster: a node silent this long is down (with
-    /// --cluster etcd; at least 2s).
-    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
-    node_ttl: Duration,
+    /// --cluster etcd; at least 2s). Default: 10s, or a second for every 50 nodes past 500
+    /// (100s for 5,000), as Nomad's servers lengthen heartbeats as a cluster grows, so that
+    /// renewals reach etcd at 150 a second however many nodes there are.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    node_ttl: Option<Duration>,
     /// What runs each alloc: `wasm`, the component its job names, sandboxed as on an agent
     /// (guests/sim is made for this); or `native`, a runner without a sandbox that runs until
     /// stopped, to tell the sandbox's cost from the client's.
@@ -290,7 +292,8 @@ impl NodesimCommand {
                 security
                     .check(&endpoints, "--etcd-endpoints")
                     .map_err(|problem| anyhow::anyhow!(problem))?;
-                if self.node_ttl < MIN_NODE_TTL {
+                let node_ttl = self.node_ttl.unwrap_or_else(|| lease_ttl_for(config.nodes));
+                if node_ttl < MIN_NODE_TTL {
                     bail!(
                         "--node-ttl must be at least {}",
                         format_duration(MIN_NODE_TTL)
@@ -323,11 +326,7 @@ impl NodesimCommand {
                             agent: uuid::Uuid::new_v4().to_string(),
                             info: config.node_info.clone(),
                         };
-                        Member::join_as_node_only(
-                            connection_of(number).clone(),
-                            record,
-                            self.node_ttl,
-                        )
+                        Member::join_as_node_only(connection_of(number).clone(), record, node_ttl)
                     })
                     .collect();
                 let agents = store.clone();
@@ -359,7 +358,11 @@ impl NodesimCommand {
                 });
                 Ok(Servers {
                     nodes,
-                    target: format!("etcd at {}", store.endpoints()),
+                    target: format!(
+                        "etcd at {} (lease TTL {})",
+                        store.endpoints(),
+                        format_duration(node_ttl)
+                    ),
                     agent: None,
                     members,
                     runner_peers,
@@ -368,6 +371,19 @@ impl NodesimCommand {
             Some(other) => bail!("--cluster must be etcd or embedded, not {other:?}"),
         }
     }
+}
+
+/// Nodes per second of lease TTL, past [`DEFAULT_NODE_TTL`]: Nomad's
+/// `max_heartbeats_per_second`. A node renews three times per TTL, so etcd takes 150
+/// renewals a second from any number of nodes, where a fixed TTL of 10 s would have 5,000
+/// nodes send 1,500 (the call etcd was asked most at 5,000 nodes; and renewals held up
+/// behind a burst of alloc starts let hundreds of leases lapse). The trade is Nomad's: a
+/// dead node is found later in a larger cluster.
+const NODES_PER_TTL_SECOND: usize = 50;
+
+/// The lease TTL of a run of `nodes` simulated nodes when `--node-ttl` is not given.
+fn lease_ttl_for(nodes: usize) -> Duration {
+    DEFAULT_NODE_TTL.max(Duration::from_secs((nodes / NODES_PER_TTL_SECOND) as u64))
 }
 
 /// How many simulated nodes share one connection to etcd, at most.
@@ -480,4 +496,25 @@ fn report(summary: &Summary) -> String {
         summary.started,
         summary.server_errors,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_lease_ttl_grows_with_the_nodes_past_five_hundred() {
+        assert_eq!(lease_ttl_for(1), DEFAULT_NODE_TTL);
+        assert_eq!(lease_ttl_for(500), DEFAULT_NODE_TTL);
+        assert_eq!(lease_ttl_for(1_000), Duration::from_secs(20));
+        assert_eq!(lease_ttl_for(5_000), Duration::from_secs(100));
+        // Renewals (three per TTL) stay at about 150 a second from any number of nodes.
+        for nodes in [1_000, 5_000, 50_000] {
+            let per_second = 3.0 * nodes as f64 / lease_ttl_for(nodes).as_secs_f64();
+            assert!(
+                (149.0..=151.0).contains(&per_second),
+                "{nodes}: {per_second}"
+            );
+        }
+    }
 }
