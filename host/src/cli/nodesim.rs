@@ -193,14 +193,14 @@ impl NodesimCommand {
             );
         }
         let sim = NodeSim::start(config, servers).await?;
-        println!(
+        say(&format!(
             "nodesim: {} nodes ({} runners) registering with {target}",
             self.nodes,
             match self.runner {
                 SimRunner::Wasm => "wasm",
                 SimRunner::Native => "native",
             },
-        );
+        ));
         let mut summaries = tokio::time::interval(self.summary_every);
         // Without --restart-every the branch is disabled; the period only has to be valid.
         let mut restarts =
@@ -214,15 +214,15 @@ impl NodesimCommand {
                 _ = stop.stopping() => break,
                 _ = summaries.tick() => {
                     let now = sim.summary();
-                    println!("{}", summary_line(&now, &last));
+                    say(&summary_line(&now, &last));
                     last = now;
                 }
                 _ = restarts.tick(), if self.restart_every.is_some() => {
                     match sim.restart_next().await {
                         Ok((node, restored)) => {
-                            println!("restarted {node}: restored {restored} allocs");
+                            say(&format!("restarted {node}: restored {restored} allocs"));
                         }
-                        Err(error) => println!("restart failed: {error:#}"),
+                        Err(error) => say(&format!("restart failed: {error:#}")),
                     }
                 }
             }
@@ -231,7 +231,7 @@ impl NodesimCommand {
         if let Some(agent) = agent {
             report.push_str(&watch_lag_line(&agent).await);
         }
-        println!("{report}");
+        say(&report);
         tokio::select! {
             _ = sim.stop() => Ok(ExitCode::SUCCESS),
             _ = stop.abandoning() => bail!("interrupted again: stopped without waiting for the nodes"),
@@ -371,6 +371,15 @@ impl NodesimCommand {
             Some(other) => bail!("--cluster must be etcd or embedded, not {other:?}"),
         }
     }
+}
+
+/// Prints one line of nodesim's output. Once nobody reads it (the pipe's reader left: a
+/// bench that stopped, `| head`), the line is dropped: nodesim, like the agent, ignores
+/// SIGPIPE (`cli::end_quietly_on_a_closed_pipe`), and `println!` would panic there. It runs
+/// on until it is stopped, and then stops its nodes as it should.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 /// Nodes per second of lease TTL, past [`DEFAULT_NODE_TTL`]: Nomad's

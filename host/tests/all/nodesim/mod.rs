@@ -455,6 +455,44 @@ async fn with_a_token_every_node_route_needs_it_the_watch_too() {
     agent.stop();
 }
 
+/// Nodesim ignores SIGPIPE, as a server does: once the reader of its output leaves, its
+/// lines are dropped, and it runs on until stopped, then stops its nodes and exits 0. Each
+/// `println!` panicked there ("failed printing to stdout: Broken pipe").
+#[test]
+fn nodesim_runs_on_and_stops_cleanly_once_nobody_reads_its_output() {
+    use std::io::BufRead;
+    let agent = AgentProcess::start_configured(&["--dev"], "enabled = false\n");
+    let mut child = crate::etcd::dies_with_its_parent(&mut crate::support::caravan_command())
+        .args(["nodesim", "--server", &agent.addr, "--nodes", "2"])
+        .args(["--summary-every", "100ms", "--max-live-allocs", "16"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("caravan nodesim starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    if !first.contains("registering") {
+        let output = child.wait_with_output().unwrap();
+        panic!(
+            "{first:?}; stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    // The reader leaves; the summary lines, then the report printed on the interrupt, find
+    // the pipe closed.
+    drop(stdout);
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    agent.stop();
+}
+
 #[test]
 fn nodesim_refuses_bad_flags_with_one_line() {
     for (args, named) in [
