@@ -12,7 +12,10 @@
 //! `/v1/status/leader` names itself) until it answers `/v1/jobs` (its server is in place),
 //! polled every 10 ms, and as the survivor logs it (`took_ms`, with its reading and its
 //! opening of the server apart); and from the `kill -9` itself. The baseline of the same run
-//! is the same takeover of an empty cluster (the two agents alone, before the job).
+//! is the same takeover of an empty cluster (the two agents alone, before the job). It also
+//! prints the survivor's memory before, at its peak and once it schedules, beside what the
+//! leader it replaced held before its kill (it placed and held the same allocs): what
+//! leading that cluster costs, against what taking it over does.
 
 #[path = "../tests/all/etcd.rs"]
 #[allow(dead_code)]
@@ -131,6 +134,10 @@ fn kill_leader_and_time(
     let survivor_pid = agents[survivor].child.id();
     let mib = |field| common::status_bytes(survivor_pid, field) as f64 / (1024.0 * 1024.0);
     let rss_before = mib("VmRSS");
+    // What leading this cluster costs in memory: the dead leader placed every alloc and held
+    // them all, as the survivor will once it schedules.
+    let leader_rss =
+        common::status_bytes(agents[dead].child.id(), "VmRSS") as f64 / (1024.0 * 1024.0);
     let killed = Instant::now();
     agents[dead].child.kill().unwrap();
     agents[dead].child.wait().unwrap();
@@ -156,7 +163,8 @@ fn kill_leader_and_time(
     );
     println!(
         "takeover: the survivor's memory: {rss_before:.0} MiB before, {:.0} MiB at its peak so \
-         far, {:.0} MiB once it schedules",
+         far, {:.0} MiB once it schedules; the leader it replaced held {leader_rss:.0} MiB \
+         before its kill",
         mib("VmHWM"),
         mib("VmRSS"),
     );
