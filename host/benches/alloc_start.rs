@@ -15,7 +15,9 @@
 //! - live allocs: start N minimal runners, wait until all are running (waiting in
 //!   `next-event`), and divide the growth of the process's RSS by N. Each size runs in a
 //!   fresh process of its own: one that ran other allocs before would reuse the memory they
-//!   freed (the allocator keeps it), and count too little.
+//!   freed (the allocator keeps it), and count too little. The baseline, in another fresh
+//!   process: N instances of the same component in the bare embedding, on the engine
+//!   Caravan's runtime makes for N, each waiting in a `next-event` that never answers.
 
 use caravan_host::allocrunner::AllocRunner;
 use caravan_host::runtime::{Runtime, RuntimeConfig, WasmAllocRunnerFactory};
@@ -39,15 +41,7 @@ async fn start_latency(rounds: usize) {
     let baseline = Baseline::new(runtime.engine(), caravan_test_artifacts::MINIMAL);
     let build = build_of(caravan_test_artifacts::MINIMAL);
     let data_dir = tempfile::tempdir().unwrap();
-    let raw_alloc = raw_types::Alloc {
-        id: "bench".into(),
-        job_id: "bench".into(),
-        group: "bench".into(),
-        tasks: vec![],
-        desired_status: raw_types::DesiredStatus::Run,
-        modify_index: 1,
-        meta: vec![],
-    };
+    let raw_alloc = raw_alloc(0);
     let (mut raw_samples, mut caravan_samples) = (Vec::new(), Vec::new());
     let mut resumed_samples = Vec::new();
     for round in 0..rounds + rounds / 10 {
@@ -117,6 +111,55 @@ async fn start_latency(rounds: usize) {
     );
 }
 
+/// The bare embedding's alloc number `n`.
+fn raw_alloc(n: usize) -> raw_types::Alloc {
+    raw_types::Alloc {
+        id: format!("bench-{n}"),
+        job_id: "bench".into(),
+        group: "bench".into(),
+        tasks: vec![],
+        desired_status: raw_types::DesiredStatus::Run,
+        modify_index: 1,
+        meta: vec![],
+    }
+}
+
+/// The line a live-allocs process ends with, read by the parent: its KiB per live alloc.
+const KIB_PER_LIVE_ALLOC: &str = "KiB per live alloc: ";
+
+/// Prints what `count` live allocs of `what` cost, as the growth of this process's RSS from
+/// `before`, and the line the parent reads.
+fn report_live(what: &str, count: u32, before: u64, started_in: std::time::Duration) {
+    let grown = rss_bytes() - before;
+    let each = grown as f64 / count as f64 / 1024.0;
+    println!(
+        "{what}: {count} live allocs: {each:.1} KiB RSS each ({} MiB in all), started in {:.2} s",
+        grown >> 20,
+        started_in.as_secs_f64()
+    );
+    println!("{KIB_PER_LIVE_ALLOC}{each}");
+}
+
+/// The baseline of `live_memory`: `count` instances of the same component in the bare
+/// embedding, on the engine Caravan's runtime makes for that many (the same allocator and
+/// reservations), each waiting in `next-event` on a task of its own.
+async fn raw_live_memory(count: u32) {
+    let runtime = Runtime::new(&RuntimeConfig {
+        max_live_allocs: count + 16,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let baseline = Baseline::new(runtime.engine(), caravan_test_artifacts::MINIMAL);
+    // One first, so that no first-use cost counts.
+    baseline.park_one(raw_alloc(0)).await;
+    let before = rss_bytes();
+    let begun = Instant::now();
+    for n in 1..=count as usize {
+        baseline.park_one(raw_alloc(n)).await;
+    }
+    report_live("raw wasmtime", count, before, begun.elapsed());
+}
+
 async fn live_memory(count: u32) {
     let runtime = Runtime::new(&RuntimeConfig {
         max_live_allocs: count + 16,
@@ -162,24 +205,12 @@ async fn live_memory(count: u32) {
     }
     let count = runners.len() as u32;
     let elapsed = begun.elapsed();
-    let after = rss_bytes();
     let failed = runners.iter().filter(|r| r.wait().is_set()).count();
     println!(
-        "{count} live allocs (pooling: {}): {:.1} KiB RSS each ({} MiB in all), started in {:.2} s, {failed} stopped early",
-        runtime.uses_pooling(),
-        (after - before) as f64 / count as f64 / 1024.0,
-        (after - before) >> 20,
-        elapsed.as_secs_f64()
+        "pooling allocator: {}; {failed} stopped early",
+        runtime.uses_pooling()
     );
-    common::scoreboard(
-        "density",
-        &format!(
-            "{:.1} KiB at {count} live allocs",
-            (after - before) as f64 / count as f64 / 1024.0
-        ),
-        "none",
-        "-",
-    );
+    report_live("caravan", count, before, elapsed);
     for runner in &runners {
         runner.destroy();
     }
@@ -197,22 +228,53 @@ fn main() {
         run_on_worker(live_memory(count));
         return;
     }
+    if let Some(count) = arg_value(ONLY_LIVE_RAW).and_then(|n| n.parse().ok()) {
+        run_on_worker(raw_live_memory(count));
+        return;
+    }
     let live = arg_value("--live").unwrap_or_else(|| "1000,10000".into());
     run_on_worker(start_latency(rounds));
     for count in live.split(',').filter(|n| n.parse::<u32>().is_ok()) {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--bench", ONLY_LIVE, count])
-            .status()
-            .unwrap();
-        assert!(
-            status.success(),
-            "the {count} live allocs run failed: {status}"
+        let raw = live_size(ONLY_LIVE_RAW, count);
+        let caravan = live_size(ONLY_LIVE, count);
+        println!(
+            "{count} live allocs: caravan {caravan:.1} KiB each, raw wasmtime {raw:.1} KiB: {:.2}x",
+            caravan / raw
+        );
+        common::scoreboard(
+            "density",
+            &format!("{caravan:.1} KiB at {count} live allocs"),
+            &format!("raw wasmtime {raw:.1} KiB"),
+            &format!("{:.2}x", caravan / raw),
         );
     }
 }
 
 /// Given to the child process that measures one size of live allocs.
 const ONLY_LIVE: &str = "--only-live";
+/// Given to the child process that measures one size of the bare embedding's live allocs.
+const ONLY_LIVE_RAW: &str = "--only-live-raw";
+
+/// Runs one size of live allocs (`which`: Caravan's or the bare embedding's) in a process
+/// of its own, shows what it printed, and returns its KiB per live alloc.
+fn live_size(which: &str, count: &str) -> f64 {
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--bench", which, count])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    print!("{printed}");
+    assert!(
+        output.status.success(),
+        "the {count} live allocs run ({which}) failed: {}",
+        output.status
+    );
+    printed
+        .lines()
+        .find_map(|line| line.strip_prefix(KIB_PER_LIVE_ALLOC)?.parse().ok())
+        .unwrap_or_else(|| panic!("the {count} live allocs run ({which}) printed no figure"))
+}
 
 /// Runs `measure` to its end from a tokio worker task, as the client's add path runs: a
 /// runner task spawned from there starts on the same worker, without waking another thread.

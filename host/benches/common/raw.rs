@@ -22,6 +22,22 @@ pub struct RawData {
     wasi: wasmtime_wasi::WasiCtx,
     table: wasmtime::component::ResourceTable,
     reported: Option<Instant>,
+    /// Set for an instance that stays live: `next-event` then never answers, and the first
+    /// report is told here.
+    parked: Option<tokio::sync::oneshot::Sender<()>>,
+    parks: bool,
+}
+
+impl RawData {
+    fn new() -> RawData {
+        RawData {
+            wasi: wasmtime_wasi::WasiCtxBuilder::new().build(),
+            table: wasmtime::component::ResourceTable::new(),
+            reported: None,
+            parked: None,
+            parks: false,
+        }
+    }
 }
 
 impl wasmtime_wasi::WasiView for RawData {
@@ -37,11 +53,17 @@ impl raw_types::Host for RawData {}
 
 impl raw_host::Host for RawData {
     async fn next_event(&mut self, _timeout_ms: u64) -> Option<raw_types::Event> {
+        if self.parks {
+            std::future::pending::<()>().await;
+        }
         Some(raw_types::Event::Kill)
     }
 
     fn update_state(&mut self, _state: raw_types::AllocState) -> Result<(), String> {
         self.reported.get_or_insert_with(Instant::now);
+        if let Some(parked) = self.parked.take() {
+            let _ = parked.send(());
+        }
         Ok(())
     }
 
@@ -56,7 +78,7 @@ impl bindings::wasi::logging::logging::Host for RawData {
 
 pub struct Baseline {
     engine: wasmtime::Engine,
-    pre: bindings::AllocRunnerPre<RawData>,
+    pre: std::sync::Arc<bindings::AllocRunnerPre<RawData>>,
 }
 
 impl Baseline {
@@ -73,19 +95,14 @@ impl Baseline {
             bindings::AllocRunnerPre::new(linker.instantiate_pre(&component).unwrap()).unwrap();
         Baseline {
             engine: engine.clone(),
-            pre,
+            pre: std::sync::Arc::new(pre),
         }
     }
 
     /// Instantiate and call `run` until the first `update-state`.
     pub async fn start_once(&self, alloc: &raw_types::Alloc) -> Duration {
         let begun = Instant::now();
-        let data = RawData {
-            wasi: wasmtime_wasi::WasiCtxBuilder::new().build(),
-            table: wasmtime::component::ResourceTable::new(),
-            reported: None,
-        };
-        let mut store = wasmtime::Store::new(&self.engine, data);
+        let mut store = wasmtime::Store::new(&self.engine, RawData::new());
         store.set_epoch_deadline(u64::MAX / 2);
         let instance = self.pre.instantiate_async(&mut store).await.unwrap();
         let _ = instance
@@ -94,5 +111,27 @@ impl Baseline {
             .await
             .unwrap();
         store.data().reported.expect("the guest reported") - begun
+    }
+
+    /// Instantiates one on a task of its own and calls `run`, whose first `next-event` never
+    /// answers: a live alloc with nothing of Caravan's around it, held until the process
+    /// ends. Returns once the guest has reported its first state.
+    #[allow(dead_code)] // alloc_start's density baseline; the logs bench includes this file too.
+    pub async fn park_one(&self, alloc: raw_types::Alloc) {
+        let (parked, reported) = tokio::sync::oneshot::channel();
+        let mut data = RawData::new();
+        data.parks = true;
+        data.parked = Some(parked);
+        let (engine, pre) = (self.engine.clone(), self.pre.clone());
+        tokio::spawn(async move {
+            let mut store = wasmtime::Store::new(&engine, data);
+            store.set_epoch_deadline(u64::MAX / 2);
+            let instance = pre.instantiate_async(&mut store).await.unwrap();
+            let _ = instance
+                .caravan_runner_runner()
+                .call_run(&mut store, &alloc, None)
+                .await;
+        });
+        reported.await.expect("the parked guest reported");
     }
 }
