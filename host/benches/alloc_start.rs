@@ -130,7 +130,8 @@ const KIB_PER_LIVE_ALLOC: &str = "KiB per live alloc: ";
 /// Prints what `count` live allocs of `what` cost, as the growth of this process's RSS from
 /// `before`, and the line the parent reads.
 fn report_live(what: &str, count: u32, before: u64, started_in: std::time::Duration) {
-    let grown = rss_bytes() - before;
+    assert!(count > 0, "{what}: no alloc went live");
+    let grown = rss_bytes().saturating_sub(before);
     let each = grown as f64 / count as f64 / 1024.0;
     println!(
         "{what}: {count} live allocs: {each:.1} KiB RSS each ({} MiB in all), started in {:.2} s",
@@ -203,13 +204,12 @@ async fn live_memory(count: u32) {
         }
         runners.push(runner);
     }
-    let count = runners.len() as u32;
+    // A figure over fewer allocs than the baseline's is no comparison.
+    assert_eq!(runners.len(), count as usize, "some allocs stopped early");
     let elapsed = begun.elapsed();
     let failed = runners.iter().filter(|r| r.wait().is_set()).count();
-    println!(
-        "pooling allocator: {}; {failed} stopped early",
-        runtime.uses_pooling()
-    );
+    assert_eq!(failed, 0, "allocs stopped while the others started");
+    println!("pooling allocator: {}", runtime.uses_pooling());
     report_live("caravan", count, before, elapsed);
     for runner in &runners {
         runner.destroy();

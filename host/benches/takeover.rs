@@ -14,8 +14,9 @@
 //! opening of the server apart); and from the `kill -9` itself. The baseline of the same run
 //! is the same takeover of an empty cluster (the two agents alone, before the job). It also
 //! prints the survivor's memory before, at its peak and once it schedules, beside what the
-//! leader it replaced held before its kill (it placed and held the same allocs): what
-//! leading that cluster costs, against what taking it over does.
+//! leader it replaced held before its kill (it placed and held the same allocs, and ran
+//! as many of its own as a node): what leading that cluster costs, against what taking it
+//! over does.
 
 #[path = "../tests/all/etcd.rs"]
 #[allow(dead_code)]
@@ -134,8 +135,8 @@ fn kill_leader_and_time(
     let survivor_pid = agents[survivor].child.id();
     let mib = |field| common::status_bytes(survivor_pid, field) as f64 / (1024.0 * 1024.0);
     let rss_before = mib("VmRSS");
-    // What leading this cluster costs in memory: the dead leader placed every alloc and held
-    // them all, as the survivor will once it schedules.
+    // The dead leader placed every alloc and held them all, as the survivor will once it
+    // schedules; both also run as many allocs of their own, as nodes.
     let leader_rss =
         common::status_bytes(agents[dead].child.id(), "VmRSS") as f64 / (1024.0 * 1024.0);
     let killed = Instant::now();

@@ -73,7 +73,7 @@ pub struct NodesimCommand {
     /// Each node's lease TTL in the cluster: a node silent this long is down (with
     /// --cluster etcd; at least 2s). Default: 10s, or a second for every 50 nodes past 500
     /// (100s for 5,000), as Nomad's servers lengthen heartbeats as a cluster grows, so that
-    /// renewals reach etcd at 150 a second however many nodes there are.
+    /// renewals reach etcd at about 150 a second however many nodes there are.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     node_ttl: Option<Duration>,
     /// What runs each alloc: `wasm`, the component its job names, sandboxed as on an agent
@@ -383,11 +383,11 @@ fn say(line: &str) {
 }
 
 /// Nodes per second of lease TTL, past [`DEFAULT_NODE_TTL`]: Nomad's
-/// `max_heartbeats_per_second`. A node renews three times per TTL, so etcd takes 150
-/// renewals a second from any number of nodes, where a fixed TTL of 10 s would have 5,000
-/// nodes send 1,500 (the call etcd was asked most at 5,000 nodes; and renewals held up
-/// behind a burst of alloc starts let hundreds of leases lapse). The trade is Nomad's: a
-/// dead node is found later in a larger cluster.
+/// `max_heartbeats_per_second`. A node renews three times per TTL, so etcd takes about 150
+/// renewals a second from any number of nodes (up to 165: the TTL is whole seconds), where
+/// a fixed TTL of 10 s would have 5,000 nodes send 1,500 (the call etcd was asked most at
+/// 5,000 nodes; and renewals held up behind a burst of alloc starts let hundreds of leases
+/// lapse). The trade is Nomad's: a dead node is found later in a larger cluster.
 const NODES_PER_TTL_SECOND: usize = 50;
 
 /// The lease TTL of a run of `nodes` simulated nodes when `--node-ttl` is not given.

@@ -69,17 +69,26 @@ pub(super) struct ConnectFailure {
 }
 
 /// Whether a connect's `error` is etcd's answer that it cannot serve now (its leader changed,
-/// or is being elected), so that connecting again soon succeeds. A connect calls etcd only
-/// to authenticate a user, and etcd elects a new leader whenever a member misses its
-/// heartbeats, as members starved of CPU do. A refused password, a TLS handshake that ends
-/// in an alert, and a member that does not answer at all are final: the agent says why at
-/// once rather than after every retry. (A status that carries a source is the transport's,
-/// not etcd's answer.)
+/// or is being elected, or it is overloaded), so that connecting again soon succeeds. A
+/// connect calls etcd only to authenticate a user, and etcd elects a new leader whenever a
+/// member misses its heartbeats, as members starved of CPU do. Anything else is final, and
+/// the agent says why at once rather than after every retry: a refused password, a user
+/// given to an etcd without authentication ("authentication is not enabled"), a TLS
+/// handshake that ends in an alert, a member that does not answer, an endpoint that is not
+/// etcd. (A status that carries a source is the transport's, not etcd's answer.)
 fn asks_to_connect_again(error: &etcd_client::Error) -> bool {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => {
-            std::error::Error::source(status).is_none() && !is_refusal(error)
-        }
+    use tonic::Code;
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return false;
+    };
+    if std::error::Error::source(status).is_some() {
+        return false;
+    }
+    let message = status.message();
+    match status.code() {
+        Code::Unavailable | Code::DeadlineExceeded => message.starts_with("etcdserver:"),
+        Code::ResourceExhausted => message.contains("too many requests"),
+        Code::Unknown => message.contains("leader changed"),
         _ => false,
     }
 }
@@ -527,6 +536,8 @@ mod tests {
                 "etcdserver: request timed out, possibly due to previous leader failure",
             ),
             status(Code::Unavailable, "etcdserver: no leader"),
+            status(Code::Unknown, "etcdserver: leader changed"),
+            status(Code::ResourceExhausted, "etcdserver: too many requests"),
         ] {
             assert!(asks_to_connect_again(&busy), "{busy}");
         }
@@ -535,6 +546,12 @@ mod tests {
                 Code::InvalidArgument,
                 "etcdserver: authentication failed, invalid user ID or password",
             ),
+            status(
+                Code::FailedPrecondition,
+                "etcdserver: authentication is not enabled",
+            ),
+            // A proxy's 502 at an endpoint that is not etcd, made a status by tonic.
+            status(Code::Unavailable, "502 Bad Gateway"),
             etcd_client::Error::InvalidArgs("no endpoints".into()),
             etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(
                 std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection closed"),

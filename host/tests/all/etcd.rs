@@ -393,7 +393,31 @@ impl EtcdCluster {
             "granting the user its role",
             client.user_grant_role(user, "caravan")
         );
-        until_taken!("enabling authentication", client.auth_enable());
+        // Not `until_taken!`: a try whose answer was lost may have turned authentication on,
+        // and the next try, sent without a user, is then refused; root getting in tells.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let refusal = match client.auth_enable().await {
+                Ok(_) => break,
+                Err(refusal) => refusal,
+            };
+            let as_root = self
+                .access
+                .clone()
+                .unwrap_or_default()
+                .with_user("root", "root-password");
+            if etcd_client::Client::connect(self.endpoints(), Some(as_root))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "enabling authentication: {refusal}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         self.access = self
             .access
             .take()
