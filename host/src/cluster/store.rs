@@ -149,8 +149,8 @@ impl EtcdStore {
     }
 
     /// Connects as [`EtcdStore::connect`] does, with `access`'s TLS and user. With a user,
-    /// connecting authenticates it; an etcd that answers it is electing a leader is asked
-    /// again, as a call is retried.
+    /// connecting authenticates it: when etcd answers that it is electing a leader (or is
+    /// overloaded), it is asked again, for as long as a call is retried.
     pub async fn connect_with(
         endpoints: &[String],
         access: &super::EtcdAccess,
