@@ -103,13 +103,15 @@ pub struct ThreadRuntime {
 impl ThreadRuntime {
     /// Runs `work` to its end on this thread, in the simulated world forked for it if any.
     pub fn block_on<F: std::future::Future>(self, work: F) -> F::Output {
-        self.runtime.block_on(async move {
-            #[cfg(feature = "testing")]
+        #[cfg(feature = "testing")]
+        return self.runtime.block_on(async move {
             let _world = self
                 .simulated
                 .map(|(seed, wall_start)| simulated::install(seed, wall_start));
             work.await
-        })
+        });
+        #[cfg(not(feature = "testing"))]
+        self.runtime.block_on(work)
     }
 }
 
