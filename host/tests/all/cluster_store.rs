@@ -74,7 +74,7 @@ async fn after_a_compaction_a_watch_relists_and_carries_on() {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    client.compact(now, None).await.unwrap();
+    until_answered!("compacting etcd", client.compact(now, None));
 
     // A watch resuming from before the compaction cannot be served its history: it re-lists.
     let mut watch = PrefixWatch::from_revision(&store, "/c/", from);
@@ -135,7 +135,7 @@ async fn a_newer_schema_is_refused_and_the_first_agent_records_its_own() {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    client.put(SCHEMA_KEY, "99", None).await.unwrap();
+    until_answered!("writing schema 99", client.put(SCHEMA_KEY, "99", None));
     assert_eq!(
         store.check_schema().await.unwrap_err().to_string(),
         format!(
@@ -230,13 +230,13 @@ async fn a_client_core_runs_its_nodes_allocs_from_etcd_and_reports_their_states(
     let mut raw = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    let deleted_at = raw
-        .delete(alloc_key("node-1", &first.id), None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let deleted_at = until_answered!(
+        "deleting the first alloc's key",
+        raw.delete(alloc_key("node-1", &first.id), None)
+    )
+    .header()
+    .unwrap()
+    .revision();
     crate::support::eventually("the first alloc dropped by the client", || {
         !client.alloc_ids().contains(&first.id)
     })
@@ -339,9 +339,10 @@ async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
     let mut raw = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    raw.txn(etcd_client::Txn::new().and_then(puts))
-        .await
-        .unwrap();
+    until_answered!(
+        "writing the allocs",
+        raw.txn(etcd_client::Txn::new().and_then(puts.clone()))
+    );
     let answer = api
         .watch_allocs("node-1", index, Duration::from_secs(10))
         .await
@@ -382,7 +383,10 @@ async fn a_fetch_answers_from_the_nodes_mirrors_without_reading_etcd() {
     )
     .await;
     let (node, deleted, _) = &placed[1];
-    raw.delete(alloc_key(node, deleted), None).await.unwrap();
+    until_answered!(
+        "deleting an alloc's key",
+        raw.delete(alloc_key(node, deleted), None)
+    );
     crate::support::eventually_async("the deleted alloc gone from its node's answers", || async {
         let listed = api
             .watch_allocs(node, 0, Duration::from_secs(1))

@@ -97,29 +97,42 @@ fn client_tls(
     etcd_client::ConnectOptions::new().with_tls(tls)
 }
 
-/// Sends one of the harness's own etcd calls (`$call`, an expression made again for each
-/// try) until etcd takes it. etcd answers "leader changed", or times out, while its members,
-/// starved of CPU by the tests around them, elect a new leader; a call whose answer was lost
-/// may have landed, and its retry then finds it done ("already exists").
-macro_rules! until_taken {
+/// Sends a test's own raw etcd call (`$call`, an expression made again for each try) until
+/// etcd answers it, and gives the answer. etcd answers "leader changed", or times out,
+/// while its members, starved of CPU by the tests around them, elect a new leader: a test
+/// that unwrapped such a call failed for it. Only for calls that may land twice (a put of
+/// the same value, a delete, a read); anything else etcd says fails the test, named.
+macro_rules! until_answered {
     ($what:expr, $call:expr) => {{
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             match $call.await {
-                Ok(_) => break,
-                Err(error) if error.to_string().contains("already exists") => break,
+                Ok(answer) => break answer,
                 Err(etcd_client::Error::GRpcStatus(status))
                     if matches!(
                         status.code(),
                         tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
                     ) && tokio::time::Instant::now() < deadline =>
                 {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
                 Err(error) => panic!("{}: {error}", $what),
             }
         }
     }};
+}
+
+/// [`until_answered!`] for the harness's set-up calls, which a lost answer may have landed
+/// already: a retry that finds its work done ("already exists") is taken too.
+macro_rules! until_taken {
+    ($what:expr, $call:expr) => {
+        until_answered!($what, async {
+            match $call.await {
+                Err(error) if error.to_string().contains("already exists") => Ok(None),
+                answer => answer.map(Some),
+            }
+        })
+    };
 }
 
 impl EtcdCluster {

@@ -1,6 +1,7 @@
 //! Integration tests of the host: real guests (built by `caravan-test-artifacts`) driven
 //! through the factory, the seam's contract, and the real `caravan` binary.
 
+#[macro_use]
 mod etcd;
 mod support;
 

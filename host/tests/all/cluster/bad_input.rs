@@ -70,10 +70,10 @@ async fn bad_input_is_refused_with_one_line_by_any_agent() {
     let mut client = etcd_client::Client::connect(cluster.etcd.endpoints(), None)
         .await
         .unwrap();
-    client
-        .put(caravan_host::cluster::SCHEMA_KEY, "99", None)
-        .await
-        .unwrap();
+    until_answered!(
+        "writing schema 99",
+        client.put(caravan_host::cluster::SCHEMA_KEY, "99", None)
+    );
     let (last, stderr) = refused_agent(&endpoints, "n4", "127.0.0.1:0");
     assert!(
         last.contains("holds Caravan's cluster schema 99"),
