@@ -442,14 +442,9 @@ impl EtcdCluster {
         let mut client = etcd_client::Client::connect(self.endpoints(), None)
             .await
             .unwrap();
-        let revision = client
-            .get("/", None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
-        client.compact(revision, None).await.unwrap();
+        let read = until_answered!("reading etcd's revision", client.get("/", None));
+        let revision = read.header().unwrap().revision();
+        until_answered!("compacting etcd", client.compact(revision, None));
     }
 
     /// Kills member `i` as a crash would.
