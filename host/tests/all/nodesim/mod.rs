@@ -1,13 +1,15 @@
 //! `caravan nodesim` against a real agent, both real binaries: simulated nodes register, run
 //! a job's allocs in the sim runner, complete a batch job's, lose them to the server's GC,
 //! and keep theirs over a simulated restart. Also the node routes' answers to bad requests;
-//! `secured` has nodes on an agent and an etcd that require credentials.
+//! `secured` has nodes on an agent and an etcd that require credentials, `command_line` the
+//! command's flags, examples and output.
 
 use crate::support::*;
 use caravan_test_artifacts::SIM;
 use serde_json::Value;
 use std::sync::mpsc::Receiver;
 
+mod command_line;
 mod secured;
 
 /// An agent named `agent` in cluster mode on the etcd at `endpoints`, its data in
@@ -85,11 +87,7 @@ impl Nodesim {
     /// Stops it with Ctrl-C; returns its exit code and everything printed after the last
     /// line read.
     fn interrupt(mut self) -> (Option<i32>, Vec<String>) {
-        let pid = self.child.id().to_string();
-        std::process::Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap();
+        interrupt(&self.child);
         let status = self.child.wait().unwrap();
         (status.code(), self.stdout.try_iter().collect())
     }
@@ -107,6 +105,14 @@ impl Drop for Nodesim {
             );
         }
     }
+}
+
+/// Sends `child` Ctrl-C's signal.
+fn interrupt(child: &std::process::Child) {
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
 }
 
 async fn register(agent: &AgentProcess, job: Value) {
@@ -453,101 +459,6 @@ async fn with_a_token_every_node_route_needs_it_the_watch_too() {
     let (status, answer) = http(addr, "GET", watch, None, Some("s3cret")).await;
     assert_eq!(status, 200, "{answer}");
     agent.stop();
-}
-
-/// Nodesim ignores SIGPIPE, as a server does: once the reader of its output leaves, its
-/// lines are dropped, and it runs on until stopped, then stops its nodes and exits 0. Each
-/// `println!` panicked there ("failed printing to stdout: Broken pipe").
-#[test]
-fn nodesim_runs_on_and_stops_cleanly_once_nobody_reads_its_output() {
-    use std::io::BufRead;
-    let agent = AgentProcess::start_configured(&["--dev"], "enabled = false\n");
-    let mut child = crate::etcd::dies_with_its_parent(&mut crate::support::caravan_command())
-        .args(["nodesim", "--server", &agent.addr, "--nodes", "2"])
-        .args(["--summary-every", "100ms", "--max-live-allocs", "16"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("caravan nodesim starts");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
-    if !first.contains("registering") {
-        let output = child.wait_with_output().unwrap();
-        panic!(
-            "{first:?}; stderr: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    // The reader leaves; the summary lines, then the report printed on the interrupt, find
-    // the pipe closed.
-    drop(stdout);
-    std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    agent.stop();
-}
-
-#[test]
-fn nodesim_refuses_bad_flags_with_one_line() {
-    for (args, named) in [
-        (&["nodesim", "--nodes", "0"][..], "--nodes"),
-        (
-            &["nodesim", "--nodes", "5", "--server", "127.0.0.1:1"][..],
-            "http://HOST:PORT",
-        ),
-        (
-            &["nodesim", "--nodes", "5", "--summary-every", "1ms"][..],
-            "--summary-every",
-        ),
-        (
-            &["nodesim", "--nodes", "5", "--cluster", "zk"][..],
-            "--cluster",
-        ),
-        (
-            &["nodesim", "--nodes", "5", "--cluster", "etcd"][..],
-            "--etcd-endpoints",
-        ),
-        (
-            &["nodesim", "--nodes", "5", "--name-prefix", "a/b"][..],
-            "--name-prefix",
-        ),
-        (
-            &[
-                "nodesim",
-                "--nodes",
-                "5",
-                "--cluster",
-                "etcd",
-                "--etcd-endpoints",
-                "https://127.0.0.1:1",
-            ][..],
-            "https:// endpoints need --etcd-ca-file",
-        ),
-    ] {
-        let output = run_caravan(args, None);
-        assert_eq!(output.status.code(), Some(2), "{args:?}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains(named), "{stderr}");
-    }
-}
-
-#[test]
-fn the_nodesim_examples_are_a_valid_job_and_agent_config() {
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let job = std::fs::read_to_string(examples.join("sim.toml")).unwrap();
-    let job = caravan_host::model::jobspec::parse_toml(&job).unwrap();
-    assert!(job.runner.ends_with("sim.wasm"), "{}", job.runner);
-    let agent = std::fs::read_to_string(examples.join("scheduler-only.toml")).unwrap();
-    let mut config = caravan_host::agent::config::AgentConfig::default();
-    caravan_host::agent::config::apply_file(&mut config, "scheduler-only.toml", &agent).unwrap();
-    assert!(!config.client_enabled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
