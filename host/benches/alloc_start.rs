@@ -141,15 +141,21 @@ fn report_live(what: &str, count: u32, before: u64, started_in: std::time::Durat
     println!("{KIB_PER_LIVE_ALLOC}{each}");
 }
 
+/// The runtime for `count` live allocs, with some room: what sizes the engine's allocator
+/// and reservations, for Caravan's allocs and the baseline's alike.
+fn runtime_for_live(count: u32) -> Runtime {
+    Runtime::new(&RuntimeConfig {
+        max_live_allocs: count + 16,
+        ..RuntimeConfig::default()
+    })
+    .unwrap()
+}
+
 /// The baseline of `live_memory`: `count` instances of the same component in the bare
 /// embedding, on the engine Caravan's runtime makes for that many (the same allocator and
 /// reservations), each waiting in `next-event` on a task of its own.
 async fn raw_live_memory(count: u32) {
-    let runtime = Runtime::new(&RuntimeConfig {
-        max_live_allocs: count + 16,
-        ..RuntimeConfig::default()
-    })
-    .unwrap();
+    let runtime = runtime_for_live(count);
     let baseline = Baseline::new(runtime.engine(), caravan_test_artifacts::MINIMAL);
     // One first, so that no first-use cost counts.
     baseline.park_one(raw_alloc(0)).await;
@@ -162,11 +168,7 @@ async fn raw_live_memory(count: u32) {
 }
 
 async fn live_memory(count: u32) {
-    let runtime = Runtime::new(&RuntimeConfig {
-        max_live_allocs: count + 16,
-        ..RuntimeConfig::default()
-    })
-    .unwrap();
+    let runtime = runtime_for_live(count);
     let factory = WasmAllocRunnerFactory::new(runtime.clone());
     let data_dir = tempfile::tempdir().unwrap();
     // Compile and run one first, so neither compiled code nor first-use costs count.
